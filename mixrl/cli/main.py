@@ -1,0 +1,217 @@
+"""The ``mixrl`` command line (Typer). Every command takes Hydra-style overrides."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from mixrl.errors import MixrlUserError
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+app = typer.Typer(
+    help="mixrl: train language models with on-policy RL mixed with off-policy data, declared in config.\n\n"
+    "Overrides use Hydra syntax: group=option (algo=chord), key=value (trainer.max_steps=20), recipe=NAME.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+config_app = typer.Typer(help="Inspect the composed configuration.", no_args_is_help=True)
+recipes_app = typer.Typer(help="Shipped recipes: paper methods as config overlays.", no_args_is_help=True)
+model_app = typer.Typer(help="Built-in model utilities.", no_args_is_help=True)
+docs_app = typer.Typer(help="Generated reference documentation.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+app.add_typer(recipes_app, name="recipes")
+app.add_typer(model_app, name="model")
+app.add_typer(docs_app, name="docs")
+
+out = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True)
+
+OVERRIDES = typer.Argument(None, help="Hydra overrides, e.g. algo=chord trainer.max_steps=20 recipe=grpo/arith-tiny")
+
+
+def user_errors(fn):
+    """Print a MixrlUserError as one line and exit 2 (no traceback)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except MixrlUserError as e:
+            err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+            raise typer.Exit(code=2) from None
+        except KeyboardInterrupt:
+            err.print("[yellow]interrupted[/]")
+            raise typer.Exit(code=130) from None
+
+    return wrapper
+
+
+# --------------------------------------------------------------------------- train
+def _summary_table(summary: dict) -> Table:
+    table = Table(title=f"mixrl {summary['algo']} (seed {summary['seed']})", show_lines=False)
+    table.add_column("held-out metric")
+    table.add_column("before", justify="right")
+    table.add_column("after", justify="right")
+    before, after = summary.get("eval_before", {}), summary.get("eval_after", {})
+    for key in after:
+        if key == "n":
+            continue
+        b, a = before.get(key), after.get(key)
+        table.add_row(key, f"{b:.3f}" if b is not None else "-", f"[bold]{a:.3f}[/]" if a is not None else "-")
+    final = summary.get("final_metrics", {})
+    table.caption = (
+        f"{summary['steps']} steps, {summary['rollouts']} rollouts, {int(after.get('n', 0))} held-out problems; "
+        f"reward (last step) {final.get('reward_mean', float('nan')):.3f}; wall-clock {summary['wall_seconds']:.0f}s "
+        f"(setup {summary['setup_seconds']:.0f}s, train {summary['train_seconds']:.0f}s)"
+    )
+    return table
+
+
+@app.command()
+@user_errors
+def train(
+    overrides: Optional[List[str]] = OVERRIDES,
+    multirun: bool = typer.Option(False, "-m", "--multirun", help="Sweep: one run per combination (seed=1,2,3)."),
+):
+    """Train. With no overrides: GRPO on the built-in arithmetic task with the tiny model (CPU, minutes)."""
+    from mixrl.config.compose import compose_config, expand_sweeps
+
+    overrides = list(overrides or [])
+    jobs = expand_sweeps(overrides) if multirun else [overrides]
+    cfgs = [compose_config(job) for job in jobs]  # validate every job before loading any model
+    if multirun:
+        root = Path("runs") / "multirun" / datetime.now().strftime("%Y-%m-%d/%H%M%S")
+        for i, (job, cfg) in enumerate(zip(jobs, cfgs)):
+            tag = "_".join(o.replace("/", "-").replace("=", "-") for o in job if o not in overrides) or "job"
+            cfg.run_dir = str(Path(cfg.run_dir) / f"{i}" if cfg.run_dir else root / f"{i}-{tag}")
+        err.print(f"multirun: {len(cfgs)} jobs")
+    from mixrl.trainer.run import train as run_train
+
+    results = []
+    for i, cfg in enumerate(cfgs):
+        if multirun:
+            err.print(f"[bold]job {i + 1}/{len(cfgs)}[/]: {' '.join(jobs[i])}")
+        result = run_train(cfg, console=err)
+        out.print(_summary_table(result.summary))
+        out.print(f"run directory: [bold]{result.run_dir}[/]")
+        results.append(result)
+    if multirun:
+        table = Table(title="multirun")
+        for col in ("job", "overrides", "acc before", "acc after", "run directory"):
+            table.add_column(col)
+        for i, r in enumerate(results):
+            s = r.summary
+            table.add_row(str(i), " ".join(jobs[i]), f"{s['accuracy_before']:.3f}", f"{s['accuracy_after']:.3f}", str(r.run_dir))
+        out.print(table)
+
+
+# --------------------------------------------------------------------------- config
+@config_app.command("show")
+@user_errors
+def config_show(overrides: Optional[List[str]] = OVERRIDES):
+    """Print the fully resolved config as YAML."""
+    from mixrl.config.compose import compose_config, to_yaml
+
+    sys.stdout.write(to_yaml(compose_config(list(overrides or []))))
+
+
+@config_app.command("groups")
+@user_errors
+def config_groups():
+    """List the config groups and their options."""
+    from mixrl.config.compose import group_options
+    from mixrl.config.schema import GROUPS
+
+    table = Table(title="config groups")
+    table.add_column("group")
+    table.add_column("options")
+    for g in GROUPS:
+        table.add_row(g, ", ".join(group_options(g)))
+    out.print(table)
+
+
+# --------------------------------------------------------------------------- recipes
+def _recipe_row(name: str) -> dict:
+    from omegaconf import OmegaConf
+
+    from mixrl.config.compose import compose_config
+
+    cfg = compose_config([f"recipe={name}"])
+    info = cfg.recipe_info
+    return {
+        "name": name,
+        "paper": info.paper or "-",
+        "algo": cfg.algo.name,
+        "model": cfg.model.path,
+        "data": cfg.data.source,
+        "hardware": info.hardware or cfg.hardware.name,
+        "description": info.description or "",
+        "cfg": cfg,
+        "yaml": OmegaConf.to_yaml(OmegaConf.load(_recipe_path(name))),
+    }
+
+
+def _recipe_path(name: str) -> Path:
+    from mixrl.config.compose import recipes_dir
+
+    return recipes_dir() / f"{name}.yaml"
+
+
+@recipes_app.command("list")
+@user_errors
+def recipes_list():
+    """Table of shipped recipes: name, paper, model, data, hardware it needs."""
+    from mixrl.config.compose import list_recipe_names
+
+    table = Table(title="mixrl recipes (mixrl train recipe=NAME)")
+    for col in ("name", "paper", "algo", "model", "data", "hardware"):
+        table.add_column(col)
+    for name in list_recipe_names():
+        r = _recipe_row(name)
+        table.add_row(r["name"], r["paper"], r["algo"], r["model"], r["data"], r["hardware"])
+    out.print(table)
+
+
+@recipes_app.command("show")
+@user_errors
+def recipes_show(name: str = typer.Argument(..., help="Recipe name, e.g. grpo/arith-tiny")):
+    """Print one recipe: its overlay file and what it resolves to."""
+    from mixrl.config.compose import load_recipe
+    from mixrl.config.rules import geometry
+
+    load_recipe(name)  # clear error for an unknown name
+    r = _recipe_row(name)
+    out.print(f"[bold]{name}[/] — {r['paper']}: {r['description']}")
+    out.print(f"model {r['model']} | data {r['data']} | hardware {r['hardware']}")
+    out.print(f"batch: {geometry(r['cfg']).describe()}")
+    out.print(f"\n# {_recipe_path(name)}")
+    sys.stdout.write(_recipe_path(name).read_text())
+
+
+# --------------------------------------------------------------------------- model
+@model_app.command("build-tiny")
+@user_errors
+def model_build_tiny(force: bool = typer.Option(False, "--force", help="Rebuild even if cached.")):
+    """Build (or reuse) the warm-started tiny model and print its cache directory."""
+    from mixrl.models import tiny
+
+    path = tiny.warm_start(force=force, progress=True)
+    out.print(f"tiny model: [bold]{path}[/]")
+
+
+def main() -> None:  # pragma: no cover
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,251 @@
+"""Compose a run configuration from the Hydra config groups, recipes and overrides.
+
+``compose_config(overrides)`` is the only entry point the CLI needs. It checks every
+override before Hydra sees it, so that a mistake produces one line that names the bad
+key or option and the closest valid choices (``ConfigError``), then merges the result onto
+the typed schema and validates components and cross-field rules.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from mixrl.config.schema import GROUPS, RunConfig
+from mixrl.errors import ConfigError, did_you_mean
+
+RECIPE_GROUP = "recipe"
+
+
+# --------------------------------------------------------------------------- locations
+def _package_root() -> Path:
+    return Path(__file__).resolve().parent.parent
+
+
+def conf_dir() -> Path:
+    """The config groups: ``mixrl/_conf`` in an installed wheel, else the repo's ``conf/``."""
+    for cand in (_package_root() / "_conf", _package_root().parent / "conf"):
+        if (cand / "config.yaml").is_file():
+            return cand
+    raise ConfigError("mixrl's config groups were not found; reinstall mixrl (pip install -e .)")
+
+
+def recipes_dir() -> Path:
+    for cand in (_package_root() / "_recipes", _package_root().parent / "recipes"):
+        if cand.is_dir():
+            return cand
+    raise ConfigError("mixrl's recipes were not found; reinstall mixrl (pip install -e .)")
+
+
+def group_options(group: str) -> list[str]:
+    """Options of a config group (file names without .yaml), sorted."""
+    if group == RECIPE_GROUP:
+        return list_recipe_names()
+    base = conf_dir() / group
+    return sorted(p.relative_to(base).with_suffix("").as_posix() for p in base.rglob("*.yaml"))
+
+
+def list_recipe_names() -> list[str]:
+    base = recipes_dir()
+    return sorted(p.relative_to(base).with_suffix("").as_posix() for p in base.rglob("*.yaml"))
+
+
+def load_recipe(name: str) -> DictConfig:
+    path = recipes_dir() / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError(
+            f"unknown recipe '{name}'{did_you_mean(name, list_recipe_names())}; `mixrl recipes list` shows them all"
+        )
+    return OmegaConf.load(path)
+
+
+@lru_cache(maxsize=1)
+def _register_recipes() -> None:
+    """Recipes live in ``recipes/`` beside the groups; expose them as the ``recipe`` group."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    for name in list_recipe_names():
+        node = load_recipe(name)
+        group, _, leaf = f"{RECIPE_GROUP}/{name}".rpartition("/")
+        cs.store(group=group, name=leaf, node=node, package="_global_")
+
+
+# --------------------------------------------------------------------------- overrides
+def _parse(overrides: list[str]):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    parsed = []
+    for text in overrides:
+        try:
+            parsed.extend(parser.parse_overrides([text]))
+        except OverrideParseException as e:
+            first = str(e).strip().splitlines()[0]
+            raise ConfigError(f"could not parse override '{text}': {first}; use key=value (Hydra syntax)") from None
+    return parsed
+
+
+def expand_sweeps(overrides: list[str]) -> list[list[str]]:
+    """Cartesian product of sweep overrides (``seed=1,2,3``, ``x=range(1,4)``) -> one list per job."""
+    choices: list[list[str]] = []
+    for ov in _parse(overrides):
+        key = ov.input_line.split("=", 1)[0]
+        if ov.is_sweep_override():
+            choices.append([f"{key}={v}" for v in ov.sweep_string_iterator()])
+        else:
+            choices.append([ov.input_line])
+    return [list(job) for job in itertools.product(*choices)] if choices else [[]]
+
+
+def _compose_raw(overrides: list[str]) -> DictConfig:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    _register_recipes()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+def _flat_keys(node: Any, prefix: str = "") -> list[str]:
+    keys = []
+    if isinstance(node, DictConfig):
+        for k in node.keys():
+            full = f"{prefix}{k}"
+            keys.append(full)
+            keys.extend(_flat_keys(node._get_node(k), full + "."))
+    return keys
+
+
+def _check_group_override(group: str, value: str) -> None:
+    options = group_options(group)
+    if value not in options and value not in ("null", "None"):
+        what = "recipe" if group == RECIPE_GROUP else f"{group} option"
+        raise ConfigError(
+            f"unknown {what} '{value}' for {group}={value}{did_you_mean(value, options)}; "
+            f"choices: {', '.join(options)}"
+        )
+
+
+def _prepare_value_overrides(base: DictConfig, value_overrides: list) -> list[str]:
+    """Check each key exists; add '+' for parameters of a component not yet listed."""
+    from mixrl.config.components import COMPONENT_SECTIONS, component_param_names
+
+    known = set(_flat_keys(base))
+    try:
+        schema_keys = set(_flat_keys(OmegaConf.merge(OmegaConf.structured(RunConfig), base)))
+    except OmegaConfBaseException:
+        schema_keys = known  # a type error in a group file; validate() reports it
+    # a component's name may itself be overridden in the same command
+    new_names = {ov.key_or_group.rsplit(".", 1)[0]: ov.get_value_element_as_str()
+                 for ov in value_overrides if ov.key_or_group.endswith(".name")}
+    out = []
+    for ov in value_overrides:
+        key, line = ov.key_or_group, ov.input_line
+        if ov.is_add() or ov.is_force_add() or ov.is_delete():
+            out.append(line)
+            continue
+        if key in known:
+            out.append(line)
+            continue
+        if key in schema_keys:  # a schema key the group files leave at its default
+            out.append("+" + line)
+            continue
+        parent, _, leaf = key.rpartition(".")
+        if parent in COMPONENT_SECTIONS:
+            name = new_names.get(parent) or OmegaConf.select(base, f"{parent}.name")
+            params = component_param_names(parent, name)
+            if params is not None and leaf in params:
+                out.append("+" + line)
+                continue
+            if params is not None:
+                raise ConfigError(
+                    f"unknown key '{key}': {COMPONENT_SECTIONS[parent]} '{name}' has no parameter '{leaf}'"
+                    f"{did_you_mean(leaf, params)}; its parameters: {', '.join(sorted(params)) or 'none'}"
+                )
+        siblings = [k for k in schema_keys if k.rpartition(".")[0] == parent]
+        hint = did_you_mean(key, siblings) or did_you_mean(key, schema_keys)
+        raise ConfigError(f"unknown key '{key}'{hint}; `mixrl config show` lists every key")
+    return out
+
+
+def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    """Compose, check and validate a run config. Raises ConfigError with one line."""
+    overrides = list(overrides)
+    parsed = _parse(overrides)
+    group_ovs, value_ovs = [], []
+    for ov in parsed:
+        if ov.is_sweep_override():
+            raise ConfigError(f"'{ov.input_line}' is a sweep; add -m (multirun) to run one job per value")
+        key = ov.key_or_group
+        if key in GROUPS or key == RECIPE_GROUP:
+            _check_group_override(key, ov.get_value_element_as_str())
+            group_ovs.append(ov.input_line)
+        else:
+            value_ovs.append(ov)
+
+    try:
+        base = _compose_raw(group_ovs)
+    except ConfigError:
+        raise
+    except Exception as e:  # a broken recipe or group file
+        raise ConfigError(f"could not compose the config: {str(e).strip().splitlines()[0]}") from None
+
+    final_ovs = group_ovs + _prepare_value_overrides(base, value_ovs)
+    try:
+        raw = _compose_raw(final_ovs)
+    except Exception as e:
+        raise ConfigError(f"could not apply overrides: {str(e).strip().splitlines()[0]}") from None
+    return validate(raw)
+
+
+# --------------------------------------------------------------------------- validation
+def validate(raw: DictConfig) -> DictConfig:
+    """Merge onto the typed schema, then check components and cross-field rules."""
+    schema = OmegaConf.structured(RunConfig)
+    try:
+        cfg = OmegaConf.merge(schema, raw)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or "?"
+        msg = str(e).strip().splitlines()[0]
+        if "not in struct" in msg or "Key '" in msg and "not in" in msg:
+            parent, _, leaf = key.rpartition(".")
+            siblings = _flat_keys(OmegaConf.select(schema, parent) if parent else schema)
+            raise ConfigError(f"unknown key '{key}'{did_you_mean(leaf, siblings)}") from None
+        raise ConfigError(f"wrong type for '{key}': {msg}") from None
+    from mixrl.config.components import validate_components
+    from mixrl.config.rules import validate_rules
+
+    validate_components(cfg)
+    validate_rules(cfg)
+    OmegaConf.set_readonly(cfg, False)
+    return cfg
+
+
+def to_yaml(cfg: DictConfig) -> str:
+    return OmegaConf.to_yaml(cfg, resolve=True)
+
+
+def env_world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+__all__ = [
+    "compose_config",
+    "expand_sweeps",
+    "group_options",
+    "list_recipe_names",
+    "load_recipe",
+    "conf_dir",
+    "recipes_dir",
+    "to_yaml",
+    "ListConfig",
+]

@@ -1,0 +1,92 @@
+"""Cross-field rules and the batch geometry derived from one config.
+
+The user states the rollout geometry once (``trainer.prompts_per_step``,
+``algo.num_generations``, ``trainer.micro_batch_size``, ``hardware.num_processes``);
+every other size (gradient accumulation, generation batch, expert rows) is derived here
+and checked, never repeated in the config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from omegaconf import DictConfig
+
+from mixrl.errors import ConfigError
+
+MIX_MODES = ("none", "aux_loss", "group_inject")
+OFFPOLICY_SOURCES = ("none", "expert")
+
+
+@dataclass(frozen=True)
+class Geometry:
+    prompts_per_step: int
+    num_generations: int
+    rollouts_per_step: int  # on-policy rows per optimizer step, all processes
+    world_size: int
+    micro_batch_size: int  # rows per forward/backward per process
+    grad_accum: int  # micro-batches per optimizer step per process
+    rows_per_process: int
+
+    def describe(self) -> str:
+        return (
+            f"{self.prompts_per_step} prompts x {self.num_generations} generations = {self.rollouts_per_step} rollouts/step "
+            f"= {self.world_size} process(es) x {self.grad_accum} micro-batch(es) x {self.micro_batch_size} rows"
+        )
+
+
+def geometry(cfg: DictConfig) -> Geometry:
+    P, G = int(cfg.trainer.prompts_per_step), int(cfg.algo.num_generations)
+    W, M = int(cfg.hardware.num_processes), int(cfg.trainer.micro_batch_size)
+    if P < 1 or G < 1 or W < 1 or M < 1:
+        raise ConfigError(
+            "trainer.prompts_per_step, algo.num_generations, trainer.micro_batch_size and hardware.num_processes must be >= 1"
+        )
+    rows = P * G
+    if rows % W:
+        raise ConfigError(
+            f"{P} prompts x {G} generations = {rows} rollouts cannot be split over hardware.num_processes={W}; "
+            f"make trainer.prompts_per_step a multiple of {W // _gcd(G, W)}"
+        )
+    per_proc = rows // W
+    if per_proc % M:
+        options = [m for m in range(1, per_proc + 1) if per_proc % m == 0]
+        raise ConfigError(
+            f"trainer.micro_batch_size={M} does not divide the {per_proc} rollouts per process per step "
+            f"({P} prompts x {G} generations / {W} process(es)); choose one of {', '.join(map(str, options))}"
+        )
+    return Geometry(P, G, rows, W, M, per_proc // M, per_proc)
+
+
+def _gcd(a: int, b: int) -> int:
+    while b:
+        a, b = b, a % b
+    return a
+
+
+def validate_rules(cfg: DictConfig) -> None:
+    geometry(cfg)
+    algo, off = cfg.algo, cfg.offpolicy
+    if off.source not in OFFPOLICY_SOURCES:
+        raise ConfigError(f"unknown offpolicy.source '{off.source}'; choices: {', '.join(OFFPOLICY_SOURCES)}")
+    mode = algo.mix.get("mode", "none")
+    if mode not in MIX_MODES:
+        raise ConfigError(f"unknown algo.mix.mode '{mode}'; choices: {', '.join(MIX_MODES)}")
+    if mode != "none" and off.source == "none":
+        raise ConfigError(
+            f"algo.mix.mode={mode} trains on off-policy rows but offpolicy.source is 'none'; add offpolicy=expert"
+        )
+    if algo.num_generations < 2 and algo.advantage.name in ("grpo", "dr_grpo", "rloo"):
+        raise ConfigError(
+            f"algo.advantage.name={algo.advantage.name} compares completions within a group; set algo.num_generations >= 2"
+        )
+    if cfg.hardware.device not in ("cpu", "cuda"):
+        raise ConfigError(f"hardware.device must be 'cpu' or 'cuda', got '{cfg.hardware.device}'")
+    if cfg.model.dtype not in ("float32", "bfloat16", "float16", "auto"):
+        raise ConfigError(f"model.dtype must be float32, bfloat16, float16 or auto, got '{cfg.model.dtype}'")
+    if cfg.trainer.max_steps < 1:
+        raise ConfigError(f"trainer.max_steps must be >= 1, got {cfg.trainer.max_steps}")
+    if cfg.trainer.learning_rate <= 0:
+        raise ConfigError(f"trainer.learning_rate must be > 0, got {cfg.trainer.learning_rate}")
+    if float(cfg.algo.kl.get("coef", 0.0)) < 0:
+        raise ConfigError("algo.kl.coef must be >= 0")

@@ -1,0 +1,157 @@
+"""Typed schema of a mixrl run configuration.
+
+The Hydra config groups under ``conf/`` are composed into one tree and merged onto
+``RunConfig`` (OmegaConf structured config), so that an unknown key or a value of the
+wrong type is rejected before any model is loaded. Component sections (``algo.loss``,
+``algo.advantage``, ...) are free-form mappings with a ``name``: their other keys are
+checked against the keyword-only parameters of the registered function (see
+``mixrl.config.components``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+@dataclass
+class TrainerConfig:
+    """Optimisation and batch geometry. Every derived size (gradient accumulation,
+    generation batch) is computed from these values; never repeat them elsewhere."""
+
+    max_steps: int = 60
+    learning_rate: float = 1e-3
+    lr_scheduler_type: str = "constant"
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.99
+    # rollout geometry: prompts_per_step prompts x algo.num_generations completions per optimizer step
+    prompts_per_step: int = 8
+    micro_batch_size: int = 32  # rows per forward/backward per process
+    num_iterations: int = 1  # optimisation passes over each generation batch (PPO epochs)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_completion_length: int = 32
+    mask_truncated_completions: bool = False
+    logging_steps: int = 1
+    save_steps: int = 0  # 0: save only the final model
+    eval_every: int = 0  # 0: evaluate held-out accuracy only before and after training
+    eval_size: int = 256  # held-out problems used for accuracy
+    eval_pass_k: int = 0  # >0: also sampled pass@k on the held-out split
+    eval_batch_size: int = 128
+
+
+@dataclass
+class ModelConfig:
+    name: str = "tiny"
+    path: str = "builtin:tiny"  # builtin:tiny, a local directory, or a Hugging Face model id
+    dtype: str = "float32"  # float32 | bfloat16 | float16
+    trust_remote_code: bool = False
+    attn_implementation: Optional[str] = None
+    lora: dict = field(default_factory=lambda: {"enabled": False, "r": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear"})
+
+
+@dataclass
+class DataConfig:
+    name: str = "arith"
+    source: str = "builtin:arith"  # builtin:NAME, a local .jsonl/.json/.parquet/.csv file or folder, or a HF dataset id
+    subset: Optional[str] = None
+    split: str = "train"
+    eval_source: Optional[str] = None  # default: same as source
+    eval_split: Optional[str] = None  # default: held-out part of the built-in task, else 'test'
+    prompt_column: str = "prompt"
+    answer_column: str = "answer"
+    expert_column: Optional[str] = None
+    system_prompt: Optional[str] = None
+    limit: Optional[int] = None
+    # built-in task only
+    train_size: int = 4000
+    levels: list = field(default_factory=lambda: [1, 2, 3])
+
+
+@dataclass
+class OffPolicyConfig:
+    name: str = "none"
+    source: str = "none"  # none | expert
+    dataset: Optional[str] = None  # a separate expert dataset (default: data.expert_column of the training data)
+    column: Optional[str] = None  # expert column when the source is a separate dataset
+    missing: str = "on_policy"  # rows without an expert completion: on_policy | skip | error
+
+
+@dataclass
+class RewardConfig:
+    name: str = "exact"  # a registered reward or a dotted path 'pkg.module:fn'
+    params: dict = field(default_factory=dict)
+    weight: float = 1.0
+    extra: list = field(default_factory=list)  # more reward functions: [{name, weight, params}]
+
+
+@dataclass
+class HardwareConfig:
+    name: str = "cpu"
+    device: str = "cpu"  # cpu | cuda
+    num_processes: int = 1  # launch with torchrun for more; checked against WORLD_SIZE
+    bf16: bool = False
+    gradient_checkpointing: bool = False
+    torch_threads: Optional[int] = None
+    use_vllm: bool = False
+    vllm_mode: str = "colocate"
+    vllm_gpu_memory_utilization: float = 0.3
+    deepspeed: Optional[str] = None
+
+
+@dataclass
+class LoggerConfig:
+    name: str = "console"
+    report_to: list = field(default_factory=list)  # wandb, tensorboard
+    project: str = "mixrl"
+    log_completions: bool = False
+    progress: bool = True
+
+
+@dataclass
+class AlgoConfig:
+    """The objective. ``loss``, ``aggregation``, ``advantage``, ``token_weight`` are
+    components: a ``name`` plus that function's parameters."""
+
+    name: str = "grpo"
+    num_generations: int = 8
+    loss: dict = field(default_factory=lambda: {"name": "ppo_clip"})
+    aggregation: dict = field(default_factory=lambda: {"name": "token-mean"})
+    advantage: dict = field(default_factory=lambda: {"name": "grpo"})
+    advantage_include_offpolicy: bool = True
+    kl: dict = field(default_factory=lambda: {"coef": 0.0, "estimator": "k3"})
+    entropy_coef: Any = 0.0  # a number or a schedule {name, ...}
+    # how off-policy rows enter: none | aux_loss (CHORD) | group_inject (LUFFY)
+    mix: dict = field(default_factory=lambda: {"mode": "none"})
+    stages: list = field(default_factory=list)  # sequential stages (sft_then_rl)
+
+
+@dataclass
+class RecipeInfo:
+    """Set by a recipe overlay; shown by `mixrl recipes list`."""
+
+    name: Optional[str] = None
+    paper: Optional[str] = None
+    description: Optional[str] = None
+    hardware: Optional[str] = None
+
+
+@dataclass
+class RunConfig:
+    seed: int = 0
+    run_dir: Optional[str] = None  # default: runs/<date>/<time>-<algo>-s<seed>
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    offpolicy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    recipe_info: RecipeInfo = field(default_factory=RecipeInfo)
+
+
+GROUPS = ("algo", "data", "offpolicy", "model", "reward", "hardware", "logger")

@@ -1,0 +1,75 @@
+"""mixrl.core: pure tensor math (losses, weights, advantages, regularisers, schedules).
+
+Imports only torch and the standard library. Importing this package registers every
+component in its registry:
+
+======================  ================================  ===================
+registry                 kind                              module
+======================  ================================  ===================
+``POLICY_LOSSES``        policy loss                       ``policy_losses``
+``TOKEN_WEIGHTS``        token weight                      ``token_weights``
+``AGGREGATIONS``         aggregation                       ``aggregation``
+``ADVANTAGES``           advantage                         ``advantages``
+``KL_ESTIMATORS``        KL estimator                      ``regularizers``
+``SCHEDULES``            schedule                          ``schedules``
+``CONTROLLERS``          controller                        ``controllers``
+======================  ================================  ===================
+"""
+
+from mixrl.core import (  # noqa: F401  (import = registration)
+    advantages,
+    aggregation,
+    controllers,
+    policy_losses,
+    regularizers,
+    schedules,
+    token_weights,
+)
+from mixrl.core.advantages import ADVANTAGES
+from mixrl.core.aggregation import AGGREGATIONS, aggregate
+from mixrl.core.controllers import CONTROLLERS, BapoClipController, EntropicController
+from mixrl.core.policy_losses import POLICY_LOSSES, PolicyLossOutput
+from mixrl.core.registry import ComponentParamError, Registry, UnknownComponentError
+from mixrl.core.regularizers import (
+    KL_ESTIMATORS,
+    entropy_bonus,
+    kl_penalty,
+    teacher_kl,
+)
+from mixrl.core.schedules import SCHEDULES, describe_schedule, resolve_schedule
+from mixrl.core.token_weights import TOKEN_WEIGHTS, luffy_shaped_ratio
+
+#: every registry, keyed by the name used in docs and config groups
+REGISTRIES: dict[str, Registry] = {
+    "policy_loss": POLICY_LOSSES,
+    "token_weight": TOKEN_WEIGHTS,
+    "aggregation": AGGREGATIONS,
+    "advantage": ADVANTAGES,
+    "kl_estimator": KL_ESTIMATORS,
+    "schedule": SCHEDULES,
+    "controller": CONTROLLERS,
+}
+
+__all__ = [
+    "ADVANTAGES",
+    "AGGREGATIONS",
+    "CONTROLLERS",
+    "KL_ESTIMATORS",
+    "POLICY_LOSSES",
+    "REGISTRIES",
+    "SCHEDULES",
+    "TOKEN_WEIGHTS",
+    "BapoClipController",
+    "ComponentParamError",
+    "EntropicController",
+    "PolicyLossOutput",
+    "Registry",
+    "UnknownComponentError",
+    "aggregate",
+    "describe_schedule",
+    "entropy_bonus",
+    "kl_penalty",
+    "luffy_shaped_ratio",
+    "resolve_schedule",
+    "teacher_kl",
+]

@@ -1,0 +1,144 @@
+"""Loss aggregation: per-token loss [B, T] -> scalar.
+
+Signature of every registered aggregation::
+
+    fn(per_token_loss, mask, *, max_len=None, num_items=None) -> scalar Tensor
+
+``num_items`` is an optional *global* normaliser: the global token count for
+``token-mean``; the global count of non-empty rows for the ``seq-mean-*`` modes. With it,
+summing the aggregated losses of gradient-accumulation micro-batches (or DDP ranks)
+gives exactly the full-batch value and gradient. Without it, the local count of this
+call is used. Rows are "non-empty" when they have at least one unmasked token; all-padding
+rows count for nothing (as in verl). Empty masks give 0 with the graph connected (no NaN).
+Positions with mask 0 never contribute, even if the loss there is NaN/inf.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from mixrl.core._tensor import bool_mask, zero_masked
+from mixrl.core.registry import Registry
+
+AGGREGATIONS = Registry("aggregation", runtime=("num_items",))
+
+
+def _denominator(local: Tensor, num_items: float | None) -> Tensor:
+    if num_items is not None:
+        if num_items <= 0:
+            # nothing anywhere: keep 0 instead of dividing by zero
+            return torch.ones_like(local)
+        return torch.as_tensor(float(num_items), dtype=local.dtype, device=local.device)
+    return local.clamp(min=1.0)
+
+
+def _row_stats(per_token_loss: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    m = bool_mask(mask)
+    loss = zero_masked(per_token_loss, m)
+    tokens = m.sum(-1).to(per_token_loss.dtype)
+    nonempty = (tokens > 0).to(per_token_loss.dtype)
+    return loss.sum(-1), tokens, nonempty
+
+
+@AGGREGATIONS.register("token-mean")
+def token_mean(
+    per_token_loss: Tensor,
+    mask: Tensor,
+    *,
+    max_len: int | None = None,
+    num_items: float | None = None,
+) -> Tensor:
+    """Token mean: ``sum_{b,t} m L / N_tokens`` (every token weighs the same).
+
+    Paper: DAPO (token-level loss); CHORD's RL term. ``N_tokens`` = ``num_items`` (global
+    token count) if given, else the tokens in this call.
+
+    Parameters:
+        max_len (None): unused here.
+        num_items (None): global token count.
+    """
+    m = bool_mask(mask)
+    total = zero_masked(per_token_loss, m).sum()
+    return total / _denominator(m.sum().to(per_token_loss.dtype), num_items)
+
+
+@AGGREGATIONS.register("seq-mean-token-mean")
+def seq_mean_token_mean(
+    per_token_loss: Tensor,
+    mask: Tensor,
+    *,
+    max_len: int | None = None,
+    num_items: float | None = None,
+) -> Tensor:
+    """Sequence mean of per-row token means: ``(1/N_rows) sum_b (sum_t m L / |y_b|)``.
+
+    Paper: GRPO (original objective), GSPO. ``N_rows`` = ``num_items`` (global non-empty
+    row count) if given, else the non-empty rows in this call.
+
+    Parameters:
+        max_len (None): unused here.
+        num_items (None): global count of non-empty rows.
+    """
+    row_sum, tokens, nonempty = _row_stats(per_token_loss, mask)
+    row_mean = row_sum / tokens.clamp(min=1.0)
+    return row_mean.sum() / _denominator(nonempty.sum(), num_items)
+
+
+@AGGREGATIONS.register("seq-mean-token-sum")
+def seq_mean_token_sum(
+    per_token_loss: Tensor,
+    mask: Tensor,
+    *,
+    max_len: int | None = None,
+    num_items: float | None = None,
+) -> Tensor:
+    """Sequence mean of per-row token sums: ``(1/N_rows) sum_b sum_t m L``.
+
+    Paper: verl ``seq-mean-token-sum``. ``N_rows`` as in ``seq-mean-token-mean``.
+
+    Parameters:
+        max_len (None): unused here.
+        num_items (None): global count of non-empty rows.
+    """
+    row_sum, _, nonempty = _row_stats(per_token_loss, mask)
+    return row_sum.sum() / _denominator(nonempty.sum(), num_items)
+
+
+@AGGREGATIONS.register("seq-mean-token-sum-norm")
+def seq_mean_token_sum_norm(
+    per_token_loss: Tensor,
+    mask: Tensor,
+    *,
+    max_len: int | None = None,
+    num_items: float | None = None,
+) -> Tensor:
+    """Dr.GRPO: token sums divided by a fixed length: ``(1/N_rows) sum_b sum_t m L / max_len``.
+
+    Removes GRPO's per-response length normalisation (no length bias). ``max_len`` should
+    be the fixed maximum response length (constant over training); if None, the padded
+    width T of this call is used, which varies between micro-batches, so pass it
+    explicitly for gradient-accumulation invariance. LUFFY divides by the max length too.
+
+    Paper: Dr.GRPO (Liu et al. 2025, "Understanding R1-Zero-like training").
+
+    Parameters:
+        max_len (None): fixed length normaliser (default: T of this call).
+        num_items (None): global count of non-empty rows.
+    """
+    row_sum, _, nonempty = _row_stats(per_token_loss, mask)
+    length = float(max_len) if max_len is not None else float(per_token_loss.shape[-1])
+    length = max(length, 1.0)
+    return (row_sum / length).sum() / _denominator(nonempty.sum(), num_items)
+
+
+def aggregate(
+    per_token_loss: Tensor,
+    mask: Tensor,
+    mode: str = "token-mean",
+    *,
+    max_len: int | None = None,
+    num_items: float | None = None,
+) -> Tensor:
+    """Convenience: ``AGGREGATIONS.get(mode)(per_token_loss, mask, ...)``."""
+    return AGGREGATIONS.get(mode)(per_token_loss, mask, max_len=max_len, num_items=num_items)

@@ -1,0 +1,252 @@
+"""Stateful controllers that set a loss knob from training statistics (axis A5).
+
+Registered entries are *classes*; their keyword-only constructor parameters are the
+config parameters. Every controller has ``update(...)``, ``state_dict()`` and
+``load_state_dict(state)`` (plain python floats / ints, checkpoint friendly) and
+``metrics()`` (scalars to log).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from mixrl.core._tensor import bool_mask, token_advantages
+from mixrl.core.registry import Registry
+
+CONTROLLERS = Registry("controller")
+
+
+@CONTROLLERS.register("bapo")
+class BapoClipController:
+    """BAPO adaptive clipping: per step, widen PPO's clip bounds until positive-advantage
+    tokens carry at least ``rho0`` of the loss contribution.
+
+    Bounds are ratio bounds ``c_low <= 1 <= c_high``. A token's contribution is
+    ``|A| * min(r, c_high)`` if A > 0 and ``|A| * max(r, c_low)`` if A < 0 (the absolute
+    value of its clipped surrogate), and
+    ``rho = sum_{A>0} contribution / sum_{A != 0} contribution`` (1 if there is none).
+    Each ``update()`` restarts from ``(c_low, c_high) = (low_min, high_min)`` and,
+    while ``rho < rho0``, raises ``c_high`` by ``step_high`` (up to ``high_max``: more
+    low-probability positive tokens keep their gradient) and ``c_low`` by ``step_low``
+    (up to ``low_max``: fewer low-probability negative tokens), until rho >= rho0 or
+    both bounds are at their maximum. It returns ``(clip_low, clip_high)`` as PPO
+    *epsilons* (``1 - c_low``, ``c_high - 1``) to pass to ``ppo_clip``. State: the last
+    chosen bounds and rho.
+
+    Paper: BAPO (adaptive clipping, METHODS.md #80). Ranges [0.6, 0.9] / [1.2, 3.0] and
+    rho0 = 0.5 from the authors' README; steps 0.02 (low) / 0.05 (high) are our reading
+    of the paper (their verl recipe uses 0.05 for both and raises c_low first).
+
+    Parameters:
+        rho0 (0.5): target share of the positive-advantage contribution.
+        low_min (0.6): starting (loosest) lower ratio bound a-.
+        low_max (0.9): highest lower ratio bound b-.
+        high_min (1.2): starting (tightest) upper ratio bound a+.
+        high_max (3.0): highest upper ratio bound b+.
+        step_low (0.02): increment of the lower bound.
+        step_high (0.05): increment of the upper bound.
+    """
+
+    def __init__(
+        self,
+        *,
+        rho0: float = 0.5,
+        low_min: float = 0.6,
+        low_max: float = 0.9,
+        high_min: float = 1.2,
+        high_max: float = 3.0,
+        step_low: float = 0.02,
+        step_high: float = 0.05,
+    ):
+        if not (0.0 < low_min <= low_max <= 1.0 <= high_min <= high_max):
+            raise ValueError(
+                "bapo: need 0 < low_min <= low_max <= 1 <= high_min <= high_max, got "
+                f"{low_min}, {low_max}, {high_min}, {high_max}"
+            )
+        if step_low < 0 or step_high < 0:
+            raise ValueError("bapo: step_low and step_high must be >= 0")
+        self.rho0 = rho0
+        self.low_min, self.low_max, self.step_low = low_min, low_max, step_low
+        self.high_min, self.high_max, self.step_high = high_min, high_max, step_high
+        self.ratio_low = low_min
+        self.ratio_high = high_min
+        self.rho = float("nan")
+        self.num_updates = 0
+
+    @property
+    def clip_low(self) -> float:
+        """Current lower epsilon (``1 - c_low``)."""
+        return 1.0 - self.ratio_low
+
+    @property
+    def clip_high(self) -> float:
+        """Current upper epsilon (``c_high - 1``)."""
+        return self.ratio_high - 1.0
+
+    @staticmethod
+    def contributions(
+        ratio: Tensor, advantages_tok: Tensor, mask: Tensor, ratio_low: float, ratio_high: float
+    ) -> Tensor:
+        """``[positive, negative]`` absolute clipped-surrogate contributions (float64)."""
+        r = ratio.detach().to(torch.float64)
+        adv = token_advantages(advantages_tok, r)
+        m = bool_mask(mask)
+        pos = (adv > 0) & m
+        neg = (adv < 0) & m
+        c_pos = (adv * torch.clamp(r, max=ratio_high))[pos].sum()
+        c_neg = (-adv * torch.clamp(r, min=ratio_low))[neg].sum()
+        return torch.stack([c_pos, c_neg])
+
+    @staticmethod
+    def _share(stats: Tensor) -> float:
+        pos, neg = float(stats[0]), float(stats[1])
+        total = pos + neg
+        return 1.0 if total <= 0 else pos / total
+
+    def update(
+        self,
+        ratio: Tensor,
+        advantages_tok: Tensor,
+        mask: Tensor,
+        reduce: Callable[[Tensor], Tensor] | None = None,
+    ) -> tuple[float, float]:
+        """Choose this step's bounds; returns ``(clip_low, clip_high)`` epsilons.
+
+        ``ratio``: [B, T] importance ratios; ``advantages_tok``: [B, T] or [B];
+        ``mask``: [B, T]. ``reduce``: optional function applied to the 2-vector of
+        contributions (e.g. a DDP all-reduce sum) so that every rank picks the same bounds.
+        """
+        n_high = _n_steps(self.high_min, self.high_max, self.step_high)
+        n_low = _n_steps(self.low_min, self.low_max, self.step_low)
+        i_low = i_high = 0
+
+        def share(lo: float, hi: float) -> float:
+            stats = self.contributions(ratio, advantages_tok, mask, lo, hi)
+            if reduce is not None:
+                stats = reduce(stats)
+            return self._share(stats)
+
+        lo, hi = self.low_min, self.high_min
+        rho = share(lo, hi)
+        while rho < self.rho0 and (i_low < n_low or i_high < n_high):
+            if i_high < n_high:
+                i_high += 1
+            if i_low < n_low:
+                i_low += 1
+            lo = self.low_min + i_low * self.step_low
+            hi = self.high_min + i_high * self.step_high
+            rho = share(lo, hi)
+        self.ratio_low, self.ratio_high, self.rho = lo, hi, rho
+        self.num_updates += 1
+        return self.clip_low, self.clip_high
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "bapo/ratio_low": self.ratio_low,
+            "bapo/ratio_high": self.ratio_high,
+            "bapo/positive_share": self.rho,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "ratio_low": self.ratio_low,
+            "ratio_high": self.ratio_high,
+            "rho": self.rho,
+            "num_updates": self.num_updates,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.ratio_low = float(state["ratio_low"])
+        self.ratio_high = float(state["ratio_high"])
+        self.rho = float(state["rho"])
+        self.num_updates = int(state["num_updates"])
+
+
+def _n_steps(start: float, stop: float, step: float) -> int:
+    """How many increments of ``step`` fit in ``[start, stop]`` (float-safe)."""
+    if step <= 0:
+        return 0
+    return int(math.floor((stop - start) / step + 1e-9))
+
+
+@CONTROLLERS.register("entropic")
+class EntropicController:
+    """EntroPIC-style PI controller on the policy entropy.
+
+    Each ``update(entropy)``: error ``e = target - entropy``; integral ``I += e``;
+    ``coef = clamp(kp * e + ki * I, coef_min, coef_max)``. If ``integral_limit`` is set,
+    ``I`` is clamped to ``[-integral_limit, integral_limit]`` (anti-windup). A positive
+    coef means "entropy is too low": the trainer raises entropy with it (e.g. as an
+    entropy-bonus coefficient, or, as in EntroPIC, by down-weighting positive /
+    up-weighting negative samples). State: the integral and the last coef.
+
+    Paper: EntroPIC (METHODS.md #49). The gains and range are our defaults (not from the
+    paper), sized for token entropies of order 0.1 - 1 nats.
+
+    Parameters:
+        target (0.2): target entropy (nats per token).
+        kp (1.0): proportional gain.
+        ki (0.05): integral gain.
+        coef_min (-1.0): lower bound of the output.
+        coef_max (1.0): upper bound of the output.
+        integral_limit (None): clamp on |integral| (None = no anti-windup).
+    """
+
+    def __init__(
+        self,
+        *,
+        target: float = 0.2,
+        kp: float = 1.0,
+        ki: float = 0.05,
+        coef_min: float = -1.0,
+        coef_max: float = 1.0,
+        integral_limit: float | None = None,
+    ):
+        if coef_min > coef_max:
+            raise ValueError(f"entropic: coef_min {coef_min} > coef_max {coef_max}")
+        self.target, self.kp, self.ki = target, kp, ki
+        self.coef_min, self.coef_max = coef_min, coef_max
+        self.integral_limit = integral_limit
+        self.integral = 0.0
+        self.coef = min(max(0.0, coef_min), coef_max)
+        self.last_error = 0.0
+        self.num_updates = 0
+
+    def update(self, entropy: float) -> float:
+        """Feed this step's (token-mean) entropy; returns the new coefficient."""
+        e = self.target - float(entropy)
+        self.integral += e
+        if self.integral_limit is not None:
+            lim = abs(self.integral_limit)
+            self.integral = min(max(self.integral, -lim), lim)
+        raw = self.kp * e + self.ki * self.integral
+        self.coef = min(max(raw, self.coef_min), self.coef_max)
+        self.last_error = e
+        self.num_updates += 1
+        return self.coef
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "entropic/coef": self.coef,
+            "entropic/error": self.last_error,
+            "entropic/integral": self.integral,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "integral": self.integral,
+            "coef": self.coef,
+            "last_error": self.last_error,
+            "num_updates": self.num_updates,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.integral = float(state["integral"])
+        self.coef = float(state["coef"])
+        self.last_error = float(state.get("last_error", 0.0))
+        self.num_updates = int(state.get("num_updates", 0))

@@ -1,0 +1,362 @@
+"""Policy-gradient losses on sampled tokens (axis A1, ``loss/``).
+
+Signature of every registered loss::
+
+    fn(logp, old_logp, advantages, mask, *, <params>) -> PolicyLossOutput
+
+* ``logp``      [B, T] log pi_theta(y_t | s_t) of the sampled tokens (with gradient).
+* ``old_logp``  [B, T] behaviour log-probs (pi_old / pi_b); always treated as constant.
+* ``advantages`` [B] one per row (a [B, T] per-token tensor is accepted too).
+* ``mask``      [B, T] bool or 0/1 (padding = 0).
+
+The per-token loss is **not aggregated** (see :mod:`mixrl.core.aggregation`) and is 0 on
+masked positions. Notation: ``r = exp(clamp(logp - old_logp, -20, 20))``, ``A`` the
+advantage, ``sg`` stop-gradient, ``p = exp(logp)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from mixrl.core._tensor import (
+    bool_mask,
+    log_ratio,
+    masked_mean,
+    token_advantages,
+    zero_masked,
+)
+from mixrl.core.registry import Registry
+
+POLICY_LOSSES = Registry("policy loss")
+
+
+@dataclass
+class PolicyLossOutput:
+    """Result of a policy loss.
+
+    per_token_loss: [B, T], 0 on masked positions, not aggregated.
+    clipped: [B, T] bool, tokens whose gradient the trust region clipped, masked,
+        zeroed or truncated (for the clip-fraction metric); False on padding.
+    metrics: scalar extras (detached), may be empty.
+    """
+
+    per_token_loss: Tensor
+    clipped: Tensor
+    metrics: dict[str, Tensor] = field(default_factory=dict)
+
+
+def _finish(loss: Tensor, clipped: Tensor, mask: Tensor, metrics=None) -> PolicyLossOutput:
+    m = bool_mask(mask)
+    return PolicyLossOutput(
+        per_token_loss=zero_masked(loss, m),
+        clipped=clipped & m,
+        metrics={k: v.detach() for k, v in (metrics or {}).items()},
+    )
+
+
+def _ratio_metrics(ratio: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    return {"ratio_mean": masked_mean(ratio.detach(), mask)}
+
+
+@POLICY_LOSSES.register("ppo_clip")
+def ppo_clip(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip_c: float | None = None,
+) -> PolicyLossOutput:
+    """PPO clipped surrogate (PPO / GRPO; the RL term of CHORD, LUFFY; DAPO clip-higher).
+
+    Formula: ``loss = max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high))``; with dual clip
+    (CHORD's code, c = 3) negative-advantage tokens use ``min(loss, -A c)``, which bounds
+    the loss when r is very large. Clipped tokens: those where the constant branch is
+    active (zero gradient).
+
+    Paper: PPO (Schulman et al. 2017), GRPO; dual clip: Ye et al. 2020, as shipped in CHORD.
+
+    Parameters:
+        clip_low (0.2): epsilon below 1 (ratio lower bound 1 - clip_low).
+        clip_high (0.2): epsilon above 1 (ratio upper bound 1 + clip_high; DAPO uses 0.28).
+        dual_clip_c (None): dual-clip constant c > 1 for A < 0; None disables it.
+    """
+    if dual_clip_c is not None and dual_clip_c <= 1.0:
+        raise ValueError(f"ppo_clip: dual_clip_c must be > 1, got {dual_clip_c}")
+    ratio = torch.exp(log_ratio(logp, old_logp))
+    adv = token_advantages(advantages, logp)
+    loss1 = -adv * ratio
+    loss2 = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    loss = torch.maximum(loss1, loss2)
+    clipped = loss2 > loss1
+    metrics = _ratio_metrics(ratio, mask)
+    if dual_clip_c is not None:
+        loss3 = -adv * dual_clip_c
+        dual = (adv < 0) & (loss > loss3)
+        loss = torch.where(adv < 0, torch.minimum(loss, loss3), loss)
+        clipped = clipped | dual
+        metrics["dual_clip_frac"] = masked_mean(dual.to(logp.dtype), mask)
+    return _finish(loss, clipped, mask, metrics)
+
+
+@POLICY_LOSSES.register("reinforce")
+def reinforce(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    tis_cap: float | None = None,
+) -> PolicyLossOutput:
+    """REINFORCE / vanilla policy gradient, optionally with truncated importance sampling.
+
+    Formula: ``loss = -w A log p`` with ``w = sg(min(r, tis_cap))`` (truncated IS), or
+    ``w = 1`` when ``tis_cap`` is None (plain REINFORCE: unbiased only for on-policy rows).
+    Gradient: ``-w A grad log p``; on-policy (old_logp == logp) r = 1, so with any
+    ``tis_cap >= 1`` the gradient equals plain REINFORCE's ``-A grad log p``.
+    Clipped tokens: those with r > tis_cap (weight truncated).
+
+    Paper: REINFORCE (Williams 1992); truncated IS as in Qwen-stabilizing / AsymRE / OPMD
+    (METHODS.md A1 "REINFORCE / plain PG + IS correction").
+
+    Parameters:
+        tis_cap (None): cap on the IS weight (must be >= 1); None = no IS weight.
+    """
+    adv = token_advantages(advantages, logp)
+    if tis_cap is None:
+        weight = torch.ones_like(logp)
+        clipped = torch.zeros_like(logp, dtype=torch.bool)
+        metrics: dict[str, Tensor] = {}
+    else:
+        if tis_cap < 1.0:
+            raise ValueError(
+                f"reinforce: tis_cap must be >= 1 (on-policy r = 1 must keep weight 1), got {tis_cap}"
+            )
+        ratio = torch.exp(log_ratio(logp, old_logp)).detach()
+        weight = torch.clamp(ratio, max=tis_cap)
+        clipped = ratio > tis_cap
+        metrics = _ratio_metrics(ratio, mask)
+    loss = -weight.detach() * adv * logp
+    return _finish(loss, clipped, mask, metrics)
+
+
+@POLICY_LOSSES.register("topr")
+def topr(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+) -> PolicyLossOutput:
+    """TOPR: tapered off-policy REINFORCE (asymmetric truncated IS, no KL needed).
+
+    Formula: rows with ``A >= 0``: ``loss = -A log p`` (SFT-like, no ratio);
+    rows with ``A < 0``: ``loss = -sg(clip(r, 0, 1)) A log p``.
+    Clipped tokens: ``A < 0`` and ``r > 1`` (IS weight truncated to 1).
+
+    Paper: TOPR (Le Roux et al. 2025), METHODS.md #93.
+
+    Parameters: none.
+    """
+    adv = token_advantages(advantages, logp)
+    ratio = torch.exp(log_ratio(logp, old_logp)).detach()
+    neg = adv < 0
+    weight = torch.where(neg, torch.clamp(ratio, 0.0, 1.0), torch.ones_like(ratio))
+    loss = -weight * adv * logp
+    clipped = neg & (ratio > 1.0)
+    return _finish(loss, clipped, mask, _ratio_metrics(ratio, mask))
+
+
+@POLICY_LOSSES.register("cispo")
+def cispo(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float = 1.0,
+    clip_high: float = 0.28,
+) -> PolicyLossOutput:
+    """CISPO: clipped IS-weight policy optimisation (every token keeps its gradient).
+
+    Formula: ``loss = -sg(clip(r, 1 - clip_low, 1 + clip_high)) A log p``.
+    Clipped tokens: those whose IS weight was truncated (r outside the bounds).
+
+    Paper: CISPO, MiniMax-M1 (2025). The paper sets no lower bound ("setting eps_low to
+    a large value"); clip_low = 1.0 makes the lower bound 0, i.e. no lower bound, as in
+    Trinity-RFT's implementation, whose clip_high default 0.28 we also use.
+
+    Parameters:
+        clip_low (1.0): IS-weight lower bound is 1 - clip_low (1.0 = no lower bound).
+        clip_high (0.28): IS-weight upper bound is 1 + clip_high.
+    """
+    adv = token_advantages(advantages, logp)
+    ratio = torch.exp(log_ratio(logp, old_logp)).detach()
+    lo, hi = 1.0 - clip_low, 1.0 + clip_high
+    weight = torch.clamp(ratio, lo, hi)
+    loss = -weight * adv * logp
+    clipped = (ratio > hi) | (ratio < lo)
+    return _finish(loss, clipped, mask, _ratio_metrics(ratio, mask))
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float = 3e-4,
+    clip_high: float = 4e-4,
+) -> PolicyLossOutput:
+    """GSPO: sequence-level (length-normalised) ratio with a PPO clip.
+
+    Formula: ``s = exp(mean_t log r_t)`` over the row's valid tokens (geometric-mean
+    ratio); per token (GSPO-token form) ``s_t = sg(s) * p_t / sg(p_t)`` (value s,
+    gradient ``s grad log p_t``); ``loss_t = max(-A s_t, -A clip(s_t, 1 - clip_low,
+    1 + clip_high))``. With ``seq-mean-token-mean`` aggregation this is exactly GSPO's
+    sequence objective and gradient. Clipped: all valid tokens of rows whose s is clipped.
+
+    Paper: GSPO (Qwen, Zheng et al. 2025); defaults 3e-4 / 4e-4 from the paper.
+
+    Parameters:
+        clip_low (3e-4): sequence-ratio lower bound 1 - clip_low.
+        clip_high (4e-4): sequence-ratio upper bound 1 + clip_high.
+    """
+    m = bool_mask(mask)
+    lr = zero_masked(log_ratio(logp, old_logp), m)
+    count = m.sum(-1, keepdim=True).clamp(min=1).to(logp.dtype)
+    seq_lr = (lr.sum(-1, keepdim=True) / count).detach()
+    seq_ratio = torch.exp(seq_lr)
+    s_tok = seq_ratio * torch.exp(logp - logp.detach())
+    adv = token_advantages(advantages, logp)
+    loss1 = -adv * s_tok
+    loss2 = -adv * torch.clamp(s_tok, 1.0 - clip_low, 1.0 + clip_high)
+    loss = torch.maximum(loss1, loss2)
+    clipped = loss2 > loss1
+    rows = m.any(-1)
+    metrics = {
+        "seq_ratio_mean": (seq_ratio.squeeze(-1) * rows).sum() / rows.sum().clamp(min=1),
+    }
+    return _finish(loss, clipped, mask, metrics)
+
+
+@POLICY_LOSSES.register("sapo")
+def sapo(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
+) -> PolicyLossOutput:
+    """SAPO: a smooth sigmoid gate instead of the hard clip.
+
+    Formula: ``f(r) = (4 / tau) sigmoid(tau (r - 1))``, ``loss = -f(r) A`` with
+    ``tau = tau_pos`` if A > 0 else ``tau_neg``. Gradient:
+    ``-A * 4 sigmoid(x)(1 - sigmoid(x)) * r * grad log p`` with x = tau (r - 1): equal to
+    the PPO gradient at r = 1 and smoothly attenuated away from it. The gate never zeroes
+    a gradient, so ``clipped`` is all False; metric ``gate_mean`` is the mean gradient
+    weight ``4 s (1 - s)``.
+
+    Paper: SAPO (Qwen, Gao et al. 2025); tau_pos = 1.0, tau_neg = 1.05 as in the public
+    implementations (Trinity-RFT, verl).
+
+    Parameters:
+        tau_pos (1.0): gate temperature for A > 0.
+        tau_neg (1.05): gate temperature for A <= 0.
+    """
+    ratio = torch.exp(log_ratio(logp, old_logp))
+    adv = token_advantages(advantages, logp)
+    tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))
+    sig = torch.sigmoid(tau * (ratio - 1.0))
+    loss = -(4.0 / tau) * sig * adv
+    gate = (4.0 * sig * (1.0 - sig)).detach()
+    metrics = _ratio_metrics(ratio, mask)
+    metrics["gate_mean"] = masked_mean(gate, mask)
+    return _finish(loss, torch.zeros_like(logp, dtype=torch.bool), mask, metrics)
+
+
+def m2_keep_mask(log_r: Tensor, mask: Tensor, budget: float) -> Tensor:
+    """Keep the most tokens such that mean over kept tokens of ``(log r)^2 <= budget``.
+
+    Masks the fewest tokens, always those with the largest ``(log r)^2`` (ties broken by
+    position). Returns a bool [B, T] keep-mask (False on padding).
+    """
+    m = bool_mask(mask)
+    sq = log_r.detach().pow(2)
+    flat_valid = m.reshape(-1)
+    values = sq.reshape(-1)[flat_valid]
+    keep_flat = torch.zeros_like(flat_valid)
+    n = values.numel()
+    if n:
+        order = torch.argsort(values, stable=True)
+        cummean = torch.cumsum(values[order], 0) / torch.arange(
+            1, n + 1, dtype=values.dtype, device=values.device
+        )
+        # cumulative mean of ascending values is non-decreasing: keep the longest prefix
+        k = int((cummean <= budget).sum().item())
+        kept_sorted = torch.arange(n, device=values.device) < k
+        kept_valid = torch.zeros(n, dtype=torch.bool, device=values.device)
+        kept_valid[order] = kept_sorted
+        keep_flat[flat_valid] = kept_valid
+    return keep_flat.reshape(m.shape)
+
+
+@POLICY_LOSSES.register("m2po")
+def m2po(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    m2_budget: float = 0.04,
+) -> PolicyLossOutput:
+    """M2PO: second-moment trust region; mask only the most extreme tokens.
+
+    Formula: with ``M2 = mean over kept tokens of (log r)^2``, mask the fewest tokens
+    (those with the largest ``(log r)^2``) so that ``M2 <= m2_budget``; kept tokens use the
+    unclipped surrogate ``loss = -r A`` (gradient ``-r A grad log p``), masked tokens get 0.
+    The budget is enforced over the valid tokens of this call (one micro-batch).
+    Clipped tokens: the masked ones. Metrics: ``m2_before``, ``m2_after``.
+
+    Paper: M2PO (METHODS.md #6), tau = 0.04 from the paper. The authors' public code
+    instead derives a clip bound from the budget over "harmful" tokens only; this is the
+    abstract's masking formulation.
+
+    Parameters:
+        m2_budget (0.04): budget tau on the mean of (log r)^2 over kept tokens.
+    """
+    lr = log_ratio(logp, old_logp)
+    ratio = torch.exp(lr)
+    keep = m2_keep_mask(lr, mask, m2_budget)
+    adv = token_advantages(advantages, logp)
+    loss = zero_masked(-ratio * adv, keep)
+    m = bool_mask(mask)
+    sq = lr.detach().pow(2)
+    metrics = _ratio_metrics(ratio, mask)
+    metrics["m2_before"] = masked_mean(sq, m)
+    metrics["m2_after"] = masked_mean(sq, keep)
+    return _finish(loss, m & ~keep, mask, metrics)
+
+
+@POLICY_LOSSES.register("sft")
+def sft(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+) -> PolicyLossOutput:
+    """Supervised fine-tuning: negative log-likelihood of the given tokens.
+
+    Formula: ``loss = -log p`` (advantages and old_logp are ignored).
+    Paper: SFT term of CHORD / SFT->RL baselines.
+
+    Parameters: none.
+    """
+    return _finish(-logp, torch.zeros_like(logp, dtype=torch.bool), mask)

@@ -1,0 +1,159 @@
+"""Name -> component registries for the core axes.
+
+Each axis of a mixrl method (policy loss, token weight, aggregation, advantage, KL
+estimator, schedule, controller) is a :class:`Registry` of small pure functions (or, for
+controllers, classes). A component's *config parameters* are its keyword-only
+parameters (after ``*``); each has a default and a simple annotation (``float``,
+``int``, ``bool``, ``str``, ``float | None``, ``int | None``). Config validation and the
+generated docs read them through :meth:`Registry.params`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from mixrl.errors import ConfigError, did_you_mean
+
+
+class UnknownComponentError(ConfigError, KeyError):
+    """A component name that is not registered.
+
+    ``str(e)`` is one line, e.g.
+    ``unknown policy loss 'ppo_clp' (did you mean: ppo_clip?); choices: cispo, gspo, ...``.
+    It is a ``KeyError`` (lookup failed) and a :class:`mixrl.errors.ConfigError`
+    (the CLI prints it without a traceback).
+    """
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:  # KeyError would print repr(message)
+        return self.message
+
+
+class ComponentParamError(ConfigError, TypeError):
+    """Bad parameters for a component (unknown key, wrong type); one-line message."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class Registry:
+    """A named collection of components of one kind (e.g. ``"policy loss"``).
+
+    ``runtime``: keyword-only parameter names that the *caller* supplies at run time
+    (e.g. an advantage's ``include`` mask, an aggregation's ``num_items``); they are not
+    config parameters and :meth:`params` leaves them out.
+    """
+
+    def __init__(self, kind: str, runtime: tuple[str, ...] = ()):
+        self.kind = kind
+        self.runtime = tuple(runtime)
+        self._items: dict[str, Callable[..., Any]] = {}
+
+    def register(self, name: str):
+        """Decorator: register ``fn`` under ``name``; returns ``fn`` unchanged."""
+
+        def deco(fn):
+            if name in self._items and self._items[name] is not fn:
+                raise ValueError(f"{self.kind} '{name}' is registered twice")
+            self._items[name] = fn
+            return fn
+
+        return deco
+
+    def get(self, name: str) -> Callable[..., Any]:
+        """Return the component, or raise :class:`UnknownComponentError` (one line)."""
+        try:
+            return self._items[name]
+        except (KeyError, TypeError):
+            pass
+        choices = self.names()
+        hint = did_you_mean(str(name), choices)
+        raise UnknownComponentError(
+            f"unknown {self.kind} {str(name)!r}{hint}; choices: {', '.join(choices)}"
+        )
+
+    def names(self) -> list[str]:
+        """Registered names, sorted."""
+        return sorted(self._items)
+
+    def params(self, name: str) -> dict[str, inspect.Parameter]:
+        """The keyword-only parameters (= config parameters) of a component, in order.
+
+        Runtime parameters (see ``runtime``) are left out. Annotations are evaluated
+        (``float | None`` is a ``types.UnionType``, not a string). For a class, the
+        parameters of its constructor.
+        """
+        fn = self.get(name)
+        sig = inspect.signature(fn, eval_str=True)
+        return {
+            p.name: p
+            for p in sig.parameters.values()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in self.runtime
+        }
+
+    def defaults(self, name: str) -> dict[str, Any]:
+        """``{param: default}`` for the config parameters of a component."""
+        return {k: p.default for k, p in self.params(name).items()}
+
+    def check_params(self, name: str, overrides: dict[str, Any]) -> None:
+        """Raise :class:`ComponentParamError` for unknown keys or clearly wrong types."""
+        params = self.params(name)
+        for key, value in overrides.items():
+            if key not in params:
+                hint = did_you_mean(str(key), params)
+                raise ComponentParamError(
+                    f"{self.kind} '{name}' has no parameter {key!r}{hint}; "
+                    f"parameters: {', '.join(params) or '(none)'}"
+                )
+            if not _value_matches(value, params[key].annotation):
+                raise ComponentParamError(
+                    f"{self.kind} '{name}': parameter {key!r} must be "
+                    f"{_annotation_text(params[key].annotation)}, got {value!r}"
+                )
+
+    def __contains__(self, name) -> bool:
+        return name in self._items
+
+    def __iter__(self):
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __repr__(self) -> str:
+        return f"Registry({self.kind!r}, {self.names()})"
+
+
+def _annotation_text(annotation: Any) -> str:
+    if annotation is inspect.Parameter.empty:
+        return "any"
+    if isinstance(annotation, type):
+        return annotation.__name__
+    return str(annotation).replace("NoneType", "None")
+
+
+def _value_matches(value: Any, annotation: Any) -> bool:
+    """Loose type check for the simple annotations used by core components."""
+    import types
+    import typing
+
+    if annotation is inspect.Parameter.empty or annotation is Any:
+        return True
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        return any(_value_matches(value, a) for a in typing.get_args(annotation))
+    if annotation is type(None):
+        return value is None
+    if annotation is bool:
+        return isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(annotation, type):
+        return isinstance(value, annotation)
+    return True

@@ -1,0 +1,179 @@
+"""Scalar schedules keyed to the trainer step (axis A5, ``schedule/``).
+
+Signature of every registered schedule: ``fn(step: int, *, <params>) -> float``, where
+``step`` counts optimizer steps from 0. A schedule *spec* in config is either a number
+(constant) or a mapping ``{name: <schedule>, <param>: <value>, ...}``;
+:func:`resolve_schedule` turns it into a ``Callable[[int], float]``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from mixrl.core.registry import ComponentParamError, Registry, UnknownComponentError
+
+SCHEDULES = Registry("schedule")
+
+
+@SCHEDULES.register("constant")
+def constant(step: int, *, value: float = 0.0) -> float:
+    """Constant: ``f(step) = value``.
+
+    Paper: CHORD-phi (constant mu = 0.1), any fixed coefficient.
+
+    Parameters:
+        value (0.0): the value.
+    """
+    return float(value)
+
+
+@SCHEDULES.register("linear")
+def linear(step: int, *, start: float = 0.0, end: float = 1.0, steps: int = 100) -> float:
+    """Linear ramp: ``start + (end - start) * min(step / steps, 1)``; ``end`` after ``steps``.
+
+    ``steps = 0`` gives ``end`` from step 0. Paper: generic (e.g. KL / prefix-length ramps).
+
+    Parameters:
+        start (0.0): value at step 0.
+        end (1.0): value from step ``steps`` on.
+        steps (100): length of the ramp.
+    """
+    if steps <= 0 or step >= steps:
+        return float(end)
+    if step <= 0:
+        return float(start)
+    return float(start + (end - start) * step / steps)
+
+
+@SCHEDULES.register("cosine")
+def cosine(
+    step: int,
+    *,
+    warmup: int = 0,
+    peak: float = 0.1,
+    decay: int = 0,
+    valley: float = 0.1,
+) -> float:
+    """CHORD's mu: linear warmup 0 -> peak, cosine decay peak -> valley, then valley.
+
+    Formula:
+    ``step < warmup``: ``peak * step / warmup``;
+    ``warmup <= step < warmup + decay``:
+    ``valley + (peak - valley) * (1 + cos(pi * (step - warmup) / decay)) / 2``;
+    otherwise ``valley``. ``warmup = 0`` starts at ``peak``; ``decay = 0`` jumps to
+    ``valley`` at ``warmup``. The defaults are CHORD's constructor default (constant 0.1).
+    CHORD-mu: warmup 0, decay 200, peak 0.9, valley 0.05; math recipe: warmup 200,
+    decay 400, peak 0.5, valley 0.02.
+
+    Paper: CHORD.
+
+    Parameters:
+        warmup (0): steps of the linear ramp from 0 to peak.
+        peak (0.1): value at the end of warmup.
+        decay (0): steps of the cosine decay from peak to valley.
+        valley (0.1): value after warmup + decay.
+    """
+    if step < warmup:
+        return float(peak * step / warmup)
+    if step >= warmup + decay:
+        return float(valley)
+    progress = (step - warmup) / decay
+    return float(valley + (peak - valley) * 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+@SCHEDULES.register("step")
+def step_schedule(
+    step: int, *, switch_step: int = 0, before: float = 0.0, after: float = 1.0
+) -> float:
+    """Stage switch: ``before`` for ``step < switch_step``, ``after`` from then on.
+
+    Paper: ReMix (policy reincarnation: off-policy early, on-policy later); staged
+    SFT -> RL.
+
+    Parameters:
+        switch_step (0): first step that uses ``after``.
+        before (0.0): value before the switch.
+        after (1.0): value from the switch on.
+    """
+    return float(before if step < switch_step else after)
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _split_spec(spec: Any) -> tuple[str, dict[str, Any]]:
+    """``(name, params)`` of a schedule spec (number, name string or mapping)."""
+    if _is_number(spec):
+        return "constant", {"value": float(spec)}
+    if isinstance(spec, str):
+        return spec, {}
+    if isinstance(spec, Mapping):
+        params = {str(k): v for k, v in spec.items()}
+        if "name" not in params:
+            raise ComponentParamError(
+                f"schedule spec {dict(params)!r} has no 'name'; choices: {', '.join(SCHEDULES.names())}"
+            )
+        name = params.pop("name")
+        if not isinstance(name, str):
+            raise ComponentParamError(f"schedule name must be a string, got {name!r}")
+        return name, params
+    raise ComponentParamError(
+        f"a schedule must be a number or a mapping with 'name', got {spec!r}"
+    )
+
+
+def resolve_schedule(spec: Any) -> Callable[[int], float]:
+    """Turn a schedule spec into ``f(step) -> float``.
+
+    ``spec``: a number (constant), a registered name (its defaults), a mapping (e.g. an
+    OmegaConf DictConfig) ``{name: cosine, warmup: 0, peak: 0.9, ...}``, or a callable
+    (returned as is). Unknown names raise :class:`UnknownComponentError`; unknown or
+    wrongly typed params raise :class:`ComponentParamError` (a ``TypeError``); both have
+    one-line messages.
+    """
+    if callable(spec) and not isinstance(spec, Mapping):
+        return spec
+    name, params = _split_spec(spec)
+    fn = SCHEDULES.get(name)  # raises UnknownComponentError
+    SCHEDULES.check_params(name, params)
+    kwargs = {**SCHEDULES.defaults(name), **params}
+
+    def schedule(step: int) -> float:
+        return fn(int(step), **kwargs)
+
+    schedule.__name__ = f"schedule_{name}"
+    schedule.__doc__ = describe_schedule(spec)
+    return schedule
+
+
+def describe_schedule(spec: Any) -> str:
+    """Readable text for a spec, all params filled in, e.g.
+    ``cosine(warmup=0, peak=0.9, decay=200, valley=0.05)``."""
+    if callable(spec) and not isinstance(spec, Mapping):
+        return getattr(spec, "__doc__", None) or getattr(spec, "__name__", repr(spec))
+    name, params = _split_spec(spec)
+    SCHEDULES.get(name)
+    SCHEDULES.check_params(name, params)
+    values = {**SCHEDULES.defaults(name), **params}
+    return f"{name}({', '.join(f'{k}={_fmt(v)}' for k, v in values.items())})"
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:g}"
+    return repr(v) if isinstance(v, str) else str(v)
+
+
+__all__ = [
+    "SCHEDULES",
+    "UnknownComponentError",
+    "constant",
+    "cosine",
+    "describe_schedule",
+    "linear",
+    "resolve_schedule",
+    "step_schedule",
+]

@@ -1,0 +1,98 @@
+"""Token weights for (off-policy) likelihood terms (axis A4, ``weighting/``).
+
+Signature of every registered weight::
+
+    fn(logp, *, cutoff=None, <params>) -> Tensor [B, T]   # ALWAYS detached
+
+``p = exp(logp)`` is the current policy's probability of the given token. The weighted
+SFT loss is ``-sg(w(p)) * log p``. ``cutoff``: tokens with ``p > cutoff`` get weight 0
+(CHORD's optional cutoff: already-learned tokens get no gradient).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from mixrl.core.registry import Registry
+
+TOKEN_WEIGHTS = Registry("token weight")
+
+
+def _apply_cutoff(weight: Tensor, p: Tensor, cutoff: float | None) -> Tensor:
+    if cutoff is not None:
+        weight = torch.where(p > cutoff, torch.zeros_like(weight), weight)
+    return weight.detach()
+
+
+@TOKEN_WEIGHTS.register("one")
+def one(logp: Tensor, *, cutoff: float | None = None) -> Tensor:
+    """Uniform weight: ``w = 1`` (plain SFT, ``-log p``).
+
+    Paper: SFT; CHORD with phi off (CHORD-mu).
+
+    Parameters:
+        cutoff (None): tokens with p > cutoff get weight 0.
+    """
+    logp = logp.detach()
+    return _apply_cutoff(torch.ones_like(logp), logp.exp(), cutoff)
+
+
+@TOKEN_WEIGHTS.register("p")
+def prob(logp: Tensor, *, cutoff: float | None = None) -> Tensor:
+    """Probability weight (IS-SFT): ``w = sg(p)``; loss ``-sg(p) log p``.
+
+    Paper: SFT-IS baseline in CHORD.
+
+    Parameters:
+        cutoff (None): tokens with p > cutoff get weight 0.
+    """
+    p = logp.detach().exp()
+    return _apply_cutoff(p, p, cutoff)
+
+
+@TOKEN_WEIGHTS.register("chord_phi")
+def chord_phi(logp: Tensor, *, cutoff: float | None = None) -> Tensor:
+    """CHORD-phi: ``w = sg(p (1 - p))``, peaks at p = 0.5 with value 1/4.
+
+    Down-weights tokens the policy already knows (p -> 1) and tokens far from it (p -> 0).
+
+    Paper: CHORD (phi on).
+
+    Parameters:
+        cutoff (None): tokens with p > cutoff get weight 0.
+    """
+    p = logp.detach().exp()
+    return _apply_cutoff(p * (1.0 - p), p, cutoff)
+
+
+@TOKEN_WEIGHTS.register("luffy")
+def luffy(logp: Tensor, *, cutoff: float | None = None, gamma: float = 0.1) -> Tensor:
+    """LUFFY shaping as a detached weight: ``w = sg(p / (p + gamma))``.
+
+    This is the weight form; LUFFY itself uses the *shaped ratio* with gradient, see
+    ``luffy_shaped_ratio``.
+
+    Paper: LUFFY (gamma = 0.1 in the paper script).
+
+    Parameters:
+        cutoff (None): tokens with p > cutoff get weight 0.
+        gamma (0.1): shaping constant.
+    """
+    p = logp.detach().exp()
+    return _apply_cutoff(p / (p + gamma), p, cutoff)
+
+
+def luffy_shaped_ratio(logp: Tensor, gamma: float = 0.1) -> Tensor:
+    """LUFFY's shaped off-policy ratio ``f(p) = p / (p + gamma)``, WITH gradient.
+
+    LUFFY takes the behaviour probability of expert tokens as 1 and replaces the
+    importance ratio by ``f(p)``; the expert-token loss is ``-A * f(p)`` (no clip).
+    Since ``d f / d log p = p * gamma / (p + gamma)^2``, the gradient is
+    ``-A * gamma p / (p + gamma)^2 * grad log p``: a token weight peaking at p = gamma with
+    maximum 1/4 (cf. CHORD-phi's p(1 - p), peak at p = 0.5, same maximum).
+
+    Not registered (it is not a detached weight). Paper: LUFFY (METHODS.md Appendix A).
+    """
+    p = logp.exp()
+    return p / (p + gamma)

@@ -1,0 +1,380 @@
+"""A tiny character-level Qwen2 model, warm-started on the easy ``arith`` levels.
+
+``mixrl train`` with no arguments trains this model, so a first run works offline
+on a laptop CPU in a few minutes:
+
+* :func:`build_tokenizer` - a character-level ``PreTrainedTokenizerFast`` over the
+  task alphabet plus ``<pad>``, ``<s>`` (bos, prepended to every encoded text),
+  ``</s>`` (eos, ends completions) and ``<unk>``; pads on the left.
+* :func:`build_model` - a small ``Qwen2ForCausalLM`` (~0.8M parameters by default).
+* :func:`warm_start` - a short deterministic supervised run on expert solutions of
+  the easy levels; the result is saved in Hugging Face format under
+  ``<cache>/tiny/<key>/`` and reused. ``python -m mixrl.models.tiny`` builds it.
+
+The cache root is ``$MIXRL_CACHE`` if set, else ``$XDG_CACHE_HOME/mixrl``, else
+``~/.cache/mixrl``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from mixrl.tasks import arith
+
+#: Bump on any change to the tokenizer, model or warm-start recipe (it is part of the cache key).
+TINY_VERSION = "1"
+
+PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
+SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
+
+#: Default architecture (see :func:`build_model`).
+MODEL_SIZE: dict[str, int] = {
+    "hidden_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "intermediate_size": 256,
+    "max_position_embeddings": 64,
+}
+
+#: Default warm-start recipe (see :func:`warm_start`).
+WARM_START: dict[str, Any] = {
+    "steps": 300,
+    "batch_size": 64,
+    "lr": 3e-3,
+    "warmup_steps": 20,
+    "weight_decay": 0.0,
+    "levels": list(arith.EASY_LEVELS),
+    "seed": 0,
+}
+
+#: Generation budget that fits every ``arith`` completion plus eos.
+MAX_COMPLETION_TOKENS = arith.MAX_SOLUTION_CHARS + 1
+#: Longest encoded prompt (bos + prompt).
+MAX_PROMPT_TOKENS = arith.MAX_PROMPT_CHARS + 1
+
+_META_FILE = "mixrl_tiny.json"
+
+
+# --------------------------------------------------------------------------- tokenizer / model
+
+
+def build_tokenizer(alphabet: str = arith.ALPHABET):
+    """Character-level tokenizer: ids 0-3 are ``<pad> <s> </s> <unk>``, then one id per character.
+
+    Encoding prepends ``<s>`` (``add_special_tokens=True``, the default, which is what
+    TRL uses for prompts); decoding concatenates characters.
+    """
+    from tokenizers import Tokenizer, decoders, models, processors
+    from transformers import PreTrainedTokenizerFast
+
+    chars = list(dict.fromkeys(alphabet))
+    vocab = {tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *chars])}
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK))  # no merges: one token per character
+    tk.add_special_tokens(list(SPECIAL_TOKENS))
+    tk.decoder = decoders.Fuse()
+    tk.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, vocab[BOS])]
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tk,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        unk_token=UNK,
+        padding_side="left",
+        truncation_side="left",
+        model_max_length=MODEL_SIZE["max_position_embeddings"],
+    )
+    return tokenizer
+
+
+def build_model(tokenizer: Any, **size: int):
+    """A freshly initialised ``Qwen2ForCausalLM``; ``size`` overrides keys of :data:`MODEL_SIZE`."""
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    unknown = set(size) - set(MODEL_SIZE)
+    if unknown:
+        raise ValueError(f"unknown model size key(s) {sorted(unknown)}; known: {sorted(MODEL_SIZE)}")
+    dims = {**MODEL_SIZE, **size}
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=dims["hidden_size"],
+        intermediate_size=dims["intermediate_size"],
+        num_hidden_layers=dims["num_hidden_layers"],
+        num_attention_heads=dims["num_attention_heads"],
+        num_key_value_heads=dims["num_key_value_heads"],
+        max_position_embeddings=dims["max_position_embeddings"],
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=True,
+        initializer_range=0.02,
+        use_cache=True,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        max_new_tokens=MAX_COMPLETION_TOKENS,
+    )
+    return model
+
+
+# --------------------------------------------------------------------------- cache
+
+
+def cache_root() -> Path:
+    """``$MIXRL_CACHE``, else ``$XDG_CACHE_HOME/mixrl``, else ``~/.cache/mixrl``."""
+    if os.environ.get("MIXRL_CACHE"):
+        return Path(os.environ["MIXRL_CACHE"]).expanduser()
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "mixrl"
+    return Path.home() / ".cache" / "mixrl"
+
+
+def recipe(steps: int | None = None) -> dict[str, Any]:
+    """Everything the warm-started weights depend on (hashed into the cache key)."""
+    ws = dict(WARM_START)
+    if steps is not None:
+        ws["steps"] = int(steps)
+    return {
+        "tiny_version": TINY_VERSION,
+        "task": arith.NAME,
+        "task_version": arith.TASK_VERSION,
+        "alphabet": arith.ALPHABET,
+        "model": dict(MODEL_SIZE),
+        "warm_start": ws,
+    }
+
+
+def cache_key(steps: int | None = None) -> str:
+    digest = hashlib.sha256(json.dumps(recipe(steps), sort_keys=True).encode()).hexdigest()[:12]
+    return f"v{TINY_VERSION}-{digest}"
+
+
+def default_path(cache_dir: Path | str | None = None, *, steps: int | None = None) -> Path:
+    """Where :func:`warm_start` saves (``cache_dir`` defaults to ``cache_root()/"tiny"``)."""
+    base = Path(cache_dir).expanduser() if cache_dir is not None else cache_root() / "tiny"
+    return base / cache_key(steps)
+
+
+def is_complete(path: Path) -> bool:
+    return (path / _META_FILE).is_file() and (path / "config.json").is_file()
+
+
+# --------------------------------------------------------------------------- warm start
+
+
+def _batch(tokenizer: Any, problems: Sequence[dict[str, Any]]):
+    """Right-padded ``<s> prompt solution </s>`` with labels on ``solution </s>`` only."""
+    import torch
+
+    rows, labels = [], []
+    for p in problems:
+        prompt_ids = tokenizer(p["prompt"])["input_ids"]
+        sol_ids = tokenizer(p["solution"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        rows.append(prompt_ids + sol_ids)
+        labels.append([-100] * len(prompt_ids) + sol_ids)
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    lab = torch.full((len(rows), width), -100, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (r, lb) in enumerate(zip(rows, labels, strict=True)):
+        ids[i, : len(r)] = torch.tensor(r)
+        lab[i, : len(lb)] = torch.tensor(lb)
+        mask[i, : len(r)] = 1
+    return ids, mask, lab
+
+
+def train_supervised(
+    model: Any,
+    tokenizer: Any,
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    warmup_steps: int,
+    weight_decay: float,
+    levels: Sequence[int],
+    seed: int,
+    progress: bool = True,
+) -> list[float]:
+    """Deterministic SFT on expert solutions of ``levels`` (train split); returns per-step losses."""
+    import torch
+
+    problems = arith.train_split(max(steps * batch_size, 1), seed=seed, levels=levels)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=weight_decay)
+
+    def lr_at(step: int) -> float:  # linear warmup, cosine decay to 10%
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        t = (step - warmup_steps) / max(steps - warmup_steps, 1)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    model.train()
+    losses: list[float] = []
+    bar = _progress(progress)
+    with bar:
+        task = bar.add_task("warm-starting tiny model", total=steps, loss=float("nan"))
+        for step in range(steps):
+            ids, mask, lab = _batch(tokenizer, problems[step * batch_size : (step + 1) * batch_size])
+            loss = model(input_ids=ids, attention_mask=mask, labels=lab).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+            bar.update(task, advance=1, loss=sum(losses[-20:]) / len(losses[-20:]))
+    model.eval()
+    return losses
+
+
+class _NoProgress:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def add_task(self, *a, **k):
+        return 0
+
+    def update(self, *a, **k):
+        pass
+
+
+def _progress(enabled: bool):
+    if not enabled:
+        return _NoProgress()
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]:.3f}"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=False,
+    )
+
+
+def warm_start(
+    cache_dir: Path | str | None = None,
+    *,
+    force: bool = False,
+    progress: bool = True,
+    steps: int | None = None,
+) -> Path:
+    """Path of the warm-started tiny model (model + tokenizer, ``save_pretrained`` format).
+
+    Trains it (deterministically, on CPU, about a minute on 2 cores) unless a
+    complete copy is already cached; ``force`` retrains. ``cache_dir`` replaces
+    ``cache_root()/"tiny"``; ``steps`` overrides the number of optimizer steps (and
+    is part of the cache key), e.g. for tests.
+    """
+    import torch
+
+    rec = recipe(steps)
+    final = default_path(cache_dir, steps=steps)
+    if is_complete(final) and not force:
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+
+    ws = rec["warm_start"]
+    t0 = time.time()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(ws["seed"])
+        tokenizer = build_tokenizer()
+        model = build_model(tokenizer)
+        losses = train_supervised(
+            model,
+            tokenizer,
+            steps=ws["steps"],
+            batch_size=ws["batch_size"],
+            lr=ws["lr"],
+            warmup_steps=min(ws["warmup_steps"], max(ws["steps"] // 10, 1)),
+            weight_decay=ws["weight_decay"],
+            levels=ws["levels"],
+            seed=ws["seed"],
+            progress=progress,
+        )
+    seconds = time.time() - t0
+
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        meta = {
+            **rec,
+            "key": final.name,
+            "final_loss": sum(losses[-20:]) / max(len(losses[-20:]), 1),
+            "train_seconds": round(seconds, 2),
+            "num_parameters": sum(p.numel() for p in model.parameters()),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
+        (tmp / _META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        if final.exists():  # force, or a leftover incomplete dir: move it aside, then swap in
+            old = final.parent / f".{final.name}.old-{os.getpid()}-{time.time_ns()}"
+            os.rename(final, old)
+            shutil.rmtree(old, ignore_errors=True)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not is_complete(final):  # lost a race to a concurrent writer that left nothing usable
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def load(path: Path | str | None = None):
+    """``(model, tokenizer)`` from ``path`` (default: :func:`warm_start`, training it if needed)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(path) if path is not None else warm_start()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    return model, tokenizer
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m mixrl.models.tiny", description=__doc__.splitlines()[0])
+    ap.add_argument("--force", action="store_true", help="retrain even if a cached copy exists")
+    ap.add_argument("--cache-dir", type=Path, default=None, help="directory to hold <key>/ (default: %(default)s)")
+    ap.add_argument("--steps", type=int, default=None, help="override the number of warm-start steps")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    path = warm_start(args.cache_dir, force=args.force, progress=not args.no_progress, steps=args.steps)
+    print(path)
+    meta = json.loads((path / _META_FILE).read_text())
+    print(
+        f"{meta['num_parameters']:,} parameters; warm start: {meta['warm_start']['steps']} steps, "
+        f"final loss {meta['final_loss']:.3f}, {meta['train_seconds']:.1f}s",
+        file=sys.stderr,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,218 @@
+"""Turn a validated config into the pieces of a run: model path, tokenizer, data,
+reward functions, objective, TRL arguments and the trainer."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from mixrl.config.rules import Geometry, geometry
+from mixrl.core.objective import ObjectiveSpec
+from mixrl.errors import ConfigError, DataError
+
+BUILTIN = "builtin:"
+
+
+def _plain(node) -> Any:
+    return OmegaConf.to_container(node, resolve=True) if node is not None and not isinstance(node, (int, float, str, bool)) else node
+
+
+def _component(node) -> tuple[str, dict]:
+    d = dict(_plain(node))
+    return d.pop("name"), d
+
+
+# --------------------------------------------------------------------------- model
+def resolve_model_path(cfg: DictConfig, *, progress: bool = True) -> str:
+    """A local directory or hub id; ``builtin:tiny`` is built (and cached) on first use."""
+    path = cfg.model.path
+    if path == "builtin:tiny":
+        from mixrl.models import tiny
+
+        return str(tiny.warm_start(progress=progress))
+    if path.startswith(BUILTIN):
+        raise ConfigError(f"unknown built-in model '{path}'; the built-in model is builtin:tiny")
+    if os.path.isabs(path) or path.startswith("."):
+        if not Path(path).is_dir():
+            raise ConfigError(f"model.path '{path}' is not a directory; give a local model folder or a Hugging Face id")
+    return path
+
+
+def load_tokenizer(model_path: str, cfg: DictConfig):
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(model_path, trust_remote_code=cfg.model.trust_remote_code)
+    except OSError as e:
+        raise ConfigError(
+            f"could not load the tokenizer of '{model_path}' (offline?): {str(e).splitlines()[0]}; "
+            "download it first or point model.path at a local folder"
+        ) from None
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return tok
+
+
+# --------------------------------------------------------------------------- data
+def _builtin_rows(cfg: DictConfig, split: str, n: int, seed: int) -> list[dict]:
+    name = cfg.data.source[len(BUILTIN):]
+    if name != "arith":
+        raise ConfigError(f"unknown built-in dataset '{cfg.data.source}'; the built-in task is builtin:arith")
+    from mixrl.tasks import arith
+
+    levels = list(cfg.data.levels)
+    try:
+        if split == "train":
+            return arith.train_split(n, seed=seed, levels=levels)
+        return arith.heldout_split(n, levels=levels)
+    except ValueError as e:
+        raise ConfigError(f"data.levels: {e}") from None
+
+
+def load_train_rows(cfg: DictConfig):
+    """The training dataset (a ``datasets.Dataset`` with prompt, answer[, expert] columns)."""
+    from datasets import Dataset
+
+    d = cfg.data
+    if d.source.startswith(BUILTIN):
+        rows = _builtin_rows(cfg, "train", int(d.limit or d.train_size), int(cfg.seed))
+        ds = Dataset.from_list(rows)
+        if d.expert_column:
+            ds = ds.map(lambda r: {"expert": [r[d.expert_column]]})
+        return ds
+    from mixrl.data.loading import load_dataset_rows
+
+    return load_dataset_rows(
+        d.source, split=d.split, subset=d.subset, prompt_column=d.prompt_column, answer_column=d.answer_column,
+        expert_column=d.expert_column, system_prompt=d.system_prompt, limit=d.limit,
+    )
+
+
+def load_eval_rows(cfg: DictConfig) -> list[dict]:
+    """A fixed held-out split for accuracy (never overlaps the built-in training split)."""
+    d, n = cfg.data, int(cfg.trainer.eval_size)
+    if n <= 0:
+        return []
+    source = d.eval_source or d.source
+    if source.startswith(BUILTIN):
+        return _builtin_rows(cfg, "heldout", n, 0)
+    from mixrl.data.loading import load_dataset_rows
+
+    try:
+        ds = load_dataset_rows(
+            source, split=d.eval_split or "test", subset=d.subset, prompt_column=d.prompt_column,
+            answer_column=d.answer_column, system_prompt=d.system_prompt, limit=n,
+        )
+    except DataError:
+        raise
+    return [dict(r) for r in ds]
+
+
+# --------------------------------------------------------------------------- rewards
+def build_reward_funcs(cfg: DictConfig) -> tuple[list, list[float]]:
+    from mixrl.rewards import build_reward
+
+    specs = [{"name": cfg.reward.name, "weight": cfg.reward.weight, "params": _plain(cfg.reward.params) or {}}]
+    specs += [dict(_plain(x)) for x in cfg.reward.extra]
+    funcs, weights = [], []
+    for s in specs:
+        funcs.append(build_reward(s["name"], **(s.get("params") or {})))
+        weights.append(float(s.get("weight", 1.0)))
+    return funcs, weights
+
+
+# --------------------------------------------------------------------------- objective
+def build_objective(cfg: DictConfig) -> ObjectiveSpec:
+    a = cfg.algo
+    loss_name, loss_params = _component(a.loss)
+    agg_name, agg_params = _component(a.aggregation)
+    mix = _plain(a.mix) or {}
+    spec = ObjectiveSpec(
+        policy_loss=loss_name,
+        policy_params=loss_params,
+        aggregation=agg_name,
+        aggregation_params=agg_params,
+        kl_coef=float(a.kl.coef),
+        kl_estimator=str(a.kl.estimator),
+        entropy_coef=_plain(a.entropy_coef),
+        mix_mode=mix.get("mode", "none"),
+    )
+    if spec.mix_mode == "aux_loss":
+        spec.mu = mix.get("mu", 0.1)
+        tw = dict(mix.get("token_weight") or {"name": "one"})
+        spec.token_weight = tw.pop("name")
+        spec.token_weight_params = tw
+    if spec.mix_mode == "group_inject":
+        spec.shaping_gamma = float(mix.get("shaping_gamma", 0.1))
+    return spec
+
+
+def advantage_spec(cfg: DictConfig) -> tuple[str, dict, bool]:
+    name, params = _component(cfg.algo.advantage)
+    return name, params, bool(cfg.algo.advantage_include_offpolicy)
+
+
+# --------------------------------------------------------------------------- TRL args
+def grpo_args(cfg: DictConfig, run_dir: Path, geom: Geometry | None = None):
+    from trl import GRPOConfig
+
+    geom = geom or geometry(cfg)
+    t, hw = cfg.trainer, cfg.hardware
+    cpu = hw.device == "cpu"
+    dtype = None if cfg.model.dtype == "auto" else cfg.model.dtype
+    return GRPOConfig(
+        output_dir=str(run_dir / "trainer"),
+        seed=int(cfg.seed),
+        max_steps=int(t.max_steps),
+        learning_rate=float(t.learning_rate),
+        lr_scheduler_type=str(t.lr_scheduler_type),
+        warmup_steps=int(t.warmup_steps),
+        weight_decay=float(t.weight_decay),
+        max_grad_norm=float(t.max_grad_norm),
+        adam_beta1=float(t.adam_beta1),
+        adam_beta2=float(t.adam_beta2),
+        per_device_train_batch_size=geom.micro_batch_size,
+        gradient_accumulation_steps=geom.grad_accum,
+        steps_per_generation=geom.grad_accum,
+        num_generations=geom.num_generations,
+        num_iterations=int(t.num_iterations),
+        temperature=float(t.temperature),
+        top_p=float(t.top_p),
+        max_completion_length=int(t.max_completion_length),
+        mask_truncated_completions=bool(t.mask_truncated_completions),
+        beta=float(cfg.algo.kl.coef),
+        logging_steps=int(t.logging_steps),
+        save_strategy="steps" if t.save_steps else "no",
+        save_steps=int(t.save_steps) if t.save_steps else 500,
+        report_to=list(cfg.logger.report_to),
+        log_completions=bool(cfg.logger.log_completions),
+        use_cpu=cpu,
+        bf16=bool(hw.bf16) and not cpu,
+        gradient_checkpointing=bool(hw.gradient_checkpointing) and not cpu,
+        use_vllm=bool(hw.use_vllm),
+        vllm_mode=str(hw.vllm_mode),
+        vllm_gpu_memory_utilization=float(hw.vllm_gpu_memory_utilization),
+        deepspeed=hw.deepspeed,
+        disable_tqdm=True,
+        model_init_kwargs={"dtype": dtype, "trust_remote_code": bool(cfg.model.trust_remote_code)}
+        | ({"attn_implementation": cfg.model.attn_implementation} if cfg.model.attn_implementation else {}),
+        dataloader_num_workers=0,
+        remove_unused_columns=False,
+        shuffle_dataset=True,
+    )
+
+
+def peft_config(cfg: DictConfig):
+    lora = _plain(cfg.model.lora) or {}
+    if not lora.get("enabled"):
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=int(lora.get("r", 16)), lora_alpha=int(lora.get("alpha", 32)), lora_dropout=float(lora.get("dropout", 0.0)),
+        target_modules=lora.get("target_modules", "all-linear"), task_type="CAUSAL_LM",
+    )

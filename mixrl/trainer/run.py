@@ -1,0 +1,148 @@
+"""One training run: run directory, held-out accuracy before/after, train, save, summary.
+
+Run directory layout::
+
+    config.yaml      the resolved config
+    metrics.jsonl    one row per logged step
+    model/           final model and tokenizer (Hugging Face format)
+    summary.json     accuracy before/after, wall-clock, steps, paths
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+
+from mixrl.config.rules import geometry
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    summary: dict = field(default_factory=dict)
+
+
+def default_run_dir(cfg: DictConfig, root: str | Path = "runs") -> Path:
+    now = datetime.now()
+    return Path(root) / now.strftime("%Y-%m-%d") / f"{now.strftime('%H%M%S-%f')[:-3]}-{cfg.algo.name}-s{cfg.seed}"
+
+
+def prepare_run_dir(cfg: DictConfig) -> Path:
+    run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg)
+    if run_dir.exists() and any(run_dir.iterdir()):
+        from mixrl.errors import ConfigError
+
+        raise ConfigError(f"run_dir '{run_dir}' already exists and is not empty; choose another run_dir")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg.run_dir = str(run_dir)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    return run_dir
+
+
+def _set_threads(cfg: DictConfig) -> None:
+    import torch
+
+    if cfg.hardware.torch_threads:
+        torch.set_num_threads(int(cfg.hardware.torch_threads))
+
+
+def _eval(trainer, tokenizer, rows, reward_fn, cfg, console: Console, label: str) -> dict:
+    from mixrl.trainer.evaluate import evaluate_accuracy
+
+    if not rows:
+        return {}
+    show = cfg.logger.progress and trainer.accelerator.is_main_process
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, disable=not show, transient=True) as prog:
+        task = prog.add_task(label, total=len(rows))
+        return evaluate_accuracy(
+            trainer.model, tokenizer, rows, reward_fn, max_new_tokens=int(cfg.trainer.max_completion_length),
+            batch_size=int(cfg.trainer.eval_batch_size), pass_k=int(cfg.trainer.eval_pass_k),
+            temperature=float(cfg.trainer.temperature), progress=lambda n: prog.advance(task, n),
+        )
+
+
+def train(cfg: DictConfig, console: Console | None = None) -> RunResult:
+    """Train one config end to end; returns the run directory and summary."""
+    from transformers import PrinterCallback, set_seed
+
+    from mixrl.trainer import build
+    from mixrl.trainer.callbacks import MetricsJsonlCallback, RichProgressCallback
+    from mixrl.trainer.grpo import MixrlGRPOTrainer
+    from mixrl.trainer.mixing import build_mixer
+
+    console = console or Console(stderr=True)
+    t0 = time.perf_counter()
+    geom = geometry(cfg)
+    run_dir = prepare_run_dir(cfg)
+    _set_threads(cfg)
+    set_seed(int(cfg.seed))
+    model_path = build.resolve_model_path(cfg, progress=cfg.logger.progress)
+    tokenizer = build.load_tokenizer(model_path, cfg)
+    train_ds = build.load_train_rows(cfg)
+    eval_rows = build.load_eval_rows(cfg)
+    reward_funcs, reward_weights = build.build_reward_funcs(cfg)
+    args = build.grpo_args(cfg, run_dir, geom)
+    args.reward_weights = reward_weights
+    mixer, train_ds = build_mixer(cfg, train_ds, geom)
+    metrics_cb = MetricsJsonlCallback(run_dir / "metrics.jsonl")
+    callbacks = [metrics_cb]
+    if cfg.logger.progress:
+        callbacks.append(RichProgressCallback(console, description=f"{cfg.algo.name} s{cfg.seed}"))
+    trainer = MixrlGRPOTrainer(
+        model=model_path,
+        reward_funcs=reward_funcs,
+        args=args,
+        train_dataset=train_ds,
+        processing_class=tokenizer,
+        peft_config=build.peft_config(cfg),
+        callbacks=callbacks,
+        objective=build.build_objective(cfg),
+        advantage=build.advantage_spec(cfg),
+        mixer=mixer,
+    )
+    trainer.remove_callback(PrinterCallback)
+    setup_s = time.perf_counter() - t0
+
+    before = _eval(trainer, tokenizer, eval_rows, reward_funcs[0], cfg, console, "held-out eval (before)")
+    t1 = time.perf_counter()
+    trainer.train()
+    train_s = time.perf_counter() - t1
+    after = _eval(trainer, tokenizer, eval_rows, reward_funcs[0], cfg, console, "held-out eval (after)")
+
+    model_dir = run_dir / "model"
+    if trainer.accelerator.is_main_process:
+        trainer.save_model(str(model_dir))
+        tokenizer.save_pretrained(str(model_dir))
+    summary = {
+        "run_dir": str(run_dir),
+        "algo": cfg.algo.name,
+        "recipe": cfg.recipe_info.name,
+        "seed": int(cfg.seed),
+        "steps": int(trainer.state.global_step),
+        "geometry": geom.describe(),
+        "rollouts": int(trainer.state.global_step) * geom.rollouts_per_step,
+        "accuracy_before": before.get("accuracy"),
+        "accuracy_after": after.get("accuracy"),
+        "eval_before": before,
+        "eval_after": after,
+        "final_metrics": metrics_cb.rows[-1] if metrics_cb.rows else {},
+        "setup_seconds": round(setup_s, 2),
+        "train_seconds": round(train_s, 2),
+        "wall_seconds": round(time.perf_counter() - t0, 2),
+        "model_dir": str(model_dir),
+        "machine": f"{platform.machine()} {os.cpu_count()} cpu",
+    }
+    if trainer.accelerator.is_main_process:
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return RunResult(run_dir, summary)

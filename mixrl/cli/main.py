@@ -95,13 +95,15 @@ def train(
             tag = "_".join(o.replace("/", "-").replace("=", "-") for o in job if o not in overrides) or "job"
             cfg.run_dir = str(Path(cfg.run_dir) / f"{i}" if cfg.run_dir else root / f"{i}-{tag}")
         err.print(f"multirun: {len(cfgs)} jobs")
-    from mixrl.trainer.run import train as run_train
+    from mixrl.config.compose import compose_stages
+    from mixrl.trainer.run import train_stages
 
+    staged = [compose_stages(cfg, job) for cfg, job in zip(cfgs, jobs)]  # stages are checked up front too
     results = []
     for i, cfg in enumerate(cfgs):
         if multirun:
             err.print(f"[bold]job {i + 1}/{len(cfgs)}[/]: {' '.join(jobs[i])}")
-        result = run_train(cfg, console=err)
+        result = train_stages(cfg, staged[i], console=err)
         out.print(_summary_table(result.summary))
         out.print(f"run directory: [bold]{result.run_dir}[/]")
         results.append(result)

@@ -163,7 +163,7 @@ def _prepare_value_overrides(base: DictConfig, value_overrides: list) -> list[st
         if parent in COMPONENT_SECTIONS:
             name = new_names.get(parent) or OmegaConf.select(base, f"{parent}.name")
             params = component_param_names(parent, name)
-            if params is not None and leaf in params:
+            if leaf == "name" or (params is not None and leaf in params):
                 out.append("+" + line)
                 continue
             if params is not None:
@@ -205,6 +205,39 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     except Exception as e:
         raise ConfigError(f"could not apply overrides: {str(e).strip().splitlines()[0]}") from None
     return validate(raw)
+
+
+def compose_stages(cfg: DictConfig, overrides: list[str]) -> list[tuple[str, DictConfig]]:
+    """The configs of a staged algo (``algo.stages``, e.g. sft_then_rl), each composed as
+    ``algo=<stage.algo>`` + the command line's other overrides + the stage's overrides
+    (+ ``trainer.max_steps=<stage.max_steps>`` when set). A plain algo is one stage."""
+    stages = cfg.algo.get("stages") or []
+    if not stages:
+        return [("main", cfg)]
+    keep = []
+    for ov in _parse(list(overrides)):
+        key = ov.key_or_group
+        if key == "algo" or key.startswith("algo.stages"):
+            continue
+        keep.append(ov.input_line)
+    out = []
+    for i, st in enumerate(stages):
+        if "algo" not in st or "name" not in st:
+            raise ConfigError(f"algo.stages[{i}] needs a name and an algo (e.g. {{name: sft, algo: sft}})")
+        if st.algo in ("sft_then_rl",) or st.algo == cfg.algo.name:
+            raise ConfigError(f"algo.stages[{i}].algo={st.algo} would nest stages; name a single-stage algo")
+        _check_group_override("algo", st.algo)
+        ovs = [f"algo={st.algo}", *keep, *list(st.get("overrides") or [])]
+        if st.get("max_steps") is not None:
+            ovs.append(f"trainer.max_steps={int(st.max_steps)}")
+        try:
+            stage_cfg = compose_config(ovs)
+        except ConfigError as e:
+            raise ConfigError(f"stage '{st.name}' (algo.stages[{i}]): {e}") from None
+        if stage_cfg.algo.get("stages"):
+            raise ConfigError(f"algo.stages[{i}].algo={st.algo} has stages itself; stages cannot nest")
+        out.append((str(st.name), stage_cfg))
+    return out
 
 
 # --------------------------------------------------------------------------- validation

@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 
 from mixrl.errors import ConfigError
 
-MIX_MODES = ("none", "aux_loss", "group_inject")
+MIX_MODES = ("none", "aux_loss", "group_inject", "sft")
 OFFPOLICY_SOURCES = ("none", "expert")
 
 
@@ -27,6 +27,11 @@ class Geometry:
     micro_batch_size: int  # rows per forward/backward per process
     grad_accum: int  # micro-batches per optimizer step per process
     rows_per_process: int
+    expert_rows_per_step: int = 0  # aux_loss (CHORD): extra expert rows per optimizer step, all processes
+
+    @property
+    def expert_rows_per_process(self) -> int:
+        return self.expert_rows_per_step // self.world_size
 
     def describe(self) -> str:
         return (
@@ -37,7 +42,8 @@ class Geometry:
 
 def geometry(cfg: DictConfig) -> Geometry:
     P, G = int(cfg.trainer.prompts_per_step), int(cfg.algo.num_generations)
-    W, M = int(cfg.hardware.num_processes), int(cfg.trainer.micro_batch_size)
+    W = int(cfg.hardware.num_processes)
+    M = int(cfg.trainer.micro_batch_size) if cfg.trainer.micro_batch_size is not None else P * G // max(W, 1)
     if P < 1 or G < 1 or W < 1 or M < 1:
         raise ConfigError(
             "trainer.prompts_per_step, algo.num_generations, trainer.micro_batch_size and hardware.num_processes must be >= 1"
@@ -55,7 +61,59 @@ def geometry(cfg: DictConfig) -> Geometry:
             f"trainer.micro_batch_size={M} does not divide the {per_proc} rollouts per process per step "
             f"({P} prompts x {G} generations / {W} process(es)); choose one of {', '.join(map(str, options))}"
         )
-    return Geometry(P, G, rows, W, M, per_proc // M, per_proc)
+    ga = per_proc // M
+    return Geometry(P, G, rows, W, M, ga, per_proc, _expert_rows(cfg, rows, W * ga))
+
+
+def _expert_rows(cfg: DictConfig, rollouts: int, unit: int) -> int:
+    """CHORD's expert rows per step: ``algo.mix.expert_rows``, or ``expert_ratio`` = the
+    fraction of all rows that are expert (0.2 with 256 rollouts gives 64, as in CHORD's
+    recipe), rounded to a multiple of ``unit`` = processes x micro-batches so that every
+    micro-batch of every process can hold the same number."""
+    mix = cfg.algo.mix
+    if mix.get("mode", "none") != "aux_loss":
+        return 0
+    rows, ratio = mix.get("expert_rows"), mix.get("expert_ratio")
+    if rows is not None and ratio is not None:
+        raise ConfigError("set only one of algo.mix.expert_rows and algo.mix.expert_ratio")
+    if rows is not None:
+        if int(rows) < 1 or int(rows) % unit:
+            raise ConfigError(
+                f"algo.mix.expert_rows={rows} must be a positive multiple of {unit} "
+                f"(processes x micro-batches per step), e.g. {max(unit, round(int(rows) / unit) * unit)}"
+            )
+        return int(rows)
+    ratio = 0.2 if ratio is None else float(ratio)
+    if not 0.0 < ratio < 1.0:
+        raise ConfigError(f"algo.mix.expert_ratio must be in (0, 1), got {ratio}")
+    return max(unit, round(ratio * rollouts / (1.0 - ratio) / unit) * unit)
+
+
+MIX_KEYS = {
+    "mode": "none | aux_loss | group_inject | sft",
+    "mu": "aux_loss: weight of the expert term, a number or a schedule",
+    "token_weight": "aux_loss/sft: weight on expert tokens {name: one|p|chord_phi|luffy}",
+    "expert_rows": "aux_loss: expert rows per step",
+    "expert_ratio": "aux_loss: fraction of rows per step that are expert",
+    "experts_per_group": "group_inject: expert completions per group (k)",
+    "shaping_gamma": "group_inject: f(p) = p / (p + gamma) on expert tokens",
+}
+
+
+def _validate_mix(cfg: DictConfig) -> None:
+    from mixrl.errors import did_you_mean
+
+    mix = cfg.algo.mix
+    for key in mix.keys():
+        if key not in MIX_KEYS:
+            raise ConfigError(f"unknown key 'algo.mix.{key}'{did_you_mean(str(key), MIX_KEYS)}; keys: {', '.join(MIX_KEYS)}")
+    mode = mix.get("mode", "none")
+    if mode == "group_inject":
+        k, G = int(mix.get("experts_per_group", 1)), int(cfg.algo.num_generations)
+        if not 1 <= k < G:
+            raise ConfigError(f"algo.mix.experts_per_group={k} must be between 1 and num_generations-1={G - 1}")
+        if float(mix.get("shaping_gamma", 0.1)) <= 0:
+            raise ConfigError("algo.mix.shaping_gamma must be > 0")
 
 
 def _gcd(a: int, b: int) -> int:
@@ -65,6 +123,7 @@ def _gcd(a: int, b: int) -> int:
 
 
 def validate_rules(cfg: DictConfig) -> None:
+    _validate_mix(cfg)
     geometry(cfg)
     algo, off = cfg.algo, cfg.offpolicy
     if off.source not in OFFPOLICY_SOURCES:

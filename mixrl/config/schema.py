@@ -29,7 +29,7 @@ class TrainerConfig:
     adam_beta2: float = 0.99
     # rollout geometry: prompts_per_step prompts x algo.num_generations completions per optimizer step
     prompts_per_step: int = 8
-    micro_batch_size: int = 32  # rows per forward/backward per process
+    micro_batch_size: Optional[int] = None  # rows per forward/backward per process; null: the whole step at once
     num_iterations: int = 1  # optimisation passes over each generation batch (PPO epochs)
     temperature: float = 1.0
     top_p: float = 1.0
@@ -126,6 +126,7 @@ class AlgoConfig:
     entropy_coef: Any = 0.0  # a number or a schedule {name, ...}
     # how off-policy rows enter: none | aux_loss (CHORD) | group_inject (LUFFY)
     mix: dict = field(default_factory=lambda: {"mode": "none"})
+    controller: Optional[dict] = None  # {name: bapo|entropic, ...}: sets clip bounds / entropy coef each step
     stages: list = field(default_factory=list)  # sequential stages (sft_then_rl)
 
 

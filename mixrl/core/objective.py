@@ -15,6 +15,7 @@ Mixing modes (``ObjectiveSpec.mix_mode``):
                   each term normalised over its own rows/tokens, so mu alone sets the balance.
     group_inject  L = Agg_all[ l_pi on on-policy tokens ;  -A * f(p) on expert tokens ]        (LUFFY)
                   with f(p) = p / (p + gamma) (behaviour probability taken as 1, no clip).
+    sft           L = Agg_exp[ -sg(w(p)) * log p ]  (aux_loss with mu = 1: supervised fine-tuning)
 Regularisers (on on-policy rows only): + kl_coef * Agg_on[ KL_est(pi || pi_ref) ] - c_ent(t) * mean_on[ H ].
 ``Agg`` is the configured aggregation; its normaliser is the global token count (token-mean)
 or the global row count (sequence modes) of the rows it covers, pre-scaled by the trainer
@@ -44,7 +45,7 @@ class ObjectiveSpec:
     kl_coef: float = 0.0
     kl_estimator: str = "k3"
     entropy_coef: Any = 0.0  # number or schedule spec
-    mix_mode: str = "none"  # none | aux_loss | group_inject
+    mix_mode: str = "none"  # none | aux_loss | group_inject | sft
     mu: Any = 0.0  # number or schedule spec (aux_loss)
     token_weight: str = "one"  # aux_loss expert-token weight
     token_weight_params: dict = field(default_factory=dict)
@@ -121,16 +122,16 @@ def compute_objective(
         loss = aggregate(per_token, mask, num_items=norm["all"], **spec.aggregation_params)
         metrics["loss/policy"] = float(aggregate(pol.per_token_loss.detach(), mask_on, num_items=norm["on_policy"], **spec.aggregation_params))
         metrics["loss/offpolicy"] = float(aggregate(exp_tok.detach(), mask_exp, num_items=norm["expert"], **spec.aggregation_params))
-    elif spec.mix_mode == "aux_loss":
-        mu = float(resolve_schedule(spec.mu)(step))
+    elif spec.mix_mode in ("aux_loss", "sft"):
+        mu = 1.0 if spec.mix_mode == "sft" else float(resolve_schedule(spec.mu)(step))
         rl = aggregate(pol.per_token_loss, mask_on, num_items=norm["on_policy"], **spec.aggregation_params)
         weight = TOKEN_WEIGHTS.get(spec.token_weight)(logp, **spec.token_weight_params)
         sft = aggregate(-weight * logp * mask_exp, mask_exp, num_items=norm["expert"], **spec.aggregation_params)
         loss = (1.0 - mu) * rl + mu * sft
-        metrics.update({"loss/policy": float(rl), "loss/sft": float(sft), "mu": mu})
+        metrics.update({"loss/policy": float(rl.detach()), "loss/sft": float(sft.detach()), "mu": mu})
     elif spec.mix_mode == "none":
         loss = aggregate(pol.per_token_loss, mask_on, num_items=norm["on_policy"], **spec.aggregation_params)
-        metrics["loss/policy"] = float(loss)
+        metrics["loss/policy"] = float(loss.detach())
     else:
         raise ValueError(f"unknown mix mode {spec.mix_mode!r}")
 

@@ -32,7 +32,7 @@ from typing import Any
 from mixrl.tasks import arith
 
 #: Bump on any change to the tokenizer, model or warm-start recipe (it is part of the cache key).
-TINY_VERSION = "1"
+TINY_VERSION = "2"
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
@@ -72,31 +72,40 @@ _META_FILE = "mixrl_tiny.json"
 def build_tokenizer(alphabet: str = arith.ALPHABET):
     """Character-level tokenizer: ids 0-3 are ``<pad> <s> </s> <unk>``, then one id per character.
 
-    Encoding prepends ``<s>`` (``add_special_tokens=True``, the default, which is what
-    TRL uses for prompts); decoding concatenates characters.
-    """
-    from tokenizers import Tokenizer, decoders, models, processors
-    from transformers import PreTrainedTokenizerFast
+    Encoding prepends ``<s>`` (with ``add_special_tokens=True``, the default, which is
+    what TRL uses for prompts); decoding concatenates characters; pads on the left.
+    Characters outside the alphabet are dropped when encoding.
 
-    chars = list(dict.fromkeys(alphabet))
+    It is a ``Qwen2Tokenizer`` (a ``PreTrainedTokenizerFast`` backed by ``tokenizers``)
+    with a byte-level vocabulary of single characters and no merges, on purpose:
+    transformers 5 makes ``AutoTokenizer`` load *any* checkpoint whose config has
+    ``model_type == "qwen2"`` as a ``Qwen2Tokenizer``, rebuilding its pre-tokenizer and
+    decoder and ignoring the saved pipeline, so a custom character pipeline would come
+    back changed (spaces silently dropped). With this layout the reload is exact.
+    """
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+    from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
+
+    byte_char = bytes_to_unicode()  # the byte-level pre-tokenizer spells " " as "\u0120" etc.
+    chars = []
+    for ch in dict.fromkeys(alphabet):
+        raw = ch.encode()
+        if len(raw) != 1:
+            raise ValueError(f"alphabet must be single-byte characters, got {ch!r}")
+        chars.append(byte_char[raw[0]])
     vocab = {tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *chars])}
-    tk = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK))  # no merges: one token per character
-    tk.add_special_tokens(list(SPECIAL_TOKENS))
-    tk.decoder = decoders.Fuse()
-    tk.post_processor = processors.TemplateProcessing(
-        single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, vocab[BOS])]
-    )
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=tk,
+    return Qwen2Tokenizer(
+        vocab=vocab,
+        merges=[],
+        unk_token=UNK,
         bos_token=BOS,
         eos_token=EOS,
         pad_token=PAD,
-        unk_token=UNK,
+        add_bos_token=True,
         padding_side="left",
         truncation_side="left",
         model_max_length=MODEL_SIZE["max_position_embeddings"],
     )
-    return tokenizer
 
 
 def build_model(tokenizer: Any, **size: int):

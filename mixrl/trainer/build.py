@@ -141,7 +141,7 @@ def build_objective(cfg: DictConfig) -> ObjectiveSpec:
         entropy_coef=_plain(a.entropy_coef),
         mix_mode=mix.get("mode", "none"),
     )
-    if spec.mix_mode == "aux_loss":
+    if spec.mix_mode in ("aux_loss", "sft"):
         spec.mu = mix.get("mu", 0.1)
         tw = dict(mix.get("token_weight") or {"name": "one"})
         spec.token_weight = tw.pop("name")
@@ -216,3 +216,13 @@ def peft_config(cfg: DictConfig):
         r=int(lora.get("r", 16)), lora_alpha=int(lora.get("alpha", 32)), lora_dropout=float(lora.get("dropout", 0.0)),
         target_modules=lora.get("target_modules", "all-linear"), task_type="CAUSAL_LM",
     )
+
+
+def build_controller(cfg: DictConfig):
+    """The configured controller instance (``algo.controller``), or None."""
+    if cfg.algo.get("controller") is None:
+        return None
+    from mixrl.core import CONTROLLERS
+
+    name, params = _component(cfg.algo.controller)
+    return CONTROLLERS.get(name)(**params)

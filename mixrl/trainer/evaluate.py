@@ -37,8 +37,12 @@ def generate_completions(
     out: list[list[str]] = []
     try:
         for start in range(0, len(prompts), batch_size):
-            chunk = [_render_prompt(tokenizer, p) for p in prompts[start : start + batch_size]]
-            enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+            raw = prompts[start : start + batch_size]
+            chunk = [_render_prompt(tokenizer, p) for p in raw]
+            # as TRL does: plain prompts get the tokenizer's special tokens (e.g. bos); a rendered
+            # chat template already holds them
+            plain = isinstance(raw[0], str)
+            enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=plain).to(device)
             gen = model.generate(
                 **enc,
                 max_new_tokens=max_new_tokens,

@@ -72,8 +72,9 @@ def _eval(trainer, tokenizer, rows, reward_fn, cfg, console: Console, label: str
         )
 
 
-def train(cfg: DictConfig, console: Console | None = None) -> RunResult:
-    """Train one config end to end; returns the run directory and summary."""
+def train(cfg: DictConfig, console: Console | None = None, *, before: dict | None = None) -> RunResult:
+    """Train one config end to end; returns the run directory and summary. ``before``:
+    held-out results already measured for the starting model (skips that evaluation)."""
     from transformers import PrinterCallback, set_seed
 
     from mixrl.trainer import build
@@ -110,11 +111,13 @@ def train(cfg: DictConfig, console: Console | None = None) -> RunResult:
         objective=build.build_objective(cfg),
         advantage=build.advantage_spec(cfg),
         mixer=mixer,
+        controller=build.build_controller(cfg),
     )
     trainer.remove_callback(PrinterCallback)
     setup_s = time.perf_counter() - t0
 
-    before = _eval(trainer, tokenizer, eval_rows, reward_funcs[0], cfg, console, "held-out eval (before)")
+    if before is None:
+        before = _eval(trainer, tokenizer, eval_rows, reward_funcs[0], cfg, console, "held-out eval (before)")
     t1 = time.perf_counter()
     trainer.train()
     train_s = time.perf_counter() - t1
@@ -131,7 +134,7 @@ def train(cfg: DictConfig, console: Console | None = None) -> RunResult:
         "seed": int(cfg.seed),
         "steps": int(trainer.state.global_step),
         "geometry": geom.describe(),
-        "rollouts": int(trainer.state.global_step) * geom.rollouts_per_step,
+        "rollouts": trainer.mixrl_rollouts,  # on-policy rollouts trained on (expert rows excluded)
         "accuracy_before": before.get("accuracy"),
         "accuracy_after": after.get("accuracy"),
         "eval_before": before,
@@ -146,3 +149,47 @@ def train(cfg: DictConfig, console: Console | None = None) -> RunResult:
     if trainer.accelerator.is_main_process:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return RunResult(run_dir, summary)
+
+
+def train_stages(cfg: DictConfig, stages: list[tuple[str, DictConfig]], console: Console | None = None) -> RunResult:
+    """Run a staged algo (e.g. sft_then_rl): each stage starts from the previous stage's
+    weights. The outer run directory holds one folder per stage plus the combined
+    ``metrics.jsonl`` (with ``stage`` and a continuous ``step``) and ``summary.json``."""
+    if len(stages) == 1 and stages[0][1] is cfg:
+        return train(cfg, console)
+    console = console or Console(stderr=True)
+    t0 = time.perf_counter()
+    outer = prepare_run_dir(cfg)
+    results, before, offset = [], None, 0
+    combined = outer / "metrics.jsonl"
+    for i, (name, scfg) in enumerate(stages):
+        scfg.seed = cfg.seed
+        scfg.run_dir = str(outer / f"stage{i + 1}-{name}")
+        if results:
+            scfg.model.path = results[-1].summary["model_dir"]
+        console.print(f"[bold]stage {i + 1}/{len(stages)}: {name}[/] (algo={scfg.algo.name}, {scfg.trainer.max_steps} steps)")
+        result = train(scfg, console, before=before)
+        before = result.summary["eval_after"]
+        with combined.open("a") as f, (result.run_dir / "metrics.jsonl").open() as rows:
+            for line in rows:
+                row = json.loads(line)
+                row.update(stage=name, stage_step=row["step"], step=row["step"] + offset)
+                f.write(json.dumps(row) + "\n")
+        offset += result.summary["steps"]
+        results.append(result)
+    first, last = results[0].summary, results[-1].summary
+    summary = {
+        **last,
+        "run_dir": str(outer),
+        "algo": cfg.algo.name,
+        "steps": sum(r.summary["steps"] for r in results),
+        "rollouts": sum(r.summary["rollouts"] for r in results),
+        "accuracy_before": first["accuracy_before"],
+        "eval_before": first["eval_before"],
+        "setup_seconds": round(sum(r.summary["setup_seconds"] for r in results), 2),
+        "train_seconds": round(sum(r.summary["train_seconds"] for r in results), 2),
+        "wall_seconds": round(time.perf_counter() - t0, 2),
+        "stages": [{"name": n, "run_dir": str(r.run_dir), "steps": r.summary["steps"], "accuracy_after": r.summary["accuracy_after"]} for (n, _), r in zip(stages, results)],
+    }
+    (outer / "summary.json").write_text(json.dumps(summary, indent=2))
+    return RunResult(outer, summary)

@@ -1,0 +1,39 @@
+"""Shared fixtures. Tests run offline on CPU; the tiny model is warm-started for a few
+steps into a per-session cache so that training smoke tests take seconds."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("WANDB_MODE", "disabled")
+
+import pytest  # noqa: E402
+
+#: overrides that make a training run take seconds: used by every smoke test
+FAST = [
+    "trainer.max_steps=2",
+    "trainer.prompts_per_step=4",
+    "algo.num_generations=4",
+    "trainer.micro_batch_size=8",
+    "trainer.eval_size=8",
+    "trainer.max_completion_length=24",
+    "data.train_size=64",
+    "logger.progress=false",
+]
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory) -> str:
+    """A tiny model warm-started for 10 steps (seconds), saved in HF format."""
+    from mixrl.models import tiny
+
+    return str(tiny.warm_start(tmp_path_factory.mktemp("tiny-cache"), steps=10, progress=False))
+
+
+@pytest.fixture
+def fast_overrides(tiny_model_path, tmp_path) -> list[str]:
+    """FAST plus the test model and a fresh run directory."""
+    return [*FAST, f"model.path={tiny_model_path}", f"run_dir={tmp_path / 'run'}"]

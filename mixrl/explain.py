@@ -30,9 +30,9 @@ from mixrl.errors import ConfigError
 
 #: keys of ``algo.mix`` and the mix modes that use them
 MIX_KEYS: dict[str, tuple[str, ...]] = {
-    "mode": ("none", "aux_loss", "group_inject"),
+    "mode": ("none", "aux_loss", "group_inject", "sft"),
     "mu": ("aux_loss",),
-    "token_weight": ("aux_loss",),
+    "token_weight": ("aux_loss", "sft"),
     "expert_rows": ("aux_loss",),
     "expert_ratio": ("aux_loss",),
     "shaping_gamma": ("group_inject",),
@@ -52,7 +52,7 @@ def _g(x: Any) -> str:
     if isinstance(x, int):
         return str(x)
     if isinstance(x, float):
-        if x == int(x) and abs(x) < 1e15:
+        if x == int(x) and abs(x) < 1e6:
             return str(int(x))
         return f"{x:.6g}"
     return str(x)
@@ -151,10 +151,16 @@ def check_objective(cfg: DictConfig) -> list[str]:
     controller together with a non-zero ``algo.entropy_coef``; invalid loss / controller /
     mixing parameters that would only fail at training time.
     """
+    from mixrl.config.rules import geometry
     from mixrl.core import CONTROLLERS
     from mixrl.core.schedules import resolve_schedule
 
     algo, notes = cfg.algo, []
+    if list(algo.get("stages") or []):
+        raise ConfigError(
+            f"algo={algo.name} runs {len(algo.stages)} stages; explain each stage's config "
+            "(mixrl explain does this for you) instead of the top-level one"
+        )
     spec = _objective(cfg)
     mix = _mix(cfg)
     mode = spec.mix_mode
@@ -202,13 +208,7 @@ def check_objective(cfg: DictConfig) -> list[str]:
             notes.append("mu = 0 at every step: the expert term never contributes (this is plain RL plus idle expert rows)")
         elif values == {1.0}:
             notes.append("mu = 1 at every step: the RL term has weight 0 (pure SFT on the expert rows)")
-        rows, ratio = mix.get("expert_rows"), mix.get("expert_ratio")
-        if rows is not None and (not isinstance(rows, int) or isinstance(rows, bool) or rows < 1):
-            raise ConfigError(f"algo.mix.expert_rows must be an integer >= 1 (expert rows per step), got {rows!r}")
-        if ratio is not None and not (isinstance(ratio, (int, float)) and 0 < ratio <= 1):
-            raise ConfigError(f"algo.mix.expert_ratio must be in (0, 1], got {ratio!r}")
-        if rows is not None and ratio is not None:
-            raise ConfigError("set one of algo.mix.expert_rows and algo.mix.expert_ratio, not both")
+        geometry(cfg)  # expert_rows / expert_ratio are checked with the batch geometry
     if mode == "group_inject":
         gamma = mix.get("shaping_gamma", spec.shaping_gamma)
         if not isinstance(gamma, (int, float)) or isinstance(gamma, bool) or gamma <= 0:
@@ -242,6 +242,17 @@ def check_objective(cfg: DictConfig) -> list[str]:
         raise ConfigError("algo.loss.tau_pos and algo.loss.tau_neg must be > 0")
     if spec.policy_loss == "m2po" and lp.get("m2_budget", 0.04) < 0:
         raise ConfigError(f"algo.loss.m2_budget must be >= 0, got {_g(lp['m2_budget'])}")
+    if mode == "sft":
+        if spec.kl_coef > 0:
+            raise ConfigError(
+                f"algo.mix.mode=sft trains on expert rows only, but the KL term (algo.kl.coef={_g(spec.kl_coef)}) "
+                "acts on rollouts; set algo.kl.coef=0"
+            )
+        if any(resolve_schedule(spec.entropy_coef)(s) != 0.0 for s in range(0, min(max_steps, _CHECK_LIMIT) + 1)):
+            raise ConfigError(
+                "algo.mix.mode=sft trains on expert rows only, but the entropy bonus (algo.entropy_coef) acts on "
+                "rollouts; set algo.entropy_coef=0"
+            )
     if spec.policy_loss == "sft" and spec.kl_coef > 0:
         raise ConfigError(
             f"algo.loss.name=sft with algo.kl.coef={_g(spec.kl_coef)}: a supervised loss has no reference policy to "
@@ -291,11 +302,14 @@ def check_objective(cfg: DictConfig) -> list[str]:
                     "algo.controller=entropic sets the entropy coefficient every step, which would overwrite "
                     "algo.entropy_coef; set algo.entropy_coef=0"
                 )
-    if list(algo.get("stages") or []):
-        notes.append(f"algo.stages has {len(algo.stages)} stage(s); only the top-level objective is shown")
 
     # --- off-policyness of the rollouts
-    if spec.policy_loss in RATIO_LOSSES and int(cfg.trainer.num_iterations) == 1 and not cfg.hardware.use_vllm:
+    if (
+        spec.policy_loss in RATIO_LOSSES
+        and mode != "sft"
+        and int(cfg.trainer.num_iterations) == 1
+        and not cfg.hardware.use_vllm
+    ):
         what = {"ppo_clip": "clip", "gspo": "clip", "cispo": "IS-weight clip", "sapo": "gate",
                 "m2po": "M2 mask", "topr": "IS taper"}[spec.policy_loss]
         notes.append(
@@ -336,10 +350,17 @@ def _policy_label(name: str, p: dict, controller: str | None) -> str:
 def _policy_formula(name: str, p: dict, controller: str | None) -> str:
     if name == "ppo_clip":
         if controller == "bapo":
-            bounds = "c_low, c_high"
+            text = "l_t = max(-A r_t, -A clip(r_t, c_low, c_high)), [c_low, c_high] chosen by BAPO"
         else:
-            bounds = f"{_g(1 - p.get('clip_low', 0.2))}, {_g(1 + p.get('clip_high', 0.2))}"
-        text = f"l_t = max(-A r_t, -A clip(r_t, {bounds}))"
+            lo, hi = 1 - p.get("clip_low", 0.2), 1 + p.get("clip_high", 0.2)
+            if lo <= 0 and hi >= 1e6:
+                text = "l_t = -A r_t (clip disabled)"
+            elif lo <= 0:
+                text = f"l_t = max(-A r_t, -A min(r_t, {_g(hi)})) (no lower clip)"
+            elif hi >= 1e6:
+                text = f"l_t = max(-A r_t, -A max(r_t, {_g(lo)})) (no upper clip)"
+            else:
+                text = f"l_t = max(-A r_t, -A clip(r_t, {_g(lo)}, {_g(hi)}))"
         if p.get("dual_clip_c") is not None:
             text += f"; dual clip for A < 0: l_t = min(l_t, -{_g(p['dual_clip_c'])} A)"
         return text
@@ -505,13 +526,15 @@ def objective_equation(cfg: DictConfig) -> str:
     spec = _objective(cfg)
     ctrl, _ = _component(cfg.algo.get("controller"))
     pol = _policy_label(spec.policy_loss, spec.policy_params, ctrl)
+    tw = _token_weight_label(spec.token_weight, spec.token_weight_params)
     if spec.mix_mode == "aux_loss":
         mu = "mu" if _is_constant(spec.mu) else "mu_t"
-        tw = _token_weight_label(spec.token_weight, spec.token_weight_params)
         eq = f"L = (1 - {mu}) * {pol}(rollouts) + {mu} * {tw} (expert rows)"
     elif spec.mix_mode == "group_inject":
         gamma = _g(spec.shaping_gamma)
         eq = f"L = {spec.aggregation}[ {pol}(rollout tokens) ; -A * f(p), f(p)=p/(p+{gamma}), no clip (expert tokens) ]"
+    elif spec.mix_mode == "sft":
+        eq = f"L = {tw} (expert rows)"
     else:
         eq = f"L = {pol}(rollouts)"
     if spec.kl_coef:
@@ -527,6 +550,41 @@ def objective_equation(cfg: DictConfig) -> str:
     return eq
 
 
+def _expert_weight_text(spec) -> str:
+    return {
+        "one": "w = 1 (plain SFT)",
+        "p": "w = sg(p) (IS-SFT)",
+        "chord_phi": "w = sg(p (1 - p)), peaks at p = 0.5 (CHORD-phi)",
+        "luffy": f"w = sg(p / (p + {_g(spec.token_weight_params.get('gamma', 0.1))}))",
+    }.get(spec.token_weight, f"w = {spec.token_weight}(p)")
+
+
+def _rows_text(cfg: DictConfig, mode: str, mix: dict) -> str:
+    """Rows of one optimizer step, by source."""
+    from mixrl.config.rules import geometry
+
+    geo = geometry(cfg)
+    P, G = geo.prompts_per_step, geo.num_generations
+    if mode == "aux_loss":
+        how = (
+            f"algo.mix.expert_rows={mix['expert_rows']}" if mix.get("expert_rows") is not None
+            else f"algo.mix.expert_ratio={_g(mix.get('expert_ratio', 0.2))} of all rows"
+        )
+        return (
+            f"{geo.rollouts_per_step} rollouts + {geo.expert_rows_per_step} expert rows (other prompts, drawn from "
+            f"the expert pool; {how}) per step"
+        )
+    if mode == "group_inject":
+        k = int(mix.get("experts_per_group", 1))
+        return (
+            f"{P} groups x ({G - k} rollouts + {k} expert) = {P * (G - k)} rollouts + {P * k} expert rows per step "
+            f"(algo.mix.experts_per_group={k})"
+        )
+    if mode == "sft":
+        return f"{P} prompts x {G} copies of the prompt's expert completion = {P * G} expert rows per step; no rollouts"
+    return f"{geo.rollouts_per_step} rollouts per step"
+
+
 def explain_lines(cfg: DictConfig) -> list[tuple[str, str]]:
     """``(label, text)`` rows describing each term of the objective."""
     from mixrl.config.rules import geometry
@@ -536,29 +594,28 @@ def explain_lines(cfg: DictConfig) -> list[tuple[str, str]]:
     mode = spec.mix_mode
     ctrl, ctrl_params = _component(cfg.algo.get("controller"))
     rows: list[tuple[str, str]] = []
-    rows.append(("policy loss", f"{spec.policy_loss}: {_policy_formula(spec.policy_loss, spec.policy_params, ctrl)}"))
-    over = {"none": "rollout", "aux_loss": "rollout", "group_inject": "rollout + expert"}[mode]
-    agg = _aggregation_text(spec.aggregation, spec.aggregation_params, cfg, over)
+    if mode == "sft":
+        rows.append((
+            "expert term",
+            f"-w(p) log p_t on expert tokens, {_expert_weight_text(spec)} (supervised: no ratio, no advantage)",
+        ))
+        rows.append(("aggregation", _aggregation_text(spec.aggregation, spec.aggregation_params, cfg, "expert")))
+        rows.append(("policy loss", f"{spec.policy_loss}: not used (no rollouts)"))
+    else:
+        rows.append(("policy loss", f"{spec.policy_loss}: {_policy_formula(spec.policy_loss, spec.policy_params, ctrl)}"))
+        over = "rollout + expert" if mode == "group_inject" else "rollout"
+        agg = _aggregation_text(spec.aggregation, spec.aggregation_params, cfg, over)
+        if mode == "aux_loss":
+            agg += "; the expert term uses the same aggregation over expert rows only (own normaliser)"
+        rows.append(("aggregation", agg))
+        rows.append(("advantage", _advantage_text(cfg, mode, mix)))
     if mode == "aux_loss":
-        agg += "; the expert term uses the same aggregation over expert rows only (own normaliser)"
-    rows.append(("aggregation", agg))
-    rows.append(("advantage", _advantage_text(cfg, mode, mix)))
-    if mode == "aux_loss":
-        mu_text = _describe(spec.mu)
         sym = "mu" if _is_constant(spec.mu) else "mu_t"
-        rows.append(("mu", f"{sym} = {mu_text}"))
-        tw = {
-            "one": "w = 1 (plain SFT)",
-            "p": "w = sg(p) (IS-SFT)",
-            "chord_phi": "w = sg(p (1 - p)), peaks at p = 0.5 (CHORD-phi)",
-            "luffy": f"w = sg(p / (p + {_g(spec.token_weight_params.get('gamma', 0.1))}))",
-        }.get(spec.token_weight, f"w = {spec.token_weight}(p)")
-        rows.append(("expert term", f"-w(p) log p_t on expert tokens, {tw} (CHORD aux loss; no ratio, no advantage)"))
-        n_rows, ratio = mix.get("expert_rows"), mix.get("expert_ratio")
-        if n_rows is not None:
-            rows.append(("expert rows", f"{n_rows} expert row(s) per step (algo.mix.expert_rows)"))
-        elif ratio is not None:
-            rows.append(("expert rows", f"expert_ratio={_g(ratio)} (algo.mix.expert_ratio)"))
+        rows.append(("mu", f"{sym} = {_describe(spec.mu)}"))
+        rows.append((
+            "expert term",
+            f"-w(p) log p_t on expert tokens, {_expert_weight_text(spec)} (CHORD auxiliary SFT: no ratio, no advantage)",
+        ))
     if mode == "group_inject":
         g = spec.shaping_gamma
         rows.append((
@@ -569,8 +626,8 @@ def explain_lines(cfg: DictConfig) -> list[tuple[str, str]]:
     rows.append(("KL", _kl_text(spec)))
     rows.append(("entropy", _entropy_text(spec, ctrl, ctrl_params)))
     rows.append(("controller", _controller_text(ctrl, ctrl_params)))
-    src = "none" if cfg.offpolicy.source == "none" else _offpolicy_text(cfg)
-    rows.append(("off-policy", src))
+    rows.append(("off-policy", "none" if cfg.offpolicy.source == "none" else _offpolicy_text(cfg)))
+    rows.append(("rows", _rows_text(cfg, mode, mix)))
     rows.append(("batch", geometry(cfg).describe()))
     return rows
 
@@ -578,29 +635,31 @@ def explain_lines(cfg: DictConfig) -> list[tuple[str, str]]:
 def _offpolicy_text(cfg: DictConfig) -> str:
     off = cfg.offpolicy
     if off.get("dataset"):
-        return f"expert completions from {off.dataset} (column {off.column})"
+        return f"expert completions from {off.dataset} (column {off.column or cfg.data.expert_column})"
     return f"expert completions from the training data's column {cfg.data.expert_column!r}"
 
 
-def explain_text(cfg: DictConfig) -> str:
+NOTATION = (
+    "r_t = pi_theta(y_t|s_t) / pi_old(y_t|s_t), p_t = pi_theta(y_t|s_t), A = advantage of the row, "
+    "sg = stop-gradient, rollouts = on-policy rows"
+)
+
+
+def explain_text(cfg: DictConfig, *, title: str | None = None) -> str:
     """The full readable block: header, equation, one line per term, notes.
 
     Raises ConfigError for a contradictory config (see :func:`check_objective`).
     """
     notes = check_objective(cfg)
     spec = _objective(cfg)
-    head = f"objective of algo={cfg.algo.name} (mix mode {spec.mix_mode})"
+    head = title or f"objective of algo={cfg.algo.name} (mix mode {spec.mix_mode})"
     if cfg.recipe_info.get("name"):
         head += f", recipe {cfg.recipe_info.name}"
     lines = [head, "", "  " + objective_equation(cfg), "", "where"]
-    rows = explain_lines(cfg)
+    rows = explain_lines(cfg) + [("notation", NOTATION)]
     width = max(len(label) for label, _ in rows)
     for label, text in rows:
         lines.append(f"  {label.ljust(width)}  {text}")
-    lines.append(
-        "  notation     r_t = pi_theta(y_t|s_t) / pi_old(y_t|s_t), p_t = pi_theta(y_t|s_t), A = advantage of the row, "
-        "sg = stop-gradient, rollouts = on-policy rows"
-    )
     for n in notes:
         lines.append(f"note: {n}")
     return "\n".join(lines)
@@ -711,28 +770,50 @@ def schedule_rows(cfg: DictConfig, n: int = 5) -> tuple[list[str], list[list[flo
     return ["step", *fns], [[float(s), *(float(f(s)) for f in fns.values())] for s in steps]
 
 
-def plot_schedules(cfg: DictConfig, path: str) -> str:
-    """Draw every schedule over steps 0..max_steps into a PNG at ``path``; returns the path."""
+def require_matplotlib():
+    """The matplotlib module, or ConfigError with the install hint."""
     try:
         import matplotlib
     except ImportError:
         raise ConfigError("--plot needs matplotlib: pip install 'mixrl[plot]'") from None
+    return matplotlib
+
+
+def plot_schedules(stages: DictConfig | list[tuple[str, DictConfig]], path: str) -> str:
+    """Draw every schedule over steps 0..max_steps into a PNG at ``path``; returns the path.
+
+    ``stages``: one config, or ``[(name, cfg), ...]`` for a staged algo (sft_then_rl), drawn
+    one after the other on a common step axis.
+    """
+    matplotlib = require_matplotlib()
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fns = schedules(cfg)
-    max_steps = int(cfg.trainer.max_steps)
-    stride = max(1, max_steps // 2000)
-    xs = list(range(0, max_steps + 1, stride))
-    if xs[-1] != max_steps:
-        xs.append(max_steps)
-    fig, axes = plt.subplots(len(fns), 1, figsize=(7, 1.8 * len(fns) + 0.6), sharex=True, squeeze=False)
-    for ax, (label, fn) in zip(axes[:, 0], fns.items()):
-        ax.plot(xs, [fn(x) for x in xs], lw=1.5)
+    if isinstance(stages, DictConfig):
+        stages = [("", stages)]
+    segments, labels, offset = [], [], 0
+    for name, cfg in stages:
+        fns = schedules(cfg)
+        labels += [k for k in fns if k not in labels]
+        max_steps = int(cfg.trainer.max_steps)
+        stride = max(1, max_steps // 2000)
+        xs = list(range(0, max_steps + 1, stride))
+        if xs[-1] != max_steps:
+            xs.append(max_steps)
+        segments.append((name, offset, xs, fns))
+        offset += max_steps
+    fig, axes = plt.subplots(len(labels), 1, figsize=(7, 1.8 * len(labels) + 0.6), sharex=True, squeeze=False)
+    for ax, label in zip(axes[:, 0], labels):
+        for name, off, xs, fns in segments:
+            if label in fns:
+                ax.plot([off + x for x in xs], [fns[label](x) for x in xs], lw=1.5, label=name or None)
+            if off:
+                ax.axvline(off, color="grey", ls="--", lw=0.8)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("optimizer step")
-    axes[0, 0].set_title(f"schedules of algo={cfg.algo.name} ({max_steps} steps)")
+    algo = stages[0][1].algo.name if len(stages) == 1 else " -> ".join(n for n, _ in stages)
+    axes[0, 0].set_title(f"schedules of {algo} ({offset} steps)")
     fig.tight_layout()
     try:
         fig.savefig(path, dpi=100)
@@ -749,6 +830,7 @@ __all__ = [
     "explain_text",
     "objective_equation",
     "plot_schedules",
+    "require_matplotlib",
     "schedule_knots",
     "schedule_rows",
     "schedules",

@@ -211,6 +211,27 @@ def model_build_tiny(force: bool = typer.Option(False, "--force", help="Rebuild 
     out.print(f"tiny model: [bold]{path}[/]")
 
 
+from mixrl.cli.explain import explain  # noqa: E402
+app.command()(explain)
+
+
+@docs_app.command("components")
+@user_errors
+def docs_components(
+    out_path: Path = typer.Option(Path("docs/components.md"), "--out", help="Where to write the page ('-' for stdout)."),
+):
+    """Regenerate the reference page of every registered component from the code."""
+    from mixrl.core.docs import render_components_markdown
+
+    text = render_components_markdown()
+    if str(out_path) == "-":
+        sys.stdout.write(text)
+        return
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(text)
+    out.print(f"wrote {out_path}")
+
+
 def main() -> None:  # pragma: no cover
     app()
 

@@ -143,7 +143,7 @@ def compute_objective(
         kl_tok = kl_penalty(logp, ref_logp, estimator=spec.kl_estimator)
         kl = aggregate(kl_tok * mask_on, mask_on, num_items=norm["on_policy"], **spec.aggregation_params)
         loss = loss + spec.kl_coef * kl
-        metrics["loss/kl"] = float(kl)
+        metrics["loss/kl"] = float(kl.detach())
     if ref_logp is not None:
         metrics["kl"] = float(_masked_mean((ref_logp - logp.detach()).exp() - (ref_logp - logp.detach()) - 1, mask_on))
 
@@ -154,7 +154,7 @@ def compute_objective(
             # token-mean entropy of on-policy tokens over the whole step (same scaling as the loss terms)
             ent = (entropies * mask_on).sum() / max((normalisers or local)["on_policy"][0], 1.0)
             loss = loss - coef * ent
-            metrics["loss/entropy_bonus"] = float(-coef * ent)
+            metrics["loss/entropy_bonus"] = float(-coef * ent.detach())
             metrics["entropy_coef"] = coef
     metrics["loss/total"] = float(loss.detach())
     return loss, metrics

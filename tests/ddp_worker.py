@@ -1,0 +1,292 @@
+"""One optimizer step of a mixrl trainer under ``torchrun``; dumps what every row did.
+
+Run by ``tests/test_ddp.py`` (not collected by pytest)::
+
+    torchrun --nproc_per_node W tests/ddp_worker.py --model DIR --out DIR --case luffy:6 --case chord:3
+
+Each ``--case ALGO:MICRO`` builds the trainer exactly as ``mixrl.trainer.run.train`` does
+(composed config, ``hardware.num_processes`` = the torchrun world size,
+``trainer.micro_batch_size`` = MICRO), runs ``trainer.train()`` for one optimizer step
+and writes, from rank 0, ``OUT/<algo>-w<W>-m<MICRO>.json`` and ``.grad.pt``:
+
+* ``rows``: every row of the step (rollouts and expert rows, all processes) with its
+  global id, the rank that held it, prompt and completion text, ``row_source``,
+  advantage and its contribution to the step objective. The contribution is the
+  objective (``compute_objective``) of that row alone with the trainer's global
+  normalisers, divided by W (DDP averages gradients over processes), so the
+  contributions of all rows add up to the step's objective whatever W and the
+  accumulation are, and can be compared row by row across runs.
+* ``micro_batches``: per micro-batch, the trainer's loss and the sum of its rows'
+  contributions (times W), which must agree (the objective is linear in rows).
+* ``.grad.pt``: the flattened gradient at ``on_pre_optimizer_step`` (after DDP's
+  all-reduce and accumulation; clipping is disabled), and ``grad_norms`` per rank.
+
+Determinism: rollouts are not sampled. ``GRPOTrainer._generate_single_turn`` (the
+parent mixrl's override calls) is replaced by a fixed function of the prompt and the
+rollout's slot in its group, so 1- and 2-process runs score the same completions. CHORD's
+expert-row draw (``AuxRowsMixer.sample``, seeded per process) is replaced by global expert
+rows ``[p*r, (p+1)*r)`` of the pool for process p, so the runs train on the same rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("WANDB_MODE", "disabled")
+
+import torch  # noqa: E402
+
+EXPERT_GID = 1000  # global ids of CHORD's appended expert rows start here
+PROMPTS_PER_STEP = 3
+NUM_GENERATIONS = 4  # 12 rows; with 2 processes rows 4..7 (group 1) straddle ranks 0 and 1
+EXPERT_ROWS = 4  # CHORD: a multiple of processes x micro-batches for every case the test runs
+
+
+def fixed_completion(prompt: str, slot: int) -> str:
+    """The "rollout" of ``prompt`` in group slot ``slot``: right on even slots (shifted by the
+    prompt's length so groups differ), wrong otherwise, with lengths that vary."""
+    expr = prompt.strip().rstrip("=")
+    if not re.fullmatch(r"[0-9+\-*]+", expr):
+        raise ValueError(f"unexpected arith prompt {prompt!r}")
+    answer = eval(expr)  # noqa: S307 - digits and + - * only
+    if (slot + len(prompt)) % 2 == 0:
+        return f"{answer} #### {answer}"
+    return f"{slot}{'9' * slot} #### {answer + slot + 1}"
+
+
+def patch_generation() -> None:
+    import trl
+
+    def generate(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        tok = self.processing_class
+        start = self.accelerator.process_index * len(prompt_ids)
+        out = []
+        for i, ids in enumerate(prompt_ids):
+            prompt = tok.decode(ids, skip_special_tokens=True)
+            text = fixed_completion(prompt, (start + i) % num_generations)
+            out.append(list(tok(text=text, add_special_tokens=False)["input_ids"]) + [tok.eos_token_id])
+        return out, None
+
+    trl.GRPOTrainer._generate_single_turn = generate
+
+
+def patch_chord_sample() -> None:
+    from mixrl.trainer.mixing import AuxRowsMixer
+
+    def sample(self, trainer):
+        p, r = trainer.accelerator.process_index, self.rows_per_process
+        picks = []
+        for g in range(p * r, (p + 1) * r):
+            row = self.pool[g % len(self.pool)]
+            picks.append((row["prompt"], row["expert"][0]))
+        return picks
+
+    AuxRowsMixer.sample = sample
+
+
+def build_trainer(overrides: list[str], callbacks: list):
+    """What ``mixrl.trainer.run.train`` builds (without its evaluation and saving)."""
+    from transformers import PrinterCallback, set_seed
+
+    from mixrl.config.compose import compose_config
+    from mixrl.config.rules import geometry
+    from mixrl.trainer import build
+    from mixrl.trainer.grpo import MixrlGRPOTrainer
+    from mixrl.trainer.mixing import build_mixer
+
+    cfg = compose_config(overrides)
+    geom = geometry(cfg)
+    set_seed(int(cfg.seed))
+    model_path = build.resolve_model_path(cfg, progress=False)
+    tokenizer = build.load_tokenizer(model_path, cfg)
+    train_ds = build.load_train_rows(cfg)
+    reward_funcs, reward_weights = build.build_reward_funcs(cfg)
+    args = build.grpo_args(cfg, Path(cfg.run_dir), geom)
+    args.reward_weights = reward_weights
+    mixer, train_ds = build_mixer(cfg, train_ds, geom)
+    trainer = MixrlGRPOTrainer(
+        model=model_path,
+        reward_funcs=reward_funcs,
+        args=args,
+        train_dataset=train_ds,
+        processing_class=tokenizer,
+        peft_config=build.peft_config(cfg),
+        callbacks=callbacks,
+        objective=build.build_objective(cfg),
+        advantage=build.advantage_spec(cfg),
+        mixer=mixer,
+        controller=build.build_controller(cfg),
+    )
+    trainer.remove_callback(PrinterCallback)
+    return trainer, geom
+
+
+def run_case(algo: str, micro: int, model: str, out: Path) -> None:
+    import torch.distributed as dist
+    from transformers import TrainerCallback
+
+    from mixrl.core.objective import compute_objective
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    name = f"{algo}-w{world}-m{micro}"
+    overrides = [
+        f"algo={algo}",
+        f"model.path={model}",
+        f"hardware.num_processes={world}",
+        f"trainer.prompts_per_step={PROMPTS_PER_STEP}",
+        f"algo.num_generations={NUM_GENERATIONS}",
+        f"trainer.micro_batch_size={micro}",
+        "trainer.max_steps=1",
+        "trainer.max_grad_norm=0",  # no clipping: compare raw gradients
+        "trainer.eval_size=0",
+        "trainer.max_completion_length=24",
+        "data.train_size=16",
+        "logger.progress=false",
+        f"run_dir={out / 'runs' / name}",
+    ]
+    if algo == "chord":
+        # a fixed count: the preset's expert_ratio rounds to a multiple of processes x micro-batches,
+        # which would give the 1-process, 1-micro-batch run fewer expert rows
+        overrides += ["algo.mix.expert_ratio=null", f"+algo.mix.expert_rows={EXPERT_ROWS}"]
+
+    state: dict = {"grad": None}
+
+    class GradCapture(TrainerCallback):
+        def on_pre_optimizer_step(self, args, st, control, **kwargs):
+            grads = [
+                (p.grad if p.grad is not None else torch.zeros_like(p)).detach().flatten().clone()
+                for p in trainer.model.parameters()
+                if p.requires_grad
+            ]
+            state["grad"] = torch.cat(grads).double()
+
+    trainer, geom = build_trainer(overrides, [GradCapture()])
+    tok = trainer.processing_class
+    rows: dict[int, dict] = {}
+    micro_batches: list[dict] = []
+
+    gen_orig = trainer._generate_and_score_completions
+
+    def gen_and_score(inputs):
+        out_ = gen_orig(inputs)
+        n_roll, n = len(inputs), out_["completion_ids"].shape[0]
+        n_exp = n - n_roll
+        gid = [rank * n_roll + i for i in range(n_roll)] + [EXPERT_GID + rank * n_exp + j for j in range(n_exp)]
+        out_["test_gid"] = torch.tensor(gid, dtype=torch.long, device=out_["completion_ids"].device)
+        for i, g in enumerate(gid):
+            pm, cm = out_["prompt_mask"][i].bool(), out_["completion_mask"][i].bool()
+            rows[g] = {
+                "gid": g,
+                "rank": rank,
+                "prompt": tok.decode(out_["prompt_ids"][i][pm].tolist(), skip_special_tokens=True),
+                "completion": tok.decode(out_["completion_ids"][i][cm].tolist(), skip_special_tokens=True),
+                "completion_tokens": int(cm.sum()),
+                "source": int(out_["row_source"][i]),
+                "advantage": float(out_["advantages"][i]),
+            }
+        return out_
+
+    trainer._generate_and_score_completions = gen_and_score
+
+    logps_orig = trainer._get_per_token_logps_and_entropies
+    captured: dict = {}
+
+    def logps_hook(*a, **k):
+        res = logps_orig(*a, **k)
+        captured["logps"], captured["entropies"] = res[0].detach(), None if res[1] is None else res[1].detach()
+        return res
+
+    trainer._get_per_token_logps_and_entropies = logps_hook
+
+    loss_orig = trainer._compute_loss
+
+    def compute_loss(model_, inputs):
+        loss = loss_orig(model_, inputs)
+        logps, ent = captured["logps"], captured["entropies"]
+        total = 0.0
+        for i in range(logps.shape[0]):
+            sl = slice(i, i + 1)
+            old = inputs.get("old_per_token_logps")
+            ref = inputs.get("ref_per_token_logps")
+            with torch.no_grad():
+                row_loss, _ = compute_objective(
+                    trainer.objective,
+                    logp=logps[sl],
+                    mask=inputs["completion_mask"][sl],
+                    advantages=inputs["advantages"][sl],
+                    row_source=inputs["row_source"][sl],
+                    old_logp=None if old is None else old[sl],
+                    ref_logp=None if ref is None else ref[sl],
+                    entropies=None if ent is None else ent[sl],
+                    step=trainer.state.global_step,
+                    normalisers=trainer._mixrl_normalisers,
+                )
+            total += float(row_loss)
+            rows[int(inputs["test_gid"][i])]["contribution"] = float(row_loss) / world
+        micro_batches.append({"rank": rank, "rows": int(logps.shape[0]), "loss": float(loss.detach()), "sum_rows": total})
+        return loss
+
+    trainer._compute_loss = compute_loss
+
+    trainer.train()
+
+    grad = state["grad"]
+    assert grad is not None, "on_pre_optimizer_step was not called"
+    meta = {
+        "rows": list(rows.values()),
+        "micro_batches": micro_batches,
+        "grad_norm": float(grad.norm()),
+        "normalisers": trainer._mixrl_normalisers,
+    }
+    gathered = [meta]
+    if world > 1:
+        gathered = [None] * world
+        dist.all_gather_object(gathered, meta)
+    if rank == 0:
+        result = {
+            "name": name,
+            "algo": algo,
+            "world": world,
+            "micro_batch_size": micro,
+            "grad_accum": geom.grad_accum,
+            "num_generations": geom.num_generations,
+            "experts_per_group": int(getattr(trainer.mixer, "k", 0)),
+            "rows": sorted((r for m in gathered for r in m["rows"]), key=lambda r: r["gid"]),
+            "micro_batches": [b for m in gathered for b in m["micro_batches"]],
+            "grad_norms": [m["grad_norm"] for m in gathered],
+            "normalisers": [m["normalisers"] for m in gathered],
+        }
+        (out / f"{name}.json").write_text(json.dumps(result, indent=1))
+        torch.save(grad, out / f"{name}.grad.pt")
+    if world > 1:
+        dist.barrier()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True, help="tiny model directory")
+    ap.add_argument("--out", required=True, help="output directory")
+    ap.add_argument("--case", action="append", required=True, help="ALGO:MICRO_BATCH_SIZE, e.g. luffy:6")
+    a = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    patch_generation()
+    patch_chord_sample()
+    for case in a.case:
+        algo, micro = case.split(":")
+        run_case(algo, int(micro), a.model, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

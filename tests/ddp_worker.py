@@ -4,10 +4,11 @@ Run by ``tests/test_ddp.py`` (not collected by pytest)::
 
     torchrun --nproc_per_node W tests/ddp_worker.py --model DIR --out DIR --case luffy:6 --case chord:3
 
-Each ``--case ALGO:MICRO`` builds the trainer exactly as ``mixrl.trainer.run.train`` does
-(composed config, ``hardware.num_processes`` = the torchrun world size,
-``trainer.micro_batch_size`` = MICRO), runs ``trainer.train()`` for one optimizer step
-and writes, from rank 0, ``OUT/<algo>-w<W>-m<MICRO>.json`` and ``.grad.pt``:
+Each ``--case ALGO:MICRO[:K]`` builds the trainer exactly as ``mixrl.trainer.run.train``
+does (composed config, ``hardware.num_processes`` = the torchrun world size,
+``trainer.micro_batch_size`` = MICRO, LUFFY's ``algo.mix.experts_per_group`` = K), runs
+``trainer.train()`` for one optimizer step and writes, from rank 0,
+``OUT/<algo>[-k<K>]-w<W>-m<MICRO>.json`` and ``.grad.pt``:
 
 * ``rows``: every row of the step (rollouts and expert rows, all processes) with its
   global id, the rank that held it, prompt and completion text, ``row_source``,
@@ -51,13 +52,13 @@ EXPERT_ROWS = 4  # CHORD: a multiple of processes x micro-batches for every case
 
 
 def fixed_completion(prompt: str, slot: int) -> str:
-    """The "rollout" of ``prompt`` in group slot ``slot``: right on even slots (shifted by the
+    """The "rollout" of ``prompt`` in group slot ``slot``: right on every other slot (shifted by the
     prompt's length so groups differ), wrong otherwise, with lengths that vary."""
     expr = prompt.strip().rstrip("=")
     if not re.fullmatch(r"[0-9+\-*]+", expr):
         raise ValueError(f"unexpected arith prompt {prompt!r}")
     answer = eval(expr)  # noqa: S307 - digits and + - * only
-    if (slot + len(prompt)) % 2 == 0:
+    if (slot + len(prompt)) % 2 == 1:
         return f"{answer} #### {answer}"
     return f"{slot}{'9' * slot} #### {answer + slot + 1}"
 
@@ -129,7 +130,7 @@ def build_trainer(overrides: list[str], callbacks: list):
     return trainer, geom
 
 
-def run_case(algo: str, micro: int, model: str, out: Path) -> None:
+def run_case(algo: str, micro: int, k: int | None, model: str, out: Path) -> None:
     import torch.distributed as dist
     from transformers import TrainerCallback
 
@@ -137,7 +138,7 @@ def run_case(algo: str, micro: int, model: str, out: Path) -> None:
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
-    name = f"{algo}-w{world}-m{micro}"
+    name = f"{algo}{'' if k is None else f'-k{k}'}-w{world}-m{micro}"
     overrides = [
         f"algo={algo}",
         f"model.path={model}",
@@ -153,6 +154,8 @@ def run_case(algo: str, micro: int, model: str, out: Path) -> None:
         "logger.progress=false",
         f"run_dir={out / 'runs' / name}",
     ]
+    if k is not None:
+        overrides.append(f"algo.mix.experts_per_group={k}")
     if algo == "chord":
         # a fixed count: the preset's expert_ratio rounds to a multiple of processes x micro-batches,
         # which would give the 1-process, 1-micro-batch run fewer expert rows
@@ -241,8 +244,11 @@ def run_case(algo: str, micro: int, model: str, out: Path) -> None:
 
     grad = state["grad"]
     assert grad is not None, "on_pre_optimizer_step was not called"
+    prompts = {r["prompt"] for r in rows.values()}
+    experts = {r["prompt"]: list(r["expert"]) for r in trainer.train_dataset if r["prompt"] in prompts and r.get("expert")}
     meta = {
         "rows": list(rows.values()),
+        "experts": experts,
         "micro_batches": micro_batches,
         "grad_norm": float(grad.norm()),
         "normalisers": trainer._mixrl_normalisers,
@@ -262,6 +268,7 @@ def run_case(algo: str, micro: int, model: str, out: Path) -> None:
             "experts_per_group": int(getattr(trainer.mixer, "k", 0)),
             "rows": sorted((r for m in gathered for r in m["rows"]), key=lambda r: r["gid"]),
             "micro_batches": [b for m in gathered for b in m["micro_batches"]],
+            "experts": {p: e for m in gathered for p, e in m["experts"].items()},
             "grad_norms": [m["grad_norm"] for m in gathered],
             "normalisers": [m["normalisers"] for m in gathered],
         }
@@ -275,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="tiny model directory")
     ap.add_argument("--out", required=True, help="output directory")
-    ap.add_argument("--case", action="append", required=True, help="ALGO:MICRO_BATCH_SIZE, e.g. luffy:6")
+    ap.add_argument("--case", action="append", required=True,
+                    help="ALGO:MICRO_BATCH_SIZE[:EXPERTS_PER_GROUP], e.g. luffy:6 or luffy:3:3")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     out = Path(a.out)
@@ -283,8 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     patch_generation()
     patch_chord_sample()
     for case in a.case:
-        algo, micro = case.split(":")
-        run_case(algo, int(micro), a.model, out)
+        algo, micro, *k = case.split(":")
+        run_case(algo, int(micro), int(k[0]) if k else None, a.model, out)
     return 0
 
 

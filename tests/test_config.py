@@ -228,12 +228,22 @@ def test_switching_component_with_new_parameter_in_same_command():
 
 
 def test_switching_component_with_leftover_params_errors_clearly():
-    # algo/grpo.yaml sets ppo_clip's clip_low / clip_high, which m2po does not take
-    msg = _compose_error(["algo.loss.name=m2po"])
-    assert "algo.loss.clip_" in msg  # names the leftover key
-    assert "m2po" in msg and "m2_budget" in msg  # and what the new component takes
-    # removing the leftovers with Hydra's ~ works, and m2po's own default is filled in
-    cfg = compose_config(["algo.loss.name=m2po", "~algo.loss.clip_low", "~algo.loss.clip_high"])
+    # algo/chord.yaml sets ppo_clip's dual_clip_c, which cispo does not take
+    chord = OmegaConf.load(conf_dir() / "algo" / "chord.yaml")
+    if "dual_clip_c" not in chord.loss:
+        pytest.skip("algo/chord.yaml no longer sets loss.dual_clip_c")
+    msg = _compose_error(["algo=chord", "algo.loss.name=cispo"])
+    assert "algo.loss.dual_clip_c" in msg  # names the leftover key
+    assert "cispo" in msg and "clip_high" in msg  # and what the new component takes
+    # removing the leftover with Hydra's ~ works, and cispo's own defaults are filled in
+    cfg = compose_config(["algo=chord", "algo.loss.name=cispo", "~algo.loss.dual_clip_c"])
+    assert set(cfg.algo.loss.keys()) == {"name", *_registry("algo.loss").defaults("cispo")}
+
+
+def test_switching_component_with_parameter_set_for_the_old_one_errors_clearly():
+    msg = _compose_error(["algo.loss.clip_high=0.3", "algo.loss.name=m2po"])
+    assert "algo.loss.clip_high" in msg and "m2po" in msg and "m2_budget" in msg
+    cfg = compose_config(["algo.loss.name=m2po"])
     assert OmegaConf.to_container(cfg.algo.loss) == {"name": "m2po", "m2_budget": 0.04}
 
 

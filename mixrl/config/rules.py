@@ -34,10 +34,13 @@ class Geometry:
         return self.expert_rows_per_step // self.world_size
 
     def describe(self) -> str:
-        return (
+        text = (
             f"{self.prompts_per_step} prompts x {self.num_generations} generations = {self.rollouts_per_step} rollouts/step "
             f"= {self.world_size} process(es) x {self.grad_accum} micro-batch(es) x {self.micro_batch_size} rows"
         )
+        if self.expert_rows_per_step:
+            text += f", + {self.expert_rows_per_step} expert rows/step ({self.expert_rows_per_process // self.grad_accum} per micro-batch)"
+        return text
 
 
 def geometry(cfg: DictConfig) -> Geometry:
@@ -74,9 +77,7 @@ def _expert_rows(cfg: DictConfig, rollouts: int, unit: int) -> int:
     if mix.get("mode", "none") != "aux_loss":
         return 0
     rows, ratio = mix.get("expert_rows"), mix.get("expert_ratio")
-    if rows is not None and ratio is not None:
-        raise ConfigError("set only one of algo.mix.expert_rows and algo.mix.expert_ratio")
-    if rows is not None:
+    if rows is not None:  # a count wins over the ratio
         if int(rows) < 1 or int(rows) % unit:
             raise ConfigError(
                 f"algo.mix.expert_rows={rows} must be a positive multiple of {unit} "
@@ -93,7 +94,7 @@ MIX_KEYS = {
     "mode": "none | aux_loss | group_inject | sft",
     "mu": "aux_loss: weight of the expert term, a number or a schedule",
     "token_weight": "aux_loss/sft: weight on expert tokens {name: one|p|chord_phi|luffy}",
-    "expert_rows": "aux_loss: expert rows per step",
+    "expert_rows": "aux_loss: expert rows per step (wins over expert_ratio when set)",
     "expert_ratio": "aux_loss: fraction of rows per step that are expert",
     "experts_per_group": "group_inject: expert completions per group (k)",
     "shaping_gamma": "group_inject: f(p) = p / (p + gamma) on expert tokens",

@@ -157,17 +157,17 @@ def run_case(algo: str, micro: int, k: int | None, model: str, out: Path) -> Non
     if k is not None:
         overrides.append(f"algo.mix.experts_per_group={k}")
     if algo == "chord":
-        # a fixed count: the preset's expert_ratio rounds to a multiple of processes x micro-batches,
-        # which would give the 1-process, 1-micro-batch run fewer expert rows
-        overrides += ["algo.mix.expert_ratio=null", f"+algo.mix.expert_rows={EXPERT_ROWS}"]
+        # a fixed count (wins over the ratio): the preset's expert_ratio rounds to a multiple of
+        # processes x micro-batches, which would give the 1-process, 1-micro-batch run fewer expert rows
+        overrides.append(f"algo.mix.expert_rows={EXPERT_ROWS}")
 
     state: dict = {"grad": None}
 
-    class GradCapture(TrainerCallback):
+    class GradCapture(TrainerCallback):  # after DDP's all-reduce, before the optimizer step
         def on_pre_optimizer_step(self, args, st, control, **kwargs):
             grads = [
                 (p.grad if p.grad is not None else torch.zeros_like(p)).detach().flatten().clone()
-                for p in trainer.model.parameters()
+                for p in trainer.model.parameters()  # `trainer` is bound below, before train()
                 if p.requires_grad
             ]
             state["grad"] = torch.cat(grads).double()
@@ -203,8 +203,8 @@ def run_case(algo: str, micro: int, k: int | None, model: str, out: Path) -> Non
     logps_orig = trainer._get_per_token_logps_and_entropies
     captured: dict = {}
 
-    def logps_hook(*a, **k):
-        res = logps_orig(*a, **k)
+    def logps_hook(*args, **kwargs):
+        res = logps_orig(*args, **kwargs)
         captured["logps"], captured["entropies"] = res[0].detach(), None if res[1] is None else res[1].detach()
         return res
 

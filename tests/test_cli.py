@@ -201,11 +201,17 @@ BAD_OVERRIDES = [
 
 
 @pytest.mark.parametrize("overrides,must_contain", BAD_OVERRIDES)
-@pytest.mark.parametrize("command", ["train", "config show"])
-def test_bad_override_one_line_exit_2(command, overrides, must_contain, no_model):
-    line = _one_line_error(_invoke([*command.split(), *overrides]))
+def test_bad_override_one_line_exit_2(overrides, must_contain, no_model):
+    line = _one_line_error(_invoke(["train", *overrides]))
     for text in must_contain:
         assert text in line, f"{text!r} not in {line!r}"
+
+
+@pytest.mark.parametrize(
+    "overrides", [["algo=grpoo"], ["trainer.max_stepz=3"], ["algo.loss.name=ppo_clp"], ["seed=1,2"], ["recipe=nope/x"]]
+)
+def test_config_show_bad_override_one_line_exit_2(overrides, no_model):
+    _one_line_error(_invoke(["config", "show", *overrides]))
 
 
 CROSS_FIELD = [

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,14 @@ HUB_FIXTURES = {
 }
 
 RECIPES = list_recipe_names()
+
+
+@lru_cache(maxsize=None)
+def _recipe_cfg(name: str) -> DictConfig:
+    """The composed recipe, once per recipe (read-only: tests must not modify it)."""
+    cfg = compose_config([f"recipe={name}"])
+    OmegaConf.set_readonly(cfg, True)
+    return cfg
 
 
 def _is_hub_id(source: str | None) -> bool:
@@ -70,14 +79,14 @@ def test_there_are_recipes():
 
 @pytest.mark.parametrize("name", RECIPES)
 def test_recipe_composes_and_validates(name):
-    cfg = compose_config([f"recipe={name}"])
+    cfg = _recipe_cfg(name)
     assert isinstance(cfg, DictConfig)
     geometry(cfg)  # the batch geometry is consistent (validate already checks it; must not raise)
 
 
 @pytest.mark.parametrize("name", RECIPES)
 def test_recipe_info(name):
-    cfg = compose_config([f"recipe={name}"])
+    cfg = _recipe_cfg(name)
     info = cfg.recipe_info
     assert info.name == name, f"recipes/{name}.yaml sets recipe_info.name={info.name!r}; it must equal its file name"
     for key in ("paper", "hardware"):
@@ -88,7 +97,7 @@ def test_recipe_info(name):
 def test_recipe_values_reach_the_config(name):
     """Every value a recipe sets wins over the group defaults."""
     raw = OmegaConf.to_container(load_recipe(name), resolve=False)
-    cfg = compose_config([f"recipe={name}"])
+    cfg = _recipe_cfg(name)
     for key, value in _leaves(raw):
         got = OmegaConf.select(cfg, key)
         if isinstance(got, (DictConfig, ListConfig)):
@@ -115,7 +124,7 @@ def _non_empty_prompt(prompt) -> bool:
 def test_hub_recipe_data_settings_load_local_fixture(name):
     from mixrl.trainer.build import load_eval_rows, load_train_rows
 
-    source = compose_config([f"recipe={name}"]).data.source
+    source = _recipe_cfg(name).data.source
     if not _is_hub_id(source):
         pytest.skip(f"data.source={source} is not a hub dataset")
     for fixture in _fixtures_for(source):

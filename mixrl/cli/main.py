@@ -89,6 +89,10 @@ def train(
     overrides = list(overrides or [])
     jobs = expand_sweeps(overrides) if multirun else [overrides]
     cfgs = [compose_config(job) for job in jobs]  # validate every job before loading any model
+    from mixrl.config.compose import check_world_size
+
+    for cfg in cfgs:
+        check_world_size(cfg, launching=True)
     if multirun:
         root = Path("runs") / "multirun" / datetime.now().strftime("%Y-%m-%d/%H%M%S")
         for i, (job, cfg) in enumerate(zip(jobs, cfgs)):
@@ -104,9 +108,13 @@ def train(
         if multirun:
             err.print(f"[bold]job {i + 1}/{len(cfgs)}[/]: {' '.join(jobs[i])}")
         result = train_stages(cfg, staged[i], console=err)
+        results.append(result)
+        if int(os.environ.get("RANK", "0")) != 0:
+            continue  # under torchrun only rank 0 reports
         out.print(_summary_table(result.summary))
         out.print(f"run directory: [bold]{result.run_dir}[/]")
-        results.append(result)
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
     if multirun:
         table = Table(title="multirun")
         for col in ("job", "overrides", "acc before", "acc after", "run directory"):
@@ -213,6 +221,9 @@ def model_build_tiny(force: bool = typer.Option(False, "--force", help="Rebuild 
 
 from mixrl.cli.explain import explain  # noqa: E402
 app.command()(explain)
+from mixrl.cli.compare import compare, eval_model  # noqa: E402
+app.command("compare")(compare)
+app.command("eval")(eval_model)
 
 
 @docs_app.command("components")

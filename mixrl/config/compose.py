@@ -259,6 +259,7 @@ def validate(raw: DictConfig) -> DictConfig:
 
     validate_components(cfg)
     validate_rules(cfg)
+    check_world_size(cfg)
     OmegaConf.set_readonly(cfg, False)
     return cfg
 
@@ -269,6 +270,19 @@ def to_yaml(cfg: DictConfig) -> str:
 
 def env_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def check_world_size(cfg: DictConfig, *, launching: bool = False) -> None:
+    """``hardware.num_processes`` must match the launcher (torchrun sets WORLD_SIZE), so
+    that the batch geometry derived from it is the one that runs. Composing a multi-GPU
+    recipe in a single process (``config show``) is fine; training it (``launching``) is not."""
+    world, n = env_world_size(), int(cfg.hardware.num_processes)
+    if world == n or (world == 1 and not launching and "WORLD_SIZE" not in os.environ):
+        return
+    raise ConfigError(
+        f"hardware.num_processes={n} but {world} process(es) were launched; "
+        f"launch with `torchrun --nproc_per_node {n} -m mixrl.cli.main train ...` or set hardware.num_processes={world}"
+    )
 
 
 __all__ = [

@@ -30,19 +30,31 @@ class RunResult:
     summary: dict = field(default_factory=dict)
 
 
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
 def default_run_dir(cfg: DictConfig, root: str | Path = "runs") -> Path:
+    """``runs/<date>/<time>-<algo>-s<seed>``; under torchrun every rank derives the same
+    name from the launcher's run id, so all processes share one directory."""
     now = datetime.now()
-    return Path(root) / now.strftime("%Y-%m-%d") / f"{now.strftime('%H%M%S-%f')[:-3]}-{cfg.algo.name}-s{cfg.seed}"
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    stamp = f"{now.strftime('%H%M')}-{run_id[:8]}" if run_id and int(os.environ.get("WORLD_SIZE", "1")) > 1 else now.strftime("%H%M%S-%f")[:-3]
+    return Path(root) / now.strftime("%Y-%m-%d") / f"{stamp}-{cfg.algo.name}-s{cfg.seed}"
 
 
 def prepare_run_dir(cfg: DictConfig) -> Path:
+    """Create the run directory and write config.yaml (rank 0 only; other ranks share it)."""
     run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg)
+    cfg.run_dir = str(run_dir)
+    if _rank() != 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return run_dir
     if run_dir.exists() and any(run_dir.iterdir()):
         from mixrl.errors import ConfigError
 
         raise ConfigError(f"run_dir '{run_dir}' already exists and is not empty; choose another run_dir")
     run_dir.mkdir(parents=True, exist_ok=True)
-    cfg.run_dir = str(run_dir)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     return run_dir
 
@@ -100,6 +112,9 @@ def train(cfg: DictConfig, console: Console | None = None, *, before: dict | Non
     callbacks = [metrics_cb]
     if cfg.logger.progress:
         callbacks.append(RichProgressCallback(console, description=f"{cfg.algo.name} s{cfg.seed}"))
+    if cfg.trainer.eval_every > 0:  # held-out accuracy every N steps -> eval.jsonl (the lambda: trainer is built below)
+        from mixrl.trainer.periodic_eval import PeriodicEvalCallback
+        callbacks.append(PeriodicEvalCallback.from_config(cfg, run_dir, tokenizer, eval_rows, reward_funcs[0], trainer=lambda: trainer))
     trainer = MixrlGRPOTrainer(
         model=model_path,
         reward_funcs=reward_funcs,

@@ -1,0 +1,117 @@
+"""``mixrl compare`` and ``mixrl eval`` (logic in :mod:`mixrl.compare` and
+:mod:`mixrl.trainer.periodic_eval`).
+
+Registered in ``mixrl.cli.main`` with ``app.command("compare")(compare)`` and
+``app.command("eval")(eval_model)``. This module does not import ``mixrl.cli.main`` (which
+imports it), so it handles user errors itself, the same way as main's ``user_errors``: one
+line on stderr, exit code 2.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from mixrl.errors import MixrlUserError
+
+
+def _consoles() -> tuple[Console, Console]:
+    return Console(width=None if sys.stdout.isatty() else 160), Console(stderr=True)
+
+
+def _user_errors(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except MixrlUserError as e:
+            Console(stderr=True).print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+            raise typer.Exit(code=2) from None
+        except KeyboardInterrupt:
+            Console(stderr=True).print("[yellow]interrupted[/]")
+            raise typer.Exit(code=130) from None
+
+    return wrapper
+
+
+# --------------------------------------------------------------------------- compare
+@_user_errors
+def compare(
+    run_dirs: List[Path] = typer.Argument(
+        ..., help="Run directories, or folders of runs (a multirun sweep: every sub-folder with summary.json).",
+        show_default=False,
+    ),
+    metric: str = typer.Option("accuracy", "--metric", help="Held-out metric: accuracy, accuracy/level3, pass@4, ..."),
+    out_dir: Path = typer.Option(Path("compare"), "--out", help="Folder for compare.md, compare.json and the PNG plots."),
+    target: float = typer.Option(0.6, "--target", help="Report the rollouts each method needs to reach metric >= TARGET."),
+    by: Optional[List[str]] = typer.Option(
+        None, "--by", help="Also group by a config value (repeatable), e.g. --by algo.mix.mu; default: recipe or algo."
+    ),
+    band: str = typer.Option("minmax", "--band", help="Band around the mean curve: minmax or std."),
+    plots: bool = typer.Option(True, "--plots/--no-plots", help="Write PNG plots (needs matplotlib)."),
+):
+    """Compare runs by method: held-out accuracy (mean ± std over seeds), rollouts to a target, plots."""
+    from mixrl.compare import compare as run_compare
+    from mixrl.compare import table_cells, table_header
+
+    out, _ = _consoles()
+    result = run_compare(run_dirs, out_dir, metric=metric, target=target, by=list(by or []), band=band, plots=plots)
+    table = Table(title=f"mixrl compare: held-out {metric}")
+    for i, col in enumerate(table_header(metric, target)):
+        table.add_column(col, justify="left" if i == 0 else "right")
+    for row in result.rows:
+        table.add_row(*[escape(c) for c in table_cells(row)])
+    n_runs = sum(r.n for r in result.rows)
+    table.caption = f"{n_runs} runs; final/best: mean ± sample std over runs; rollouts: mean over runs that reached the target"
+    out.print(table)
+    out.print(f"wrote [bold]{result.markdown}[/]" + (f" and {len(result.plots)} plots in {result.out_dir}" if result.plots else ""))
+
+
+# --------------------------------------------------------------------------- eval
+@_user_errors
+def eval_model(
+    model_dir: Path = typer.Argument(..., help="A saved model folder (a run's model/) or a run directory.", show_default=False),
+    overrides: Optional[List[str]] = typer.Argument(
+        None, help="Hydra overrides selecting the held-out split and evaluation, e.g. data=gsm8k trainer.eval_size=500 trainer.eval_pass_k=4"
+    ),
+    out_file: Optional[Path] = typer.Option(None, "--out", help="Also write the results as JSON to this file."),
+):
+    """Evaluate a saved model on the configured held-out split (greedy accuracy, per level, pass@k)."""
+    from mixrl.config.compose import compose_config
+    from mixrl.trainer.periodic_eval import evaluate_saved_model, resolve_model_dir
+
+    out, err = _consoles()
+    cfg = compose_config(list(overrides or []))  # a bad override fails before any model is loaded
+    resolve_model_dir(model_dir)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("[bold]held-out eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, disable=not cfg.logger.progress, transient=True) as prog:
+        task = prog.add_task("eval", total=None)
+        result = evaluate_saved_model(
+            model_dir, cfg, progress=lambda n: prog.advance(task, n), on_rows=lambda n: prog.update(task, total=n)
+        )
+    table = Table(title=f"mixrl eval: {escape(result['model_dir'])}")
+    table.add_column("held-out metric")
+    table.add_column("value", justify="right")
+    metrics = result["metrics"]
+    for key, value in metrics.items():
+        if key != "n":
+            table.add_row(escape(key), f"{value:.3f}")
+    table.caption = (
+        f"{int(metrics.get('n', 0))} problems of {escape(result['data'])} ({result['split']}), reward {result['reward']}, "
+        f"{result['max_new_tokens']} new tokens max; {result['seconds']:.1f}s"
+    )
+    out.print(table)
+    if out_file is not None:
+        out_file.parent.mkdir(parents=True, exist_ok=True)
+        out_file.write_text(json.dumps(result, indent=2) + "\n")
+        out.print(f"wrote [bold]{escape(str(out_file))}[/]")

@@ -1,0 +1,215 @@
+"""Held-out evaluation during training (``trainer.eval_every``) and of a saved model (``mixrl eval``).
+
+:class:`PeriodicEvalCallback` runs greedy accuracy (and sampled pass@k when
+``trainer.eval_pass_k`` > 0) on the run's fixed held-out rows every ``trainer.eval_every``
+optimizer steps. Each evaluation appends one row to ``eval.jsonl`` in the run directory::
+
+    {"step": 20, "rollouts": 1280, "accuracy": 0.41, "n": 256.0, "accuracy/level1": ...,
+     "pass@4": ..., "sampled_accuracy": ..., "seconds": 3.2}
+
+and logs the same values as ``eval/<key>`` in that step's metrics row (``metrics.jsonl``,
+and any logger). Rows are written at steps N, 2N, ...; the evaluations before and after
+training stay in ``summary.json`` (``eval_before`` / ``eval_after``).
+
+The evaluation runs inside a forked RNG state seeded by (seed, step), so sampled pass@k is
+reproducible and an evaluation never changes the training trajectory: a run with
+``eval_every`` trains exactly as the same run without it. Its time is part of the step's
+``step_time`` (see ``eval/seconds`` in the same row).
+
+:func:`evaluate_saved_model` evaluates a saved model folder on the configured held-out split
+(the logic of ``mixrl eval``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+
+from mixrl.errors import ConfigError
+
+EVAL_FILE = "eval.jsonl"
+
+
+class PeriodicEvalCallback(TrainerCallback):
+    """Every ``every`` optimizer steps: held-out accuracy -> ``eval.jsonl`` + ``eval/*`` metrics.
+
+    Args:
+        every: evaluate when ``global_step % every == 0`` (0 disables).
+        run_dir: where ``eval.jsonl`` is appended.
+        tokenizer, rows, reward_fn: as for :func:`mixrl.trainer.evaluate.evaluate_accuracy`.
+        trainer: the trainer, or a zero-argument callable returning it (``lambda: trainer``,
+            so the callback can be built before the trainer it is passed to). Used for the
+            rollout count (``mixrl_rollouts``), to log ``eval/*`` into the trainer's metrics,
+            and for the model when none is given. Optional: without it the model comes from
+            the callback arguments and ``eval/*`` is added to the logs of that step.
+        model: the model to evaluate (default: the trainer's).
+    """
+
+    def __init__(
+        self,
+        *,
+        every: int,
+        run_dir: str | Path,
+        tokenizer,
+        rows: list[dict],
+        reward_fn: Callable,
+        max_new_tokens: int,
+        batch_size: int = 128,
+        pass_k: int = 0,
+        temperature: float = 1.0,
+        seed: int = 0,
+        trainer: Any = None,
+        model: Any = None,
+    ):
+        self.every = int(every)
+        self.path = Path(run_dir) / EVAL_FILE
+        self.tokenizer = tokenizer
+        self.rows_in = list(rows)
+        self.reward_fn = reward_fn
+        self.max_new_tokens = int(max_new_tokens)
+        self.batch_size = int(batch_size)
+        self.pass_k = int(pass_k)
+        self.temperature = float(temperature)
+        self.seed = int(seed)
+        self._trainer = trainer
+        self.model = model
+        self.rows: list[dict] = []  # the eval.jsonl rows written by this callback
+        self._pending: dict[str, float] | None = None
+
+    @classmethod
+    def from_config(cls, cfg, run_dir, tokenizer, rows, reward_fn, *, trainer=None, model=None) -> "PeriodicEvalCallback":
+        t = cfg.trainer
+        return cls(
+            every=int(t.eval_every), run_dir=run_dir, tokenizer=tokenizer, rows=rows, reward_fn=reward_fn,
+            max_new_tokens=int(t.max_completion_length), batch_size=int(t.eval_batch_size), pass_k=int(t.eval_pass_k),
+            temperature=float(t.temperature), seed=int(cfg.seed), trainer=trainer, model=model,
+        )
+
+    @property
+    def trainer(self):
+        t = self._trainer
+        if t is not None and callable(t) and not hasattr(t, "state"):
+            try:
+                t = t()
+            except NameError:  # `lambda: trainer` called before the trainer was assigned
+                return None
+        return t
+
+    def due(self, step: int) -> bool:
+        return self.every > 0 and bool(self.rows_in) and step > 0 and step % self.every == 0
+
+    def evaluate(self, model, step: int) -> dict:
+        """One evaluation (greedy accuracy, per level, pass@k) in a forked, seeded RNG state."""
+        from mixrl.trainer.evaluate import evaluate_accuracy
+
+        devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(self.seed * 1_000_003 + step)
+            return evaluate_accuracy(
+                model, self.tokenizer, self.rows_in, self.reward_fn, max_new_tokens=self.max_new_tokens,
+                batch_size=self.batch_size, pass_k=self.pass_k, temperature=self.temperature,
+            )
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        step = int(state.global_step)
+        if not self.due(step):
+            return
+        trainer = self.trainer
+        model = self.model or model or (trainer.model if trainer is not None else None)
+        if model is None:
+            raise RuntimeError("PeriodicEvalCallback has no model: pass model= or trainer=")
+        t0 = time.perf_counter()
+        result = self.evaluate(model, step)
+        seconds = time.perf_counter() - t0
+        row: dict[str, Any] = {"step": step}
+        rollouts = getattr(trainer, "mixrl_rollouts", None)
+        if rollouts is not None:
+            row["rollouts"] = int(rollouts)
+        row.update(result)
+        row["seconds"] = round(seconds, 3)
+        self.rows.append(row)
+        if state.is_world_process_zero:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+        logged = {f"eval/{k}": float(v) for k, v in result.items() if k != "n"}
+        logged["eval/seconds"] = seconds
+        metrics = getattr(trainer, "_metrics", None)
+        if isinstance(metrics, dict) and "train" in metrics:
+            for k, v in logged.items():  # averaged and logged by GRPOTrainer.log right after this step
+                metrics["train"][k].append(v)
+        else:
+            self._pending = logged
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self._pending and logs is not None and "train_runtime" not in logs:
+            logs.update(self._pending)
+            self._pending = None
+
+
+# --------------------------------------------------------------------------- mixrl eval
+def resolve_model_dir(path: str | Path) -> Path:
+    """A saved model folder; a run directory stands for its ``model/`` folder."""
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"model directory '{p}' does not exist; give a run's model/ folder or the run directory")
+    if p.is_dir() and not (p / "config.json").is_file() and (p / "model" / "config.json").is_file():
+        p = p / "model"
+    if (p / "adapter_config.json").is_file() and not (p / "config.json").is_file():
+        raise ConfigError(f"'{p}' holds a LoRA adapter only; merge it into its base model first (peft merge_and_unload)")
+    if not p.is_dir() or not (p / "config.json").is_file():
+        raise ConfigError(f"'{p}' is not a saved model folder (no config.json); give a run's model/ folder or the run directory")
+    return p
+
+
+def evaluate_saved_model(model_dir: str | Path, cfg, *, progress: Callable[[int], None] | None = None,
+                         on_rows: Callable[[int], None] | None = None) -> dict:
+    """Evaluate the model saved in ``model_dir`` on ``cfg``'s held-out split (``data``,
+    ``trainer.eval_size``, ``trainer.eval_pass_k``, ``reward``). Returns a JSON-ready dict
+    with the metrics of :func:`~mixrl.trainer.evaluate.evaluate_accuracy` under ``metrics``."""
+    from transformers import AutoModelForCausalLM, set_seed
+
+    from mixrl.trainer import build
+    from mixrl.trainer.evaluate import evaluate_accuracy
+
+    path = resolve_model_dir(model_dir)
+    t = cfg.trainer
+    if int(t.eval_size) <= 0:
+        raise ConfigError("trainer.eval_size must be > 0 to evaluate (it is the number of held-out problems)")
+    device = str(cfg.hardware.device)
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("hardware.device=cuda but no CUDA device is available; use hardware=cpu")
+    if cfg.hardware.torch_threads:
+        torch.set_num_threads(int(cfg.hardware.torch_threads))
+    rows = build.load_eval_rows(cfg)
+    if not rows:
+        raise ConfigError(f"the held-out split of '{cfg.data.eval_source or cfg.data.source}' is empty")
+    if on_rows is not None:
+        on_rows(len(rows))
+    reward_funcs, _ = build.build_reward_funcs(cfg)
+    tokenizer = build.load_tokenizer(str(path), cfg)
+    dtype = None if cfg.model.dtype == "auto" else getattr(torch, str(cfg.model.dtype))
+    t0 = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, trust_remote_code=bool(cfg.model.trust_remote_code))
+    model.to(device)
+    set_seed(int(cfg.seed))
+    metrics = evaluate_accuracy(
+        model, tokenizer, rows, reward_funcs[0], max_new_tokens=int(t.max_completion_length),
+        batch_size=int(t.eval_batch_size), pass_k=int(t.eval_pass_k), temperature=float(t.temperature), progress=progress,
+    )
+    return {
+        "model_dir": str(path),
+        "data": str(cfg.data.eval_source or cfg.data.source),
+        "split": cfg.data.eval_split or ("heldout" if str(cfg.data.source).startswith("builtin:") else "test"),
+        "reward": str(cfg.reward.name),
+        "max_new_tokens": int(t.max_completion_length),
+        "seed": int(cfg.seed),
+        "metrics": metrics,
+        "seconds": round(time.perf_counter() - t0, 2),
+    }

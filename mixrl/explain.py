@@ -167,6 +167,9 @@ def check_objective(cfg: DictConfig) -> list[str]:
     source = str(cfg.offpolicy.source)
     max_steps = int(cfg.trainer.max_steps)
     G = int(algo.num_generations)
+    steps = range(0, min(max_steps, _CHECK_LIMIT) + 1)
+    ent = resolve_schedule(spec.entropy_coef)
+    ent_nonzero = any(ent(s) != 0.0 for s in steps)
 
     # --- off-policy source vs mixing mode
     if mode not in MIX_KEYS["mode"]:
@@ -203,7 +206,7 @@ def check_objective(cfg: DictConfig) -> list[str]:
             raise ConfigError(
                 f"algo.mix.mu = {_g(bad[1])} at step {bad[0]}: mu weighs (1 - mu) RL + mu SFT and must stay in [0, 1]"
             )
-        values = {mu(s) for s in range(0, min(max_steps, _CHECK_LIMIT) + 1)}
+        values = {mu(s) for s in steps}
         if values == {0.0}:
             notes.append("mu = 0 at every step: the expert term never contributes (this is plain RL plus idle expert rows)")
         elif values == {1.0}:
@@ -248,7 +251,7 @@ def check_objective(cfg: DictConfig) -> list[str]:
                 f"algo.mix.mode=sft trains on expert rows only, but the KL term (algo.kl.coef={_g(spec.kl_coef)}) "
                 "acts on rollouts; set algo.kl.coef=0"
             )
-        if any(resolve_schedule(spec.entropy_coef)(s) != 0.0 for s in range(0, min(max_steps, _CHECK_LIMIT) + 1)):
+        if ent_nonzero:
             raise ConfigError(
                 "algo.mix.mode=sft trains on expert rows only, but the entropy bonus (algo.entropy_coef) acts on "
                 "rollouts; set algo.entropy_coef=0"
@@ -261,7 +264,6 @@ def check_objective(cfg: DictConfig) -> list[str]:
 
     # --- entropy coefficient
     ctrl_name, ctrl_params = _component(algo.get("controller"))
-    ent = resolve_schedule(spec.entropy_coef)
     bad = _first_bad(ent, max_steps, lambda v: v >= 0.0)
     if bad:
         raise ConfigError(
@@ -297,7 +299,7 @@ def check_objective(cfg: DictConfig) -> list[str]:
                 "use algo.loss.name=ppo_clip"
             )
         if ctrl_name == "entropic":
-            if any(ent(s) != 0.0 for s in range(0, min(max_steps, _CHECK_LIMIT) + 1)):
+            if ent_nonzero:
                 raise ConfigError(
                     "algo.controller=entropic sets the entropy coefficient every step, which would overwrite "
                     "algo.entropy_coef; set algo.entropy_coef=0"
@@ -453,7 +455,7 @@ def _advantage_text(cfg: DictConfig, mode: str, mix: dict) -> str:
     }.get(name, f"{name}({', '.join(f'{k}={_g(v)}' for k, v in p.items())})")
     grouped = name in ("grpo", "dr_grpo", "rloo")
     if mode == "group_inject":
-        k = mix.get("experts_per_group")
+        k = mix.get("experts_per_group", 1)
         comp = f"{G - k} rollouts + {k} expert trace(s)" if isinstance(k, int) else "rollouts + expert trace(s)"
         inc = bool(cfg.algo.advantage_include_offpolicy)
         scope = f"group of {G} = {comp}" if grouped else "batch"

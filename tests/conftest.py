@@ -22,6 +22,7 @@ FAST = [
     "trainer.max_completion_length=24",
     "data.train_size=64",
     "logger.progress=false",
+    "hardware.torch_threads=1",
 ]
 
 

@@ -177,25 +177,12 @@ BAD_OVERRIDES = [
     pytest.param(["recipe=grpo/arith-tinyy"], ["grpo/arith-tinyy", "did you mean: grpo/arith-tiny"], id="unknown-recipe"),
     pytest.param(
         ["trainer=x"], ["'trainer'"], id="group-section-set-to-scalar",
-        marks=pytest.mark.xfail(strict=True, reason=(
-            "BUG mixrl/config/compose.py validate(): `trainer=x` reports \"wrong type for '?': Merge error: str is not "
-            "a subclass of TrainerConfig\" -- OmegaConf's full_key is empty, so the bad key is shown as '?'"
-        )),
     ),
     pytest.param(
         ["trainer.max_steps=${nope}"], ["trainer.max_steps", "nope"], id="bad-interpolation",
-        marks=pytest.mark.xfail(strict=True, reason=(
-            "BUG mixrl/config/compose.py validate(): an unresolvable interpolation raises OmegaConf's "
-            "InterpolationKeyError (exit 1 with a traceback) instead of a one-line ConfigError"
-        )),
     ),
     pytest.param(
         ["algo=[grpo,chord]"], ["[grpo,chord]"], id="value-with-brackets-is-printed",
-        marks=pytest.mark.xfail(strict=True, reason=(
-            "BUG mixrl/cli/main.py user_errors(): the message is printed with Rich markup enabled, so a bad "
-            "value in brackets is eaten as a style tag: `mixrl config show algo=[grpo,chord]` prints "
-            "\"unknown algo option '' for algo= ...\"; escape it (rich.markup.escape) or print with markup=False"
-        )),
     ),
 ]
 

@@ -271,24 +271,12 @@ def test_component_errors_name_key_and_choices(override, must_contain):
         assert text in msg, f"{override}: {text!r} not in {msg!r}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG mixrl/config/compose.py validate()/components.py: reward.params are not checked against the reward "
-    "function's parameters: `+reward.params.tolerence=0.1` composes fine and only fails in build_reward_funcs, "
-    "after the model path is resolved (builtin:tiny is built) and the tokenizer and data are loaded",
-)
 def test_unknown_reward_param_rejected_before_loading():
     """A reward parameter is checked against the reward function like a component's."""
     msg = _compose_error(["reward=math", "+reward.params.tolerence=0.1"])
     assert "tolerence" in msg and "tolerance" in msg
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG mixrl/config/compose.py _prepare_value_overrides: reward.params is not treated like a component "
-    "section, so `reward.params.tolerance=0.1` (a real parameter of the math reward, not in YAML) is refused "
-    "as \"unknown key 'reward.params.tolerance'\"; only '+reward.params.tolerance' works",
-)
 def test_plusless_override_of_reward_parameter():
     cfg = compose_config(["reward=math", "reward.params.tolerance=0.1"])
     assert cfg.reward.params.tolerance == pytest.approx(0.1)
@@ -310,12 +298,6 @@ def test_interpolation_is_checked_by_rules():
     assert "trainer.max_steps" in msg
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG mixrl/config/compose.py validate(): an interpolation to a missing key or a wrong-typed value "
-    "raises OmegaConf's InterpolationKeyError / InterpolationValidationError (multi-line, traceback in the "
-    "CLI) instead of a one-line ConfigError",
-)
 @pytest.mark.parametrize("override", ["trainer.max_steps=${nope}", "trainer.max_steps=${data.name}"])
 def test_bad_interpolation_is_a_config_error(override):
     msg = _compose_error([override])

@@ -210,12 +210,6 @@ def test_chord_balance_independent_of_processes_and_accumulation(ddp_runs, other
 
 # --------------------------------------------------------------------------- launching
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="mixrl/trainer/run.py:38-45 prepare_run_dir, called by train() (line 88) on every rank, raises "
-    "ConfigError 'run_dir ... already exists and is not empty' on the rank that comes second, because the "
-    "first rank has already written config.yaml: multi-process training through the CLI cannot start",
-)
 def test_cli_train_runs_under_torchrun_two_processes(ddp_runs):
     """``torchrun --nproc_per_node 2 -m mixrl.cli.main train hardware.num_processes=2 ...``
     trains one step and writes one run directory (summary.json, model/)."""
@@ -227,13 +221,6 @@ def test_cli_train_runs_under_torchrun_two_processes(ddp_runs):
     assert summary["steps"] == 1 and (run_dir / "model").is_dir()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="hardware.num_processes is documented as 'checked against WORLD_SIZE' (mixrl/config/schema.py:95) "
-    "but nothing checks it (mixrl/config/compose.py env_world_size() is never called): under torchrun with "
-    "2 processes and the default hardware.num_processes=1 every process takes the whole step, so each step "
-    "has twice the configured prompts (and CHORD twice the expert rows)",
-)
 def test_num_processes_is_checked_against_world_size(monkeypatch):
     from mixrl.config.compose import compose_config
     from mixrl.errors import ConfigError

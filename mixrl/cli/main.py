@@ -11,6 +11,7 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from mixrl.errors import MixrlUserError
@@ -47,7 +48,7 @@ def user_errors(fn):
         try:
             return fn(*args, **kwargs)
         except MixrlUserError as e:
-            err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+            err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
             raise typer.Exit(code=2) from None
         except KeyboardInterrupt:
             err.print("[yellow]interrupted[/]")

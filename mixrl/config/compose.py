@@ -160,6 +160,17 @@ def _prepare_value_overrides(base: DictConfig, value_overrides: list) -> list[st
             out.append("+" + line)
             continue
         parent, _, leaf = key.rpartition(".")
+        if parent == "reward.params" or (parent.startswith("reward.extra.") and parent.endswith(".params")):
+            name = OmegaConf.select(base, parent.rsplit(".", 1)[0] + ".name")
+            params = _reward_param_names(name)
+            if params is not None and leaf in params:
+                out.append("+" + line)
+                continue
+            if params is not None:
+                raise ConfigError(
+                    f"unknown key '{key}': reward '{name}' has no parameter '{leaf}'"
+                    f"{did_you_mean(leaf, params)}; its parameters: {', '.join(sorted(params)) or 'none'}"
+                )
         if parent in COMPONENT_SECTIONS:
             name = new_names.get(parent) or OmegaConf.select(base, f"{parent}.name")
             params = component_param_names(parent, name)
@@ -175,6 +186,13 @@ def _prepare_value_overrides(base: DictConfig, value_overrides: list) -> list[st
         hint = did_you_mean(key, siblings) or did_you_mean(key, schema_keys)
         raise ConfigError(f"unknown key '{key}'{hint}; `mixrl config show` lists every key")
     return out
+
+
+def _reward_param_names(name) -> set[str] | None:
+    """Parameters of a registered reward factory (None for a dotted path or unknown name)."""
+    from mixrl.rewards import REWARDS, reward_params
+
+    return set(reward_params(REWARDS[name])) if isinstance(name, str) and name in REWARDS else None
 
 
 def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
@@ -246,9 +264,12 @@ def validate(raw: DictConfig) -> DictConfig:
     schema = OmegaConf.structured(RunConfig)
     try:
         cfg = OmegaConf.merge(schema, raw)
+        OmegaConf.resolve(cfg)  # surface interpolation errors here, with their key
     except OmegaConfBaseException as e:
-        key = getattr(e, "full_key", None) or "?"
+        key = getattr(e, "full_key", None) or _section_of(str(e)) or "?"
         msg = str(e).strip().splitlines()[0]
+        if "nterpolation" in type(e).__name__ or "nterpolation" in msg:
+            raise ConfigError(f"bad interpolation in '{_bad_interpolation_key(raw) or key}': {msg}") from None
         if "not in struct" in msg or "Key '" in msg and "not in" in msg:
             parent, _, leaf = key.rpartition(".")
             siblings = _flat_keys(OmegaConf.select(schema, parent) if parent else schema)
@@ -257,11 +278,52 @@ def validate(raw: DictConfig) -> DictConfig:
     from mixrl.config.components import validate_components
     from mixrl.config.rules import validate_rules
 
-    validate_components(cfg)
-    validate_rules(cfg)
+    try:
+        validate_components(cfg)
+        validate_rules(cfg)
+        _validate_rewards(cfg)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or "?"
+        raise ConfigError(f"invalid value for '{key}': {str(e).strip().splitlines()[0]}") from None
     check_world_size(cfg)
     OmegaConf.set_readonly(cfg, False)
     return cfg
+
+
+def _bad_interpolation_key(cfg: DictConfig) -> str | None:
+    """The first key whose interpolation does not resolve."""
+    for key in _flat_keys(cfg):
+        try:
+            OmegaConf.select(cfg, key, throw_on_resolution_failure=True)
+        except OmegaConfBaseException:
+            node = OmegaConf.select(cfg, key, throw_on_resolution_failure=False)
+            if not isinstance(node, DictConfig):
+                return key
+    return None
+
+
+def _section_of(message: str) -> str | None:
+    """Name the config section whose dataclass appears in an OmegaConf message."""
+    import dataclasses
+    import re
+
+    m = re.search(r"(\w+Config)\b", message)
+    if not m:
+        return None
+    for f in dataclasses.fields(RunConfig):
+        if getattr(f.type, "__name__", str(f.type)) == m.group(1) or str(f.type) == m.group(1):
+            return f.name
+    return None
+
+
+def _validate_rewards(cfg: DictConfig) -> None:
+    """Build each reward function now (cheap, no model), so a bad name, path or
+    parameter fails before anything is loaded."""
+    from mixrl.rewards import build_reward
+
+    specs = [(cfg.reward.name, cfg.reward.params)] + [(x.get("name"), x.get("params") or {}) for x in cfg.reward.extra]
+    for name, params in specs:
+        build_reward(str(name), **(OmegaConf.to_container(params) if isinstance(params, DictConfig) else dict(params)))
 
 
 def to_yaml(cfg: DictConfig) -> str:

@@ -1,0 +1,1 @@
+"""mixrl benchmarks (not part of the installed package): ``python -m bench.throughput``."""

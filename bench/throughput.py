@@ -199,10 +199,12 @@ class Turns:
         import torch
 
         state = self.rng.get(name)
-        if state is None:
-            from transformers import set_seed
-
-            set_seed(self.seed)
+        if state is None:  # first turn: seeded as transformers.set_seed does
+            random.seed(self.seed)
+            np.random.seed(self.seed)
+            torch.manual_seed(self.seed)
+            if self.cuda:
+                torch.cuda.manual_seed_all(self.seed)
             return
         random.setstate(state[0])
         np.random.set_state(state[1])
@@ -588,7 +590,9 @@ def paired_ratio(a: VariantResult | None, b: VariantResult | None, attr: str = "
         return None
     pairs = [getattr(x, attr) / getattr(y, attr) for x, y in zip(a.measured(), b.measured()) if getattr(y, attr) > 0]
     ma, mb = a.med(attr), b.med(attr)
+    mins = [min(getattr(r, attr) for r in v.measured()) for v in (a, b)]
     return {
+        "ratio_of_mins": (mins[0] / mins[1]) if mins[1] > 0 else None,
         "paired_median": statistics.median(pairs) if pairs else None,
         "paired_min": min(pairs) if pairs else None,
         "paired_max": max(pairs) if pairs else None,
@@ -717,7 +721,7 @@ def run(opts: argparse.Namespace, log: Callable[[str], None]) -> dict:
     info = machine_info(opts.device)
     return {
         "date": datetime.now().astimezone().isoformat(timespec="seconds"),
-        "command": "python -m bench.throughput " + shlex.join(opts.argv),
+        "command": " ".join(["python -m bench.throughput", *([shlex.join(opts.argv)] if opts.argv else [])]),
         "commit": git_commit(),
         "machine": info,
         "load_before": load_before,
@@ -750,7 +754,7 @@ def _short_paths(text: str) -> str:
 
 def render_profile(timer: StepTimer, opts) -> str:
     out = io.StringIO()
-    out.write(f"# cProfile and torch.profiler of one mixrl algo=grpo step\n# command: python -m bench.throughput {shlex.join(opts.argv)}\n")
+    out.write(f"# cProfile and torch.profiler of one mixrl algo=grpo step\n# command: python -m bench.throughput {shlex.join(opts.argv)}".rstrip() + "\n")
     out.write(f"# commit {git_commit()}, {datetime.now().astimezone().isoformat(timespec='seconds')}, device {opts.device}\n")
     out.write("# these steps are profiled after the measured steps and are not part of the timings; cProfile\n"
               "# inflates Python-heavy code, so read shares, not absolute times.\n\n")
@@ -845,11 +849,11 @@ def rich_tables(rep: dict):
                   fmt(r["train_s"]), fmt(r["rollout_tokens"], ".0f"), fmt(r["expert_tokens"], ".0f"), fmt(r["state_mb"], ".1f"),
                   fmt(r["rss_peak_mb"], ".0f"), *([fmt(r.get("cuda_peak_mb"), ".1f")] if cuda else []))
     t.caption = f"geometry: {rep['geometry']}"
-    rt = Table(title="ratios (median over rounds of per-round ratios)")
-    for col in ("comparison", "step", "rollout phase", "train phase", "note"):
+    rt = Table(title="ratios (median over rounds of per-round ratios; min step / min step)")
+    for col in ("comparison", "step", "min/min", "rollout phase", "train phase", "note"):
         rt.add_column(col, justify="left" if col in ("comparison", "note") else "right")
     for label, d, note in ratio_lines(rep):
-        rt.add_row(label, _r(d.get("step")), _r(d.get("rollout")), _r(d.get("train")), note)
+        rt.add_row(label, _r(d.get("step")), _r(d.get("step"), "ratio_of_mins"), _r(d.get("rollout")), _r(d.get("train")), note)
     return t, rt
 
 
@@ -912,10 +916,11 @@ def markdown(rep: dict, profile_path: str | None) -> str:
         "## Ratios",
         "",
         "Median over rounds of the per-round ratio (round *i* = the *i*-th measured step of each variant; "
-        "min–max over rounds in brackets).",
+        "min–max over rounds in brackets); *min/min*: the ratio of the fastest measured steps, the least disturbed "
+        "by background load on a shared machine.",
         "",
-        "| comparison | step | rollout phase | train phase | note |",
-        "|---|---:|---:|---:|---|",
+        "| comparison | step | min/min | rollout phase | train phase | note |",
+        "|---|---:|---:|---:|---:|---|",
     ]
 
     def cell(d):
@@ -924,7 +929,8 @@ def markdown(rep: dict, profile_path: str | None) -> str:
         return f"{d['paired_median']:.3f} [{d['paired_min']:.2f}–{d['paired_max']:.2f}]"
 
     for label, d, note in ratio_lines(rep):
-        lines.append(f"| {label.strip()} | {cell(d.get('step'))} | {cell(d.get('rollout'))} | {cell(d.get('train'))} | {note} |")
+        lines.append(f"| {label.strip()} | {cell(d.get('step'))} | {_r(d.get('step'), 'ratio_of_mins')} | {cell(d.get('rollout'))} "
+                     f"| {cell(d.get('train'))} | {note} |")
     rss_note = ("RSS peak = the process's resident-set high-water mark during the variant's measured steps (reset at every "
                 "step begin through /proc/self/clear_refs)" if rep["rss_reset"] else
                 "RSS peak = the process's lifetime ru_maxrss (resetting the high-water mark was not permitted here), so it only grows")

@@ -333,9 +333,11 @@ def table_cells(row: MethodRow) -> list[str]:
     ]
 
 
-def _md_table(header: list[str], rows: list[list[str]]) -> str:
+def _md_table(header: list[str], rows: list[list[str]], left: Sequence[int] = (0,)) -> str:
+    """A Markdown table; columns in ``left`` (indices, negative from the end) are left-aligned, others right."""
     esc = [[c.replace("|", "\\|") for c in r] for r in [header, *rows]]
-    lines = ["| " + " | ".join(esc[0]) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|"]
+    left_cols = {i % len(header) for i in left}
+    lines = ["| " + " | ".join(esc[0]) + " |", "|" + "|".join("---" if i in left_cols else "---:" for i in range(len(header))) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in esc[1:]]
     return "\n".join(lines)
 
@@ -367,7 +369,7 @@ def render_markdown(rows: list[MethodRow], metric: str, target: float, plots: di
                 ("n/a" if not run.evals else ("not reached" if ro is None else f"{ro:,.0f}")),
                 str(run.steps), f"{run.rollouts:,}", f"`{run.path}`",
             ])
-    out += [_md_table(["method", "seed", f"final {metric}", f"best {metric}", "rollouts to target", "steps", "rollouts", "run directory"], per_run), ""]
+    out += [_md_table(["method", "seed", f"final {metric}", f"best {metric}", "rollouts to target", "steps", "rollouts", "run directory"], per_run, left=(0, -1)), ""]
     if plots:
         out += ["## Plots", ""]
         if "learning_curve" in plots:

@@ -428,17 +428,10 @@ def _aggregation_text(name: str, params: dict, cfg: DictConfig, over: str) -> st
             norm = "the padded width T of each micro-batch (no max_len)"
         else:
             norm = f"max_len={max_len}"
-            if _is_interpolation(cfg.algo.aggregation, "max_len"):
-                norm += " (= trainer.max_completion_length)" if max_len == cfg.trainer.max_completion_length else ""
+            if max_len == cfg.trainer.max_completion_length:
+                norm += " (= trainer.max_completion_length)"
         return f"seq-mean-token-sum-norm (Dr.GRPO): mean over {over} rows of (sum of l_t / {norm})"
     return f"{name}: {params}" if params else name
-
-
-def _is_interpolation(node: Any, key: str) -> bool:
-    try:
-        return bool(OmegaConf.is_interpolation(node, key))
-    except Exception:
-        return False
 
 
 def _advantage_text(cfg: DictConfig, mode: str, mix: dict) -> str:

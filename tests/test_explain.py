@@ -126,10 +126,12 @@ def test_preset_equations(name, equation):
     explain_text(cfg)  # no contradiction in any shipped preset
 
 
-def test_dr_grpo_shows_max_len_from_interpolation():
+def test_dr_grpo_max_len_follows_max_completion_length():
     text = explain_text(compose_config(["algo=dr_grpo", "trainer.max_completion_length=40"]))
     assert "sum of l_t / max_len=40 (= trainer.max_completion_length)" in text
     assert "A = R - mean_g R" in text
+    text = explain_text(compose_config(["algo=dr_grpo", "algo.aggregation.max_len=64"]))
+    assert "sum of l_t / max_len=64)" in text
 
 
 def test_kl_and_scheduled_entropy_terms():

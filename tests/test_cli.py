@@ -168,7 +168,6 @@ BAD_OVERRIDES = [
     pytest.param(["algo.loss.clip_high=abc"], ["algo.loss.clip_high", "float"], id="wrong-type-component-param"),
     pytest.param(["algo.loss.name=ppo_clp"], ["algo.loss.name", "ppo_clp", "did you mean: ppo_clip"], id="unknown-component"),
     pytest.param(["algo.loss.clip_hihg=0.3"], ["algo.loss.clip_hihg", "clip_high"], id="unknown-component-param"),
-    pytest.param(["algo=chord", "algo.loss.name=cispo"], ["algo.loss.dual_clip_c", "cispo"], id="leftover-component-param"),
     pytest.param(["algo.loss.clip_high=0.3", "algo.loss.name=m2po"], ["algo.loss.clip_high", "m2_budget"],
                  id="param-of-previous-component"),
     pytest.param(["algo.kl.estimator=k4"], ["algo.kl.estimator", "k4", "k3"], id="unknown-kl-estimator"),

@@ -148,6 +148,19 @@ def _prepare_value_overrides(base: DictConfig, value_overrides: list) -> list[st
     new_names = {ov.key_or_group.rsplit(".", 1)[0]: ov.get_value_element_as_str()
                  for ov in value_overrides if ov.key_or_group.endswith(".name")}
     out = []
+    # switching a component (algo.loss.name=sft) drops the parameters the group file set
+    # for the previous one that the new one does not have
+    for parent, name in new_names.items():
+        if parent not in COMPONENT_SECTIONS:
+            continue
+        params = component_param_names(parent, name)
+        node = OmegaConf.select(base, parent)
+        if params is None or not isinstance(node, DictConfig):
+            continue
+        set_here = {ov.key_or_group.rpartition(".")[2] for ov in value_overrides if ov.key_or_group.rpartition(".")[0] == parent}
+        for key in node.keys():
+            if key != "name" and key not in params and key not in set_here:
+                out.append(f"~{parent}.{key}")
     for ov in value_overrides:
         key, line = ov.key_or_group, ov.input_line
         if ov.is_add() or ov.is_force_add() or ov.is_delete():
@@ -227,7 +240,7 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
 
 def compose_stages(cfg: DictConfig, overrides: list[str]) -> list[tuple[str, DictConfig]]:
     """The configs of a staged algo (``algo.stages``, e.g. sft_then_rl), each composed as
-    ``algo=<stage.algo>`` + the command line's other overrides + the stage's overrides
+    ``algo=<stage.algo>`` + the command line's non-``algo`` overrides + the stage's overrides
     (+ ``trainer.max_steps=<stage.max_steps>`` when set). A plain algo is one stage."""
     stages = cfg.algo.get("stages") or []
     if not stages:
@@ -235,8 +248,8 @@ def compose_stages(cfg: DictConfig, overrides: list[str]) -> list[tuple[str, Dic
     keep = []
     for ov in _parse(list(overrides)):
         key = ov.key_or_group
-        if key == "algo" or key.startswith("algo.stages"):
-            continue
+        if key == "algo" or key.startswith("algo."):
+            continue  # algo settings of a stage come from its own algo and overrides
         keep.append(ov.input_line)
     out = []
     for i, st in enumerate(stages):

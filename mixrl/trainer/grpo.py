@@ -153,9 +153,12 @@ class MixrlGRPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ controllers
     def _controller_overrides(self, logps, old_logp, inputs, mask) -> dict | None:
-        """BAPO: choose this micro-batch's clip bounds from its ratios and advantages."""
+        """BAPO: choose the step's clip bounds on its first micro-batch (ratios and
+        advantages of that micro-batch, summed over processes); later micro-batches reuse them."""
         if self.controller is None or not hasattr(self.controller, "rho0"):
             return None
+        if self._step % self.current_gradient_accumulation_steps != 0:
+            return {"clip_low": self.controller.clip_low, "clip_high": self.controller.clip_high}
         from mixrl.core.objective import EXPERT
 
         old = logps.detach() if old_logp is None else old_logp

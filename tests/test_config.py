@@ -380,3 +380,12 @@ def test_unparsable_override():
     assert "trainer.max_steps=[1,2" in msg
     with pytest.raises(ConfigError):
         expand_sweeps(["seed=1,,2"])
+
+
+def test_short_keys_for_mixing_knobs():
+    """`algo.gamma` and `algo.mu.*` (the README's examples) reach algo.mix.*."""
+    cfg = compose_config(["algo=luffy", "algo.gamma=0.2"])
+    assert cfg.algo.mix.shaping_gamma == pytest.approx(0.2)
+    cfg = compose_config(["algo=chord", "algo.mu.peak=0.3", "algo.mu.decay=10"])
+    assert cfg.algo.mix.mu.peak == pytest.approx(0.3) and cfg.algo.mix.mu.decay == 10
+    assert expand_sweeps(["algo.gamma=0.1,0.2"]) == [["algo.mix.shaping_gamma=0.1"], ["algo.mix.shaping_gamma=0.2"]]

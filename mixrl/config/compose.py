@@ -22,6 +22,28 @@ from mixrl.errors import ConfigError, did_you_mean
 
 RECIPE_GROUP = "recipe"
 
+#: short keys for the knobs users turn most: `algo.gamma=0.2`, `algo.mu.peak=0.3`
+ALIASES = {
+    "algo.mu": "algo.mix.mu",
+    "algo.gamma": "algo.mix.shaping_gamma",
+    "algo.token_weight": "algo.mix.token_weight",
+}
+
+
+def expand_aliases(overrides: list[str]) -> list[str]:
+    """Rewrite short keys (``ALIASES``) in ``key=value`` overrides to their full path."""
+    out = []
+    for text in overrides:
+        prefix = text[: len(text) - len(text.lstrip("+~"))]
+        body = text[len(prefix):]
+        key, sep, value = body.partition("=")
+        for short, full in ALIASES.items():
+            if key == short or key.startswith(short + "."):
+                key = full + key[len(short):]
+                break
+        out.append(prefix + key + sep + value)
+    return out
+
 
 # --------------------------------------------------------------------------- locations
 def _package_root() -> Path:
@@ -96,7 +118,7 @@ def _parse(overrides: list[str]):
 def expand_sweeps(overrides: list[str]) -> list[list[str]]:
     """Cartesian product of sweep overrides (``seed=1,2,3``, ``x=range(1,4)``) -> one list per job."""
     choices: list[list[str]] = []
-    for ov in _parse(overrides):
+    for ov in _parse(expand_aliases(list(overrides))):
         key = ov.input_line.split("=", 1)[0]
         if ov.is_sweep_override():
             choices.append([f"{key}={v}" for v in ov.sweep_string_iterator()])
@@ -210,7 +232,7 @@ def _reward_param_names(name) -> set[str] | None:
 
 def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     """Compose, check and validate a run config. Raises ConfigError with one line."""
-    overrides = list(overrides)
+    overrides = expand_aliases(list(overrides))
     parsed = _parse(overrides)
     group_ovs, value_ovs = [], []
     for ov in parsed:

@@ -59,6 +59,20 @@ def prepare_run_dir(cfg: DictConfig) -> Path:
     return run_dir
 
 
+def quiet_libraries() -> None:
+    """mixrl draws its own progress bars: silence the libraries' bars and deprecation noise."""
+    import warnings
+
+    import datasets
+    import transformers
+
+    datasets.disable_progress_bars()
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\..*")
+    warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.*")
+
+
 def _set_threads(cfg: DictConfig) -> None:
     import torch
 
@@ -95,6 +109,7 @@ def train(cfg: DictConfig, console: Console | None = None, *, before: dict | Non
     from mixrl.trainer.mixing import build_mixer
 
     console = console or Console(stderr=True)
+    quiet_libraries()
     t0 = time.perf_counter()
     geom = geometry(cfg)
     run_dir = prepare_run_dir(cfg)

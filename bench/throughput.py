@@ -126,16 +126,6 @@ class VariantResult:
 
 
 # --------------------------------------------------------------------------- memory probes
-def rss_mb() -> float | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
-
-
 def rss_hwm_mb() -> float:
     """Peak RSS of the process (VmHWM; resettable), else ru_maxrss (lifetime peak)."""
     try:
@@ -165,8 +155,10 @@ class Aborted(RuntimeError):
 class Turns:
     """Lets participants run one step at a time, round-robin. A participant holds the turn
     from its ``take()`` (at step begin) until its next ``take()`` or ``done()``, so all its
-    work between steps (logging, data loading) is exclusive too. Each participant has its own
-    RNG stream: seeded at its first turn, saved and restored around every switch. With
+    work between steps (logging, data loading) is exclusive too. The first round starts when
+    every participant has reached its first ``take()`` (their set-up, which touches the global
+    RNG, never overlaps a step). Each participant has its own RNG stream: seeded at its first
+    turn, saved and restored around every switch, so it draws what it would draw alone. With
     ``interleaved=False`` the participants run one after another (``take`` only seeds)."""
 
     def __init__(self, names: list[str], seed: int, interleaved: bool, device: str):
@@ -180,6 +172,8 @@ class Turns:
         self.cv = threading.Condition()
         self.error: BaseException | None = None
         self.rng: dict[str, Any] = {}
+        self.arrived: set[str] = set()
+        self.timeout = 1800.0  # seconds a participant waits for its turn before the run is declared stuck
         self.rss_reset_ok = True
 
     # RNG streams
@@ -232,7 +226,14 @@ class Turns:
             if self.holder == name:
                 self._save_rng(name)
                 self._advance()
-            self.cv.wait_for(lambda: self.error is not None or self.order[self.turn] == name)
+            if name not in self.arrived:
+                self.arrived.add(name)
+                self.cv.notify_all()
+            if not self.cv.wait_for(lambda: self.error is not None
+                                    or (self.arrived >= self.alive and self.order[self.turn] == name), timeout=self.timeout):
+                self.error = RuntimeError(f"{name} waited {self.timeout:.0f}s for its turn (holder: {self.holder}); giving up")
+                self.cv.notify_all()
+                raise self.error
             if self.error is not None:
                 raise Aborted(f"{name}: stopped because another variant failed")
             self.holder = name
@@ -642,7 +643,9 @@ def run(opts: argparse.Namespace, log: Callable[[str], None]) -> dict:
     participants: dict[str, tuple[StepTimer, Any]] = {}
     from mixrl.config.rules import geometry
 
-    geom_text = geometry(compose("grpo", overrides, 1)).describe()  # checks the overrides before any model loads
+    geom = geometry(compose("grpo", overrides, 1))  # checks the overrides before any model loads
+    geom_text = geom.describe()
+    chord_rows = geometry(compose("chord", overrides, 1)).expert_rows_per_step if "chord" in variants else 0
     t_setup = time.perf_counter()
     # the floor first: creating TrainingArguments resets accelerate's shared state, which each
     # trainer built after it sets up again
@@ -717,6 +720,9 @@ def run(opts: argparse.Namespace, log: Callable[[str], None]) -> dict:
     profile_text = None
     if profile_steps and "grpo" in participants:
         profile_text = render_profile(participants["grpo"][0], opts)
+    import shutil
+
+    shutil.rmtree(tmp, ignore_errors=True)  # the trainers' output folders (metrics.jsonl, checkpoints: none)
 
     info = machine_info(opts.device)
     return {
@@ -727,6 +733,8 @@ def run(opts: argparse.Namespace, log: Callable[[str], None]) -> dict:
         "load_before": load_before,
         "load_after": loadavg(),
         "geometry": geom_text,
+        "rollouts_per_step": geom.rollouts_per_step,
+        "chord_expert_rows": chord_rows,
         "overrides": overrides,
         "warmup": W,
         "steps": S,
@@ -813,12 +821,15 @@ def ratios(rep: dict) -> dict:
     if g and t:
         gt, tt = g.med("rollout_tokens"), t.med("rollout_tokens")
         out["grpo_vs_trl"] = {"step": paired_ratio(g, t), "rollout": paired_ratio(g, t, "rollout_seconds"),
-                              "train": paired_ratio(g, t, "train_seconds"), "tokens_ratio": (gt / tt) if gt and tt else None}
+                              "train": paired_ratio(g, t, "train_seconds"), "tokens_ratio": (gt / tt) if gt and tt else None,
+                              "same_tokens_every_step": [r.rollout_tokens for r in g.records[:len(t.records)]]
+                              == [r.rollout_tokens for r in t.records[:len(g.records)]]}
     if c and g:
         rt, et = c.med("rollout_tokens") or 0, c.med("expert_tokens") or 0
         out["chord_vs_grpo"] = {"step": paired_ratio(c, g), "rollout": paired_ratio(c, g, "rollout_seconds"),
                                 "train": paired_ratio(c, g, "train_seconds"),
                                 "expert_over_rollout_tokens": (et / rt) if rt else None,
+                                "rows_ratio": (c.med("rows") / g.med("rows")) if g.med("rows") else None,
                                 "trained_tokens_ratio": ((rt + et) / g.med("rollout_tokens")) if g.med("rollout_tokens") else None}
     if g and f:
         gt, ft = g.med("rollout_tokens"), f.med("rollout_tokens")
@@ -864,13 +875,17 @@ def ratio_lines(rep: dict) -> list[tuple[str, dict, str]]:
         d = r["grpo_vs_trl"]
         v = (d["step"] or {}).get("paired_median")
         verdict = "–" if v is None else ("target met" if v <= TARGET_OVERHEAD else "target NOT met")
+        lo, hi = (d["step"] or {}).get("paired_min"), (d["step"] or {}).get("paired_max")
+        if v is not None and lo and hi and hi / lo > 1.2:
+            verdict += f" (noisy: per-round ratios span {lo:.2f}–{hi:.2f}; re-measure on a quiet machine)"
         lines.append(("(1) mixrl grpo / plain TRL", d,
-                      f"target ≤ {TARGET_OVERHEAD}: {verdict}; rollout tokens grpo/trl {fmt(d['tokens_ratio'], '.3f')}"))
+                      f"target ≤ {TARGET_OVERHEAD}: {verdict}; same rollout tokens as TRL at every step: "
+                      f"{'yes' if d['same_tokens_every_step'] else 'no'}"))
     if "chord_vs_grpo" in r:
         d = r["chord_vs_grpo"]
         lines.append(("(2) mixrl chord / mixrl grpo", d,
                       f"expert/rollout tokens {fmt(d['expert_over_rollout_tokens'], '.3f')}; trained tokens chord/grpo "
-                      f"{fmt(d['trained_tokens_ratio'], '.3f')}"))
+                      f"{fmt(d['trained_tokens_ratio'], '.3f')}; rows (padded to one width) chord/grpo {fmt(d['rows_ratio'], '.3f')}"))
     if "grpo_vs_floor" in r:
         d = r["grpo_vs_floor"]
         lines.append(("(3) mixrl grpo / torch floor", d, f"rollout tokens grpo/floor {fmt(d['tokens_ratio'], '.3f')}"))
@@ -954,11 +969,11 @@ def markdown(rep: dict, profile_path: str | None) -> str:
         "their number: mixrl's `token-mean`), `scale_rewards=\"group\"`, `beta=0`.",
         "- `grpo`: `MixrlGRPOTrainer`, built from `compose_config([\"algo=grpo\", ...])` as `mixrl train` builds it "
         "(including the metrics.jsonl callback), with `algo.advantage.eps=1e-4` (TRL's constant): both trainers compute "
-        "the same loss; their weights still drift apart after the first update (Adam's first step is about "
-        "lr·sign(g), so rounding differences in near-zero gradient entries flip signs).",
+        "the same loss and, with the same seed, follow the same trajectory (with `--lengths sampled` their per-step "
+        "rollout token counts are identical: see the note of ratio (1)).",
         "- `chord`: `MixrlGRPOTrainer` for `algo=chord`: the same rollouts plus expert rows trained with SFT "
-        "(`expert_ratio` 0.2 → 16 rows per 64 rollouts).",
-        "- `floor`: torch + transformers only: `model.generate` for the 64 completions (same sampling settings), reward, "
+        f"({rep['chord_expert_rows']} expert rows per {rep['rollouts_per_step']} rollouts).",
+        f"- `floor`: torch + transformers only: `model.generate` for the {rep['rollouts_per_step']} completions (same sampling settings), reward, "
         "group-normalised advantage, forward (`logits_to_keep`) + log-softmax + PPO-clip token-mean + backward per "
         "micro-batch, gradient clipping, the optimizer TRL uses (`Trainer.get_optimizer_cls_and_kwargs`). No entropy, "
         "no metrics. Its prompts are drawn by its own permutation.",

@@ -22,12 +22,16 @@ from bench.throughput import StepRecord, Turns, VariantResult, paired_ratio  # n
 
 def test_turns_run_one_step_at_a_time_round_robin():
     """Each participant holds the turn from one take() to the next: steps never overlap and
-    run in round-robin order; a participant that finishes early drops out of the rotation."""
+    run in round-robin order once every participant has arrived; a participant that finishes
+    early drops out of the rotation."""
     names, steps = ["a", "b", "c"], {"a": 3, "b": 1, "c": 3}
     turns = Turns(names, seed=0, interleaved=True, device="cpu")
     log, running = [], []
 
     def participant(name):
+        if name == "c":  # a slow set-up: the first round waits for it
+            time.sleep(0.2)
+            log.append(("c arrives", 0))
         try:
             for i in range(steps[name]):
                 turns.take(name)
@@ -45,7 +49,7 @@ def test_turns_run_one_step_at_a_time_round_robin():
     for t in threads:
         t.join(timeout=30)
     assert not any(t.is_alive() for t in threads), "deadlock"
-    assert log == [("a", 0), ("b", 0), ("c", 0), ("a", 1), ("c", 1), ("a", 2), ("c", 2)]
+    assert log == [("c arrives", 0), ("a", 0), ("b", 0), ("c", 0), ("a", 1), ("c", 1), ("a", 2), ("c", 2)]
 
 
 def test_turns_keep_one_rng_stream_per_participant():
@@ -81,17 +85,17 @@ def test_turns_keep_one_rng_stream_per_participant():
 
 def test_turns_abort_releases_waiters():
     turns = Turns(["a", "b"], seed=0, interleaved=True, device="cpu")
-    turns.take("a")
     errors = []
 
     def b():
         try:
-            turns.take("b")
+            turns.take("b")  # waits: it is a's turn
         except Exception as e:  # noqa: BLE001
             errors.append(type(e).__name__)
 
     t = threading.Thread(target=b)
     t.start()
+    turns.take("a")  # both have arrived: a runs
     time.sleep(0.05)
     turns.abort(RuntimeError("a failed"))
     t.join(timeout=10)

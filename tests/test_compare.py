@@ -242,7 +242,8 @@ def test_periodic_eval_schedule_and_rng_isolation(tiny_model_path, tmp_path):
 def test_train_with_eval_every_writes_eval_jsonl(fast_overrides, tmp_path):
     """A 2-step run with trainer.eval_every=1: eval.jsonl rows at steps 1 and 2, the same
     values logged as eval/* in metrics.jsonl, and the last row equals the final evaluation."""
-    res = runner.invoke(app, ["train", *fast_overrides, "trainer.eval_every=1", "hardware.torch_threads=1"])
+    threads = [] if any(o.startswith("hardware.torch_threads=") for o in fast_overrides) else ["hardware.torch_threads=1"]
+    res = runner.invoke(app, ["train", *fast_overrides, "trainer.eval_every=1", *threads])
     assert res.exit_code == 0, res.output
     run_dir = Path(fast_overrides[-1].split("=", 1)[1])
     rows = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]

@@ -252,6 +252,8 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     except Exception as e:  # a broken recipe or group file
         raise ConfigError(f"could not compose the config: {str(e).strip().splitlines()[0]}") from None
 
+    last = {ov.key_or_group: i for i, ov in enumerate(value_ovs) if not ov.is_delete()}
+    value_ovs = [ov for i, ov in enumerate(value_ovs) if ov.is_delete() or last[ov.key_or_group] == i]  # last wins
     final_ovs = group_ovs + _prepare_value_overrides(base, value_ovs)
     try:
         raw = _compose_raw(final_ovs)

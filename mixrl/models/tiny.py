@@ -38,13 +38,14 @@ PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
 
 #: Default architecture (see :func:`build_model`).
-MODEL_SIZE: dict[str, int] = {
+MODEL_SIZE: dict[str, Any] = {
     "hidden_size": 128,
     "num_hidden_layers": 4,
     "num_attention_heads": 4,
     "num_key_value_heads": 4,
     "intermediate_size": 256,
     "max_position_embeddings": 64,
+    "initializer_range": 0.02,
 }
 
 #: Default warm-start recipe (see :func:`warm_start`).
@@ -55,6 +56,8 @@ WARM_START: dict[str, Any] = {
     "warmup_steps": 20,
     "weight_decay": 0.0,
     "levels": list(arith.EASY_LEVELS),
+    # fraction of warm-start examples that answer directly ("#### 19") instead of writing the worked solution
+    "terse_fraction": 0.5,
     "seed": 0,
 }
 
@@ -108,7 +111,7 @@ def build_tokenizer(alphabet: str = arith.ALPHABET):
     )
 
 
-def build_model(tokenizer: Any, **size: int):
+def build_model(tokenizer: Any, **size: Any):
     """A freshly initialised ``Qwen2ForCausalLM``; ``size`` overrides keys of :data:`MODEL_SIZE`."""
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
@@ -126,7 +129,7 @@ def build_model(tokenizer: Any, **size: int):
         max_position_embeddings=dims["max_position_embeddings"],
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         tie_word_embeddings=True,
-        initializer_range=0.02,
+        initializer_range=dims["initializer_range"],
         use_cache=True,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
@@ -187,14 +190,19 @@ def is_complete(path: Path) -> bool:
 # --------------------------------------------------------------------------- warm start
 
 
-def _batch(tokenizer: Any, problems: Sequence[dict[str, Any]]):
-    """Right-padded ``<s> prompt solution </s>`` with labels on ``solution </s>`` only."""
+def _batch(tokenizer: Any, problems: Sequence[dict[str, Any]], completions: Sequence[str] | None = None):
+    """Right-padded ``<s> prompt completion </s>`` with labels on ``completion </s>`` only.
+
+    ``completions`` defaults to the problems' expert ``solution``.
+    """
     import torch
 
+    if completions is None:
+        completions = [p["solution"] for p in problems]
     rows, labels = [], []
-    for p in problems:
+    for p, completion in zip(problems, completions, strict=True):
         prompt_ids = tokenizer(p["prompt"])["input_ids"]
-        sol_ids = tokenizer(p["solution"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        sol_ids = tokenizer(completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         rows.append(prompt_ids + sol_ids)
         labels.append([-100] * len(prompt_ids) + sol_ids)
     width = max(len(r) for r in rows)
@@ -219,12 +227,21 @@ def train_supervised(
     weight_decay: float,
     levels: Sequence[int],
     seed: int,
+    terse_fraction: float = 0.0,
     progress: bool = True,
 ) -> list[float]:
-    """Deterministic SFT on expert solutions of ``levels`` (train split); returns per-step losses."""
+    """Deterministic SFT on ``levels`` (train split); returns per-step losses.
+
+    Each example's target is the expert ``solution``, or with probability
+    ``terse_fraction`` the direct answer ``"#### <answer>"``.
+    """
+    import random
+
     import torch
 
     problems = arith.train_split(max(steps * batch_size, 1), seed=seed, levels=levels)
+    rng = random.Random(f"warm-start-{seed}")
+    completions = [arith.terse_solution(p) if rng.random() < terse_fraction else p["solution"] for p in problems]
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=weight_decay)
 
     def lr_at(step: int) -> float:  # linear warmup, cosine decay to 10%
@@ -240,7 +257,8 @@ def train_supervised(
     with bar:
         task = bar.add_task("warm-starting tiny model", total=steps, loss=float("nan"))
         for step in range(steps):
-            ids, mask, lab = _batch(tokenizer, problems[step * batch_size : (step + 1) * batch_size])
+            sl = slice(step * batch_size, (step + 1) * batch_size)
+            ids, mask, lab = _batch(tokenizer, problems[sl], completions[sl])
             loss = model(input_ids=ids, attention_mask=mask, labels=lab).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -322,6 +340,7 @@ def warm_start(
             weight_decay=ws["weight_decay"],
             levels=ws["levels"],
             seed=ws["seed"],
+            terse_fraction=ws["terse_fraction"],
             progress=progress,
         )
     seconds = time.time() - t0

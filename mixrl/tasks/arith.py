@@ -71,6 +71,11 @@ def make_problem(terms: Sequence[int]) -> dict[str, Any]:
     return {"prompt": prompt, "answer": answer, "solution": solution, "level": len(terms) - 1}
 
 
+def terse_solution(problem: dict[str, Any]) -> str:
+    """The answer-only completion ``"#### <answer>"`` (no worked steps); the verifier accepts it too."""
+    return f"{ANSWER_MARKER} {problem['answer']}"
+
+
 def _check_levels(levels: Sequence[int]) -> list[int]:
     levels = [int(x) for x in levels]
     if not levels:

@@ -88,8 +88,12 @@ def _eval(trainer, tokenizer, rows, reward_fn, cfg, console: Console, label: str
     show = cfg.logger.progress and trainer.accelerator.is_main_process
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+    import torch
+
+    # sampled pass@k must not move the training RNG: evaluate in a forked, seeded stream
+    with torch.random.fork_rng(devices=[]), Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, disable=not show, transient=True) as prog:
+        torch.manual_seed(int(cfg.seed) + 7919)
         task = prog.add_task(label, total=len(rows))
         return evaluate_accuracy(
             trainer.model, tokenizer, rows, reward_fn, max_new_tokens=int(cfg.trainer.max_completion_length),

@@ -227,6 +227,27 @@ app.command("compare")(compare)
 app.command("eval")(eval_model)
 
 
+reproduce_app = typer.Typer(help="Reproduce the toy-scale paper comparisons.", no_args_is_help=True)
+app.add_typer(reproduce_app, name="reproduce")
+
+
+@reproduce_app.command("toy")
+@user_errors
+def reproduce_toy(
+    out_dir: Path = typer.Option(Path("docs/results/toy"), "--out", help="Where the runs, table and plots go."),
+    seeds: int = typer.Option(3, "--seeds", help="Seeds per method (0..N-1)."),
+    jobs: int = typer.Option(2, "--jobs", help="Training processes at a time (one torch thread each when > 1)."),
+    overrides: Optional[List[str]] = typer.Argument(None, help="Overrides applied to every run, e.g. trainer.max_steps=30"),
+):
+    """Train grpo, sft, sft_then_rl, mix, chord-mu, chord-phi and luffy on the built-in task
+    for several seeds at equal rollout budget, then compare them (table + plots)."""
+    from mixrl.reproduce import reproduce_toy as run_grid
+
+    result = run_grid(out_dir, seeds=list(range(seeds)), jobs=jobs, extra=list(overrides or []), log=err.print)
+    out.print(Path(result["compare"]).read_text())
+    out.print(f"written: [bold]{out_dir}[/] (compare.md, plots, runs/)")
+
+
 @docs_app.command("components")
 @user_errors
 def docs_components(

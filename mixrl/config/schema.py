@@ -20,7 +20,7 @@ class TrainerConfig:
     generation batch) is computed from these values; never repeat them elsewhere."""
 
     max_steps: int = 60
-    learning_rate: float = 1e-3
+    learning_rate: float = 5e-5
     lr_scheduler_type: str = "constant"
     warmup_steps: int = 0
     weight_decay: float = 0.0
@@ -28,7 +28,7 @@ class TrainerConfig:
     adam_beta1: float = 0.9
     adam_beta2: float = 0.99
     # rollout geometry: prompts_per_step prompts x algo.num_generations completions per optimizer step
-    prompts_per_step: int = 8
+    prompts_per_step: int = 16
     micro_batch_size: Optional[int] = None  # rows per forward/backward per process; null: the whole step at once
     num_iterations: int = 1  # optimisation passes over each generation batch (PPO epochs)
     temperature: float = 1.0
@@ -68,7 +68,7 @@ class DataConfig:
     limit: Optional[int] = None
     # built-in task only
     train_size: int = 4000
-    levels: list = field(default_factory=lambda: [1, 2, 3])
+    levels: list = field(default_factory=lambda: [1, 2, 3, 4])
 
 
 @dataclass

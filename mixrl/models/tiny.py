@@ -3,13 +3,22 @@
 ``mixrl train`` with no arguments trains this model, so a first run works offline
 on a laptop CPU in a few minutes:
 
-* :func:`build_tokenizer` - a character-level ``PreTrainedTokenizerFast`` over the
-  task alphabet plus ``<pad>``, ``<s>`` (bos, prepended to every encoded text),
-  ``</s>`` (eos, ends completions) and ``<unk>``; pads on the left.
-* :func:`build_model` - a small ``Qwen2ForCausalLM`` (~0.8M parameters by default).
-* :func:`warm_start` - a short deterministic supervised run on expert solutions of
-  the easy levels; the result is saved in Hugging Face format under
-  ``<cache>/tiny/<key>/`` and reused. ``python -m mixrl.models.tiny`` builds it.
+* :func:`build_tokenizer` - a character-level tokenizer over the task alphabet plus
+  ``<pad>``, ``<s>`` (bos, prepended when encoding), ``</s>`` (eos, ends completions)
+  and ``<unk>``; pads on the left.
+* :func:`build_model` - a small ``Qwen2ForCausalLM`` (~0.66M parameters by default).
+* :func:`warm_start` - a short deterministic supervised run (~300 steps) on the easy
+  levels; the result is saved in Hugging Face format under ``<cache>/tiny/<key>/``
+  and reused. ``python -m mixrl.models.tiny`` builds it.
+
+The warm start imitates a *mixture of demonstrators*: 40% of its targets are the
+expert worked solutions, 60% come from a careless demonstrator that forgets the
+last term (:func:`mixrl.tasks.arith.careless_solution`). The warm-started policy
+inherits both habits (~15-30% held-out accuracy on levels 1-4), so on-policy RL has a
+behaviour to unlearn and, with plain GRPO, roughly doubles held-out accuracy within
+a few dozen steps. Warm-starting on expert solutions only leaves the model's errors
+in per-fact arithmetic, which RL on a tiny model improves only slowly (~+5-10
+points in the same budget) and a higher learning rate destroys.
 
 The cache root is ``$MIXRL_CACHE`` if set, else ``$XDG_CACHE_HOME/mixrl``, else
 ``~/.cache/mixrl``.
@@ -32,7 +41,7 @@ from typing import Any
 from mixrl.tasks import arith
 
 #: Bump on any change to the tokenizer, model or warm-start recipe (it is part of the cache key).
-TINY_VERSION = "2"
+TINY_VERSION = "3"
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
@@ -45,7 +54,8 @@ MODEL_SIZE: dict[str, Any] = {
     "num_key_value_heads": 4,
     "intermediate_size": 256,
     "max_position_embeddings": 64,
-    "initializer_range": 0.02,
+    # larger than the usual 0.02: the warm start learns much faster (and GRPO seemed less fragile)
+    "initializer_range": 0.08,
 }
 
 #: Default warm-start recipe (see :func:`warm_start`).
@@ -56,9 +66,23 @@ WARM_START: dict[str, Any] = {
     "warmup_steps": 20,
     "weight_decay": 0.0,
     "levels": list(arith.EASY_LEVELS),
-    # fraction of warm-start examples that answer directly ("#### 19") instead of writing the worked solution
-    "terse_fraction": 0.5,
+    # fraction of warm-start examples imitating a careless demonstrator that forgets the last term
+    "careless_fraction": 0.6,
     "seed": 0,
+}
+
+#: GRPO settings that improve the warm-started model on the default ``arith`` mix in ~1 minute on
+#: 2 CPU cores (measured with plain ``trl.GRPOTrainer``; see the project notes for the numbers).
+GRPO_DEFAULTS: dict[str, Any] = {
+    "learning_rate": 5e-5,  # 1e-4 works (faster, noisier); >=3e-4 degrades the model
+    "lr_scheduler_type": "constant",
+    "per_device_train_batch_size": 128,  # completions per step = 16 prompts x 8 generations
+    "num_generations": 8,
+    "temperature": 1.0,
+    "max_completion_length": arith.MAX_SOLUTION_CHARS + 1,  # = MAX_COMPLETION_TOKENS
+    "beta": 0.0,
+    "loss_type": "dapo",
+    "max_steps": 80,
 }
 
 #: Generation budget that fits every ``arith`` completion plus eos.
@@ -227,13 +251,13 @@ def train_supervised(
     weight_decay: float,
     levels: Sequence[int],
     seed: int,
-    terse_fraction: float = 0.0,
+    careless_fraction: float = 0.0,
     progress: bool = True,
 ) -> list[float]:
     """Deterministic SFT on ``levels`` (train split); returns per-step losses.
 
     Each example's target is the expert ``solution``, or with probability
-    ``terse_fraction`` the direct answer ``"#### <answer>"``.
+    ``careless_fraction`` :func:`mixrl.tasks.arith.careless_solution` (forgets the last term).
     """
     import random
 
@@ -241,7 +265,7 @@ def train_supervised(
 
     problems = arith.train_split(max(steps * batch_size, 1), seed=seed, levels=levels)
     rng = random.Random(f"warm-start-{seed}")
-    completions = [arith.terse_solution(p) if rng.random() < terse_fraction else p["solution"] for p in problems]
+    completions = [arith.careless_solution(p) if rng.random() < careless_fraction else p["solution"] for p in problems]
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=weight_decay)
 
     def lr_at(step: int) -> float:  # linear warmup, cosine decay to 10%
@@ -340,12 +364,13 @@ def warm_start(
             weight_decay=ws["weight_decay"],
             levels=ws["levels"],
             seed=ws["seed"],
-            terse_fraction=ws["terse_fraction"],
+            careless_fraction=ws["careless_fraction"],
             progress=progress,
         )
     seconds = time.time() - t0
 
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    os.chmod(tmp, 0o755)  # mkdtemp makes it 0o700; the cache is meant to be shared like any other
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)

@@ -8,10 +8,13 @@ answer after ``####``::
     solution = "8 10 19 #### 19"
     answer   = "19"
 
-Longer chains need more steps, so difficulty grows with the level; a model
-warm-started on the easy levels fails on the top ones, the regime where mixing in
-expert data (CHORD, LUFFY) is supposed to help. Sequences stay short (at most 30
-characters for level 6) so that CPU generation is fast.
+Longer chains need more steps, so difficulty grows with the level; the tiny model
+is warm-started on levels 1-3 (``EASY_LEVELS``), the default training mix is levels
+1-4 (``DEFAULT_LEVELS``), and levels 5-6 are beyond the warm-started model, the
+regime where mixing in expert data (CHORD, LUFFY) is supposed to help. Sequences
+stay short (prompt + solution at most 39 characters, level 6) so that CPU
+generation is fast. Level 1 has only 100 distinct problems (20 held out), level 2
+has 1,000; higher levels have 10,000+.
 
 Train and held-out problems never overlap: a problem belongs to the held-out split
 iff a hash of its prompt falls in the top ``HELDOUT_FRACTION`` of the hash range.
@@ -34,7 +37,7 @@ LEVELS: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
 #: Default training mix (held-out evaluation uses the same levels).
 DEFAULT_LEVELS: tuple[int, ...] = (1, 2, 3, 4)
 #: Levels used for the supervised warm start of the tiny model.
-EASY_LEVELS: tuple[int, ...] = (1, 2)
+EASY_LEVELS: tuple[int, ...] = (1, 2, 3)
 ANSWER_MARKER = "####"
 HELDOUT_FRACTION = 0.2
 #: Upper bounds (characters) over all levels, for choosing generation lengths.
@@ -71,9 +74,17 @@ def make_problem(terms: Sequence[int]) -> dict[str, Any]:
     return {"prompt": prompt, "answer": answer, "solution": solution, "level": len(terms) - 1}
 
 
-def terse_solution(problem: dict[str, Any]) -> str:
-    """The answer-only completion ``"#### <answer>"`` (no worked steps); the verifier accepts it too."""
-    return f"{ANSWER_MARKER} {problem['answer']}"
+def careless_solution(problem: dict[str, Any]) -> str:
+    """What a careless demonstrator writes: the worked solution without the last term (a wrong answer).
+
+    ``"3+5+2="`` -> ``"8 #### 8"``; for two terms, ``"3+5="`` -> ``"3 #### 3"``. The tiny
+    model's warm start imitates a mix of expert and careless demonstrations, so RL has a
+    behaviour to unlearn (see ``mixrl.models.tiny``).
+    """
+    terms = [int(t) for t in problem["prompt"].rstrip("=").split("+")]
+    if len(terms) == 2:
+        return f"{terms[0]} {ANSWER_MARKER} {terms[0]}"
+    return make_problem(terms[:-1])["solution"]
 
 
 def _check_levels(levels: Sequence[int]) -> list[int]:

@@ -60,7 +60,7 @@ def test_grpo_text():
     assert "KL           none (algo.kl.coef = 0)" in text
     assert "entropy      none (algo.entropy_coef = 0)" in text
     assert "controller   none" in text
-    assert "8 prompts x 8 generations = 64 rollouts/step" in text  # geometry(cfg).describe()
+    assert "16 prompts x 8 generations = 128 rollouts/step" in text  # geometry(cfg).describe()
     assert "r_t = 1" in text  # note: num_iterations=1 makes the clip inactive
 
 
@@ -76,7 +76,7 @@ def test_chord_like_text():
     assert "w = sg(p (1 - p))" in text
     assert "expert rows get no advantage" in text
     assert "dual clip for A < 0: l_t = min(l_t, -3 A)" in text
-    assert "64 rollouts + 16 expert rows" in text  # expert_ratio 0.2 of all rows (rules.geometry)
+    assert "128 rollouts + 32 expert rows" in text  # expert_ratio 0.2 of all rows (rules.geometry)
 
 
 def test_luffy_like_text():
@@ -90,7 +90,7 @@ def test_luffy_like_text():
     assert "group of 8 = 7 rollouts + 1 expert trace(s)" in text
     assert "expert rows counted in the statistics: yes" in text
     assert "gradient weight 0.1 p / (p + 0.1)^2 peaks at p = 0.1" in text
-    assert "8 groups x (7 rollouts + 1 expert) = 56 rollouts + 8 expert rows" in text
+    assert "16 groups x (7 rollouts + 1 expert) = 112 rollouts + 16 expert rows" in text
     assert "over all rollout + expert tokens" in text
     excluded = compose_config([*LUFFY_LIKE, "algo.advantage_include_offpolicy=false"])
     assert "counted in the statistics: no" in explain_text(excluded)
@@ -171,11 +171,11 @@ def test_schedule_table_matches_hand_computation():
     for step, row in by_step.items():
         assert row["mu"] == pytest.approx(_cosine(step, 10, 0.5, 30, 0.02))
         assert row["entropy_coef"] == pytest.approx(0.01 * max(0.0, 1 - step / 40))
-        assert row["lr"] == pytest.approx(1e-3)
+        assert row["lr"] == pytest.approx(5e-5)  # the default trainer.learning_rate, constant
 
 
 def test_lr_schedule_with_warmup_and_cosine():
-    cfg = compose_config(["trainer.lr_scheduler_type=cosine", "trainer.warmup_steps=10", "trainer.max_steps=50"])
+    cfg = compose_config(["trainer.lr_scheduler_type=cosine", "trainer.warmup_steps=10", "trainer.max_steps=50", "trainer.learning_rate=1e-3"])
     _, rows = schedule_rows(cfg, 3)
     lr = {int(r[0]): r[-1] for r in rows}
     assert sorted(lr) == [0, 10, 25, 50]

@@ -26,10 +26,10 @@ demo: install
 	$(BIN)/mixrl train
 
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest
 
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -m "not slow"
 
 tiny: install
 	$(BIN)/mixrl model build-tiny

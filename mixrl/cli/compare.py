@@ -2,14 +2,12 @@
 :mod:`mixrl.trainer.periodic_eval`).
 
 Registered in ``mixrl.cli.main`` with ``app.command("compare")(compare)`` and
-``app.command("eval")(eval_model)``. This module does not import ``mixrl.cli.main`` (which
-imports it), so it handles user errors itself, the same way as main's ``user_errors``: one
-line on stderr, exit code 2.
+``app.command("eval")(eval_model)``; user errors print one line and exit 2
+(``mixrl.cli.errors.user_errors``).
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 from pathlib import Path
@@ -20,30 +18,15 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from mixrl.errors import MixrlUserError
+from mixrl.cli.errors import user_errors
 
 
 def _consoles() -> tuple[Console, Console]:
     return Console(width=None if sys.stdout.isatty() else 160), Console(stderr=True)
 
 
-def _user_errors(fn):
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except MixrlUserError as e:
-            Console(stderr=True).print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
-            raise typer.Exit(code=2) from None
-        except KeyboardInterrupt:
-            Console(stderr=True).print("[yellow]interrupted[/]")
-            raise typer.Exit(code=130) from None
-
-    return wrapper
-
-
 # --------------------------------------------------------------------------- compare
-@_user_errors
+@user_errors
 def compare(
     run_dirs: List[Path] = typer.Argument(
         ..., help="Run directories, or folders of runs (a multirun sweep: every sub-folder with summary.json).",
@@ -76,7 +59,7 @@ def compare(
 
 
 # --------------------------------------------------------------------------- eval
-@_user_errors
+@user_errors
 def eval_model(
     model_dir: Path = typer.Argument(..., help="A saved model folder (a run's model/) or a run directory.", show_default=False),
     overrides: Optional[List[str]] = typer.Argument(

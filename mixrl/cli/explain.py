@@ -2,7 +2,7 @@
 
 Registered in ``mixrl.cli.main`` with ``app.command()(explain)``. This module does not
 import ``mixrl.cli.main`` (which imports it), so it handles user errors itself, the same
-way as main's ``user_errors``: one line on stderr, exit code 2.
+way as ``mixrl.cli.errors.user_errors``: one line on stderr, exit code 2.
 """
 
 from __future__ import annotations

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 from datetime import datetime
@@ -11,10 +10,9 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
-from mixrl.errors import MixrlUserError
+from mixrl.cli.errors import user_errors
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -38,23 +36,6 @@ out = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True)
 
 OVERRIDES = typer.Argument(None, help="Hydra overrides, e.g. algo=chord trainer.max_steps=20 recipe=grpo/arith-tiny")
-
-
-def user_errors(fn):
-    """Print a MixrlUserError as one line and exit 2 (no traceback)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except MixrlUserError as e:
-            err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
-            raise typer.Exit(code=2) from None
-        except KeyboardInterrupt:
-            err.print("[yellow]interrupted[/]")
-            raise typer.Exit(code=130) from None
-
-    return wrapper
 
 
 # --------------------------------------------------------------------------- train

@@ -380,8 +380,16 @@ def warm_start(
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     os.chmod(tmp, 0o755)  # mkdtemp makes it 0o700; the cache is meant to be shared like any other
     try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        from transformers.utils import logging as hf_logging
+
+        bars = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # no "Writing model shards" bar after ours
+        try:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+        finally:
+            if bars:
+                hf_logging.enable_progress_bar()
         meta = {
             **rec,
             "key": final.name,

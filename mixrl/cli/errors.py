@@ -1,0 +1,28 @@
+"""The CLI's handling of user errors, shared by every command module."""
+
+from __future__ import annotations
+
+import functools
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from mixrl.errors import MixrlUserError
+
+
+def user_errors(fn):
+    """Print a MixrlUserError as one line on stderr and exit 2 (no traceback)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except MixrlUserError as e:
+            Console(stderr=True).print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+            raise typer.Exit(code=2) from None
+        except KeyboardInterrupt:
+            Console(stderr=True).print("[yellow]interrupted[/]")
+            raise typer.Exit(code=130) from None
+
+    return wrapper

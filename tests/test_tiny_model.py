@@ -17,6 +17,15 @@ from mixrl.tasks import arith  # noqa: E402
 from mixrl.tasks.eval import accuracy_by_level, greedy_completions  # noqa: E402
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """Tiny tensors: one thread is as fast, and immune to OpenMP busy-waiting on a shared CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def tokenizer():
     return tiny.build_tokenizer()

@@ -106,8 +106,8 @@ def generate(
 ) -> list[dict[str, Any]]:
     """``n`` problems, deterministic in ``(n, seed, levels, split)``.
 
-    Levels are balanced (counts differ by at most one, in the order given) and the
-    order is shuffled. Problems are distinct within a level while that level's
+    Levels are balanced (counts differ by at most one, in the order given; repeat a
+    level in ``levels`` to weight it) and the order is shuffled. Problems are distinct within a level while that level's
     split has unused problems left (level 1 has only ~20 held-out problems; after
     that they repeat). Each problem is a dict with ``prompt``, ``answer``,
     ``solution`` (expert completion) and ``level``.

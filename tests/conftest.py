@@ -9,6 +9,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before any test imports torch
 
 import pytest  # noqa: E402
 

@@ -391,30 +391,22 @@ def compose(algo: str, overrides: list[str], steps: int):
 
 def build_mixrl_trainer(cfg, out_dir: Path, callbacks: list):
     """A MixrlGRPOTrainer built from a config the way ``mixrl.trainer.run.train`` builds it."""
-    from transformers import PrinterCallback
 
     from mixrl.config.rules import geometry
     from mixrl.trainer import build
     from mixrl.trainer.callbacks import MetricsJsonlCallback
-    from mixrl.trainer.grpo import MixrlGRPOTrainer
-    from mixrl.trainer.mixing import build_mixer
 
     geom = geometry(cfg)
     model_path = build.resolve_model_path(cfg, progress=False)
     tokenizer = build.load_tokenizer(model_path, cfg)
     train_ds = build.load_train_rows(cfg)
     reward_funcs, reward_weights = build.build_reward_funcs(cfg)
-    args = build.grpo_args(cfg, out_dir, geom)
-    args.reward_weights = reward_weights
-    args.generation_kwargs = generation_kwargs(cfg)
-    mixer, train_ds = build_mixer(cfg, train_ds, geom)
-    trainer = MixrlGRPOTrainer(
-        model=model_path, reward_funcs=reward_funcs, args=args, train_dataset=train_ds, processing_class=tokenizer,
-        peft_config=build.peft_config(cfg), callbacks=[MetricsJsonlCallback(out_dir / "metrics.jsonl"), *callbacks],
-        objective=build.build_objective(cfg), advantage=build.advantage_spec(cfg), mixer=mixer,
-        controller=build.build_controller(cfg),
+    trainer = build.build_trainer(
+        cfg, model_path=model_path, tokenizer=tokenizer, train_ds=train_ds, reward_funcs=reward_funcs,
+        reward_weights=reward_weights, run_dir=out_dir, geom=geom,
+        callbacks=[MetricsJsonlCallback(out_dir / "metrics.jsonl"), *callbacks],
+        generation_kwargs=generation_kwargs(cfg),
     )
-    trainer.remove_callback(PrinterCallback)
     return trainer
 
 

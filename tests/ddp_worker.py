@@ -95,13 +95,11 @@ def patch_chord_sample() -> None:
 
 def build_trainer(overrides: list[str], callbacks: list):
     """What ``mixrl.trainer.run.train`` builds (without its evaluation and saving)."""
-    from transformers import PrinterCallback, set_seed
+    from transformers import set_seed
 
     from mixrl.config.compose import compose_config
     from mixrl.config.rules import geometry
     from mixrl.trainer import build
-    from mixrl.trainer.grpo import MixrlGRPOTrainer
-    from mixrl.trainer.mixing import build_mixer
 
     cfg = compose_config(overrides)
     geom = geometry(cfg)
@@ -110,23 +108,10 @@ def build_trainer(overrides: list[str], callbacks: list):
     tokenizer = build.load_tokenizer(model_path, cfg)
     train_ds = build.load_train_rows(cfg)
     reward_funcs, reward_weights = build.build_reward_funcs(cfg)
-    args = build.grpo_args(cfg, Path(cfg.run_dir), geom)
-    args.reward_weights = reward_weights
-    mixer, train_ds = build_mixer(cfg, train_ds, geom)
-    trainer = MixrlGRPOTrainer(
-        model=model_path,
-        reward_funcs=reward_funcs,
-        args=args,
-        train_dataset=train_ds,
-        processing_class=tokenizer,
-        peft_config=build.peft_config(cfg),
-        callbacks=callbacks,
-        objective=build.build_objective(cfg),
-        advantage=build.advantage_spec(cfg),
-        mixer=mixer,
-        controller=build.build_controller(cfg),
+    trainer = build.build_trainer(
+        cfg, model_path=model_path, tokenizer=tokenizer, train_ds=train_ds, reward_funcs=reward_funcs,
+        reward_weights=reward_weights, run_dir=Path(cfg.run_dir), callbacks=callbacks, geom=geom,
     )
-    trainer.remove_callback(PrinterCallback)
     return trainer, geom
 
 

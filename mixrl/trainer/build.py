@@ -226,3 +226,35 @@ def build_controller(cfg: DictConfig):
 
     name, params = _component(cfg.algo.controller)
     return CONTROLLERS.get(name)(**params)
+
+
+def build_trainer(cfg: DictConfig, *, model_path: str, tokenizer, train_ds, reward_funcs: list, reward_weights: list,
+                  run_dir: Path, callbacks: list, geom: Geometry | None = None, **arg_overrides):
+    """The ``MixrlGRPOTrainer`` for a config: TRL arguments, mixer, objective, advantage and
+    controller all come from ``cfg``; ``arg_overrides`` set extra ``GRPOConfig`` fields."""
+    from transformers import PrinterCallback
+
+    from mixrl.trainer.grpo import MixrlGRPOTrainer
+    from mixrl.trainer.mixing import build_mixer
+
+    geom = geom or geometry(cfg)
+    args = grpo_args(cfg, Path(run_dir), geom)
+    args.reward_weights = reward_weights
+    for key, value in arg_overrides.items():
+        setattr(args, key, value)
+    mixer, train_ds = build_mixer(cfg, train_ds, geom)
+    trainer = MixrlGRPOTrainer(
+        model=model_path,
+        reward_funcs=reward_funcs,
+        args=args,
+        train_dataset=train_ds,
+        processing_class=tokenizer,
+        peft_config=peft_config(cfg),
+        callbacks=callbacks,
+        objective=build_objective(cfg),
+        advantage=advantage_spec(cfg),
+        mixer=mixer,
+        controller=build_controller(cfg),
+    )
+    trainer.remove_callback(PrinterCallback)  # mixrl prints its own progress and summary
+    return trainer

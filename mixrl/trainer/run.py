@@ -105,12 +105,10 @@ def _eval(trainer, tokenizer, rows, reward_fn, cfg, console: Console, label: str
 def train(cfg: DictConfig, console: Console | None = None, *, before: dict | None = None) -> RunResult:
     """Train one config end to end; returns the run directory and summary. ``before``:
     held-out results already measured for the starting model (skips that evaluation)."""
-    from transformers import PrinterCallback, set_seed
+    from transformers import set_seed
 
     from mixrl.trainer import build
     from mixrl.trainer.callbacks import MetricsJsonlCallback, RichProgressCallback
-    from mixrl.trainer.grpo import MixrlGRPOTrainer
-    from mixrl.trainer.mixing import build_mixer
 
     console = console or Console(stderr=True)
     quiet_libraries()
@@ -124,9 +122,6 @@ def train(cfg: DictConfig, console: Console | None = None, *, before: dict | Non
     train_ds = build.load_train_rows(cfg)
     eval_rows = build.load_eval_rows(cfg)
     reward_funcs, reward_weights = build.build_reward_funcs(cfg)
-    args = build.grpo_args(cfg, run_dir, geom)
-    args.reward_weights = reward_weights
-    mixer, train_ds = build_mixer(cfg, train_ds, geom)
     metrics_cb = MetricsJsonlCallback(run_dir / "metrics.jsonl")
     callbacks = [metrics_cb]
     if cfg.logger.progress:
@@ -134,20 +129,10 @@ def train(cfg: DictConfig, console: Console | None = None, *, before: dict | Non
     if cfg.trainer.eval_every > 0:  # held-out accuracy every N steps -> eval.jsonl (the lambda: trainer is built below)
         from mixrl.trainer.periodic_eval import PeriodicEvalCallback
         callbacks.append(PeriodicEvalCallback.from_config(cfg, run_dir, tokenizer, eval_rows, reward_funcs[0], trainer=lambda: trainer))
-    trainer = MixrlGRPOTrainer(
-        model=model_path,
-        reward_funcs=reward_funcs,
-        args=args,
-        train_dataset=train_ds,
-        processing_class=tokenizer,
-        peft_config=build.peft_config(cfg),
-        callbacks=callbacks,
-        objective=build.build_objective(cfg),
-        advantage=build.advantage_spec(cfg),
-        mixer=mixer,
-        controller=build.build_controller(cfg),
+    trainer = build.build_trainer(
+        cfg, model_path=model_path, tokenizer=tokenizer, train_ds=train_ds, reward_funcs=reward_funcs,
+        reward_weights=reward_weights, run_dir=run_dir, callbacks=callbacks, geom=geom,
     )
-    trainer.remove_callback(PrinterCallback)
     setup_s = time.perf_counter() - t0
 
     if before is None:

@@ -49,6 +49,8 @@ def reproduce_toy(out_dir: Path, *, seeds: list[int], jobs: int = 2, extra: list
     from mixrl.compare import compare
     from mixrl.config.compose import compose_config
 
+    if not seeds or not recipes:
+        raise ConfigError("mixrl reproduce toy needs at least one seed and one recipe; use --seeds N with N >= 1")
     out_dir = Path(out_dir)
     runs_dir = out_dir / "runs"
     grid = [(r, s) for r in recipes for s in seeds]

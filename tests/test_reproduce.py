@@ -35,3 +35,10 @@ def test_reproduce_runs_the_grid_resumes_and_compares(tmp_path, fast_overrides):
     logs.clear()
     reproduce_toy(tmp_path, seeds=[0], jobs=1, extra=extra, recipes=recipes, log=logs.append)
     assert "(2 already done)" in logs[0] and len(logs) == 1
+
+
+def test_no_seeds_is_a_one_line_error(tmp_path):
+    from mixrl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--seeds N with N >= 1"):
+        reproduce_toy(tmp_path, seeds=[], jobs=1)

@@ -1,0 +1,151 @@
+"""Trainer-level pin harness: build the trainer as ``mixrl.trainer.run.train`` does, train a
+step (or two), and summarise what the objective did.
+
+``run_one_step(overrides, model_path, out_dir) -> dict`` composes ``overrides`` plus
+``model.path=<model_path>`` and ``run_dir=<out_dir>/run``, builds the trainer with the
+functions of ``mixrl.trainer.build`` that ``run.train`` uses, runs ``trainer.train()``
+for ``trainer.max_steps`` optimizer steps (one, or two for ``trainer.num_iterations=2``:
+TRL then reuses one generation batch for two optimizer steps) and returns::
+
+    {"losses":  [float per call of trainer._compute_loss, in call order],
+     "metrics": [{numeric key: value} per logged step, from trainer.state.log_history],
+     "grads":   [{"numel", "norm", "proj": [4 floats]} per optimizer step]}
+
+``grads`` summarises the gradient seen at ``on_pre_optimizer_step`` (after accumulation;
+clipping is off in the pinned overrides): the global L2 norm and the projections onto 4
+fixed random vectors (``torch.Generator().manual_seed(0)``, float64 normal, over the
+concatenation of every trainable parameter's flattened gradient in ``named_parameters``
+order; a missing gradient counts as zeros).
+
+No sampling: ``trl.GRPOTrainer._generate_single_turn`` (which mixrl's override calls
+for rollouts) is replaced by a fixed function of the prompt and the rollout's slot in its
+group (``fixed_completion``, the trick of ``tests/ddp_worker.py``).
+
+Only APIs meant to survive the objective refactor are used: ``compose_config``,
+``mixrl.trainer.build.{resolve_model_path, load_tokenizer, load_train_rows,
+build_reward_funcs, build_trainer}``, ``trainer._compute_loss`` and
+``trl.GRPOTrainer._generate_single_turn``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("WANDB_MODE", "disabled")
+
+import torch  # noqa: E402
+
+NUM_PROJECTIONS = 4
+#: log_history keys that are not a function of the computation (wall-clock)
+_VOLATILE = re.compile(r"(time|runtime|per_second|flos)", re.IGNORECASE)
+
+
+def fixed_completion(prompt: str, slot: int) -> str:
+    """The "rollout" of ``prompt`` in group slot ``slot``: right on every other slot (shifted by the
+    prompt's length so groups differ), wrong otherwise, with lengths that vary."""
+    expr = prompt.strip().rstrip("=")
+    if not re.fullmatch(r"[0-9+\-*]+", expr):
+        raise ValueError(f"unexpected arith prompt {prompt!r}")
+    answer = eval(expr)  # noqa: S307 - digits and + - * only
+    if (slot + len(prompt)) % 2 == 1:
+        return f"{answer} #### {answer}"
+    return f"{slot}{'9' * slot} #### {answer + slot + 1}"
+
+
+def patch_generation() -> None:
+    """Replace TRL's rollout generation by ``fixed_completion`` (idempotent)."""
+    import trl
+
+    def generate(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        tok = self.processing_class
+        start = self.accelerator.process_index * len(prompt_ids)
+        out = []
+        for i, ids in enumerate(prompt_ids):
+            prompt = tok.decode(ids, skip_special_tokens=True)
+            text = fixed_completion(prompt, (start + i) % num_generations)
+            out.append(list(tok(text=text, add_special_tokens=False)["input_ids"]) + [tok.eos_token_id])
+        return out, None
+
+    generate.__mixrl_pins__ = True
+    trl.GRPOTrainer._generate_single_turn = generate
+
+
+_PROJ_CACHE: dict[int, torch.Tensor] = {}
+
+
+def _projection_vectors(numel: int) -> torch.Tensor:
+    if numel not in _PROJ_CACHE:
+        g = torch.Generator().manual_seed(0)
+        _PROJ_CACHE[numel] = torch.randn(NUM_PROJECTIONS, numel, generator=g, dtype=torch.float64)
+    return _PROJ_CACHE[numel]
+
+
+def grad_summary(model) -> dict:
+    grads = [
+        (p.grad if p.grad is not None else torch.zeros_like(p)).detach().flatten().double().cpu()
+        for _, p in model.named_parameters()
+        if p.requires_grad
+    ]
+    flat = torch.cat(grads)
+    proj = _projection_vectors(flat.numel()) @ flat
+    return {"numel": int(flat.numel()), "norm": float(flat.norm()), "proj": [float(x) for x in proj]}
+
+
+def _numeric(row: dict) -> dict:
+    out = {}
+    for k, v in row.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or _VOLATILE.search(k):
+            continue
+        if isinstance(v, float) and not math.isfinite(v):
+            continue
+        out[k] = float(v)
+    return out
+
+
+def run_one_step(overrides: list[str], model_path: str, out_dir) -> dict:
+    """Build the trainer as ``run.train`` does, train ``trainer.max_steps`` steps, summarise."""
+    from transformers import TrainerCallback, set_seed
+
+    from mixrl.config.compose import compose_config
+    from mixrl.trainer import build
+
+    patch_generation()
+    out_dir = Path(out_dir)
+    cfg = compose_config([*overrides, f"model.path={model_path}", f"run_dir={out_dir / 'run'}"])
+    Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+    if cfg.hardware.torch_threads:  # as run.train does
+        torch.set_num_threads(int(cfg.hardware.torch_threads))
+    set_seed(int(cfg.seed))
+    model_path = build.resolve_model_path(cfg, progress=False)
+    tokenizer = build.load_tokenizer(model_path, cfg)
+    train_ds = build.load_train_rows(cfg)
+    reward_funcs, reward_weights = build.build_reward_funcs(cfg)
+
+    grads: list[dict] = []
+
+    class GradSummary(TrainerCallback):  # after accumulation, before the optimizer step
+        def on_pre_optimizer_step(self, args, state, control, **kwargs):
+            grads.append(grad_summary(kwargs["model"]))
+
+    trainer = build.build_trainer(
+        cfg, model_path=model_path, tokenizer=tokenizer, train_ds=train_ds, reward_funcs=reward_funcs,
+        reward_weights=reward_weights, run_dir=Path(cfg.run_dir), callbacks=[GradSummary()],
+    )
+    losses: list[float] = []
+    compute_loss = trainer._compute_loss  # the bound method
+
+    def recording_compute_loss(*args, **kwargs):
+        loss = compute_loss(*args, **kwargs)
+        losses.append(float(loss.detach()))
+        return loss
+
+    trainer._compute_loss = recording_compute_loss
+    trainer.train()
+    metrics = [_numeric(row) for row in trainer.state.log_history if "train_runtime" not in row]
+    return {"losses": losses, "metrics": metrics, "grads": grads, "steps": int(trainer.state.global_step)}

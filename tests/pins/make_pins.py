@@ -1,0 +1,295 @@
+"""Generate the objective and trainer pins from TODAY's code.
+
+Run at commit 1f21884 (main, "README lists the exact group options; ...") on branch
+``pins``, on CPU with one torch thread::
+
+    OMP_NUM_THREADS=1 python tests/pins/make_pins.py            # both fixtures
+    OMP_NUM_THREADS=1 python tests/pins/make_pins.py --only trainer --trainer-out /tmp/x.json
+
+DO NOT RE-RUN THIS AFTER THE OBJECTIVE REFACTOR (mixrl/core/objective.py,
+mixrl/trainer/mixing.py, mixrl/trainer/grpo.py, build.py, config): the pins are the OLD
+code's values, and the refactor must reproduce them (to 1e-6). Re-generating them from
+the new code would pin whatever the new code does and prove nothing. (The objective part
+imports today's ``compute_objective(spec, ...)`` and ``build_objective(cfg)``, which the
+refactor replaces, so it is expected to stop running.)
+
+Fixtures written next to this file:
+
+``objective_pins.json``: ``{"meta": ..., "cases": {key: case}}``. For every
+``conf/algo/*.yaml`` except ``sft_then_rl`` (a staged algo: no objective of its own; its
+stages are ``algo=sft`` and ``algo=grpo``, pinned as themselves) and every CPU recipe
+(``recipes/*/arith-tiny.yaml`` except ``sft_then_rl/arith-tiny``, plus
+``chord/mu-arith-tiny`` and ``chord/phi-arith-tiny``), the objective of today's
+``build_objective(compose_config(overrides))`` on ``batch.make_batch(kind, seed)`` with
+``kind`` = the spec's ``mix_mode``, for step in {0, 7} x normalisers in {local (None),
+global (local counts x 2.5)} x {as configured, ``algo.kl.coef=0.05``,
+``algo.entropy_coef=0.01``}. Key: ``"<algo=X|recipe=Y>|step=S|norm=local|global[|kl=0.05|ent=0.01]"``.
+Each case holds the ``overrides`` to recompose its config, ``batch`` {kind, seed}, ``step``,
+``normalisers`` (null or {"on_policy"|"expert"|"all": [tokens, rows]}), ``loss``,
+``metrics`` (every metric returned), ``grad_logp`` and ``grad_entropies`` ([8][7] lists:
+d loss / d input; all zeros where no gradient flows). Floats are rounded to 9
+significant digits (float32 is exact at 9).
+
+``trainer_pins.json``: ``{"meta": ..., "cases": {key: {"overrides": [...], "result": ...}}}``
+where ``result`` is ``harness.run_one_step(overrides, model_path, out_dir)`` on the tiny
+model warm-started for 10 steps (``mixrl.models.tiny.warm_start(dir, steps=10)``, which is
+bit-deterministic; its ``model.safetensors`` sha256 is in ``meta``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+for p in (str(HERE), str(REPO)):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from batch import make_batch  # noqa: E402
+
+COMMIT = "1f21884"
+BATCH_SEED = 0
+STEPS = (0, 7)
+GLOBAL_SCALE = 2.5  # "global" normalisers: local counts x 2.5, as if the micro-batch were part of a larger step
+VARIANTS = {"": [], "kl=0.05": ["algo.kl.coef=0.05"], "ent=0.01": ["algo.entropy_coef=0.01"]}
+TINY_STEPS = 10
+
+#: the trainer pins' geometry: 4 prompts x 4 generations = 16 rows = 2 micro-batches of 8, one step
+TRAINER_BASE = [
+    "trainer.max_steps=1",
+    "trainer.prompts_per_step=4",
+    "algo.num_generations=4",
+    "trainer.micro_batch_size=8",
+    "trainer.max_grad_norm=0",  # no clipping: pin the raw gradient
+    "trainer.eval_size=0",
+    "trainer.max_completion_length=24",
+    "trainer.logging_steps=1",
+    "data.train_size=16",
+    "logger.progress=false",
+    "hardware.torch_threads=1",
+]
+TRAINER_ALGOS = ["grpo", "dr_grpo", "gspo", "cispo", "topr", "sapo", "m2po", "bapo", "sft", "mix", "chord", "luffy"]
+TRAINER_RECIPES = ["chord/mu-arith-tiny", "chord/phi-arith-tiny"]
+#: num_iterations=2: TRL reuses one generation batch for 2 optimizer steps (ratios != 1 in the second);
+#: a large learning rate moves the policy far enough that clipping, M2PO's mask and BAPO's bounds act
+TRAINER_ITER2 = ["grpo", "chord", "luffy", "m2po", "bapo"]
+ITER2 = ["trainer.num_iterations=2", "trainer.max_steps=2", "trainer.learning_rate=1e-3"]
+AUX_ROWS = ["algo.mix.expert_rows=4"]  # aux_loss (CHORD, mix): a multiple of processes x micro-batches
+
+
+def r9(x: float) -> float:
+    return float(f"{float(x):.9g}")
+
+
+def _grid(t: torch.Tensor | None, like: torch.Tensor) -> list[list[float]]:
+    t = torch.zeros_like(like) if t is None else t
+    return [[r9(v) for v in row] for row in t.detach().tolist()]
+
+
+# --------------------------------------------------------------------------- objective
+def objective_configs() -> list[tuple[str, list[str]]]:
+    from mixrl.config.compose import conf_dir, recipes_dir
+
+    out = []
+    for p in sorted((conf_dir() / "algo").glob("*.yaml")):
+        if p.stem != "sft_then_rl":
+            out.append((f"algo={p.stem}", [f"algo={p.stem}"]))
+    recipes = sorted(p.parent.name + "/arith-tiny" for p in recipes_dir().glob("*/arith-tiny.yaml"))
+    recipes = [r for r in recipes if r != "sft_then_rl/arith-tiny"] + ["chord/mu-arith-tiny", "chord/phi-arith-tiny"]
+    for r in recipes:
+        out.append((f"recipe={r}", [f"recipe={r}"]))
+    return out
+
+
+def local_counts(batch: dict) -> dict[str, tuple[float, float]]:
+    mask = batch["mask"].float()
+    exp = (batch["row_source"] == 1).float().unsqueeze(1)
+
+    def counts(m):
+        return float(m.sum()), float((m.sum(-1) > 0).sum())
+
+    return {"on_policy": counts(mask * (1 - exp)), "expert": counts(mask * exp), "all": counts(mask)}
+
+
+def objective_case(overrides: list[str], step: int, norm: str) -> dict:
+    from mixrl.config.compose import compose_config
+    from mixrl.core.objective import compute_objective
+    from mixrl.trainer.build import build_objective
+
+    spec = build_objective(compose_config(overrides))
+    b = make_batch(spec.mix_mode, BATCH_SEED)
+    normalisers = None
+    if norm == "global":
+        normalisers = {k: (t * GLOBAL_SCALE, r * GLOBAL_SCALE) for k, (t, r) in local_counts(b).items()}
+    loss, metrics = compute_objective(
+        spec, logp=b["logp"], mask=b["mask"], advantages=b["advantages"], row_source=b["row_source"],
+        old_logp=b["old_logp"], ref_logp=b["ref_logp"], entropies=b["entropies"], step=step, normalisers=normalisers,
+    )
+    loss.backward()
+    return {
+        "overrides": list(overrides),
+        "batch": {"kind": spec.mix_mode, "seed": BATCH_SEED},
+        "step": step,
+        "normalisers": None if normalisers is None else {k: list(v) for k, v in normalisers.items()},
+        "loss": r9(loss.detach()),
+        "metrics": {k: r9(v) for k, v in metrics.items()},
+        "grad_logp": _grid(b["logp"].grad, b["logp"]),
+        "grad_entropies": _grid(b["entropies"].grad, b["entropies"]),
+    }
+
+
+def make_objective_pins() -> tuple[dict, list[str]]:
+    from mixrl.errors import ConfigError
+
+    cases, skipped = {}, []
+    for name, base in objective_configs():
+        for tag, extra in VARIANTS.items():
+            overrides = base + extra
+            for step in STEPS:
+                for norm in ("local", "global"):
+                    key = "|".join([name, f"step={step}", f"norm={norm}"] + ([tag] if tag else []))
+                    try:
+                        cases[key] = objective_case(overrides, step, norm)
+                    except ConfigError as e:
+                        skipped.append(f"{key}: {e}")
+    meta = {
+        "commit": COMMIT,
+        "batch": "tests/pins/batch.py make_batch(kind, seed)",
+        "global_normalisers": f"local counts x {GLOBAL_SCALE}",
+        "rounding": "9 significant digits",
+        "skipped": skipped + ["algo=sft_then_rl, recipe=sft_then_rl/arith-tiny: staged algo, no objective of its own "
+                              "(its stages algo=sft and algo=grpo are pinned)"],
+    }
+    return {"meta": meta, "cases": cases}, skipped
+
+
+# --------------------------------------------------------------------------- trainer
+def sft_then_rl_stage_overrides() -> list[tuple[str, list[str]]]:
+    """The override list of each sft_then_rl stage, as ``compose_stages`` composes it
+    (``algo=<stage.algo>`` + the non-algo overrides + the stage's overrides + its max_steps),
+    with ``trainer.max_steps=1`` last (one step each). Checked against ``compose_stages``."""
+    from omegaconf import OmegaConf
+
+    from mixrl.config.compose import compose_config, compose_stages
+
+    outer = ["algo=sft_then_rl", *TRAINER_BASE]
+    cfg = compose_config(outer)
+    stages = compose_stages(cfg, outer)
+    keep = [o for o in TRAINER_BASE if not o.startswith("algo.")]
+    out = []
+    for st, (name, stage_cfg) in zip(cfg.algo.stages, stages):
+        ovs = [f"algo={st.algo}", *keep, *list(st.get("overrides") or [])]
+        if st.get("max_steps") is not None:
+            ovs.append(f"trainer.max_steps={int(st.max_steps)}")
+        mine = compose_config(ovs)
+        assert OmegaConf.to_yaml(mine) == OmegaConf.to_yaml(stage_cfg), f"stage {name}: override list differs from compose_stages"
+        out.append((name, [*ovs, "trainer.max_steps=1"]))
+    return out
+
+
+def trainer_cases() -> dict[str, list[str]]:
+    cases: dict[str, list[str]] = {}
+    aux = {"chord", "mix"}
+    for algo in TRAINER_ALGOS:
+        cases[f"algo={algo}"] = [f"algo={algo}", *TRAINER_BASE, *(AUX_ROWS if algo in aux else [])]
+    for recipe in TRAINER_RECIPES:
+        cases[f"recipe={recipe}"] = [f"recipe={recipe}", *TRAINER_BASE, *AUX_ROWS]
+    for algo in TRAINER_ITER2:
+        cases[f"algo={algo}|num_iterations=2"] = [
+            f"algo={algo}", *TRAINER_BASE, *(AUX_ROWS if algo in aux else []), *ITER2]
+    for name, ovs in sft_then_rl_stage_overrides():
+        cases[f"algo=sft_then_rl|stage={name}"] = ovs
+    return cases
+
+
+def tiny_model(cache: Path) -> str:
+    from mixrl.models import tiny
+
+    return str(tiny.warm_start(cache, steps=TINY_STEPS, progress=False))
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def make_trainer_pins(model_path: str, work: Path, threads: int = 1) -> tuple[dict, list[str]]:
+    from harness import run_one_step
+
+    from mixrl.errors import ConfigError
+
+    cases, skipped, timing = {}, [], {}
+    for key, overrides in trainer_cases().items():
+        if threads != 1:
+            overrides = [*overrides, f"hardware.torch_threads={threads}"]
+        t0 = time.perf_counter()
+        try:
+            result = run_one_step(overrides, model_path, work / key.replace("/", "_").replace("|", "_").replace("=", "-"))
+        except ConfigError as e:
+            skipped.append(f"{key}: {e}")
+            continue
+        timing[key] = round(time.perf_counter() - t0, 2)
+        cases[key] = {"overrides": overrides, "result": result}
+        print(f"  {key}: {timing[key]} s, losses {result['losses']}", file=sys.stderr)
+    meta = {
+        "commit": COMMIT,
+        "model": f"mixrl.models.tiny.warm_start(dir, steps={TINY_STEPS}, progress=False)",
+        "model_sha256": sha256(Path(model_path) / "model.safetensors"),
+        "torch_threads": threads,
+        "torch": torch.__version__,
+        "skipped": skipped,
+    }
+    return {"meta": meta, "cases": cases}, skipped
+
+
+def write_json(path: Path, data: dict) -> None:
+    """One case per line: small and diffable."""
+    lines = ["{", f' "meta": {json.dumps(data["meta"])},', ' "cases": {']
+    items = list(data["cases"].items())
+    for i, (k, v) in enumerate(items):
+        lines.append(f"  {json.dumps(k)}: {json.dumps(v, separators=(',', ':'))}" + ("," if i < len(items) - 1 else ""))
+    lines += [" }", "}", ""]
+    path.write_text("\n".join(lines))
+    json.loads(path.read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", choices=["objective", "trainer"], help="generate one fixture only")
+    ap.add_argument("--objective-out", type=Path, default=HERE / "objective_pins.json")
+    ap.add_argument("--trainer-out", type=Path, default=HERE / "trainer_pins.json")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads for the trainer pins (pins: 1)")
+    ap.add_argument("--model", help="tiny model directory (default: warm-started into a temporary cache)")
+    a = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    if a.only in (None, "objective"):
+        data, skipped = make_objective_pins()
+        write_json(a.objective_out, data)
+        print(f"{a.objective_out}: {len(data['cases'])} cases, {len(skipped)} skipped", file=sys.stderr)
+        for s in skipped:
+            print(f"  skipped {s}", file=sys.stderr)
+    if a.only in (None, "trainer"):
+        with tempfile.TemporaryDirectory(prefix="mixrl-pins-") as tmp:
+            model = a.model or tiny_model(Path(tmp) / "tiny-cache")
+            data, skipped = make_trainer_pins(model, Path(tmp) / "runs", a.threads)
+        write_json(a.trainer_out, data)
+        print(f"{a.trainer_out}: {len(data['cases'])} cases, {len(skipped)} skipped", file=sys.stderr)
+        for s in skipped:
+            print(f"  skipped {s}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -342,7 +342,7 @@ class StepTimer:
         return timed
 
     def count_tokens(self, out: dict) -> None:
-        from mixrl.core.objective import EXPERT
+        from mixrl.core.provenance import EXPERT
 
         mask = out["completion_mask"]
         src = out.get("row_source")

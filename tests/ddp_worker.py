@@ -6,7 +6,7 @@ Run by ``tests/test_ddp.py`` (not collected by pytest)::
 
 Each ``--case ALGO:MICRO[:K]`` builds the trainer exactly as ``mixrl.trainer.run.train``
 does (composed config, ``hardware.num_processes`` = the torchrun world size,
-``trainer.micro_batch_size`` = MICRO, LUFFY's ``algo.mix.experts_per_group`` = K), runs
+``trainer.micro_batch_size`` = MICRO, LUFFY's ``algo.inject.per_group`` = K), runs
 ``trainer.train()`` for one optimizer step and writes, from rank 0,
 ``OUT/<algo>[-k<K>]-w<W>-m<MICRO>.json`` and ``.grad.pt``:
 
@@ -25,7 +25,7 @@ does (composed config, ``hardware.num_processes`` = the torchrun world size,
 Determinism: rollouts are not sampled. ``GRPOTrainer._generate_single_turn`` (the
 parent mixrl's override calls) is replaced by a fixed function of the prompt and the
 rollout's slot in its group, so 1- and 2-process runs score the same completions. CHORD's
-expert-row draw (``AuxRowsMixer.sample``, seeded per process) is replaced by global expert
+expert-row draw (``AppendRows.sample``, seeded per process) is replaced by global expert
 rows ``[p*r, (p+1)*r)`` of the pool for process p, so the runs train on the same rows.
 """
 
@@ -80,17 +80,18 @@ def patch_generation() -> None:
 
 
 def patch_chord_sample() -> None:
-    from mixrl.trainer.mixing import AuxRowsMixer
+    from mixrl.sources.inject import AppendRows
 
-    def sample(self, trainer):
-        p, r = trainer.accelerator.process_index, self.rows_per_process
+    def sample(self, ctx):
+        p, r = ctx.process_index, self.geometry.expert_rows_per_process
+        pool = self.source.pool
         picks = []
         for g in range(p * r, (p + 1) * r):
-            row = self.pool[g % len(self.pool)]
+            row = pool[g % len(pool)]
             picks.append((row["prompt"], row["expert"][0]))
         return picks
 
-    AuxRowsMixer.sample = sample
+    AppendRows.sample = sample
 
 
 def build_trainer(overrides: list[str], callbacks: list):
@@ -140,11 +141,11 @@ def run_case(algo: str, micro: int, k: int | None, model: str, out: Path) -> Non
         f"run_dir={out / 'runs' / name}",
     ]
     if k is not None:
-        overrides.append(f"algo.mix.experts_per_group={k}")
+        overrides.append(f"algo.inject.per_group={k}")
     if algo == "chord":
         # a fixed count (wins over the ratio): the preset's expert_ratio rounds to a multiple of
         # processes x micro-batches, which would give the 1-process, 1-micro-batch run fewer expert rows
-        overrides.append(f"algo.mix.expert_rows={EXPERT_ROWS}")
+        overrides.append(f"algo.inject.rows={EXPERT_ROWS}")
 
     state: dict = {"grad": None}
 
@@ -185,7 +186,7 @@ def run_case(algo: str, micro: int, k: int | None, model: str, out: Path) -> Non
 
     trainer._generate_and_score_completions = gen_and_score
 
-    logps_orig = trainer._get_per_token_logps_and_entropies
+    logps_orig = trainer._forward_by_row_kind
     captured: dict = {}
 
     def logps_hook(*args, **kwargs):
@@ -193,7 +194,7 @@ def run_case(algo: str, micro: int, k: int | None, model: str, out: Path) -> Non
         captured["logps"], captured["entropies"] = res[0].detach(), None if res[1] is None else res[1].detach()
         return res
 
-    trainer._get_per_token_logps_and_entropies = logps_hook
+    trainer._forward_by_row_kind = logps_hook
 
     loss_orig = trainer._compute_loss
 
@@ -211,8 +212,9 @@ def run_case(algo: str, micro: int, k: int | None, model: str, out: Path) -> Non
                     logp=logps[sl],
                     mask=inputs["completion_mask"][sl],
                     advantages=inputs["advantages"][sl],
-                    row_source=inputs["row_source"][sl],
+                    token_source=inputs["token_source"][sl],
                     old_logp=None if old is None else old[sl],
+                    behaviour_logp=inputs["behaviour_logp"][sl],
                     ref_logp=None if ref is None else ref[sl],
                     entropies=None if ent is None else ent[sl],
                     step=trainer.state.global_step,
@@ -250,7 +252,7 @@ def run_case(algo: str, micro: int, k: int | None, model: str, out: Path) -> Non
             "micro_batch_size": micro,
             "grad_accum": geom.grad_accum,
             "num_generations": geom.num_generations,
-            "experts_per_group": int(getattr(trainer.mixer, "k", 0)),
+            "experts_per_group": int(getattr(trainer.injections[0], "per_group", 0)),
             "rows": sorted((r for m in gathered for r in m["rows"]), key=lambda r: r["gid"]),
             "micro_batches": [b for m in gathered for b in m["micro_batches"]],
             "experts": {p: e for m in gathered for p, e in m["experts"].items()},

@@ -44,7 +44,8 @@ def _get(node, dotted):
 def test_preset_composes_with_paper_defaults(name):
     cfg = compose_config([f"algo={name}"])
     assert cfg.algo.name == name
-    assert cfg.algo.mix.mode == "none" and cfg.offpolicy.source == "none"
+    assert cfg.algo.inject.name == "none" and cfg.offpolicy.source.name == "none"
+    assert list(cfg.algo.terms) == ["policy"] and cfg.algo.terms.policy.tokens == ["on_policy"]
     for key, value in EXPECTED[name].items():
         got = _get(cfg.algo, key)
         assert got == pytest.approx(value) if isinstance(value, float) else got == value, (key, got)
@@ -60,12 +61,12 @@ def test_preset_file_names_its_paper(name):
 
 
 def test_dr_grpo_max_len_follows_max_completion_length():
-    from mixrl.trainer.build import build_objective
+    from mixrl.config.objective import build_objective
 
     cfg = compose_config(["algo=dr_grpo", "trainer.max_completion_length=48"])
-    assert build_objective(cfg).aggregation_params == {"max_len": 48}
+    assert build_objective(cfg).terms[0].aggregation_params == {"max_len": 48}
     cfg = compose_config(["algo=dr_grpo", "algo.aggregation.max_len=100"])
-    assert build_objective(cfg).aggregation_params == {"max_len": 100}
+    assert build_objective(cfg).terms[0].aggregation_params == {"max_len": 100}
 
 
 @pytest.mark.slow

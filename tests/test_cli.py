@@ -205,7 +205,7 @@ CROSS_FIELD = [
                  ["trainer.micro_batch_size=5", "choose one of"], id="micro-batch-does-not-divide"),
     pytest.param(["trainer.prompts_per_step=8", "algo.num_generations=8", "hardware.num_processes=3"],
                  ["hardware.num_processes=3"], id="rollouts-do-not-split-over-processes"),
-    pytest.param(["algo.mix.mode=aux_loss", "offpolicy=none"], ["algo.mix.mode", "offpolicy"], id="mix-without-offpolicy"),
+    pytest.param(["algo=chord", "offpolicy=none"], ["algo.inject", "offpolicy"], id="mix-without-offpolicy"),
     pytest.param(["algo.num_generations=1", "trainer.micro_batch_size=8"], ["algo.num_generations"], id="group-of-one"),
 ]
 

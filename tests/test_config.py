@@ -77,7 +77,8 @@ GROUP_OPTIONS = [(g, o) for g in GROUPS for o in group_options(g)]
 
 @pytest.mark.parametrize("group,option", GROUP_OPTIONS, ids=[f"{g}={o}" for g, o in GROUP_OPTIONS])
 def test_each_group_option_composes(group, option):
-    cfg = compose_config([f"{group}={option}"])
+    # an off-policy source needs an algo that injects its rows (alone it is rejected)
+    cfg = compose_config([f"{group}={option}"] + (["algo=chord"] if group == "offpolicy" and option != "none" else []))
     assert cfg[group].name == option
     # every value the option file sets reaches the composed config (the file is its own
     # `_self_`, applied after the defaults it lists, unless it lists `_self_` first)
@@ -316,7 +317,7 @@ def test_to_yaml_round_trips():
     [
         (["trainer.prompts_per_step=8", "algo.num_generations=8", "trainer.micro_batch_size=5"], ["trainer.micro_batch_size", "8, 16"]),
         (["trainer.prompts_per_step=8", "algo.num_generations=8", "hardware.num_processes=3"], ["hardware.num_processes", "prompts_per_step"]),
-        (["algo.mix.mode=aux_loss"], ["algo.mix.mode", "offpolicy"]),
+        (["algo.inject.name=append_rows"], ["algo.inject", "offpolicy"]),
         (["algo.num_generations=1", "trainer.micro_batch_size=8"], ["algo.num_generations"]),
         (["trainer.max_steps=0"], ["trainer.max_steps"]),
         (["algo.kl.coef=-0.1"], ["algo.kl.coef"]),
@@ -383,9 +384,11 @@ def test_unparsable_override():
 
 
 def test_short_keys_for_mixing_knobs():
-    """`algo.gamma` and `algo.mu.*` (the README's examples) reach algo.mix.*."""
+    """`algo.gamma`, `algo.mu.*` and `algo.token_weight` (the README's examples) reach the
+    terms and coefficients of the shipped algos."""
     cfg = compose_config(["algo=luffy", "algo.gamma=0.2"])
-    assert cfg.algo.mix.shaping_gamma == pytest.approx(0.2)
-    cfg = compose_config(["algo=chord", "algo.mu.peak=0.3", "algo.mu.decay=10"])
-    assert cfg.algo.mix.mu.peak == pytest.approx(0.3) and cfg.algo.mix.mu.decay == 10
-    assert expand_sweeps(["algo.gamma=0.1,0.2"]) == [["algo.mix.shaping_gamma=0.1"], ["algo.mix.shaping_gamma=0.2"]]
+    assert cfg.algo.terms.offpolicy.gamma == pytest.approx(0.2)
+    cfg = compose_config(["algo=chord", "algo.mu.peak=0.3", "algo.mu.decay=10", "algo.token_weight.name=p"])
+    assert cfg.algo.coefs.mu.peak == pytest.approx(0.3) and cfg.algo.coefs.mu.decay == 10
+    assert cfg.algo.terms.sft.token_weight.name == "p"
+    assert expand_sweeps(["algo.gamma=0.1,0.2"]) == [["algo.terms.offpolicy.gamma=0.1"], ["algo.terms.offpolicy.gamma=0.2"]]

@@ -1,40 +1,73 @@
-"""Check component sections of the config against the registered functions.
+"""Check component sections of the config against the registered components.
 
-A component section is a mapping with a ``name`` that selects a function from a registry
-in ``mixrl.core``; its other keys must be keyword-only parameters of that function, with
-values of the annotated type. Missing parameters are filled with the function's defaults,
-so the resolved config (``mixrl config show``) lists every value a run uses.
+A component section is a mapping with a ``name`` that selects an entry of a registry
+(``mixrl.core`` for tensor math, ``mixrl.sources`` for sources and injections); its other
+keys must be keyword-only parameters of that entry, with values of the annotated type.
+Missing parameters are filled with the entry's defaults, so the resolved config
+(``mixrl config show``) lists every value a run uses.
+
+Sections are fixed paths (``algo.loss``) or patterns (``algo.terms.*`` for every term,
+``algo.coefs.*`` for every coefficient); a term section also has the keys every term
+shares (:data:`TERM_KEYS`) and may hold components of its own (``token_weight``, ``loss``,
+``aggregation``).
 """
 
 from __future__ import annotations
 
+import fnmatch
 import inspect
-import typing
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from mixrl.errors import ConfigError, did_you_mean
 
-# config path -> (registry attribute in mixrl.core, human kind)
+# config path pattern -> (module, registry attribute, human kind)
 _SECTION_REGISTRY = {
-    "algo.loss": ("POLICY_LOSSES", "policy loss"),
-    "algo.aggregation": ("AGGREGATIONS", "aggregation"),
-    "algo.advantage": ("ADVANTAGES", "advantage"),
-    "algo.mix.token_weight": ("TOKEN_WEIGHTS", "token weight"),
-    "algo.mix.mu": ("SCHEDULES", "schedule"),
-    "algo.entropy_coef": ("SCHEDULES", "schedule"),
-    "algo.controller": ("CONTROLLERS", "controller"),
+    "algo.loss": ("mixrl.core", "POLICY_LOSSES", "policy loss"),
+    "algo.aggregation": ("mixrl.core", "AGGREGATIONS", "aggregation"),
+    "algo.advantage": ("mixrl.core", "ADVANTAGES", "advantage"),
+    "algo.entropy_coef": ("mixrl.core", "SCHEDULES", "schedule"),
+    "algo.controller": ("mixrl.core", "CONTROLLERS", "controller"),
+    "algo.inject": ("mixrl.sources", "INJECTIONS", "injection"),
+    "offpolicy.source": ("mixrl.sources", "SOURCES", "off-policy source"),
+    "algo.coefs.*": ("mixrl.core", "SCHEDULES", "schedule"),
+    "algo.terms.*": ("mixrl.core", "TERMS", "term"),
+    "algo.terms.*.token_weight": ("mixrl.core", "TOKEN_WEIGHTS", "token weight"),
+    "algo.terms.*.loss": ("mixrl.core", "POLICY_LOSSES", "policy loss"),
+    "algo.terms.*.aggregation": ("mixrl.core", "AGGREGATIONS", "aggregation"),
+    "algo.terms.*.weight": ("mixrl.core", "SCHEDULES", "schedule"),
 }
-COMPONENT_SECTIONS = {k: v[1] for k, v in _SECTION_REGISTRY.items()}
+#: sections that may also be a plain number (a constant schedule) or a string (a term weight)
+_SCALAR_OK = ("algo.entropy_coef", "algo.coefs.*", "algo.terms.*.weight")
+#: sections that may be null (the term inherits the algo-level component)
+_NULL_OK = ("algo.terms.*.token_weight", "algo.terms.*.loss", "algo.terms.*.aggregation", "algo.controller")
+#: keys every term has besides its own parameters
+TERM_KEYS = ("tokens", "normalise_over", "weight", "aggregation")
 # keyword-only arguments that the trainer passes at run time; not config parameters
 RUNTIME_ARGS = frozenset({"num_items", "include"})
 
 
-def registry_for(section: str):
-    import mixrl.core as core
+def _pattern(section: str) -> str | None:
+    parts = section.split(".")
+    for pattern in _SECTION_REGISTRY:
+        p = pattern.split(".")
+        if len(p) == len(parts) and fnmatch.fnmatchcase(section, pattern):
+            return pattern
+    return None
 
-    return getattr(core, _SECTION_REGISTRY[section][0])
+
+def component_kind(section: str) -> str | None:
+    """The human kind of a component section (``policy loss``), or None if it is not one."""
+    pattern = _pattern(section)
+    return _SECTION_REGISTRY[pattern][2] if pattern else None
+
+
+def registry_for(section: str):
+    import importlib
+
+    module, attr, _ = _SECTION_REGISTRY[_pattern(section)]
+    return getattr(importlib.import_module(module), attr)
 
 
 def _params(section: str, name: str | None) -> dict[str, inspect.Parameter] | None:
@@ -48,7 +81,11 @@ def _params(section: str, name: str | None) -> dict[str, inspect.Parameter] | No
 
 def component_param_names(section: str, name: str | None) -> set[str] | None:
     params = _params(section, name)
-    return None if params is None else set(params)
+    if params is None:
+        return None
+    if _pattern(section) == "algo.terms.*":
+        return set(params) | set(TERM_KEYS)
+    return set(params)
 
 
 def _type_ok(value: Any, annotation: Any) -> tuple[bool, str]:
@@ -63,6 +100,7 @@ def _type_ok(value: Any, annotation: Any) -> tuple[bool, str]:
         "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
         "bool": lambda v: isinstance(v, bool),
         "str": lambda v: isinstance(v, str),
+        "dict": lambda v: isinstance(v, DictConfig),
     }
     known = [t for t in allowed if t in checks]
     if not known:  # an annotation we do not check (e.g. a Tensor)
@@ -72,12 +110,17 @@ def _type_ok(value: Any, annotation: Any) -> tuple[bool, str]:
 
 def _validate_section(cfg: DictConfig, section: str) -> None:
     node = OmegaConf.select(cfg, section)
+    pattern = _pattern(section)
     if node is None:
+        if pattern in _NULL_OK:
+            return
+        if pattern in ("algo.terms.*.weight",):
+            return
         return
-    kind = COMPONENT_SECTIONS[section]
+    kind = _SECTION_REGISTRY[pattern][2]
     if not isinstance(node, DictConfig):
-        if section in ("algo.entropy_coef", "algo.mix.mu") and isinstance(node, (int, float)):
-            return  # a plain number is a constant schedule
+        if pattern in _SCALAR_OK and isinstance(node, (int, float, str)) and not isinstance(node, bool):
+            return  # a plain number is a constant schedule; a string a coefficient reference
         raise ConfigError(f"'{section}' must be a mapping with a 'name' (a {kind}), got {node!r}")
     reg = registry_for(section)
     name = node.get("name")
@@ -89,13 +132,14 @@ def _validate_section(cfg: DictConfig, section: str) -> None:
             f"choices: {', '.join(reg.names())}"
         )
     params = _params(section, name)
+    shared = TERM_KEYS if pattern == "algo.terms.*" else ()
     for key in list(node.keys()):
-        if key == "name":
+        if key == "name" or key in shared:
             continue
         if key not in params:
             raise ConfigError(
                 f"unknown key '{section}.{key}': {kind} '{name}' has no parameter '{key}'"
-                f"{did_you_mean(str(key), params)}; its parameters: {', '.join(params) or 'none'}"
+                f"{did_you_mean(str(key), [*params, *shared])}; its parameters: {', '.join([*params, *shared]) or 'none'}"
             )
         value = node[key]
         ok, expected = _type_ok(value, params[key].annotation)
@@ -103,7 +147,7 @@ def _validate_section(cfg: DictConfig, section: str) -> None:
             raise ConfigError(f"wrong type for '{section}.{key}': got {value!r}, expected {expected}")
     with _open(node):
         for key, p in params.items():
-            if key not in node and p.default is not inspect.Parameter.empty:
+            if key not in node and p.default is not inspect.Parameter.empty and _pattern(f"{section}.{key}") is None:
                 node[key] = p.default
 
 
@@ -121,8 +165,27 @@ class _open:
         OmegaConf.set_struct(self.node, self.struct)
 
 
+def sections(cfg: DictConfig) -> list[str]:
+    """Every component section path present in ``cfg`` (patterns expanded)."""
+    out = []
+    for pattern in _SECTION_REGISTRY:
+        if "*" not in pattern:
+            out.append(pattern)
+            continue
+        head, _, tail = pattern.partition(".*")
+        parent = OmegaConf.select(cfg, head)
+        if not isinstance(parent, DictConfig):
+            continue
+        for key in parent.keys():
+            path = f"{head}.{key}{tail}"
+            if tail and not isinstance(OmegaConf.select(cfg, f"{head}.{key}"), DictConfig):
+                continue
+            out.append(path)
+    return out
+
+
 def validate_components(cfg: DictConfig) -> None:
-    for section in _SECTION_REGISTRY:
+    for section in sections(cfg):
         _validate_section(cfg, section)
     kl = cfg.algo.kl
     unknown = set(kl.keys()) - {"coef", "estimator"}
@@ -135,7 +198,3 @@ def validate_components(cfg: DictConfig) -> None:
     if est not in core.KL_ESTIMATORS:
         names = core.KL_ESTIMATORS.names()
         raise ConfigError(f"unknown KL estimator '{est}' for algo.kl.estimator{did_you_mean(est, names)}; choices: {', '.join(names)}")
-
-
-def resolve_type_hints(fn) -> dict[str, Any]:  # pragma: no cover - debugging aid
-    return typing.get_type_hints(fn)

@@ -23,10 +23,11 @@ from mixrl.errors import ConfigError, did_you_mean
 RECIPE_GROUP = "recipe"
 
 #: short keys for the knobs users turn most: `algo.gamma=0.2`, `algo.mu.peak=0.3`
+#: (the labels are those of the shipped algos: CHORD's `sft` term, LUFFY's `offpolicy` term)
 ALIASES = {
-    "algo.mu": "algo.mix.mu",
-    "algo.gamma": "algo.mix.shaping_gamma",
-    "algo.token_weight": "algo.mix.token_weight",
+    "algo.mu": "algo.coefs.mu",
+    "algo.gamma": "algo.terms.offpolicy.gamma",
+    "algo.token_weight": "algo.terms.sft.token_weight",
 }
 
 
@@ -159,7 +160,7 @@ def _check_group_override(group: str, value: str) -> None:
 
 def _prepare_value_overrides(base: DictConfig, value_overrides: list) -> list[str]:
     """Check each key exists; add '+' for parameters of a component not yet listed."""
-    from mixrl.config.components import COMPONENT_SECTIONS, component_param_names
+    from mixrl.config.components import component_kind, component_param_names
 
     known = set(_flat_keys(base))
     try:
@@ -173,7 +174,7 @@ def _prepare_value_overrides(base: DictConfig, value_overrides: list) -> list[st
     # switching a component (algo.loss.name=sft) drops the parameters the group file set
     # for the previous one that the new one does not have
     for parent, name in new_names.items():
-        if parent not in COMPONENT_SECTIONS:
+        if component_kind(parent) is None:
             continue
         params = component_param_names(parent, name)
         node = OmegaConf.select(base, parent)
@@ -206,7 +207,7 @@ def _prepare_value_overrides(base: DictConfig, value_overrides: list) -> list[st
                     f"unknown key '{key}': reward '{name}' has no parameter '{leaf}'"
                     f"{did_you_mean(leaf, params)}; its parameters: {', '.join(sorted(params)) or 'none'}"
                 )
-        if parent in COMPONENT_SECTIONS:
+        if component_kind(parent) is not None:
             name = new_names.get(parent) or OmegaConf.select(base, f"{parent}.name")
             params = component_param_names(parent, name)
             if leaf == "name" or (params is not None and leaf in params):
@@ -214,7 +215,7 @@ def _prepare_value_overrides(base: DictConfig, value_overrides: list) -> list[st
                 continue
             if params is not None:
                 raise ConfigError(
-                    f"unknown key '{key}': {COMPONENT_SECTIONS[parent]} '{name}' has no parameter '{leaf}'"
+                    f"unknown key '{key}': {component_kind(parent)} '{name}' has no parameter '{leaf}'"
                     f"{did_you_mean(leaf, params)}; its parameters: {', '.join(sorted(params)) or 'none'}"
                 )
         siblings = [k for k in schema_keys if k.rpartition(".")[0] == parent]

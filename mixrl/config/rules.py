@@ -14,10 +14,6 @@ from omegaconf import DictConfig
 
 from mixrl.errors import ConfigError
 
-MIX_MODES = ("none", "aux_loss", "group_inject", "sft")
-OFFPOLICY_SOURCES = ("none", "expert")
-
-
 @dataclass(frozen=True)
 class Geometry:
     prompts_per_step: int
@@ -27,7 +23,7 @@ class Geometry:
     micro_batch_size: int  # rows per forward/backward per process
     grad_accum: int  # micro-batches per optimizer step per process
     rows_per_process: int
-    expert_rows_per_step: int = 0  # aux_loss (CHORD): extra expert rows per optimizer step, all processes
+    expert_rows_per_step: int = 0  # rows an injection appends beside the rollouts per optimizer step (CHORD), all processes
 
     @property
     def expert_rows_per_process(self) -> int:
@@ -69,52 +65,11 @@ def geometry(cfg: DictConfig) -> Geometry:
 
 
 def _expert_rows(cfg: DictConfig, rollouts: int, unit: int) -> int:
-    """CHORD's expert rows per step: ``algo.mix.expert_rows``, or ``expert_ratio`` = the
-    fraction of all rows that are expert (0.2 with 256 rollouts gives 64, as in CHORD's
-    recipe), rounded to a multiple of ``unit`` = processes x micro-batches so that every
-    micro-batch of every process can hold the same number."""
-    mix = cfg.algo.mix
-    if mix.get("mode", "none") != "aux_loss":
-        return 0
-    rows, ratio = mix.get("expert_rows"), mix.get("expert_ratio")
-    if rows is not None:  # a count wins over the ratio
-        if int(rows) < 1 or int(rows) % unit:
-            raise ConfigError(
-                f"algo.mix.expert_rows={rows} must be a positive multiple of {unit} "
-                f"(processes x micro-batches per step), e.g. {max(unit, round(int(rows) / unit) * unit)}"
-            )
-        return int(rows)
-    ratio = 0.2 if ratio is None else float(ratio)
-    if not 0.0 < ratio < 1.0:
-        raise ConfigError(f"algo.mix.expert_ratio must be in (0, 1), got {ratio}")
-    return max(unit, round(ratio * rollouts / (1.0 - ratio) / unit) * unit)
+    """Rows the configured injection appends per step (``extra_rows_per_step``), with
+    ``unit`` = processes x micro-batches so that every micro-batch can hold the same number."""
+    from mixrl.config.objective import build_injection
 
-
-MIX_KEYS = {
-    "mode": "none | aux_loss | group_inject | sft",
-    "mu": "aux_loss: weight of the expert term, a number or a schedule",
-    "token_weight": "aux_loss/sft: weight on expert tokens {name: one|p|chord_phi|luffy}",
-    "expert_rows": "aux_loss: expert rows per step (wins over expert_ratio when set)",
-    "expert_ratio": "aux_loss: fraction of rows per step that are expert",
-    "experts_per_group": "group_inject: expert completions per group (k)",
-    "shaping_gamma": "group_inject: f(p) = p / (p + gamma) on expert tokens",
-}
-
-
-def _validate_mix(cfg: DictConfig) -> None:
-    from mixrl.errors import did_you_mean
-
-    mix = cfg.algo.mix
-    for key in mix.keys():
-        if key not in MIX_KEYS:
-            raise ConfigError(f"unknown key 'algo.mix.{key}'{did_you_mean(str(key), MIX_KEYS)}; keys: {', '.join(MIX_KEYS)}")
-    mode = mix.get("mode", "none")
-    if mode == "group_inject":
-        k, G = int(mix.get("experts_per_group", 1)), int(cfg.algo.num_generations)
-        if not 1 <= k < G:
-            raise ConfigError(f"algo.mix.experts_per_group={k} must be between 1 and num_generations-1={G - 1}")
-        if float(mix.get("shaping_gamma", 0.1)) <= 0:
-            raise ConfigError("algo.mix.shaping_gamma must be > 0")
+    return build_injection(cfg).extra_rows_per_step(rollouts, unit)
 
 
 def _gcd(a: int, b: int) -> int:
@@ -124,18 +79,11 @@ def _gcd(a: int, b: int) -> int:
 
 
 def validate_rules(cfg: DictConfig) -> None:
-    _validate_mix(cfg)
+    """Cross-field rules, then the objective's checks (the one validation pass)."""
+    from mixrl.config.objective import check_objective
+
     geometry(cfg)
-    algo, off = cfg.algo, cfg.offpolicy
-    if off.source not in OFFPOLICY_SOURCES:
-        raise ConfigError(f"unknown offpolicy.source '{off.source}'; choices: {', '.join(OFFPOLICY_SOURCES)}")
-    mode = algo.mix.get("mode", "none")
-    if mode not in MIX_MODES:
-        raise ConfigError(f"unknown algo.mix.mode '{mode}'; choices: {', '.join(MIX_MODES)}")
-    if mode != "none" and off.source == "none":
-        raise ConfigError(
-            f"algo.mix.mode={mode} trains on off-policy rows but offpolicy.source is 'none'; add offpolicy=expert"
-        )
+    algo = cfg.algo
     if algo.num_generations < 2 and algo.advantage.name in ("grpo", "dr_grpo", "rloo"):
         raise ConfigError(
             f"algo.advantage.name={algo.advantage.name} compares completions within a group; set algo.num_generations >= 2"
@@ -150,3 +98,4 @@ def validate_rules(cfg: DictConfig) -> None:
         raise ConfigError(f"trainer.learning_rate must be > 0, got {cfg.trainer.learning_rate}")
     if float(cfg.algo.kl.get("coef", 0.0)) < 0:
         raise ConfigError("algo.kl.coef must be >= 0")
+    check_objective(cfg)

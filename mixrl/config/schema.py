@@ -73,11 +73,11 @@ class DataConfig:
 
 @dataclass
 class OffPolicyConfig:
+    """Where off-policy material comes from: ``source`` is a component of the off-policy
+    source registry (``mixrl.sources``), e.g. ``{name: expert, dataset: null, ...}``."""
+
     name: str = "none"
-    source: str = "none"  # none | expert
-    dataset: Optional[str] = None  # a separate expert dataset (default: data.expert_column of the training data)
-    column: Optional[str] = None  # expert column when the source is a separate dataset
-    missing: str = "on_policy"  # rows without an expert completion: on_policy | skip | error
+    source: dict = field(default_factory=lambda: {"name": "none"})
 
 
 @dataclass
@@ -113,8 +113,13 @@ class LoggerConfig:
 
 @dataclass
 class AlgoConfig:
-    """The objective. ``loss``, ``aggregation``, ``advantage``, ``token_weight`` are
-    components: a ``name`` plus that function's parameters."""
+    """The objective. ``loss``, ``aggregation``, ``advantage``, ``inject``, each term and
+    ``controller`` are components: a ``name`` plus that component's parameters.
+
+    ``terms`` maps a label to a term ``{name, tokens, normalise_over, weight, aggregation,
+    <term parameters>}`` (see ``mixrl.core.terms``); ``coefs`` names coefficients (numbers
+    or schedules) that term weights refer to (``weight: 1-mu``). ``kl`` and ``entropy_coef``
+    add the KL and entropy terms on on-policy tokens."""
 
     name: str = "grpo"
     num_generations: int = 8
@@ -124,8 +129,9 @@ class AlgoConfig:
     advantage_include_offpolicy: bool = True
     kl: dict = field(default_factory=lambda: {"coef": 0.0, "estimator": "k3"})
     entropy_coef: Any = 0.0  # a number or a schedule {name, ...}
-    # how off-policy rows enter: none | aux_loss (CHORD) | group_inject (LUFFY)
-    mix: dict = field(default_factory=lambda: {"mode": "none"})
+    inject: dict = field(default_factory=lambda: {"name": "none"})  # where off-policy rows enter (mixrl.sources)
+    coefs: dict = field(default_factory=dict)  # named coefficients: {mu: 0.1 | schedule}
+    terms: dict = field(default_factory=dict)  # label -> term; every algo lists its own
     controller: Optional[dict] = None  # {name: bapo|entropic, ...}: sets clip bounds / entropy coef each step
     stages: list = field(default_factory=list)  # sequential stages (sft_then_rl)
 

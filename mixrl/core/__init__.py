@@ -21,8 +21,10 @@ from mixrl.core import (  # noqa: F401  (import = registration)
     aggregation,
     controllers,
     policy_losses,
+    provenance,
     regularizers,
     schedules,
+    terms,
     token_weights,
 )
 from mixrl.core.advantages import ADVANTAGES
@@ -37,6 +39,7 @@ from mixrl.core.regularizers import (
     teacher_kl,
 )
 from mixrl.core.schedules import SCHEDULES, describe_schedule, resolve_schedule
+from mixrl.core.terms import TERMS
 from mixrl.core.token_weights import TOKEN_WEIGHTS, luffy_shaped_ratio
 
 #: every registry, keyed by the name used in docs and config groups
@@ -48,6 +51,7 @@ REGISTRIES: dict[str, Registry] = {
     "kl_estimator": KL_ESTIMATORS,
     "schedule": SCHEDULES,
     "controller": CONTROLLERS,
+    "term": TERMS,
 }
 
 __all__ = [
@@ -58,6 +62,7 @@ __all__ = [
     "POLICY_LOSSES",
     "REGISTRIES",
     "SCHEDULES",
+    "TERMS",
     "TOKEN_WEIGHTS",
     "BapoClipController",
     "ComponentParamError",

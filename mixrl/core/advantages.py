@@ -90,7 +90,10 @@ def grpo(
     group, as ``torch.std`` in TRL, verl and CHORD's Trinity-RFT code; ``unbiased=False``
     gives the population std. CHORD: ``(r - mean) / (std + 1e-6)``.
 
-    Paper: GRPO (DeepSeekMath); CHORD.
+    Formula: ``A_i = (R_i - mean_g R) / (std_g R + {eps})`` over the prompt's group g, unbiased (n - 1) std: {unbiased}
+
+    Paper: GRPO, "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open
+    Language Models"; CHORD.
 
     Parameters:
         include (None): bool [N], rows counted in the statistics (default all).
@@ -110,7 +113,10 @@ def dr_grpo(
 ) -> Tensor:
     """Dr.GRPO: mean-centred, no std division: ``A_i = r_i - mean_g``.
 
-    Paper: Dr.GRPO; LUFFY's script (std normalisation off).
+    Formula: ``A_i = R_i - mean_g R`` over the prompt's group g (no std division)
+
+    Paper: Dr.GRPO, "Understanding R1-Zero-Like Training: A Critical Perspective"; LUFFY's
+    script (std normalisation off).
 
     Parameters:
         include (None): bool [N], rows counted in the group mean (default all).
@@ -131,7 +137,11 @@ def rloo(
     An excluded row's baseline is the mean of all included rows of its group. An
     included row that is alone in its group has no baseline: advantage 0.
 
-    Paper: RLOO (Ahmadian et al. 2024; Kool et al. 2019).
+    Formula: ``A_i = R_i - mean_{j != i in g} R_j`` (leave-one-out baseline within the group g)
+
+    Paper: RLOO, "Back to Basics: Revisiting REINFORCE Style Optimization for Learning from
+    Human Feedback in LLMs" (Ahmadian et al. 2024); "Buy 4 REINFORCE Samples, Get a Baseline
+    for Free!" (Kool et al. 2019).
 
     Parameters:
         include (None): bool [N], rows that serve as baselines (default all).
@@ -152,7 +162,13 @@ def reinforce_baseline(
 ) -> Tensor:
     """REINFORCE with a batch-mean baseline: ``A_i = r_i - mean_batch`` (groups ignored).
 
-    Paper: REINFORCE baseline (TOPR, AsymRE). No included row: advantage 0.
+    No included row: advantage 0.
+
+    Formula: ``A_i = R_i - mean_batch R`` (batch baseline, groups ignored)
+
+    Paper: the REINFORCE baseline of "Tapered Off-Policy REINFORCE: Stable and efficient
+    reinforcement learning for LLMs" and "Group-Relative REINFORCE Is Secretly an
+    Off-Policy Algorithm: Demystifying Some Myths About GRPO and Its Friends".
 
     Parameters:
         include (None): bool [N], rows counted in the batch mean (default all).
@@ -173,7 +189,11 @@ def batch_norm(
     """Batch-normalised advantage: ``A_i = (r_i - mean_batch) / (std_batch + eps)``.
 
     Groups are ignored; the std is unbiased (n - 1) by default, as in ``grpo``.
-    Paper: REINFORCE++-style global normalisation.
+
+    Formula: ``A_i = (R_i - mean_batch R) / (std_batch R + {eps})``, unbiased (n - 1) std: {unbiased}
+
+    Paper: the global normalisation of "REINFORCE++: A Simple and Efficient Approach for
+    Aligning Large Language Models".
 
     Parameters:
         include (None): bool [N], rows counted in the statistics (default all).

@@ -51,8 +51,12 @@ def token_mean(
 ) -> Tensor:
     """Token mean: ``sum_{b,t} m L / N_tokens`` (every token weighs the same).
 
-    Paper: DAPO (token-level loss); CHORD's RL term. ``N_tokens`` = ``num_items`` (global
-    token count) if given, else the tokens in this call.
+    Formula: ``L = sum over tokens of l_t / N``, N = the population's tokens in the step
+
+    ``N`` = ``num_items`` (global token count) if given, else the tokens in this call.
+
+    Paper: "DAPO: An Open-Source LLM Reinforcement Learning System at Scale" (token-level
+    loss); CHORD's RL term.
 
     Parameters:
         max_len (None): unused here.
@@ -73,8 +77,13 @@ def seq_mean_token_mean(
 ) -> Tensor:
     """Sequence mean of per-row token means: ``(1/N_rows) sum_b (sum_t m L / |y_b|)``.
 
-    Paper: GRPO (original objective), GSPO. ``N_rows`` = ``num_items`` (global non-empty
-    row count) if given, else the non-empty rows in this call.
+    Formula: ``L = (1 / N) sum_b (sum_t l_t / |y_b|)``, N = the population's rows in the step
+
+    ``N`` = ``num_items`` (global non-empty row count) if given, else the non-empty rows
+    in this call.
+
+    Paper: GRPO's original objective ("DeepSeekMath: Pushing the Limits of Mathematical
+    Reasoning in Open Language Models"); "Group Sequence Policy Optimization".
 
     Parameters:
         max_len (None): unused here.
@@ -95,7 +104,12 @@ def seq_mean_token_sum(
 ) -> Tensor:
     """Sequence mean of per-row token sums: ``(1/N_rows) sum_b sum_t m L``.
 
-    Paper: verl ``seq-mean-token-sum``. ``N_rows`` as in ``seq-mean-token-mean``.
+    Formula: ``L = (1 / N) sum_b sum_t l_t``, N = the population's rows in the step
+
+    ``N`` as in ``seq-mean-token-mean``.
+
+    Paper: verl's ``seq-mean-token-sum``; the trajectory log-likelihood sum of "Tapered
+    Off-Policy REINFORCE: Stable and efficient reinforcement learning for LLMs".
 
     Parameters:
         max_len (None): unused here.
@@ -120,7 +134,10 @@ def seq_mean_token_sum_norm(
     width T of this call is used, which varies between micro-batches, so pass it
     explicitly for gradient-accumulation invariance. LUFFY divides by the max length too.
 
-    Paper: Dr.GRPO (Liu et al. 2025, "Understanding R1-Zero-like training").
+    Formula: ``L = (1 / N) sum_b sum_t l_t / {max_len}``, N = the population's rows in the step (None: the padded width T of each micro-batch)
+
+    Paper: Dr.GRPO, "Understanding R1-Zero-Like Training: A Critical Perspective" (Liu et
+    al. 2025, arXiv 2503.20783).
 
     Parameters:
         max_len (None): fixed length normaliser (default: T of this call).

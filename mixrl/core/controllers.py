@@ -1,9 +1,20 @@
 """Stateful controllers that set a loss knob from training statistics (axis A5).
 
 Registered entries are *classes*; their keyword-only constructor parameters are the
-config parameters. Every controller has ``update(...)``, ``state_dict()`` and
-``load_state_dict(state)`` (plain python floats / ints, checkpoint friendly) and
-``metrics()`` (scalars to log).
+config parameters. One interface, statistics in and knob values out:
+
+* ``when``: ``"step_start"`` (consulted on the first micro-batch of each optimizer step,
+  before its loss) or ``"step_end"`` (after the step's last micro-batch);
+* ``needs``: the statistics ``step`` reads: ``ratio``, ``advantages``, ``mask`` (the policy
+  term's tokens) or ``entropy`` (the step's token-mean entropy of on-policy tokens);
+* ``step(stats, reduce=None)``: update from ``stats``; ``reduce(tensor)`` sums a tensor
+  over processes so every process decides the same;
+* ``knobs()``: the values it sets, by name: ``loss.<param>`` for a policy-loss parameter,
+  any other name for an objective coefficient (e.g. ``entropy_coef``);
+* ``knob_names``: the names ``knobs()`` may return (config validation reads them);
+* ``check(objective)``: raise ``ValueError`` if the objective has nothing it can act on;
+* ``state_dict()`` / ``load_state_dict(state)`` (plain floats / ints, saved with
+  checkpoints) and ``metrics()`` (scalars to log).
 """
 
 from __future__ import annotations
@@ -36,11 +47,16 @@ class BapoClipController:
     (up to ``low_max``: fewer low-probability negative tokens), until rho >= rho0 or
     both bounds are at their maximum. It returns ``(clip_low, clip_high)`` as PPO
     *epsilons* (``1 - c_low``, ``c_high - 1``) to pass to ``ppo_clip``. State: the last
-    chosen bounds and rho.
+    chosen bounds and rho. Ranges [0.6, 0.9] / [1.2, 3.0] and rho0 = 0.5 from the authors'
+    README; steps 0.02 (low) / 0.05 (high) are our reading of the paper (their verl recipe
+    uses 0.05 for both and raises c_low first).
 
-    Paper: BAPO (adaptive clipping, METHODS.md #80). Ranges [0.6, 0.9] / [1.2, 3.0] and
-    rho0 = 0.5 from the authors' README; steps 0.02 (low) / 0.05 (high) are our reading
-    of the paper (their verl recipe uses 0.05 for both and raises c_low first).
+    Formula: each step, [c_low, c_high] = [{low_min}, {high_min}], raised by ({step_low}, {step_high})
+    up to ({low_max}, {high_max}) until rho = sum_{A>0} A min(r, c_high) / sum_{A!=0} |A| clip(r) >= {rho0};
+    clip_low = 1 - c_low, clip_high = c_high - 1
+
+    Paper: "BAPO: Stabilizing Off-Policy Reinforcement Learning for LLMs via Balanced Policy
+    Optimization with Adaptive Clipping" (Xi et al. 2025).
 
     Parameters:
         rho0 (0.5): target share of the positive-advantage contribution.
@@ -51,6 +67,10 @@ class BapoClipController:
         step_low (0.02): increment of the lower bound.
         step_high (0.05): increment of the upper bound.
     """
+
+    when = "step_start"
+    needs = ("ratio", "advantages", "mask")
+    knob_names = ("loss.clip_low", "loss.clip_high")
 
     def __init__(
         self,
@@ -145,6 +165,20 @@ class BapoClipController:
         self.num_updates += 1
         return self.clip_low, self.clip_high
 
+    @staticmethod
+    def check(objective) -> None:
+        """BAPO moves PPO's clip bounds: every policy term must use ppo_clip."""
+        for t in objective.terms:
+            loss = (t.params.get("loss") or {}).get("name") if t.kind == "policy" else "ppo_clip"
+            if loss != "ppo_clip":
+                raise ValueError(f"it sets PPO clip bounds, but algo.loss.name={loss} has no PPO clip; use algo.loss.name=ppo_clip")
+
+    def step(self, stats: dict[str, Tensor], reduce: Callable[[Tensor], Tensor] | None = None) -> None:
+        self.update(stats["ratio"], stats["advantages"], stats["mask"], reduce=reduce)
+
+    def knobs(self) -> dict[str, float]:
+        return {"loss.clip_low": self.clip_low, "loss.clip_high": self.clip_high}
+
     def metrics(self) -> dict[str, float]:
         return {
             "bapo/ratio_low": self.ratio_low,
@@ -183,10 +217,15 @@ class EntropicController:
     ``I`` is clamped to ``[-integral_limit, integral_limit]`` (anti-windup). A positive
     coef means "entropy is too low": the trainer raises entropy with it (e.g. as an
     entropy-bonus coefficient, or, as in EntroPIC, by down-weighting positive /
-    up-weighting negative samples). State: the integral and the last coef.
+    up-weighting negative samples). State: the integral and the last coef. The gains and
+    range are our defaults (not from the paper), sized for token entropies of order
+    0.1 - 1 nats.
 
-    Paper: EntroPIC (METHODS.md #49). The gains and range are our defaults (not from the
-    paper), sized for token entropies of order 0.1 - 1 nats.
+    Formula: after each step e = {target} - H, I += e (|I| <= {integral_limit}),
+    c_ent = clamp({kp} e + {ki} I, {coef_min}, {coef_max})
+
+    Paper: "EntroPIC: Towards Stable Long-Term Training of LLMs via Entropy Stabilization
+    with Proportional-Integral Control" (2025).
 
     Parameters:
         target (0.2): target entropy (nats per token).
@@ -196,6 +235,10 @@ class EntropicController:
         coef_max (1.0): upper bound of the output.
         integral_limit (None): clamp on |integral| (None = no anti-windup).
     """
+
+    when = "step_end"
+    needs = ("entropy",)
+    knob_names = ("entropy_coef",)
 
     def __init__(
         self,
@@ -229,6 +272,20 @@ class EntropicController:
         self.last_error = e
         self.num_updates += 1
         return self.coef
+
+    @staticmethod
+    def check(objective) -> None:
+        """Nothing to check beyond the coefficient it sets (checked by the config layer)."""
+
+    def step(self, stats: dict[str, Any], reduce: Callable[[Tensor], Tensor] | None = None) -> None:
+        entropy = torch.as_tensor(float(stats["entropy"]), dtype=torch.float64)
+        if reduce is not None:
+            entropy = reduce(entropy)
+        self.update(float(entropy))
+
+    def knobs(self) -> dict[str, float]:
+        """The entropy coefficient, once the first step has been seen (before: the config's)."""
+        return {"entropy_coef": self.coef} if self.num_updates else {}
 
     def metrics(self) -> dict[str, float]:
         return {

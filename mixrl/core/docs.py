@@ -2,6 +2,12 @@
 
 Usage: ``python -m mixrl.core.docs > docs/components.md``. A test checks the committed
 file is current.
+
+Every entry is rendered from what it declares (:meth:`mixrl.core.registry.Registry.declaration`:
+summary, ``Formula:``, ``Paper:``), its docstring and its signature, for every registry in
+:data:`mixrl.core.REGISTRIES` plus the off-policy sources and injections
+(:mod:`mixrl.sources`), and every registered token provenance. A new component or
+registry shows up here without editing this module.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ import inspect
 import sys
 
 from mixrl.core import REGISTRIES, Registry
+from mixrl.core import provenance as prov
 
 _TITLES = {
     "policy_loss": ("Policy losses", "fn(logp, old_logp, advantages, mask, *, params) -> PolicyLossOutput"),
@@ -18,8 +25,23 @@ _TITLES = {
     "advantage": ("Advantages", "fn(rewards [N], group_ids [N], *, include=None, params) -> Tensor [N]"),
     "kl_estimator": ("KL estimators", "fn(logp, ref_logp) -> Tensor [B, T]"),
     "schedule": ("Schedules", "fn(step, *, params) -> float"),
-    "controller": ("Controllers", "class(*, params) with update(...), state_dict(), load_state_dict()"),
+    "controller": ("Controllers", "class(*, params) with step(stats), knobs(), check(objective), state_dict()"),
+    "term": ("Terms", "fn(x: TermInputs, *, params) -> TermOutput (per-token loss on the selected tokens)"),
+    "source": ("Off-policy sources", "class(*, params) with provenances, prepare(train_ds, data_cfg), state_dict()"),
+    "injection": (
+        "Injections",
+        "class(*, params, source, geometry, seed) with hooks before_generation, after_generation, "
+        "after_rewards, after_advantages",
+    ),
 }
+_SECTIONS = ("Formula:", "Paper:", "Parameters:")
+
+
+def all_registries() -> dict[str, Registry]:
+    """Every registry the docs cover: the core ones, then sources and injections."""
+    from mixrl.sources import INJECTIONS, SOURCES
+
+    return {**REGISTRIES, "source": SOURCES, "injection": INJECTIONS}
 
 
 def _annotation(a) -> str:
@@ -31,14 +53,24 @@ def _annotation(a) -> str:
 
 
 def _docstring_body(obj) -> str:
-    doc = inspect.getdoc(obj) or ""
-    # the "Parameters:" section is rendered as a table from the signature
-    lines = []
-    for line in doc.splitlines():
-        if line.strip().startswith("Parameters"):
-            break
-        lines.append(line)
-    return "\n".join(lines).strip()
+    """The docstring without its declared sections (``Formula:``, ``Paper:``,
+    ``Parameters:``), which are rendered separately."""
+    lines = (inspect.getdoc(obj) or "").splitlines()
+    out: list[str] = []
+    skipping = False
+    for line in lines:
+        stripped = line.strip()
+        if stripped.startswith(_SECTIONS):
+            skipping = True
+            continue
+        if skipping and stripped:
+            continue
+        skipping = False
+        out.append(line)
+    text = "\n".join(out).strip()
+    while "\n\n\n" in text:
+        text = text.replace("\n\n\n", "\n\n")
+    return text
 
 
 def _param_docs(obj) -> dict[str, str]:
@@ -64,31 +96,60 @@ def _param_docs(obj) -> dict[str, str]:
     return out
 
 
+def _render_entry(registry: Registry, name: str) -> list[str]:
+    obj = registry.get(name)
+    decl = registry.declaration(name)
+    lines = [f"### `{name}`", ""]
+    body = _docstring_body(obj)
+    if body:
+        lines += [body, ""]
+    if decl["formula"]:
+        lines += [f"Formula: `{decl['formula']}`", ""]
+    if decl["paper"]:
+        lines += [f"Paper: {decl['paper']}", ""]
+    params = registry.params(name)
+    descriptions = _param_docs(obj)
+    if params:
+        lines += ["| parameter | type | default | meaning |", "|---|---|---|---|"]
+        for pname, p in params.items():
+            default = "—" if p.default is inspect.Parameter.empty else f"`{p.default!r}`"
+            desc = descriptions.get(pname, "").replace("|", "\\|")
+            kind = _annotation(p.annotation).replace("|", "\\|")
+            lines.append(f"| `{pname}` | `{kind}` | {default} | {desc} |")
+    else:
+        lines.append("No parameters.")
+    lines.append("")
+    return lines
+
+
 def _render_registry(key: str, registry: Registry) -> list[str]:
     title, signature = _TITLES.get(key, (registry.kind, ""))
-    lines = [f"## {title}", "", f"Registry `{key}` ({registry.kind}). Signature: `{signature}`."]
+    lines = [f"## {title}", ""]
+    lines.append(f"Registry `{key}` ({registry.kind})." + (f" Signature: `{signature}`." if signature else ""))
     if registry.runtime:
         names = ", ".join(f"`{n}`" for n in registry.runtime)
         lines.append(f"Runtime arguments (supplied by the trainer, not config): {names}.")
     lines.append("")
     for name in registry.names():
-        obj = registry.get(name)
-        lines += [f"### `{name}`", ""]
-        body = _docstring_body(obj)
-        if body:
-            lines += [body, ""]
-        params = registry.params(name)
-        descriptions = _param_docs(obj)
-        if params:
-            lines += ["| parameter | type | default | meaning |", "|---|---|---|---|"]
-            for pname, p in params.items():
-                default = "—" if p.default is inspect.Parameter.empty else f"`{p.default!r}`"
-                desc = descriptions.get(pname, "").replace("|", "\\|")
-                kind = _annotation(p.annotation).replace("|", "\\|")
-                lines.append(f"| `{pname}` | `{kind}` | {default} | {desc} |")
-        else:
-            lines.append("No parameters.")
-        lines.append("")
+        lines += _render_entry(registry, name)
+    return lines
+
+
+def _render_provenances() -> list[str]:
+    lines = [
+        "## Token provenances",
+        "",
+        "Where each completion token came from (`mixrl.core.provenance`); terms select their tokens by",
+        "these names. Behaviour: `policy` (the rollout's old log-probs), `stored` (log-probs recorded",
+        "at sampling time), `unknown` (no importance ratio may be taken).",
+        "",
+        "| provenance | behaviour | description |",
+        "|---|---|---|",
+    ]
+    for name in prov.provenance_names():
+        p = prov.provenance(name)
+        lines.append(f"| `{p.name}` | `{p.behaviour}` | {p.description.replace('|', chr(92) + '|')} |")
+    lines.append("")
     return lines
 
 
@@ -99,15 +160,18 @@ def render_components_markdown() -> str:
         "",
         "<!-- Generated by `python -m mixrl.core.docs > docs/components.md`; do not edit by hand. -->",
         "",
-        "Every component below is a small pure function (controllers: a class) in",
-        "`mixrl/core/`, registered by name. Its config parameters are its keyword-only",
-        "parameters; a config may override any of them, and unknown keys are rejected.",
-        "Notation: `r = exp(clamp(logp - old_logp, -20, 20))`, `A` advantage, `p = exp(logp)`,",
-        "`sg` stop-gradient. Paper short names follow `METHODS.md`.",
+        "Every component below is a small pure function or class, registered by name (tensor math",
+        "in `mixrl/core/`, off-policy sources and injections in `mixrl/sources/`). Its config",
+        "parameters are its keyword-only parameters; a config may override any of them, and unknown",
+        "keys are rejected. Each entry's summary, formula and paper are what the component declares",
+        "in its docstring; `{param}` in a formula stands for that parameter's value (`mixrl explain`",
+        "fills it in). Notation: `r = exp(clamp(logp - old_logp, -20, 20))` the importance ratio,",
+        "`A` the advantage, `p = exp(logp)`, `sg` stop-gradient, `l_t` a per-token loss.",
         "",
     ]
-    for key, registry in REGISTRIES.items():
+    for key, registry in all_registries().items():
         lines += _render_registry(key, registry)
+    lines += _render_provenances()
     return "\n".join(lines).rstrip() + "\n"
 
 

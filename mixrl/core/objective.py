@@ -1,25 +1,24 @@
-"""The training objective: policy loss, off-policy terms and regularisers, per row source.
+"""The training objective: a weighted sum of registered terms, each on the tokens it selects.
 
-Pure tensor math (no TRL, no transformers). The trainer hands over one micro-batch of
-rows, each tagged with its source, plus the global counts needed to normalise each term
-over the whole optimizer step; this module returns the scalar loss and its parts.
+Pure tensor math (no TRL, no transformers). For one micro-batch::
 
-Rows and sources (``row_source`` values):
-    ON_POLICY = 0   rollouts of the current policy (behaviour log-probs = old_logp)
-    EXPERT    = 1   off-policy expert demonstrations (behaviour probability unknown)
-    REPLAY    = 2   stale rollouts with known behaviour log-probs (treated like on-policy)
+    L = sum_k  w_k(t) * Agg_k[ l_k ; tokens_k ] / N_k
 
-Mixing modes (``ObjectiveSpec.mix_mode``):
-    none          L = Agg_all[ l_pi ]
-    aux_loss      L = (1 - mu_t) * Agg_on[ l_pi ] + mu_t * Agg_exp[ -sg(w(p)) * log p ]      (CHORD)
-                  each term normalised over its own rows/tokens, so mu alone sets the balance.
-    group_inject  L = Agg_all[ l_pi on on-policy tokens ;  -A * f(p) on expert tokens ]        (LUFFY)
-                  with f(p) = p / (p + gamma) (behaviour probability taken as 1, no clip).
-    sft           L = Agg_exp[ -sg(w(p)) * log p ]  (aux_loss with mu = 1: supervised fine-tuning)
-Regularisers (on on-policy rows only): + kl_coef * Agg_on[ KL_est(pi || pi_ref) ] - c_ent(t) * mean_on[ H ].
-``Agg`` is the configured aggregation; its normaliser is the global token count (token-mean)
-or the global row count (sequence modes) of the rows it covers, pre-scaled by the trainer
-for processes and gradient accumulation, so micro-batch losses add up to the full-step loss.
+* ``l_k``: the per-token loss of term k (a :data:`mixrl.core.terms.TERMS` entry), computed on
+  the tokens whose provenance is in ``tokens_k`` (0 elsewhere);
+* ``Agg_k``: the term's aggregation (token-mean, seq-mean-...); its normaliser ``N_k`` is the
+  global token (or row) count of the population ``normalise_over_k`` (default: ``tokens_k``),
+  pre-scaled by the trainer for processes and gradient accumulation, so micro-batch losses
+  add up to the full-step loss. Aggregations are linear in ``l`` for a fixed mask, so two
+  terms with the same population add up to one aggregate over their union (LUFFY);
+* ``w_k(t)``: a number, a schedule, or a named coefficient (``mu``, ``1-mu``, ``-entropy_coef``)
+  that a controller may override for the step.
+
+Methods as terms: GRPO = policy(on_policy); CHORD = (1 - mu_t) policy(on_policy) +
+mu_t nll_phi(expert); LUFFY = policy(on_policy) + shaped(expert), both normalised over
+on_policy + expert; SFT = nll(expert). KL and entropy regularisers are terms on on-policy
+tokens. Tokens a term selects must have what it needs: a ratio needs a known behaviour
+probability (see :mod:`mixrl.core.provenance`), so no ratio is ever taken against a silent 0.
 """
 
 from __future__ import annotations
@@ -30,26 +29,81 @@ from typing import Any
 
 import torch
 
-ON_POLICY, EXPERT, REPLAY = 0, 1, 2
-SOURCE_NAMES = {ON_POLICY: "on_policy", EXPERT: "expert", REPLAY: "replay"}
+from mixrl.core import provenance as prov
+from mixrl.core._tensor import masked_mean, zero_masked
 
 
 @dataclass
-class ObjectiveSpec:
-    """Everything the objective needs from the config, as plain values."""
+class TermSpec:
+    """One term of the objective, as plain values."""
 
-    policy_loss: str = "ppo_clip"
-    policy_params: dict = field(default_factory=dict)
+    label: str  # metrics key: loss/<label>
+    kind: str  # a TERMS name
+    tokens: tuple[str, ...] = ("on_policy",)
+    normalise_over: tuple[str, ...] | None = None  # default: tokens
+    weight: Any = 1.0  # number | schedule spec | coefficient reference ("mu", "1-mu", "-entropy_coef")
     aggregation: str = "token-mean"
     aggregation_params: dict = field(default_factory=dict)
-    kl_coef: float = 0.0
-    kl_estimator: str = "k3"
-    entropy_coef: Any = 0.0  # number or schedule spec
-    mix_mode: str = "none"  # none | aux_loss | group_inject | sft
-    mu: Any = 0.0  # number or schedule spec (aux_loss)
-    token_weight: str = "one"  # aux_loss expert-token weight
-    token_weight_params: dict = field(default_factory=dict)
-    shaping_gamma: float = 0.1  # group_inject: f(p) = p / (p + gamma)
+    params: dict = field(default_factory=dict)
+
+    @property
+    def population(self) -> tuple[str, ...]:
+        return tuple(self.normalise_over or self.tokens)
+
+
+@dataclass
+class Objective:
+    """Terms plus the named coefficients (numbers or schedules) their weights refer to."""
+
+    terms: list[TermSpec]
+    coefs: dict[str, Any] = field(default_factory=dict)
+
+    def populations(self) -> list[tuple[str, ...]]:
+        """The distinct token populations the terms normalise over (trainer counts them)."""
+        out: list[tuple[str, ...]] = []
+        for t in self.terms:
+            if t.population not in out:
+                out.append(t.population)
+        return out
+
+    def selected(self) -> list[str]:
+        """Every provenance some term trains on."""
+        return sorted({p for t in self.terms for p in t.tokens})
+
+    def coefficient(self, name: str, step: int, knobs: Mapping[str, float] | None = None) -> float:
+        from mixrl.core.schedules import resolve_schedule
+
+        if knobs and name in knobs:
+            return float(knobs[name])
+        if name not in self.coefs:
+            raise KeyError(f"term weight refers to coefficient {name!r}, which is not defined; defined: {', '.join(self.coefs) or 'none'}")
+        return float(resolve_schedule(self.coefs[name])(step))
+
+    def weight(self, term: TermSpec, step: int, knobs: Mapping[str, float] | None = None) -> float:
+        """``w_k(t)``: the term's weight at ``step`` (controller knobs win over coefficients)."""
+        from mixrl.core.schedules import resolve_schedule
+
+        w = term.weight
+        if isinstance(w, str):
+            ref = parse_weight_ref(w)
+            c = self.coefficient(ref[1], step, knobs)
+            return {"+": c, "-": -c, "1-": 1.0 - c}[ref[0]]
+        return float(resolve_schedule(w)(step))
+
+
+def parse_weight_ref(text: str) -> tuple[str, str]:
+    """``"mu"`` -> ``("+", "mu")``; ``"1-mu"`` -> ``("1-", "mu")``; ``"-c"`` -> ``("-", "c")``."""
+    s = text.replace(" ", "")
+    for prefix in ("1-", "-"):
+        if s.startswith(prefix) and s[len(prefix):].isidentifier():
+            return prefix, s[len(prefix):]
+    if s.isidentifier():
+        return "+", s
+    raise ValueError(f"term weight {text!r} is not a number, a schedule or a coefficient name ('mu', '1-mu', '-mu')")
+
+
+def population_key(population: tuple[str, ...]) -> str:
+    return "+".join(population)
 
 
 def _counts(mask: torch.Tensor) -> tuple[float, float]:
@@ -58,103 +112,108 @@ def _counts(mask: torch.Tensor) -> tuple[float, float]:
     return float(m.sum()), float((m.sum(-1) > 0).sum())
 
 
-def _normaliser(aggregation: str, counts: tuple[float, float]) -> float:
-    tokens, rows = counts
-    return max(tokens if aggregation == "token-mean" else rows, 1.0)
-
-
-def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    m = mask.float()
-    return (x * m).sum() / m.sum().clamp(min=1.0)
+def uses_rows(aggregation: str) -> bool:
+    """Does the aggregation divide by rows (seq-mean-*) rather than tokens (token-mean)?"""
+    return aggregation != "token-mean"
 
 
 def compute_objective(
-    spec: ObjectiveSpec,
+    objective: Objective,
     *,
     logp: torch.Tensor,
     mask: torch.Tensor,
     advantages: torch.Tensor,
-    row_source: torch.Tensor | None = None,
+    token_source: torch.Tensor | None = None,
     old_logp: torch.Tensor | None = None,
+    behaviour_logp: torch.Tensor | None = None,
     ref_logp: torch.Tensor | None = None,
+    teacher_logp: torch.Tensor | None = None,
     entropies: torch.Tensor | None = None,
     step: int = 0,
     normalisers: Mapping[str, tuple[float, float]] | None = None,
-    policy_overrides: Mapping[str, float] | None = None,
+    knobs: Mapping[str, float] | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Loss of one micro-batch and its parts (as floats, for logging).
+    """Loss of one micro-batch and its parts (floats, for logging).
 
-    ``normalisers[k] = (tokens, rows)`` for k in ``on_policy``, ``expert``, ``all``: the
-    effective counts that each term divides by (the trainer scales global counts by
-    processes and accumulation steps). Without them, local counts of this micro-batch are
-    used. ``policy_overrides`` replaces policy-loss parameters for this step (controllers).
+    ``token_source`` [B, T]: provenance codes (default: every token on-policy).
+    ``old_logp``: the policy's log-probs at generation time (default ``sg(logp)``): the
+    behaviour of ``policy`` provenances. ``behaviour_logp``: recorded log-probs of ``stored``
+    provenances (NaN where not recorded). ``normalisers[population_key] = (tokens, rows)``:
+    the effective counts each population divides by; without them, this micro-batch's own
+    counts. ``knobs``: controller values for this step: ``loss.<param>`` for the policy loss,
+    any other name for a coefficient.
     """
-    from mixrl.core import AGGREGATIONS, POLICY_LOSSES, TOKEN_WEIGHTS
-    from mixrl.core.regularizers import kl_penalty
-    from mixrl.core.schedules import resolve_schedule
-    from mixrl.core.token_weights import luffy_shaped_ratio
+    from mixrl.core import AGGREGATIONS, TERMS
+    from mixrl.core.terms import TermInputs
 
-    mask = mask.float()
-    if row_source is None:
-        row_source = torch.zeros(logp.shape[0], dtype=torch.long, device=logp.device)
+    valid = mask.bool() if mask.dtype != torch.bool else mask
+    if token_source is None:
+        token_source = torch.full_like(valid, prov.ON_POLICY, dtype=torch.long)
     if old_logp is None:
         old_logp = logp.detach()
-    is_expert = (row_source == EXPERT).float().unsqueeze(1)
-    mask_exp = mask * is_expert
-    mask_on = mask * (1.0 - is_expert)
-    local = {"on_policy": _counts(mask_on), "expert": _counts(mask_exp), "all": _counts(mask)}
-    norm = {k: _normaliser(spec.aggregation, (normalisers or local)[k]) for k in local}
+    behaviour = _behaviour(token_source, old_logp.detach(), behaviour_logp)
+    loss_knobs = {k.split(".", 1)[1]: v for k, v in (knobs or {}).items() if k.startswith("loss.")}
 
-    aggregate = AGGREGATIONS.get(spec.aggregation)
-    params = dict(spec.policy_params)
-    params.update(policy_overrides or {})
-    pol = POLICY_LOSSES.get(spec.policy_loss)(logp, old_logp, advantages, mask_on, **params)
+    pop_masks = {population_key(p): valid & prov.select(token_source, p) for p in objective.populations()}
+    counts = {k: (normalisers[k] if normalisers else _counts(m)) for k, m in pop_masks.items()}
+    total = torch.zeros((), dtype=logp.dtype, device=logp.device)
     metrics: dict[str, float] = {}
-    for k, v in pol.metrics.items():
-        metrics[f"policy/{k}"] = float(v)
-    metrics["clip_frac"] = float(_masked_mean(pol.clipped.float(), mask_on)) if local["on_policy"][0] else 0.0
-
-    if spec.mix_mode == "group_inject":
-        # LUFFY: expert tokens use the shaped probability in place of the ratio, no clipping
-        shaped = luffy_shaped_ratio(logp, gamma=spec.shaping_gamma)
-        exp_tok = -advantages.unsqueeze(1) * shaped * mask_exp
-        per_token = pol.per_token_loss * mask_on + exp_tok
-        loss = aggregate(per_token, mask, num_items=norm["all"], **spec.aggregation_params)
-        metrics["loss/policy"] = float(aggregate(pol.per_token_loss.detach(), mask_on, num_items=norm["on_policy"], **spec.aggregation_params))
-        metrics["loss/offpolicy"] = float(aggregate(exp_tok.detach(), mask_exp, num_items=norm["expert"], **spec.aggregation_params))
-    elif spec.mix_mode in ("aux_loss", "sft"):
-        mu = 1.0 if spec.mix_mode == "sft" else float(resolve_schedule(spec.mu)(step))
-        rl = aggregate(pol.per_token_loss, mask_on, num_items=norm["on_policy"], **spec.aggregation_params)
-        weight = TOKEN_WEIGHTS.get(spec.token_weight)(logp, **spec.token_weight_params)
-        sft = aggregate(-weight * logp * mask_exp, mask_exp, num_items=norm["expert"], **spec.aggregation_params)
-        loss = (1.0 - mu) * rl + mu * sft
-        metrics.update({"loss/policy": float(rl.detach()), "loss/sft": float(sft.detach()), "mu": mu})
-    elif spec.mix_mode == "none":
-        loss = aggregate(pol.per_token_loss, mask_on, num_items=norm["on_policy"], **spec.aggregation_params)
-        metrics["loss/policy"] = float(loss.detach())
-    else:
-        raise ValueError(f"unknown mix mode {spec.mix_mode!r}")
-
-    if local["expert"][0]:
-        metrics["expert/token_prob"] = float(_masked_mean(logp.detach().exp(), mask_exp))
-    metrics["expert/row_frac"] = float(is_expert.mean()) if logp.shape[0] else 0.0
-
-    if spec.kl_coef and ref_logp is not None:
-        kl_tok = kl_penalty(logp, ref_logp, estimator=spec.kl_estimator)
-        kl = aggregate(kl_tok * mask_on, mask_on, num_items=norm["on_policy"], **spec.aggregation_params)
-        loss = loss + spec.kl_coef * kl
-        metrics["loss/kl"] = float(kl.detach())
-    if ref_logp is not None:
-        metrics["kl"] = float(_masked_mean((ref_logp - logp.detach()).exp() - (ref_logp - logp.detach()) - 1, mask_on))
+    for term in objective.terms:
+        sel = valid & prov.select(token_source, term.tokens)
+        x = TermInputs(
+            logp=logp,
+            mask=sel,
+            advantages=advantages,
+            behaviour_logp=_finite_on(behaviour, sel, logp),
+            ref_logp=None if ref_logp is None else _finite_on(ref_logp, sel, logp),
+            teacher_logp=None if teacher_logp is None else _finite_on(teacher_logp, sel, logp),
+            entropies=entropies,
+            overrides=loss_knobs if term.kind == "policy" else {},
+        )
+        out = TERMS.get(term.kind)(x, **term.params)
+        key = population_key(term.population)
+        tokens, rows = counts[key]
+        num_items = max(rows if uses_rows(term.aggregation) else tokens, 1.0)
+        value = AGGREGATIONS.get(term.aggregation)(
+            zero_masked(out.per_token, sel), pop_masks[key], num_items=num_items, **term.aggregation_params
+        )
+        w = objective.weight(term, step, knobs)
+        total = total + w * value
+        metrics.update(out.metrics)
+        metrics[f"loss/{term.label}"] = float(value.detach())
+        if isinstance(term.weight, str):
+            name = parse_weight_ref(term.weight)[1]
+            metrics[name] = objective.coefficient(name, step, knobs)
 
     if entropies is not None:
-        metrics["entropy"] = float(_masked_mean(entropies.detach(), mask_on))
-        coef = float(resolve_schedule(spec.entropy_coef)(step))
-        if coef:
-            # token-mean entropy of on-policy tokens over the whole step (same scaling as the loss terms)
-            ent = (entropies * mask_on).sum() / max((normalisers or local)["on_policy"][0], 1.0)
-            loss = loss - coef * ent
-            metrics["loss/entropy_bonus"] = float(-coef * ent.detach())
-            metrics["entropy_coef"] = coef
-    metrics["loss/total"] = float(loss.detach())
-    return loss, metrics
+        on = valid & (token_source == prov.ON_POLICY)
+        metrics["entropy"] = float(masked_mean(entropies.detach(), on))
+    for name in objective.selected():
+        if name == "on_policy":
+            continue
+        sel = valid & prov.select(token_source, (name,))
+        if bool(sel.any()):
+            metrics[f"{name}/token_prob"] = float(masked_mean(logp.detach().exp(), sel))
+        metrics[f"{name}/row_frac"] = float(sel.any(-1).float().mean()) if logp.shape[0] else 0.0
+    metrics["loss/total"] = float(total.detach())
+    return total, metrics
+
+
+def _behaviour(token_source: torch.Tensor, old_logp: torch.Tensor, stored: torch.Tensor | None) -> torch.Tensor:
+    """Per-token behaviour log-prob: ``old_logp`` for policy provenances, the recorded value
+    for stored ones, NaN for unknown ones (a ratio on them is a bug, caught by validation)."""
+    out = torch.full_like(old_logp, float("nan"))
+    for name in prov.provenance_names():
+        p = prov.provenance(name)
+        where = token_source == p.code
+        if p.behaviour == "policy":
+            out = torch.where(where, old_logp, out)
+        elif p.behaviour == "stored" and stored is not None:
+            out = torch.where(where, stored.detach().to(old_logp.dtype), out)
+    return out
+
+
+def _finite_on(x: torch.Tensor, sel: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+    """``x`` on the selection, ``sg(logp)`` elsewhere: values a term must not read (padding,
+    other provenances, unknown behaviour) can never reach a loss or a gradient as NaN."""
+    return torch.where(sel, x, logp.detach())

@@ -74,12 +74,16 @@ def ppo_clip(
 ) -> PolicyLossOutput:
     """PPO clipped surrogate (PPO / GRPO; the RL term of CHORD, LUFFY; DAPO clip-higher).
 
-    Formula: ``loss = max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high))``; with dual clip
-    (CHORD's code, c = 3) negative-advantage tokens use ``min(loss, -A c)``, which bounds
-    the loss when r is very large. Clipped tokens: those where the constant branch is
-    active (zero gradient).
+    Formula: ``l_t = max(-A r_t, -A clip(r_t, 1 - {clip_low}, 1 + {clip_high}))``; dual clip
+    c = {dual_clip_c} (None: off): ``l_t = min(l_t, -c A)`` where A < 0
 
-    Paper: PPO (Schulman et al. 2017), GRPO; dual clip: Ye et al. 2020, as shipped in CHORD.
+    The dual clip (CHORD's code, c = 3) bounds the loss of negative-advantage tokens when r
+    is very large. Clipped tokens: those where the constant branch is active (zero gradient).
+
+    Paper: "Proximal Policy Optimization Algorithms" (Schulman et al. 2017); GRPO
+    ("DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models");
+    dual clip: "Mastering Complex Control in MOBA Games with Deep Reinforcement Learning"
+    (Ye et al. 2020), as shipped in CHORD.
 
     Parameters:
         clip_low (0.2): epsilon below 1 (ratio lower bound 1 - clip_low).
@@ -115,14 +119,17 @@ def reinforce(
 ) -> PolicyLossOutput:
     """REINFORCE / vanilla policy gradient, optionally with truncated importance sampling.
 
-    Formula: ``loss = -w A log p`` with ``w = sg(min(r, tis_cap))`` (truncated IS), or
-    ``w = 1`` when ``tis_cap`` is None (plain REINFORCE: unbiased only for on-policy rows).
+    Formula: ``l_t = -w_t A log p_t``, ``w_t = sg(min(r_t, {tis_cap}))`` (None: ``w_t = 1``)
+
+    Without a cap (None) this is plain REINFORCE, unbiased only for on-policy rows.
     Gradient: ``-w A grad log p``; on-policy (old_logp == logp) r = 1, so with any
     ``tis_cap >= 1`` the gradient equals plain REINFORCE's ``-A grad log p``.
     Clipped tokens: those with r > tis_cap (weight truncated).
 
-    Paper: REINFORCE (Williams 1992); truncated IS as in Qwen-stabilizing / AsymRE / OPMD
-    (METHODS.md A1 "REINFORCE / plain PG + IS correction").
+    Paper: "Simple Statistical Gradient-Following Algorithms for Connectionist
+    Reinforcement Learning" (Williams 1992); truncated IS as in "Stabilizing Reinforcement
+    Learning with LLMs: Formulation and Practices" and "Group-Relative REINFORCE Is Secretly
+    an Off-Policy Algorithm: Demystifying Some Myths About GRPO and Its Friends".
 
     Parameters:
         tis_cap (None): cap on the IS weight (must be >= 1); None = no IS weight.
@@ -154,11 +161,12 @@ def topr(
 ) -> PolicyLossOutput:
     """TOPR: tapered off-policy REINFORCE (asymmetric truncated IS, no KL needed).
 
-    Formula: rows with ``A >= 0``: ``loss = -A log p`` (SFT-like, no ratio);
-    rows with ``A < 0``: ``loss = -sg(clip(r, 0, 1)) A log p``.
+    Formula: ``l_t = -A log p_t`` if A >= 0 (no ratio); ``l_t = -sg(clip(r_t, 0, 1)) A log p_t`` if A < 0
+
     Clipped tokens: ``A < 0`` and ``r > 1`` (IS weight truncated to 1).
 
-    Paper: TOPR (Le Roux et al. 2025), METHODS.md #93.
+    Paper: "Tapered Off-Policy REINFORCE: Stable and efficient reinforcement learning for
+    LLMs" (TOPR, Le Roux et al. 2025).
 
     Parameters: none.
     """
@@ -183,12 +191,15 @@ def cispo(
 ) -> PolicyLossOutput:
     """CISPO: clipped IS-weight policy optimisation (every token keeps its gradient).
 
-    Formula: ``loss = -sg(clip(r, 1 - clip_low, 1 + clip_high)) A log p``.
-    Clipped tokens: those whose IS weight was truncated (r outside the bounds).
+    Formula: ``l_t = -sg(clip(r_t, 1 - {clip_low}, 1 + {clip_high})) A log p_t``
 
-    Paper: CISPO, MiniMax-M1 (2025). The paper sets no lower bound ("setting eps_low to
-    a large value"); clip_low = 1.0 makes the lower bound 0, i.e. no lower bound, as in
-    Trinity-RFT's implementation, whose clip_high default 0.28 we also use.
+    Clipped tokens: those whose IS weight was truncated (r outside the bounds). The paper
+    sets no lower bound ("setting eps_low to a large value"); clip_low = 1.0 makes the
+    lower bound 0, i.e. no lower bound, as in Trinity-RFT's implementation, whose clip_high
+    default 0.28 we also use.
+
+    Paper: CISPO, in "MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning
+    Attention" (2025).
 
     Parameters:
         clip_low (1.0): IS-weight lower bound is 1 - clip_low (1.0 = no lower bound).
@@ -215,13 +226,16 @@ def gspo(
 ) -> PolicyLossOutput:
     """GSPO: sequence-level (length-normalised) ratio with a PPO clip.
 
-    Formula: ``s = exp(mean_t log r_t)`` over the row's valid tokens (geometric-mean
-    ratio); per token (GSPO-token form) ``s_t = sg(s) * p_t / sg(p_t)`` (value s,
-    gradient ``s grad log p_t``); ``loss_t = max(-A s_t, -A clip(s_t, 1 - clip_low,
-    1 + clip_high))``. With ``seq-mean-token-mean`` aggregation this is exactly GSPO's
-    sequence objective and gradient. Clipped: all valid tokens of rows whose s is clipped.
+    Formula: ``l_t = max(-A s_t, -A clip(s_t, 1 - {clip_low}, 1 + {clip_high}))``,
+    ``s_t = sg(s) p_t / sg(p_t)``, ``s = exp(mean_t log r_t)`` over the row's tokens
 
-    Paper: GSPO (Qwen, Zheng et al. 2025); defaults 3e-4 / 4e-4 from the paper.
+    ``s`` is the row's geometric-mean (length-normalised) ratio; per token (GSPO-token
+    form) ``s_t`` has value s and gradient ``s grad log p_t``. With ``seq-mean-token-mean``
+    aggregation this is exactly GSPO's sequence objective and gradient. Clipped: all valid
+    tokens of rows whose s is clipped.
+
+    Paper: "Group Sequence Policy Optimization" (GSPO, Qwen, Zheng et al. 2025); defaults
+    3e-4 / 4e-4 from the paper.
 
     Parameters:
         clip_low (3e-4): sequence-ratio lower bound 1 - clip_low.
@@ -257,15 +271,15 @@ def sapo(
 ) -> PolicyLossOutput:
     """SAPO: a smooth sigmoid gate instead of the hard clip.
 
-    Formula: ``f(r) = (4 / tau) sigmoid(tau (r - 1))``, ``loss = -f(r) A`` with
-    ``tau = tau_pos`` if A > 0 else ``tau_neg``. Gradient:
-    ``-A * 4 sigmoid(x)(1 - sigmoid(x)) * r * grad log p`` with x = tau (r - 1): equal to
-    the PPO gradient at r = 1 and smoothly attenuated away from it. The gate never zeroes
-    a gradient, so ``clipped`` is all False; metric ``gate_mean`` is the mean gradient
-    weight ``4 s (1 - s)``.
+    Formula: ``l_t = -(4 / tau) sigmoid(tau (r_t - 1)) A``, ``tau = {tau_pos}`` if A > 0 else ``{tau_neg}``
 
-    Paper: SAPO (Qwen, Gao et al. 2025); tau_pos = 1.0, tau_neg = 1.05 as in the public
-    implementations (Trinity-RFT, verl).
+    Gradient: ``-A * 4 sigmoid(x)(1 - sigmoid(x)) * r * grad log p`` with x = tau (r - 1):
+    equal to the PPO gradient at r = 1 and smoothly attenuated away from it. The gate never
+    zeroes a gradient, so ``clipped`` is all False; metric ``gate_mean`` is the mean
+    gradient weight ``4 s (1 - s)``.
+
+    Paper: "Soft Adaptive Policy Optimization" (SAPO, Qwen, Gao et al. 2025); tau_pos = 1.0,
+    tau_neg = 1.05 as in the public implementations (Trinity-RFT, verl).
 
     Parameters:
         tau_pos (1.0): gate temperature for A > 0.
@@ -319,15 +333,17 @@ def m2po(
 ) -> PolicyLossOutput:
     """M2PO: second-moment trust region; mask only the most extreme tokens.
 
-    Formula: with ``M2 = mean over kept tokens of (log r)^2``, mask the fewest tokens
-    (those with the largest ``(log r)^2``) so that ``M2 <= m2_budget``; kept tokens use the
-    unclipped surrogate ``loss = -r A`` (gradient ``-r A grad log p``), masked tokens get 0.
-    The budget is enforced over the valid tokens of this call (one micro-batch).
-    Clipped tokens: the masked ones. Metrics: ``m2_before``, ``m2_after``.
+    Formula: ``l_t = -r_t A`` on kept tokens, 0 on masked ones; the fewest tokens (largest
+    ``(log r_t)^2``) are masked so that mean over kept tokens of ``(log r_t)^2 <= {m2_budget}``
 
-    Paper: M2PO (METHODS.md #6), tau = 0.04 from the paper. The authors' public code
-    instead derives a clip bound from the budget over "harmful" tokens only; this is the
-    abstract's masking formulation.
+    Kept tokens use the unclipped surrogate (gradient ``-r A grad log p``). The budget is
+    enforced over the valid tokens of this call (one micro-batch). Clipped tokens: the
+    masked ones. Metrics: ``m2_before``, ``m2_after``. The authors' public code instead
+    derives a clip bound from the budget over "harmful" tokens only; this is the abstract's
+    masking formulation.
+
+    Paper: "Prosperity before Collapse: How Far Can Off-Policy RL Reach with Stale Data on
+    LLMs?" (M2PO), tau = 0.04 from the paper.
 
     Parameters:
         m2_budget (0.04): budget tau on the mean of (log r)^2 over kept tokens.
@@ -354,8 +370,9 @@ def sft(
 ) -> PolicyLossOutput:
     """Supervised fine-tuning: negative log-likelihood of the given tokens.
 
-    Formula: ``loss = -log p`` (advantages and old_logp are ignored).
-    Paper: SFT term of CHORD / SFT->RL baselines.
+    Formula: ``l_t = -log p_t`` (advantage and behaviour log-prob ignored)
+
+    Paper: supervised fine-tuning; the SFT term of CHORD and the SFT->RL baselines.
 
     Parameters: none.
     """

@@ -6,12 +6,20 @@ controllers, classes). A component's *config parameters* are its keyword-only
 parameters (after ``*``); each has a default and a simple annotation (``float``,
 ``int``, ``bool``, ``str``, ``float | None``, ``int | None``). Config validation and the
 generated docs read them through :meth:`Registry.params`.
+
+A component also *declares* what it computes, in its docstring: the first sentence is its
+summary, a ``Formula:`` line its math (``{param}`` placeholders name its config
+parameters), a ``Paper:`` line where it comes from. :meth:`Registry.declaration` reads
+them and :meth:`Registry.formula` fills the placeholders with a config's values;
+``mixrl explain`` and ``docs/components.md`` print nothing else about a component, so a
+new one shows up in both without editing either.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from mixrl.errors import ConfigError, did_you_mean
@@ -100,6 +108,35 @@ class Registry:
         """``{param: default}`` for the config parameters of a component."""
         return {k: p.default for k, p in self.params(name).items()}
 
+    def declaration(self, name: str) -> dict[str, str | None]:
+        """What a component declares in its docstring: ``summary`` (its first sentence),
+        ``formula`` (after ``Formula:``) and ``paper`` (after ``Paper:``), each ``None`` when
+        absent. A section runs to the next blank line or the next ``Formula:`` /
+        ``Paper:`` / ``Parameters:`` line; its lines are joined by spaces and backticks
+        are removed."""
+        return {"name": name, "kind": self.kind, **parse_declaration(inspect.getdoc(self.get(name)) or "")}
+
+    def formula(self, name: str, params: dict[str, Any] | None = None) -> str:
+        """The declared formula with ``{param}`` placeholders filled in from ``params``
+        (missing ones from the defaults); braces that name no parameter stay as they are.
+        Parameters that no placeholder shows are listed after it: ``... [k=v, ...]``.
+        Without a ``Formula:`` line, the summary stands in for the formula."""
+        decl = self.declaration(name)
+        text = decl["formula"] or decl["summary"] or name
+        values = {**self.defaults(name), **{k: v for k, v in (params or {}).items() if k != "name"}}
+        used: set[str] = set()
+
+        def fill(m: re.Match) -> str:
+            key = m.group(1)
+            if key not in values:
+                return m.group(0)
+            used.add(key)
+            return format_value(values[key])
+
+        text = _PLACEHOLDER.sub(fill, text)
+        rest = [f"{k}={format_value(v)}" for k, v in values.items() if k not in used]
+        return f"{text} [{', '.join(rest)}]" if rest else text
+
     def check_params(self, name: str, overrides: dict[str, Any]) -> None:
         """Raise :class:`ComponentParamError` for unknown keys or clearly wrong types."""
         params = self.params(name)
@@ -127,6 +164,56 @@ class Registry:
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}, {self.names()})"
+
+
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_SECTIONS = ("Formula:", "Paper:", "Parameters:")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
+
+
+def parse_declaration(doc: str) -> dict[str, str | None]:
+    """``{summary, formula, paper}`` of a docstring (see :meth:`Registry.declaration`)."""
+    lines = inspect.cleandoc(doc).splitlines()
+    para: list[str] = []
+    for line in lines:
+        if not line.strip():
+            if para:
+                break
+            continue
+        if line.strip().startswith(_SECTIONS):
+            break
+        para.append(line.strip())
+    # the first sentence of the first paragraph (a summary line may wrap)
+    summary = _SENTENCE_END.split(" ".join(para), maxsplit=1)[0].replace("`", "") or None
+
+    def section(key: str) -> str | None:
+        for i, line in enumerate(lines):
+            if not line.strip().startswith(key):
+                continue
+            parts = [line.strip()[len(key):].strip()]
+            for nxt in lines[i + 1:]:
+                t = nxt.strip()
+                if not t or t.startswith(_SECTIONS):
+                    break
+                parts.append(t)
+            return " ".join(p for p in parts if p).replace("`", "") or None
+        return None
+
+    return {"summary": summary, "formula": section("Formula:"), "paper": section("Paper:")}
+
+
+def format_value(value: Any) -> str:
+    """A config value as it reads in a formula: ``0.2``, ``1e-06``, ``3``, ``None``; a nested
+    component (a mapping with a ``name``) by its name."""
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, float):
+        if value == int(value) and abs(value) < 1e6:
+            return str(int(value))
+        return f"{value:.6g}"
+    if isinstance(value, Mapping) and "name" in value:
+        return str(value["name"])
+    return str(value)
 
 
 def _annotation_text(annotation: Any) -> str:

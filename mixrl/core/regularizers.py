@@ -34,7 +34,13 @@ def k1(logp: Tensor, ref_logp: Tensor) -> Tensor:
     """k1 = log(pi_theta / pi_ref) = logp - ref_logp (= -x with x = ref_logp - logp).
 
     Unbiased estimator of KL(pi_theta || pi_ref) on tokens sampled from pi_theta; can be
-    negative per token. Paper: Schulman (2020); KDRL / OPD reverse KL to a teacher.
+    negative per token.
+
+    Formula: ``k1 = log pi_theta(y_t) - log pi_ref(y_t)``
+
+    Paper: Schulman, "Approximating KL Divergence" (2020); the reverse KL to a teacher of
+    "KDRL: Post-Training Reasoning LLMs via Unified Knowledge Distillation and Reinforcement
+    Learning" and on-policy distillation.
 
     Parameters: none.
     """
@@ -45,7 +51,9 @@ def k1(logp: Tensor, ref_logp: Tensor) -> Tensor:
 def k2(logp: Tensor, ref_logp: Tensor) -> Tensor:
     """k2 = (x^2) / 2 with x = ref_logp - logp; biased, low variance, >= 0.
 
-    Paper: Schulman (2020).
+    Formula: ``k2 = x^2 / 2``, ``x = log pi_ref(y_t) - log pi_theta(y_t)``
+
+    Paper: Schulman, "Approximating KL Divergence" (2020).
 
     Parameters: none.
     """
@@ -57,7 +65,12 @@ def k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
     """k3 = exp(x) - 1 - x with x = ref_logp - logp (i.e. r' - 1 - log r', r' = pi_ref/pi_theta).
 
     Unbiased and >= 0 estimator of KL(pi_theta || pi_ref) on tokens sampled from
-    pi_theta. Paper: Schulman (2020); GRPO (DeepSeekMath) KL term.
+    pi_theta.
+
+    Formula: ``k3 = exp(x) - 1 - x``, ``x = log pi_ref(y_t) - log pi_theta(y_t)``
+
+    Paper: Schulman, "Approximating KL Divergence" (2020); the KL term of GRPO
+    ("DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models").
 
     Parameters: none.
     """
@@ -69,7 +82,11 @@ def k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
 def k3_clamped(logp: Tensor, ref_logp: Tensor) -> Tensor:
     """k3 with x = clamp(ref_logp - logp, -10, 10) and the result clamped to [-10, 10].
 
-    Numerically safe variant (verl's ``low_var_kl``). Paper: Schulman (2020), verl.
+    Numerically safe variant (verl's ``low_var_kl``).
+
+    Formula: ``clamp(exp(x) - 1 - x, -10, 10)``, ``x = clamp(log pi_ref(y_t) - log pi_theta(y_t), -10, 10)``
+
+    Paper: Schulman, "Approximating KL Divergence" (2020); verl's ``low_var_kl``.
 
     Parameters: none.
     """

@@ -4,6 +4,10 @@ Signature of every registered schedule: ``fn(step: int, *, <params>) -> float``,
 ``step`` counts optimizer steps from 0. A schedule *spec* in config is either a number
 (constant) or a mapping ``{name: <schedule>, <param>: <value>, ...}``;
 :func:`resolve_schedule` turns it into a ``Callable[[int], float]``.
+
+A schedule may declare ``fn.knots = lambda params: [steps]``: the steps where it changes
+regime (end of a warmup, a switch); :func:`schedule_knots` reads them (``mixrl explain``
+adds them to its schedule table).
 """
 
 from __future__ import annotations
@@ -21,7 +25,11 @@ SCHEDULES = Registry("schedule")
 def constant(step: int, *, value: float = 0.0) -> float:
     """Constant: ``f(step) = value``.
 
-    Paper: CHORD-phi (constant mu = 0.1), any fixed coefficient.
+    Formula: ``f(t) = {value}``
+
+    Paper: any fixed coefficient; CHORD-phi's constant mu = 0.1 ("On-Policy RL Meets
+    Off-Policy Experts: Harmonizing Supervised Fine-Tuning and Reinforcement Learning via
+    Dynamic Weighting").
 
     Parameters:
         value (0.0): the value.
@@ -33,7 +41,11 @@ def constant(step: int, *, value: float = 0.0) -> float:
 def linear(step: int, *, start: float = 0.0, end: float = 1.0, steps: int = 100) -> float:
     """Linear ramp: ``start + (end - start) * min(step / steps, 1)``; ``end`` after ``steps``.
 
-    ``steps = 0`` gives ``end`` from step 0. Paper: generic (e.g. KL / prefix-length ramps).
+    ``steps = 0`` gives ``end`` from step 0.
+
+    Formula: ``f(t) = {start} + ({end} - {start}) min(t / {steps}, 1)``
+
+    Paper: generic (e.g. KL or prefix-length ramps).
 
     Parameters:
         start (0.0): value at step 0.
@@ -58,16 +70,15 @@ def cosine(
 ) -> float:
     """CHORD's mu: linear warmup 0 -> peak, cosine decay peak -> valley, then valley.
 
-    Formula:
-    ``step < warmup``: ``peak * step / warmup``;
-    ``warmup <= step < warmup + decay``:
-    ``valley + (peak - valley) * (1 + cos(pi * (step - warmup) / decay)) / 2``;
-    otherwise ``valley``. ``warmup = 0`` starts at ``peak``; ``decay = 0`` jumps to
-    ``valley`` at ``warmup``. The defaults are CHORD's constructor default (constant 0.1).
-    CHORD-mu: warmup 0, decay 200, peak 0.9, valley 0.05; math recipe: warmup 200,
-    decay 400, peak 0.5, valley 0.02.
+    Formula: ``f(t) = {peak} t / {warmup}`` for t < {warmup}; ``{valley} + ({peak} - {valley})
+    (1 + cos(pi (t - {warmup}) / {decay})) / 2`` for the next {decay} steps; ``{valley}`` after
 
-    Paper: CHORD.
+    ``warmup = 0`` starts at ``peak``; ``decay = 0`` jumps to ``valley`` at ``warmup``. The
+    defaults are CHORD's constructor default (constant 0.1). CHORD-mu: warmup 0, decay 200,
+    peak 0.9, valley 0.05; math recipe: warmup 200, decay 400, peak 0.5, valley 0.02.
+
+    Paper: CHORD, "On-Policy RL Meets Off-Policy Experts: Harmonizing Supervised Fine-Tuning
+    and Reinforcement Learning via Dynamic Weighting".
 
     Parameters:
         warmup (0): steps of the linear ramp from 0 to peak.
@@ -89,8 +100,11 @@ def step_schedule(
 ) -> float:
     """Stage switch: ``before`` for ``step < switch_step``, ``after`` from then on.
 
-    Paper: ReMix (policy reincarnation: off-policy early, on-policy later); staged
-    SFT -> RL.
+    Formula: ``f(t) = {before}`` for t < {switch_step}, ``{after}`` from then on
+
+    Paper: the policy reincarnation of ReMix, "Squeeze the Soaked Sponge: Efficient
+    Off-policy Reinforcement Finetuning for Large Language Model" (off-policy early,
+    on-policy later); staged SFT -> RL.
 
     Parameters:
         switch_step (0): first step that uses ``after``.
@@ -98,6 +112,24 @@ def step_schedule(
         after (1.0): value from the switch on.
     """
     return float(before if step < switch_step else after)
+
+
+linear.knots = lambda p: [int(p["steps"])]
+cosine.knots = lambda p: [int(p["warmup"]), int(p["warmup"]) + int(p["decay"])]
+step_schedule.knots = lambda p: [int(p["switch_step"])]
+
+
+def schedule_knots(spec: Any) -> list[int]:
+    """Steps where the schedule ``spec`` changes regime, as its component declares them
+    (``fn.knots``); none for a number, a callable or a schedule that declares none."""
+    if callable(spec) and not isinstance(spec, Mapping):
+        return []
+    name, params = _split_spec(spec)
+    fn = SCHEDULES.get(name)
+    knots = getattr(fn, "knots", None)
+    if knots is None:
+        return []
+    return sorted({int(k) for k in knots({**SCHEDULES.defaults(name), **params})})
 
 
 def _is_number(x: Any) -> bool:
@@ -123,6 +155,11 @@ def _split_spec(spec: Any) -> tuple[str, dict[str, Any]]:
     raise ComponentParamError(
         f"a schedule must be a number or a mapping with 'name', got {spec!r}"
     )
+
+
+def split_spec(spec: Any) -> tuple[str, dict[str, Any]]:
+    """``(name, params)`` of a schedule spec: a number is ``("constant", {"value": x})``."""
+    return _split_spec(spec)
 
 
 def resolve_schedule(spec: Any) -> Callable[[int], float]:
@@ -175,5 +212,7 @@ __all__ = [
     "describe_schedule",
     "linear",
     "resolve_schedule",
+    "schedule_knots",
+    "split_spec",
     "step_schedule",
 ]

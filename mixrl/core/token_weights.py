@@ -29,7 +29,11 @@ def _apply_cutoff(weight: Tensor, p: Tensor, cutoff: float | None) -> Tensor:
 def one(logp: Tensor, *, cutoff: float | None = None) -> Tensor:
     """Uniform weight: ``w = 1`` (plain SFT, ``-log p``).
 
-    Paper: SFT; CHORD with phi off (CHORD-mu).
+    Formula: ``w(p) = 1``, 0 where p > {cutoff} (None: no cutoff)
+
+    Paper: supervised fine-tuning; CHORD with phi off (CHORD-mu), "On-Policy RL Meets
+    Off-Policy Experts: Harmonizing Supervised Fine-Tuning and Reinforcement Learning via
+    Dynamic Weighting".
 
     Parameters:
         cutoff (None): tokens with p > cutoff get weight 0.
@@ -42,7 +46,10 @@ def one(logp: Tensor, *, cutoff: float | None = None) -> Tensor:
 def prob(logp: Tensor, *, cutoff: float | None = None) -> Tensor:
     """Probability weight (IS-SFT): ``w = sg(p)``; loss ``-sg(p) log p``.
 
-    Paper: SFT-IS baseline in CHORD.
+    Formula: ``w(p) = sg(p)``, 0 where p > {cutoff} (None: no cutoff)
+
+    Paper: the SFT-IS baseline of CHORD ("On-Policy RL Meets Off-Policy Experts:
+    Harmonizing Supervised Fine-Tuning and Reinforcement Learning via Dynamic Weighting").
 
     Parameters:
         cutoff (None): tokens with p > cutoff get weight 0.
@@ -57,7 +64,10 @@ def chord_phi(logp: Tensor, *, cutoff: float | None = None) -> Tensor:
 
     Down-weights tokens the policy already knows (p -> 1) and tokens far from it (p -> 0).
 
-    Paper: CHORD (phi on).
+    Formula: ``w(p) = sg(p (1 - p))``, 0 where p > {cutoff} (None: no cutoff)
+
+    Paper: CHORD with phi on, "On-Policy RL Meets Off-Policy Experts: Harmonizing
+    Supervised Fine-Tuning and Reinforcement Learning via Dynamic Weighting".
 
     Parameters:
         cutoff (None): tokens with p > cutoff get weight 0.
@@ -71,9 +81,12 @@ def luffy(logp: Tensor, *, cutoff: float | None = None, gamma: float = 0.1) -> T
     """LUFFY shaping as a detached weight: ``w = sg(p / (p + gamma))``.
 
     This is the weight form; LUFFY itself uses the *shaped ratio* with gradient, see
-    ``luffy_shaped_ratio``.
+    ``luffy_shaped_ratio`` (the ``shaped`` term).
 
-    Paper: LUFFY (gamma = 0.1 in the paper script).
+    Formula: ``w(p) = sg(p / (p + {gamma}))``, 0 where p > {cutoff} (None: no cutoff)
+
+    Paper: LUFFY, "Learning to Reason under Off-Policy Guidance" (gamma = 0.1 in the
+    authors' script).
 
     Parameters:
         cutoff (None): tokens with p > cutoff get weight 0.
@@ -92,7 +105,8 @@ def luffy_shaped_ratio(logp: Tensor, gamma: float = 0.1) -> Tensor:
     ``-A * gamma p / (p + gamma)^2 * grad log p``: a token weight peaking at p = gamma with
     maximum 1/4 (cf. CHORD-phi's p(1 - p), peak at p = 0.5, same maximum).
 
-    Not registered (it is not a detached weight). Paper: LUFFY (METHODS.md Appendix A).
+    Not registered (it is not a detached weight). Paper: LUFFY, "Learning to Reason under
+    Off-Policy Guidance".
     """
     p = logp.exp()
     return p / (p + gamma)

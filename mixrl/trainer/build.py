@@ -10,7 +10,6 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from mixrl.config.rules import Geometry, geometry
-from mixrl.core.objective import ObjectiveSpec
 from mixrl.errors import ConfigError, DataError
 
 BUILTIN = "builtin:"
@@ -126,31 +125,6 @@ def build_reward_funcs(cfg: DictConfig) -> tuple[list, list[float]]:
 
 
 # --------------------------------------------------------------------------- objective
-def build_objective(cfg: DictConfig) -> ObjectiveSpec:
-    a = cfg.algo
-    loss_name, loss_params = _component(a.loss)
-    agg_name, agg_params = _component(a.aggregation)
-    mix = _plain(a.mix) or {}
-    spec = ObjectiveSpec(
-        policy_loss=loss_name,
-        policy_params=loss_params,
-        aggregation=agg_name,
-        aggregation_params=agg_params,
-        kl_coef=float(a.kl.coef),
-        kl_estimator=str(a.kl.estimator),
-        entropy_coef=_plain(a.entropy_coef),
-        mix_mode=mix.get("mode", "none"),
-    )
-    if spec.mix_mode in ("aux_loss", "sft"):
-        spec.mu = mix.get("mu", 0.1)
-        tw = dict(mix.get("token_weight") or {"name": "one"})
-        spec.token_weight = tw.pop("name")
-        spec.token_weight_params = tw
-    if spec.mix_mode == "group_inject":
-        spec.shaping_gamma = float(mix.get("shaping_gamma", 0.1))
-    return spec
-
-
 def advantage_spec(cfg: DictConfig) -> tuple[str, dict, bool]:
     name, params = _component(cfg.algo.advantage)
     return name, params, bool(cfg.algo.advantage_include_offpolicy)
@@ -218,31 +192,23 @@ def peft_config(cfg: DictConfig):
     )
 
 
-def build_controller(cfg: DictConfig):
-    """The configured controller instance (``algo.controller``), or None."""
-    if cfg.algo.get("controller") is None:
-        return None
-    from mixrl.core import CONTROLLERS
-
-    name, params = _component(cfg.algo.controller)
-    return CONTROLLERS.get(name)(**params)
-
-
 def build_trainer(cfg: DictConfig, *, model_path: str, tokenizer, train_ds, reward_funcs: list, reward_weights: list,
                   run_dir: Path, callbacks: list, geom: Geometry | None = None, **arg_overrides):
-    """The ``MixrlGRPOTrainer`` for a config: TRL arguments, mixer, objective, advantage and
-    controller all come from ``cfg``; ``arg_overrides`` set extra ``GRPOConfig`` fields."""
+    """The ``MixrlGRPOTrainer`` for a config: TRL arguments, source and injection, objective,
+    advantage and controller all come from ``cfg``; ``arg_overrides`` set extra ``GRPOConfig`` fields."""
     from transformers import PrinterCallback
 
+    from mixrl.config.objective import build_controller, build_injection, build_objective, build_source
     from mixrl.trainer.grpo import MixrlGRPOTrainer
-    from mixrl.trainer.mixing import build_mixer
 
     geom = geom or geometry(cfg)
     args = grpo_args(cfg, Path(run_dir), geom)
     args.reward_weights = reward_weights
     for key, value in arg_overrides.items():
         setattr(args, key, value)
-    mixer, train_ds = build_mixer(cfg, train_ds, geom)
+    source = build_source(cfg)
+    injection = build_injection(cfg, source=source, geometry=geom)
+    train_ds = source.prepare(train_ds, cfg.data)
     trainer = MixrlGRPOTrainer(
         model=model_path,
         reward_funcs=reward_funcs,
@@ -253,7 +219,7 @@ def build_trainer(cfg: DictConfig, *, model_path: str, tokenizer, train_ds, rewa
         callbacks=callbacks,
         objective=build_objective(cfg),
         advantage=advantage_spec(cfg),
-        mixer=mixer,
+        injections=[injection],
         controller=build_controller(cfg),
     )
     trainer.remove_callback(PrinterCallback)  # mixrl prints its own progress and summary

@@ -2,34 +2,35 @@
 
 TRL's ``GRPOTrainer`` generates a group of completions per prompt, scores them, and
 optimises a loss. mixrl keeps its generation, scoring, buffering and logging, and
-replaces three things (every overridden method is listed in ``OVERRIDDEN`` and its
-parent signature is pinned by ``tests/test_trl_contract.py``):
+replaces these methods (each listed in ``OVERRIDDEN``; their parent signatures are
+pinned by ``tests/test_trl_contract.py``):
 
-* ``_calculate_rewards``: also keeps the gathered reward matrix of the generation batch.
-* ``_generate_and_score_completions``: recomputes advantages with the configured
-  ``mixrl.core`` advantage (group membership from the global row index, so groups that
-  straddle processes are handled), adds per-row tensors (``row_source``) that survive
-  TRL's shuffling and splitting, and the global counts that normalise every loss term.
-  Off-policy rows (expert demonstrations) are injected here by the mixing hooks.
-* ``_generate_single_turn``: lets the mixer replace rollouts by expert completions
-  before they are scored (group injection).
-* ``_compute_loss``: one forward over the micro-batch, then ``mixrl.core.compute_objective``;
-  a controller (BAPO clip bounds, EntroPIC entropy coefficient) may set knobs first.
-* ``_save_checkpoint`` / ``_load_optimizer_and_scheduler``: controller state travels
-  with checkpoints.
+* ``_generate_and_score_completions``: runs the injections' hooks around TRL's own
+  generation and scoring (``before_generation``, then TRL, then ``after_rewards``,
+  the configured ``mixrl.core`` advantage, ``after_advantages``), and adds the provenance
+  fields of :mod:`mixrl.sources.rows` (per-row and per-token sources, behaviour log-probs,
+  group ids) plus the global token/row counts that normalise every term.
+* ``_generate_single_turn``: the ``after_generation`` hook (replace or extend completions
+  before they are scored); skips generation when an injection writes every completion.
+* ``_calculate_rewards``: keeps the gathered reward matrix of the generation batch.
+* ``_compute_loss``: one forward per kind of row (each trimmed to its own completion
+  width), then ``mixrl.core.compute_objective``; a controller may set knobs first.
+* ``_save_checkpoint`` / ``_load_optimizer_and_scheduler``: controller and source state
+  travel with checkpoints.
 """
 
 from __future__ import annotations
 
 import json
 import os
-
 from typing import Any
 
 import torch
 from trl import GRPOTrainer
 
-from mixrl.core.objective import EXPERT, ON_POLICY, ObjectiveSpec, compute_objective
+from mixrl.core import provenance as prov
+from mixrl.core.objective import Objective, compute_objective, population_key
+from mixrl.sources.base import InjectContext, Rollouts
 
 OVERRIDDEN = (
     "_generate_single_turn",
@@ -39,52 +40,74 @@ OVERRIDDEN = (
     "_save_checkpoint",
     "_load_optimizer_and_scheduler",
 )
-CONTROLLER_STATE_FILE = "mixrl_controller_state.json"
+STATE_FILE = "mixrl_state.json"
 
 
 class MixrlGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose advantage and loss come from ``mixrl.core`` registries.
 
     Extra constructor arguments:
-        objective: the ``ObjectiveSpec`` built from ``cfg.algo``.
+        objective: the :class:`mixrl.core.objective.Objective` built from ``cfg.algo``.
         advantage: ``(name, params, include_offpolicy)`` for ``mixrl.core.ADVANTAGES``.
-        mixer: an optional ``mixrl.trainer.mixing`` mixer that injects off-policy rows.
-        controller: an optional ``mixrl.core.CONTROLLERS`` instance (bapo or entropic).
+        injections: ``mixrl.sources`` injections (each holding its source), called in order.
+        controller: an optional ``mixrl.core.CONTROLLERS`` instance.
     """
 
     def __init__(
         self,
         *args,
-        objective: ObjectiveSpec,
+        objective: Objective,
         advantage: tuple[str, dict, bool],
-        mixer: Any = None,
+        injections: list | None = None,
         controller: Any = None,
         **kwargs,
     ):
         self.objective = objective
         self.controller = controller
-        self._mixrl_batch_inputs: list[dict] | None = None
-        self._entropy_window: list[float] = []  # entropies of the step's micro-batches (EntroPIC)
-        self.mixrl_rollouts = 0  # on-policy rollouts generated for training, all processes
+        self.injections = list(injections or [])
         self.advantage_name, self.advantage_params, self.advantage_include_offpolicy = advantage
-        self.mixer = mixer
+        self.mixrl_rollouts = 0  # on-policy rollouts generated for training, all processes
+        self._mixrl_batch_inputs: list[dict] | None = None
+        self._mixrl_rollouts: Rollouts | None = None
         self._mixrl_rewards_per_func: torch.Tensor | None = None
         self._mixrl_normalisers: dict[str, tuple[float, float]] | None = None
-        self._mixrl_global_sources: torch.Tensor | None = None
+        self._entropy_window: list[float] = []  # step_end controllers: entropies of the step's micro-batches
         super().__init__(*args, **kwargs)
+
+    def _inject_context(self) -> InjectContext:
+        return InjectContext(
+            tokenizer=self.processing_class,
+            process_index=self.accelerator.process_index,
+            num_processes=self.accelerator.num_processes,
+            num_generations=self.num_generations,
+            max_completion_length=self.max_completion_length,
+            global_step=self.state.global_step,
+            micro_step=self._step,
+            device=self.accelerator.device,
+            tokenize_prompts=lambda prompts: self._tokenize_prompts(prompts)[0],
+            gather=self.accelerator.gather,
+        )
+
+    def _injecting(self) -> bool:
+        return bool(self.injections) and self.model.training and self._mixrl_batch_inputs is not None
 
     # ------------------------------------------------------------------ generation
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-        if self.mixer is not None and self.model.training and getattr(self.mixer, "replaces_all", False):
-            # every completion will be an expert's: do not spend time generating rollouts
+        injecting = self._injecting()
+        if injecting and any(inj.skips_generation for inj in self.injections):
+            # every completion will be a source's: do not spend time generating rollouts
             completion_ids, logprobs = [[self.processing_class.eos_token_id] for _ in prompt_ids], None
         else:
             completion_ids, logprobs = super()._generate_single_turn(
                 prompt_ids, images, multimodal_fields, num_generations, has_tool_images
             )
-        if self.mixer is not None and self.model.training and self._mixrl_batch_inputs is not None:
-            completion_ids, logprobs = self.mixer.rewrite_completions(self, self._mixrl_batch_inputs, completion_ids, logprobs)
-        return completion_ids, logprobs
+        rollouts = Rollouts(list(completion_ids), logprobs, [prov.ON_POLICY] * len(completion_ids))
+        if injecting:
+            ctx = self._inject_context()
+            for inj in self.injections:
+                rollouts = inj.after_generation(ctx, self._mixrl_batch_inputs, rollouts)
+        self._mixrl_rollouts = rollouts
+        return rollouts.completion_ids, rollouts.logprobs
 
     # ------------------------------------------------------------------ rewards
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
@@ -94,23 +117,32 @@ class MixrlGRPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ batch
     def _generate_and_score_completions(self, inputs):
-        self._mixrl_global_sources = None  # a mixer's injection hook sets it during generation
+        training = self.model.training
+        if training and self.injections:
+            ctx = self._inject_context()
+            for inj in self.injections:
+                inputs = inj.before_generation(ctx, inputs)
+        self._mixrl_rollouts = None
         self._mixrl_batch_inputs = inputs
         try:
             out = super()._generate_and_score_completions(inputs)
         finally:
             self._mixrl_batch_inputs = None
-        mode = "train" if self.model.training else "eval"
+        mode = "train" if training else "eval"
         device = self.accelerator.device
+        self._add_provenance(out)
         rpf = self._mixrl_rewards_per_func
         rewards = (rpf * self.reward_weights.to(device).unsqueeze(0)).nansum(dim=1)
+        ctx = self._inject_context()
+        if training:
+            for inj in self.injections:
+                rewards = inj.after_rewards(ctx, inputs, rewards)
         n_global = rewards.shape[0]
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
-        sources = self._mixrl_global_sources
-        if sources is None:
-            sources = torch.full((n_global,), ON_POLICY, dtype=torch.long, device=device)
+        sources = self.accelerator.gather(out["row_source"])
         group_ids = torch.arange(n_global, device=device) // num_generations
-        include = None if self.advantage_include_offpolicy else sources != EXPERT
+        policy_rows = _behaviour_is_policy(sources)
+        include = None if self.advantage_include_offpolicy else policy_rows
         from mixrl.core import ADVANTAGES
 
         advantages = ADVANTAGES.get(self.advantage_name)(rewards, group_ids, include=include, **self.advantage_params)
@@ -118,105 +150,173 @@ class MixrlGRPOTrainer(GRPOTrainer):
         n_local = out["completion_ids"].shape[0]
         start = self.accelerator.process_index * n_local
         out["advantages"] = advantages[start : start + n_local]
-        out["row_source"] = sources[start : start + n_local]
+        out["group_id"] = group_ids[start : start + n_local]
 
-        on = sources != EXPERT
         primary = rpf[:, 0]
+        on = sources == prov.ON_POLICY
         nan = float("nan")  # TRL's logger drops NaN: no on-policy rows (SFT) logs no accuracy
         self._metrics[mode]["accuracy"].append(float((primary[on] >= 1.0 - 1e-6).float().mean()) if on.any() else nan)
         self._metrics[mode]["reward_on_policy"].append(float(rewards[on].mean()) if on.any() else nan)
-        if mode == "train":
+        if training:
             self.mixrl_rollouts += int(on.sum())
-        if self.mixer is not None and mode == "train":
-            out = self.mixer.after_scoring(self, inputs, out)
-        n_expert = self.accelerator.reduce((out["row_source"] == EXPERT).sum().float(), reduction="sum")
-        self._metrics[mode]["expert/rows"].append(float(n_expert))
+            for inj in self.injections:
+                out = inj.after_advantages(ctx, inputs, out)
+        for name in self.objective.selected():
+            if name != "on_policy":
+                n_rows = self.accelerator.reduce((out["row_source"] == prov.code(name)).sum().float(), reduction="sum")
+                self._metrics[mode][f"{name}/rows"].append(float(n_rows))
         self._mixrl_normalisers = self._global_counts(out)
         return out
 
+    def _add_provenance(self, out: dict) -> None:
+        """``row_source``, ``token_source`` and ``behaviour_logp`` of the local rows, from the
+        rollouts as the injections left them (all on-policy when nothing was injected)."""
+        ids = out["completion_ids"]
+        n, width = ids.shape
+        rollouts = self._mixrl_rollouts
+        if rollouts is None or len(rollouts.row_source) != n:
+            rollouts = Rollouts([[]] * n, None, [prov.ON_POLICY] * n)
+        row_source = torch.tensor(rollouts.row_source, dtype=torch.long, device=ids.device)
+        token_source = row_source.unsqueeze(1).expand(n, width).clone()
+        behaviour = torch.full((n, width), float("nan"), dtype=torch.float32, device=ids.device)
+        for i in range(n):
+            if rollouts.token_source[i] is not None:
+                t = torch.as_tensor(rollouts.token_source[i][:width], dtype=torch.long, device=ids.device)
+                token_source[i, : len(t)] = t
+            if rollouts.behaviour_logp[i] is not None:
+                b = torch.as_tensor(rollouts.behaviour_logp[i][:width], dtype=torch.float32, device=ids.device)
+                behaviour[i, : len(b)] = b
+        out["row_source"] = row_source
+        out["token_source"] = token_source
+        out["behaviour_logp"] = behaviour
+
     def _global_counts(self, out) -> dict[str, tuple[float, float]]:
-        """Effective (tokens, rows) per row source that each micro-batch loss divides by.
+        """Effective (tokens, rows) of each token population the objective normalises over.
 
         DDP averages gradients over W processes and each process adds up its
         gradient-accumulation micro-batches, so dividing local sums by N_global / W makes the
         step's gradient that of the global mean, whatever W and the accumulation are.
         """
-        mask = out["completion_mask"].float()
-        expert = (out["row_source"] == EXPERT).float().unsqueeze(1)
+        mask = out["completion_mask"].bool()
         stats = []
-        for m in (mask * (1 - expert), mask * expert, mask):
+        pops = self.objective.populations()
+        for pop in pops:
+            m = (mask & prov.select(out["token_source"], pop)).float()
             stats += [m.sum(), (m.sum(-1) > 0).float().sum()]
         totals = self.accelerator.reduce(torch.stack(stats), reduction="sum")
-        w = float(self.accelerator.num_processes)
-        t = (totals / w).tolist()
-        return {"on_policy": (t[0], t[1]), "expert": (t[2], t[3]), "all": (t[4], t[5])}
+        t = (totals / float(self.accelerator.num_processes)).tolist()
+        return {population_key(p): (t[2 * i], t[2 * i + 1]) for i, p in enumerate(pops)}
 
     # ------------------------------------------------------------------ controllers
-    def _controller_overrides(self, logps, old_logp, inputs, mask) -> dict | None:
-        """BAPO: choose the step's clip bounds on its first micro-batch (ratios and
-        advantages of that micro-batch, summed over processes); later micro-batches reuse them."""
-        if self.controller is None or not hasattr(self.controller, "rho0"):
-            return None
-        if self._step % self.current_gradient_accumulation_steps != 0:
-            return {"clip_low": self.controller.clip_low, "clip_high": self.controller.clip_high}
-        from mixrl.core.objective import EXPERT
+    def _reduce_sum(self):
+        return (lambda t: self.accelerator.reduce(t, "sum")) if self.accelerator.num_processes > 1 else None
 
-        old = logps.detach() if old_logp is None else old_logp
-        ratio = torch.exp((logps.detach() - old).clamp(-20, 20))
-        on = (inputs["row_source"] != EXPERT).float().unsqueeze(1) if "row_source" in inputs else 1.0
-        reduce = (lambda t: self.accelerator.reduce(t, "sum")) if self.accelerator.num_processes > 1 else None
-        clip_low, clip_high = self.controller.update(ratio, inputs["advantages"], mask * on, reduce=reduce)
-        return {"clip_low": clip_low, "clip_high": clip_high}
+    def _controller_step_start(self, logps, inputs) -> None:
+        """``step_start`` controllers (BAPO) decide on the first micro-batch of each step from
+        the policy term's tokens (ratios and advantages summed over processes)."""
+        c = self.controller
+        if c is None or c.when != "step_start" or self._step % self.current_gradient_accumulation_steps != 0:
+            return
+        old = inputs.get("old_per_token_logps")
+        old = logps.detach() if old is None else old
+        tokens = next((t.tokens for t in self.objective.terms if t.kind == "policy"), ("on_policy",))
+        sel = inputs["completion_mask"].bool() & prov.select(inputs["token_source"], tokens)
+        ratio = torch.exp((logps.detach() - torch.where(sel, old, logps.detach())).clamp(-20, 20))
+        c.step({"ratio": ratio, "advantages": inputs["advantages"], "mask": sel.float()}, reduce=self._reduce_sum())
+
+    def _controller_step_end(self, metrics: dict) -> None:
+        """``step_end`` controllers (EntroPIC) see the step's mean entropy after its last micro-batch."""
+        c = self.controller
+        if c is None or c.when != "step_end":
+            return
+        self._entropy_window.append(metrics.get("entropy", 0.0))
+        if self.accelerator.sync_gradients:
+            window = torch.tensor(self._entropy_window, dtype=torch.float32, device=self.accelerator.device).mean()
+            window = self.accelerator.reduce(window, "mean")
+            c.step({"entropy": float(window)})
+            self._entropy_window = []
 
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
-        if self.controller is not None and self.args.should_save:
+        if (self.controller is not None or self.injections) and self.args.should_save:
             from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
             folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-            with open(os.path.join(folder, CONTROLLER_STATE_FILE), "w") as f:
-                json.dump({"controller": self.controller.state_dict(), "entropy_coef": self.objective.entropy_coef}, f)
+            state = {
+                "controller": self.controller.state_dict() if self.controller is not None else None,
+                "injections": [inj.state_dict() for inj in self.injections],
+            }
+            with open(os.path.join(folder, STATE_FILE), "w") as f:
+                json.dump(state, f)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
-        path = os.path.join(checkpoint, CONTROLLER_STATE_FILE) if checkpoint else None
-        if self.controller is not None and path and os.path.exists(path):
+        path = os.path.join(checkpoint, STATE_FILE) if checkpoint else None
+        if path and os.path.exists(path):
             with open(path) as f:
                 state = json.load(f)
-            self.controller.load_state_dict(state["controller"])
-            self.objective.entropy_coef = state["entropy_coef"]
+            if self.controller is not None and state.get("controller") is not None:
+                self.controller.load_state_dict(state["controller"])
+            for inj, s in zip(self.injections, state.get("injections") or []):
+                inj.load_state_dict(s)
 
     # ------------------------------------------------------------------ loss
-    def _compute_loss(self, model, inputs):
+    def _forward_by_row_kind(self, model, inputs):
+        """Per-token log-probs and entropies. Rows the injections appended or wrote (another
+        ``row_source`` than the rollouts) get a forward of their own, trimmed to their longest
+        completion, so they cost their own tokens rather than the rollouts' padded width.
+        Rows are independent: the values are those of one forward over the micro-batch, up
+        to float rounding (measured: equal to 1e-6 on the pinned cases)."""
         prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
-        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
-        logps, entropies, _ = self._get_per_token_logps_and_entropies(
-            model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True
-        )
+        kinds = inputs["row_source"].unique()
+        if len(kinds) == 1:
+            ids = torch.cat([prompt_ids, completion_ids], dim=1)
+            att = torch.cat([prompt_mask, completion_mask], dim=1)
+            logps, entropies, _ = self._get_per_token_logps_and_entropies(
+                model, ids, att, completion_ids.size(1), compute_entropy=True
+            )
+            return logps, entropies
+        logps = entropies = None
+        for kind in kinds:
+            rows = torch.nonzero(inputs["row_source"] == kind).squeeze(1)
+            w = completion_ids.size(1)
+            if int(kind) != prov.ON_POLICY:
+                w = int(completion_mask[rows].sum(-1).max().clamp(min=1))
+            ids = torch.cat([prompt_ids[rows], completion_ids[rows, :w]], dim=1)
+            att = torch.cat([prompt_mask[rows], completion_mask[rows, :w]], dim=1)
+            lp, ent, _ = self._get_per_token_logps_and_entropies(model, ids, att, w, compute_entropy=True)
+            if logps is None:
+                logps = lp.new_zeros(completion_ids.shape)
+                entropies = ent.new_zeros(completion_ids.shape)
+            cols = torch.arange(w, device=rows.device).unsqueeze(0)
+            logps = logps.index_put((rows.unsqueeze(1), cols), lp)
+            entropies = entropies.index_put((rows.unsqueeze(1), cols), ent)
+        return logps, entropies
+
+    def _compute_loss(self, model, inputs):
+        logps, entropies = self._forward_by_row_kind(model, inputs)
         mode = "train" if self.model.training else "eval"
-        old_logp = inputs.get("old_per_token_logps")
-        overrides = self._controller_overrides(logps, old_logp, inputs, completion_mask) if mode == "train" else None
+        if mode == "train":
+            self._controller_step_start(logps, inputs)
+        knobs = self.controller.knobs() if (self.controller is not None and mode == "train") else None
         loss, metrics = compute_objective(
             self.objective,
             logp=logps,
-            mask=completion_mask,
+            mask=inputs["completion_mask"],
             advantages=inputs["advantages"],
-            row_source=inputs.get("row_source"),
-            old_logp=old_logp,
+            token_source=inputs["token_source"],
+            old_logp=inputs.get("old_per_token_logps"),
+            behaviour_logp=inputs.get("behaviour_logp"),
             ref_logp=inputs.get("ref_per_token_logps"),
+            teacher_logp=inputs.get("teacher_logp"),
             entropies=entropies,
             step=self.state.global_step,
             normalisers=self._mixrl_normalisers if mode == "train" else None,
-            policy_overrides=overrides,
+            knobs=knobs,
         )
-        if mode == "train" and self.controller is not None and hasattr(self.controller, "target"):
-            self._entropy_window.append(metrics.get("entropy", 0.0))
-            if self.accelerator.sync_gradients:  # last micro-batch of the step: update the PI controller
-                window = self.accelerator.reduce(torch.tensor(self._entropy_window, device=logps.device).mean(), "mean")
-                self.objective.entropy_coef = float(self.controller.update(float(window)))
-                self._entropy_window = []
+        if mode == "train":
+            self._controller_step_end(metrics)
         if self.controller is not None:
             metrics.update(self.controller.metrics())
         # loss/* parts are partial sums over this micro-batch: scale so TRL's mean over
@@ -225,3 +325,9 @@ class MixrlGRPOTrainer(GRPOTrainer):
         for key, value in metrics.items():
             self._metrics[mode][key].append(value * parts if key.startswith("loss/") else value)
         return loss
+
+
+def _behaviour_is_policy(row_source: torch.Tensor) -> torch.Tensor:
+    """Rows whose provenance was sampled by the policy (they form the groups' statistics)."""
+    policy_codes = [prov.code(n) for n in prov.provenance_names() if prov.provenance(n).behaviour == "policy"]
+    return torch.isin(row_source, torch.tensor(policy_codes, dtype=row_source.dtype, device=row_source.device))

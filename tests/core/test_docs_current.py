@@ -1,6 +1,8 @@
 """docs/components.md must match what the registries generate."""
 
 import pathlib
+import subprocess
+import sys
 
 from mixrl.core.docs import render_components_markdown
 
@@ -8,7 +10,9 @@ DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "components.md"
 
 
 def test_components_doc_is_current():
-    expected = render_components_markdown()
+    # a fresh process: tests may register components of their own (the pytest session's
+    # registries are not what a user's `python -m mixrl.core.docs` sees)
+    expected = subprocess.run([sys.executable, "-m", "mixrl.core.docs"], capture_output=True, text=True, check=True).stdout
     current = DOC.read_text() if DOC.exists() else ""
     assert current == expected, (
         "docs/components.md is out of date; regenerate it with: "

@@ -3,6 +3,10 @@
 CHORD:  L = (1 - mu) * mean_{on-policy tokens} PPOclip + mu * mean_{expert tokens} -sg(phi(p)) log p
 LUFFY:  L = mean_{all tokens} [ PPOclip on rollout tokens ; -A * p/(p+gamma) on expert tokens ]
 Each case checks the value and d L / d logp per token, written out with plain floats.
+
+The methods are written here as terms (the way conf/algo/*.yaml writes them) by
+:func:`ObjectiveSpec`, a test-local shorthand; rows are tagged per row and expanded to
+per-token provenance by :func:`compute_objective`.
 """
 
 from __future__ import annotations
@@ -12,7 +16,43 @@ import math
 import pytest
 import torch
 
-from mixrl.core.objective import EXPERT, ON_POLICY, ObjectiveSpec, compute_objective
+from mixrl.core import objective as core_objective
+from mixrl.core.objective import Objective, TermSpec
+from mixrl.core.provenance import EXPERT, ON_POLICY
+
+POLICY = {"name": "ppo_clip"}
+BOTH = ("on_policy", "expert")
+
+
+def ObjectiveSpec(mix_mode="none", mu=0.0, token_weight="one", shaping_gamma=0.1, kl_coef=0.0, kl_estimator="k3",
+                  entropy_coef=0.0, aggregation="token-mean"):
+    """CHORD (aux_loss), LUFFY (group_inject), SFT and plain RL as terms."""
+    agg = aggregation
+    nll = {"token_weight": {"name": token_weight}}
+    terms = {
+        "none": [TermSpec("policy", "policy", ("on_policy",), None, 1.0, agg, {}, {"loss": POLICY})],
+        "aux_loss": [TermSpec("policy", "policy", ("on_policy",), None, "1-mu", agg, {}, {"loss": POLICY}),
+                     TermSpec("sft", "nll", ("expert",), None, "mu", agg, {}, nll)],
+        "group_inject": [TermSpec("policy", "policy", ("on_policy",), BOTH, 1.0, agg, {}, {"loss": POLICY}),
+                         TermSpec("offpolicy", "shaped", ("expert",), BOTH, 1.0, agg, {}, {"gamma": shaping_gamma})],
+        "sft": [TermSpec("sft", "nll", ("expert",), None, 1.0, agg, {}, nll)],
+    }[mix_mode]
+    coefs = {"mu": mu}
+    if kl_coef:
+        terms.append(TermSpec("kl", "kl", ("on_policy",), None, kl_coef, agg, {}, {"estimator": kl_estimator}))
+    if entropy_coef:
+        coefs["entropy_coef"] = entropy_coef
+        terms.append(TermSpec("entropy_bonus", "entropy", ("on_policy",), None, "-entropy_coef", "token-mean", {}, {}))
+    return Objective(terms, coefs)
+
+
+def compute_objective(spec, *, mask, row_source, normalisers=None, **kw):
+    """Per-row sources expanded to per-token provenance; normalisers keyed by population."""
+    token_source = row_source.unsqueeze(1).expand(mask.shape)
+    if normalisers is not None:
+        normalisers = {"on_policy": normalisers["on_policy"], "expert": normalisers["expert"],
+                       "on_policy+expert": normalisers["all"]}
+    return core_objective.compute_objective(spec, mask=mask, token_source=token_source, normalisers=normalisers, **kw)
 
 # two rows x three tokens; row 0 on-policy (3 tokens), row 1 expert (2 tokens + pad)
 LOGP = [[-0.1, -0.7, -1.2], [-0.5, -2.0, -9.0]]

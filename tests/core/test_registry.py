@@ -11,9 +11,12 @@ from mixrl.core import REGISTRIES, Registry, UnknownComponentError
 from mixrl.errors import ConfigError
 
 CORE_DIR = pathlib.Path(core.__file__).parent
-ALLOWED_ANNOTATIONS = {float, int, bool, str, float | None, int | None}
+# dict | None: a term's nested component spec ({name, params...}: a policy loss, a token weight)
+ALLOWED_ANNOTATIONS = {float, int, bool, str, float | None, int | None, dict | None}
 ALLOWED_IMPORTS = {"torch", "math", "dataclasses", "inspect", "typing", "collections",
-                   "types", "sys", "__future__", "mixrl"}
+                   "types", "sys", "re", "__future__", "mixrl"}
+#: core modules that may import other mixrl packages: the docs generator covers every registry
+DOCS_MAY_IMPORT = {"docs.py": ("mixrl.sources",)}
 
 
 def test_register_get_names_contains_params():
@@ -65,6 +68,91 @@ def test_expected_names_are_registered():
     assert set(core.CONTROLLERS.names()) == {"bapo", "entropic"}
 
 
+def test_declaration_parses_summary_formula_paper():
+    reg = Registry("widget")
+
+    @reg.register("w")
+    def w(x, *, alpha: float = 0.5, name_like: str = "k3"):
+        """Widget weight: scales things
+        by alpha. More prose here.
+
+        Formula: ``w = {alpha} * x``, with KL_{name_like}
+        and {unknown} braces kept; sum_{b,t} too
+
+        Paper: "A Paper Title" (2025).
+        Parameters:
+            alpha (0.5): the scale.
+            name_like (k3): a name.
+        """
+        return x
+
+    @reg.register("bare")
+    def bare(x, *, beta: int = 3, gamma: float | None = None):
+        """A bare component without a formula.
+
+        Formula: y = f(x)
+        Parameters:
+            beta (3): b.
+            gamma (None): g.
+        """
+        return x
+
+    @reg.register("undocumented")
+    def undocumented(x):
+        return x
+
+    d = reg.declaration("w")
+    assert d["summary"] == "Widget weight: scales things by alpha."
+    assert d["formula"] == "w = {alpha} * x, with KL_{name_like} and {unknown} braces kept; sum_{b,t} too"
+    assert d["paper"] == '"A Paper Title" (2025).'
+    assert reg.declaration("bare") == {
+        "name": "bare", "kind": "widget", "summary": "A bare component without a formula.",
+        "formula": "y = f(x)", "paper": None,
+    }
+    assert reg.declaration("undocumented")["formula"] is None
+
+    # placeholders filled from params, missing ones from the defaults; unknown braces untouched
+    assert reg.formula("w") == "w = 0.5 * x, with KL_k3 and {unknown} braces kept; sum_{b,t} too"
+    assert reg.formula("w", {"alpha": 2.0, "name_like": "k1"}).startswith("w = 2 * x, with KL_k1 and")
+    assert reg.formula("w", {"alpha": 1e-6}).startswith("w = 1e-06 * x")
+    # no placeholders: every config parameter with its value, after the formula
+    assert reg.formula("bare") == "y = f(x) [beta=3, gamma=None]"
+    assert reg.formula("bare", {"gamma": 0.25}) == "y = f(x) [beta=3, gamma=0.25]"
+    # a nested component reads as its name
+    assert reg.formula("w", {"name_like": {"name": "chord_phi", "cutoff": None}}).endswith("KL_chord_phi and {unknown} braces kept; sum_{b,t} too")
+    # no formula declared: the summary stands in
+    assert reg.formula("undocumented") == "undocumented"
+
+
+def test_real_formulas_fill_in_config_values():
+    assert core.POLICY_LOSSES.formula("ppo_clip", {"clip_high": 0.28}).startswith(
+        "l_t = max(-A r_t, -A clip(r_t, 1 - 0.2, 1 + 0.28))")
+    assert core.TERMS.formula("shaped", {"gamma": 0.3}) == (
+        "l_t = -A f(p_t), f(p) = p / (p + 0.3) (behaviour probability taken as 1)")
+    assert core.TERMS.formula("policy", {"loss": {"name": "cispo"}}).startswith("l_t = cispo(r_t, A)")
+    assert core.ADVANTAGES.formula("dr_grpo") == "A_i = R_i - mean_g R over the prompt's group g (no std division)"
+    assert core.AGGREGATIONS.formula("token-mean").endswith("[max_len=None]")
+
+
+def _all_registries():
+    from mixrl.sources import INJECTIONS, SOURCES
+
+    return {**REGISTRIES, "source": SOURCES, "injection": INJECTIONS}
+
+
+DECLARED = [(key, name) for key, reg in _all_registries().items() for name in reg.names()]
+
+
+@pytest.mark.parametrize("key,name", DECLARED)
+def test_every_component_declares_a_formula(key, name):
+    reg = _all_registries()[key]
+    d = reg.declaration(name)
+    assert d["summary"], f"{key} {name}: no summary line"
+    assert d["formula"], f"{key} {name}: no 'Formula:' line in its docstring"
+    assert "METHODS.md" not in (inspect.getdoc(reg.get(name)) or ""), f"{key} {name}: cite the paper by title"
+    reg.formula(name)  # fills in with the defaults
+
+
 COMPONENTS = [(key, name) for key, reg in REGISTRIES.items() for name in reg.names()]
 
 
@@ -97,4 +185,18 @@ def test_core_is_pure_tensor_math(path):
             top = mod.split(".")[0]
             assert top in ALLOWED_IMPORTS, f"{path.name} imports {mod}"
             if top == "mixrl":
-                assert mod.startswith("mixrl.core") or mod == "mixrl.errors", f"{path.name}: {mod}"
+                allowed = ("mixrl.core", "mixrl.errors", *DOCS_MAY_IMPORT.get(path.name, ()))
+                assert mod.startswith(allowed), f"{path.name}: {mod}"
+
+
+def test_docs_cover_terms_sources_injections_and_provenances():
+    from mixrl.core.docs import render_components_markdown
+
+    text = render_components_markdown()
+    for title in ("## Terms", "## Off-policy sources", "## Injections", "## Token provenances"):
+        assert title in text
+    for name in ("shaped", "teacher_kl", "expert", "group_replace", "append_rows", "replace_all"):
+        assert f"### `{name}`" in text
+    assert "| `on_policy` | `policy` |" in text and "| `expert` | `unknown` |" in text
+    assert "Formula: `l_t = -A f(p_t), f(p) = p / (p + {gamma}) (behaviour probability taken as 1)`" in text
+    assert "METHODS.md" not in text

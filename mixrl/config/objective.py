@@ -1,0 +1,335 @@
+"""From ``cfg.algo`` / ``cfg.offpolicy`` to the objective, source and injection a run trains
+with, and the one validation pass every command goes through.
+
+:func:`check_objective` runs when a config is composed (``mixrl train``, ``config show``,
+``explain``, every recipe test), before any model loads. Each rule below belongs to what a
+component declares about itself, so a new component brings its own checks:
+
+* a term selects provenances that exist; a term that takes a ratio (``needs_behaviour``)
+  selects only provenances with a known behaviour probability; a term's ``needs``
+  (reference or teacher log-probs) must be provided;
+* a coefficient used as ``1-c`` stays in [0, 1], as ``c`` or ``-c`` stays >= 0, at every step;
+* an injection needs a source, and a source needs an injection and a term that trains
+  on what it injects;
+* a controller's knobs exist in the objective (its ``check(objective)``);
+* the policy loss's and the controller's own constructor checks.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from mixrl.core.objective import Objective, TermSpec, parse_weight_ref
+from mixrl.errors import ConfigError
+
+#: how far schedules are checked when trainer.max_steps is huge
+_CHECK_LIMIT = 200_000
+
+
+def _plain(node: Any) -> Any:
+    if isinstance(node, DictConfig) or OmegaConf.is_list(node):
+        return OmegaConf.to_container(node, resolve=True)
+    return node
+
+
+def _component(node: Any) -> tuple[str | None, dict]:
+    d = dict(_plain(node) or {})
+    return d.pop("name", None), d
+
+
+def _g(x: Any) -> str:
+    if isinstance(x, float) and x == int(x) and abs(x) < 1e6:
+        return str(int(x))
+    return f"{x:.6g}" if isinstance(x, float) else str(x)
+
+
+# --------------------------------------------------------------------------- building
+def build_objective(cfg: DictConfig) -> Objective:
+    """The :class:`Objective` of ``cfg.algo``: its terms, then KL and entropy on rollout tokens."""
+    a = cfg.algo
+    agg_name, agg_params = _component(a.aggregation)
+    coefs = dict(_plain(a.get("coefs")) or {})
+    terms: list[TermSpec] = []
+    for label, node in (_plain(a.get("terms")) or {}).items():
+        d = dict(node)
+        kind = d.pop("name")
+        tokens = tuple(d.pop("tokens", None) or ("on_policy",))
+        norm = d.pop("normalise_over", None)
+        weight = d.pop("weight", 1.0)
+        t_agg, t_agg_params = _component(d.pop("aggregation", None)) if d.get("aggregation") else (agg_name, agg_params)
+        if kind == "policy" and not d.get("loss"):
+            d["loss"] = _plain(a.loss)
+        d = {k: v for k, v in d.items() if v is not None}
+        terms.append(TermSpec(label, kind, tokens, tuple(norm) if norm else None, weight, t_agg, t_agg_params, d))
+    kl_coef = float(a.kl.coef)
+    if kl_coef:
+        terms.append(TermSpec("kl", "kl", ("on_policy",), None, kl_coef, agg_name, agg_params,
+                              {"estimator": str(a.kl.estimator)}))
+    if _entropy_term_needed(cfg):
+        coefs["entropy_coef"] = _plain(a.entropy_coef)
+        terms.append(TermSpec("entropy_bonus", "entropy", ("on_policy",), None, "-entropy_coef", "token-mean", {}, {}))
+    return Objective(terms, coefs)
+
+
+def _entropy_term_needed(cfg: DictConfig) -> bool:
+    from mixrl.core.schedules import resolve_schedule
+
+    name, _ = _component(cfg.algo.get("controller"))
+    if name is not None and "entropy_coef" in _controller_class(name).knob_names:
+        return True
+    fn = resolve_schedule(_plain(cfg.algo.entropy_coef))
+    return any(fn(s) != 0.0 for s in _steps(cfg))
+
+
+def _controller_class(name: str):
+    from mixrl.core import CONTROLLERS
+
+    return CONTROLLERS.get(name)
+
+
+def _steps(cfg: DictConfig) -> range:
+    return range(0, min(int(cfg.trainer.max_steps), _CHECK_LIMIT) + 1)
+
+
+def build_source(cfg: DictConfig):
+    from mixrl.sources import SOURCES
+
+    name, params = _component(cfg.offpolicy.source)
+    return SOURCES.get(name)(**params)
+
+
+def build_injection(cfg: DictConfig, *, source=None, geometry=None):
+    """The configured injection (``algo.inject``), holding its source."""
+    from mixrl.sources import INJECTIONS
+
+    name, params = _component(cfg.algo.inject)
+    return INJECTIONS.get(name)(source=source, geometry=geometry, seed=int(cfg.seed), **params)
+
+
+def build_controller(cfg: DictConfig):
+    """The configured controller instance (``algo.controller``), or None."""
+    name, params = _component(cfg.algo.get("controller"))
+    return None if name is None else _controller_class(name)(**params)
+
+
+# --------------------------------------------------------------------------- checks
+def check_objective(cfg: DictConfig) -> list[str]:
+    """Raise :class:`ConfigError` (one line) for a contradictory objective; return notes
+    (non-fatal remarks) for the rest. A staged algo is checked stage by stage when its
+    stages are composed."""
+    from mixrl.core import provenance as prov
+
+    algo, notes = cfg.algo, []
+    if list(algo.get("stages") or []):
+        return notes
+    if not algo.get("terms"):
+        raise ConfigError(f"algo={algo.name} has no terms (algo.terms); add at least one, e.g. "
+                          "algo.terms.policy={name: policy, tokens: [on_policy]}")
+    try:
+        objective = build_objective(cfg)
+    except (ValueError, TypeError, KeyError) as e:
+        raise ConfigError(f"could not build the objective from algo: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    source_name, _ = _component(cfg.offpolicy.source)
+    inject_name, _ = _component(algo.inject)
+    injected = _injected_provenances(source_name) if inject_name != "none" else set()
+    available = injected | ({"on_policy"} if not _skips_generation(inject_name) else set())
+    known = set(prov.provenance_names())
+
+    for t in objective.terms:
+        where = f"algo.terms.{t.label}" if t.label in (algo.get("terms") or {}) else f"the {t.label} term"
+        for p in (*t.tokens, *(t.normalise_over or ())):
+            if p not in known:
+                raise ConfigError(f"{where}: unknown provenance '{p}'; provenances: {', '.join(sorted(known))}")
+        _check_term(t, where, available, cfg)
+        _check_weight(objective, t, where, cfg)
+
+    # --- sources and injections
+    if inject_name != "none" and source_name == "none":
+        raise ConfigError(
+            f"algo.inject={inject_name} places off-policy rows but offpolicy.source is 'none'; add offpolicy=expert"
+        )
+    if source_name != "none" and inject_name == "none":
+        raise ConfigError(
+            f"offpolicy={cfg.offpolicy.name} loads off-policy rows but algo.inject is 'none', so they never enter a "
+            "batch; use an algo that injects them (algo=chord, luffy, sft, mix) or offpolicy=none"
+        )
+    trained = {p for t in objective.terms for p in t.tokens}
+    for p in sorted(injected - trained):
+        raise ConfigError(
+            f"algo.inject={inject_name} adds '{p}' tokens but no term trains on them; add a term with tokens: [{p}] "
+            "(e.g. algo.terms.sft={name: nll, tokens: [" + p + "]})"
+        )
+    if inject_name == "group_replace":
+        adv_name = algo.advantage.name
+        if adv_name in ("grpo", "batch_norm") and not bool(algo.advantage_include_offpolicy):
+            notes.append(
+                f"advantage {adv_name} with algo.advantage_include_offpolicy=false: an expert row in a group whose "
+                "rollouts all got the same reward gets (r - mean) / eps, a huge advantage; LUFFY's script uses dr_grpo"
+            )
+    _check_injection(cfg)
+
+    # --- policy loss parameters and the controller
+    _check_policy_loss(cfg)
+    ctrl_name, ctrl_params = _component(algo.get("controller"))
+    if ctrl_name is not None:
+        try:
+            controller = _controller_class(ctrl_name)(**ctrl_params)
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"algo.controller ({ctrl_name}): {str(e).splitlines()[0]}") from None
+        _check_controller(cfg, ctrl_name, controller, objective)
+    notes += _notes(cfg, objective)
+    return notes
+
+
+def _injected_provenances(source_name: str) -> set[str]:
+    """What the configured source's material is, as provenances (declared by the source)."""
+    from mixrl.sources import SOURCES
+
+    return set(SOURCES.get(source_name).provenances)
+
+
+def _skips_generation(inject_name: str) -> bool:
+    from mixrl.sources import INJECTIONS
+
+    return bool(INJECTIONS.get(inject_name).skips_generation)
+
+
+def _check_term(t: TermSpec, where: str, available: set[str], cfg: DictConfig) -> None:
+    from mixrl.core import provenance as prov
+    from mixrl.core.terms import term_needs, term_needs_behaviour
+
+    if t.label in (cfg.algo.get("terms") or {}) and t.kind in ("kl", "entropy"):
+        raise ConfigError(
+            f"{where}: the {t.kind} term is set by algo.{'kl.coef' if t.kind == 'kl' else 'entropy_coef'}; "
+            f"remove {where} and set that key instead"
+        )
+    if term_needs_behaviour(t.kind):
+        unknown = [p for p in t.tokens if prov.provenance(p).behaviour == "unknown"]
+        if unknown:
+            raise ConfigError(
+                f"{where} ({t.kind}) takes an importance ratio, but '{unknown[0]}' tokens have no behaviour "
+                f"probability; train them with a term that needs none (nll, shaped) instead"
+            )
+    if "teacher_logp" in term_needs(t.kind):
+        raise ConfigError(f"{where} ({t.kind}) needs teacher log-probs, but no configured source provides them")
+    missing = [p for p in t.tokens if p not in available]
+    if missing:
+        fix = {"kl": "set algo.kl.coef=0", "entropy": "set algo.entropy_coef=0"}.get(
+            t.kind if t.label not in (cfg.algo.get("terms") or {}) else "", "set an injection that does or drop the term")
+        raise ConfigError(
+            f"{where} trains on '{missing[0]}' tokens, but nothing puts them in the batch "
+            f"(algo.inject={cfg.algo.inject.name}, offpolicy.source={cfg.offpolicy.source.name}); {fix}"
+        )
+
+
+def _check_weight(objective: Objective, t: TermSpec, where: str, cfg: DictConfig) -> None:
+    from mixrl.core.schedules import resolve_schedule
+
+    if isinstance(t.weight, str):
+        try:
+            sign, name = parse_weight_ref(t.weight)
+        except ValueError as e:
+            raise ConfigError(f"{where}.weight: {e}") from None
+        if name not in objective.coefs:
+            raise ConfigError(
+                f"{where}.weight = '{t.weight}' refers to coefficient '{name}', which is not defined; "
+                f"set algo.coefs.{name} (a number or a schedule)"
+            )
+        key = "algo.entropy_coef" if name == "entropy_coef" else f"algo.coefs.{name}"
+        fn = resolve_schedule(objective.coefs[name])
+        lo, hi, why = (0.0, 1.0, f"it weighs (1 - {name}) and {name} terms against each other") if sign == "1-" else (
+            0.0, math.inf, "a negative coefficient turns the term around (gradient ascent on what it should minimise)")
+        if name == "entropy_coef":
+            why = "a negative coefficient pushes entropy down"
+        for s in _steps(cfg):
+            v = fn(s)
+            if not (lo <= v <= hi) or not math.isfinite(v):
+                rng = "[0, 1]" if sign == "1-" else ">= 0"
+                raise ConfigError(f"{key} = {_g(v)} at step {s}: {why}; it must stay {rng}")
+        return
+    try:
+        fn = resolve_schedule(t.weight)
+        fn(0)
+    except (ValueError, TypeError, KeyError) as e:
+        raise ConfigError(f"{where}.weight: {str(e).splitlines()[0]}") from None
+
+
+def _check_injection(cfg: DictConfig) -> None:
+    """The injection's own constructor checks (with the batch geometry)."""
+    from mixrl.config.rules import geometry
+
+    build_injection(cfg, geometry=geometry(cfg))
+
+
+def _check_policy_loss(cfg: DictConfig) -> None:
+    name, lp = _component(cfg.algo.loss)
+    for key in ("clip_low", "clip_high"):
+        if lp.get(key) is not None and lp[key] < 0:
+            raise ConfigError(f"algo.loss.{key} must be >= 0 (an epsilon around r = 1), got {_g(lp[key])}")
+    if name == "ppo_clip" and lp.get("dual_clip_c") is not None and lp["dual_clip_c"] <= 1:
+        raise ConfigError(f"algo.loss.dual_clip_c must be > 1 (or null), got {_g(lp['dual_clip_c'])}")
+    if name == "reinforce" and lp.get("tis_cap") is not None and lp["tis_cap"] < 1:
+        raise ConfigError(f"algo.loss.tis_cap must be >= 1 (or null), got {_g(lp['tis_cap'])}")
+    if name == "sapo" and (lp.get("tau_pos", 1.0) <= 0 or lp.get("tau_neg", 1.05) <= 0):
+        raise ConfigError("algo.loss.tau_pos and algo.loss.tau_neg must be > 0")
+    if name == "m2po" and lp.get("m2_budget", 0.04) < 0:
+        raise ConfigError(f"algo.loss.m2_budget must be >= 0, got {_g(lp['m2_budget'])}")
+    if name == "sft" and float(cfg.algo.kl.coef) > 0:
+        raise ConfigError(
+            f"algo.loss.name=sft with algo.kl.coef={_g(float(cfg.algo.kl.coef))}: a supervised loss has no reference "
+            "policy to stay close to; set algo.kl.coef=0"
+        )
+
+
+def _check_controller(cfg: DictConfig, name: str, controller, objective: Objective) -> None:
+    """The controller's own ``check(objective)``; and a coefficient it sets must not also be
+    set by the config."""
+    from mixrl.core.schedules import resolve_schedule
+
+    if not any(t.kind == "policy" for t in objective.terms) and any(k.startswith("loss.") for k in controller.knob_names):
+        raise ConfigError(f"algo.controller={name} sets policy-loss knobs, but the objective has no policy term")
+    try:
+        controller.check(objective)
+    except ValueError as e:
+        raise ConfigError(f"algo.controller={name}: {e}") from None
+    for knob in controller.knob_names:
+        if knob.startswith("loss."):
+            continue
+        spec = _plain(cfg.algo.get(knob)) if knob in cfg.algo else objective.coefs.get(knob, 0.0)
+        fn = resolve_schedule(spec)
+        if any(fn(s) != 0.0 for s in _steps(cfg)):
+            raise ConfigError(
+                f"algo.controller={name} sets {knob} every step, which would overwrite algo.{knob}; set algo.{knob}=0"
+            )
+
+
+RATIO_WHAT = {"ppo_clip": "clip", "gspo": "clip", "cispo": "IS-weight clip", "sapo": "gate", "m2po": "M2 mask", "topr": "IS taper"}
+
+
+def _notes(cfg: DictConfig, objective: Objective) -> list[str]:
+    notes = []
+    for t in objective.terms:
+        loss = (t.params.get("loss") or {}).get("name") if t.kind == "policy" else None
+        if loss in RATIO_WHAT and int(cfg.trainer.num_iterations) == 1 and not cfg.hardware.use_vllm and t.tokens == ("on_policy",):
+            notes.append(
+                f"trainer.num_iterations=1: rollouts are scored by the policy that generated them, so r_t = 1 and the "
+                f"{RATIO_WHAT[loss]} never acts on them (it does from trainer.num_iterations=2)"
+            )
+    name, params = _component(cfg.algo.aggregation)
+    if name == "seq-mean-token-sum-norm":
+        if params.get("max_len") is None:
+            notes.append(
+                "seq-mean-token-sum-norm without algo.aggregation.max_len divides by the padded width of each "
+                "micro-batch, which changes from step to step; set algo.aggregation.max_len=${trainer.max_completion_length}"
+            )
+        elif params["max_len"] < int(cfg.trainer.max_completion_length):
+            notes.append(
+                f"algo.aggregation.max_len={params['max_len']} < trainer.max_completion_length="
+                f"{cfg.trainer.max_completion_length}: long completions weigh more than 1 per row"
+            )
+    elif params.get("max_len") is not None:
+        notes.append(f"algo.aggregation.max_len is ignored by {name}")
+    return notes

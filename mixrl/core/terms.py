@@ -1,0 +1,173 @@
+"""Terms of the objective: each a per-token loss on the tokens a term selects.
+
+Signature of every registered term::
+
+    fn(x: TermInputs, *, <params>) -> TermOutput
+
+The objective (:mod:`mixrl.core.objective`) selects each term's tokens by provenance,
+hands them over as ``x.mask``, aggregates the returned ``per_token`` loss over the term's
+normalising population and multiplies it by the term's weight. A term never aggregates and
+never sees tokens outside its selection (their values in ``x`` are made finite, so NaN at
+unselected positions cannot reach a gradient). Notation: ``p = exp(logp)``, ``A`` the row's
+advantage, ``r = p / pi_b`` the importance ratio against the behaviour probability, ``sg``
+stop-gradient.
+
+Attributes a term function may declare (read by config validation and ``mixrl explain``):
+
+* ``needs_behaviour = True``: it takes a ratio, so every provenance it selects must have a
+  known behaviour probability (see :mod:`mixrl.core.provenance`);
+* ``needs = ("ref_logp",)`` / ``("teacher_logp",)``: per-token inputs it reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from torch import Tensor
+
+from mixrl.core._tensor import masked_mean, token_advantages
+from mixrl.core.registry import Registry
+
+TERMS = Registry("term")
+
+
+@dataclass
+class TermInputs:
+    """What a term may read. Every tensor is [B, T] unless noted; ``mask`` is the term's
+    selection (bool), ``behaviour_logp`` the log-prob each selected token was sampled with
+    (finite on the selection whenever the term needs it), ``overrides`` knob values a
+    controller set for this step (e.g. ``{"clip_low": 0.3}`` for the policy loss)."""
+
+    logp: Tensor
+    mask: Tensor
+    advantages: Tensor  # [B] or [B, T]
+    behaviour_logp: Tensor
+    ref_logp: Tensor | None = None
+    teacher_logp: Tensor | None = None
+    entropies: Tensor | None = None
+    overrides: dict = field(default_factory=dict)
+
+
+@dataclass
+class TermOutput:
+    per_token: Tensor
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@TERMS.register("policy")
+def policy(x: TermInputs, *, loss: dict | None = None) -> TermOutput:
+    """Policy-gradient term: the configured policy loss on tokens with a known behaviour.
+
+    Formula: l_t = {loss}(r_t, A) with r_t = p_t / pi_b(y_t), pi_b the behaviour policy
+    Paper: PPO / GRPO (DeepSeekMath); the loss is any registered policy loss.
+
+    Parameters:
+        loss (None): the policy loss ``{name, params...}``; default ``algo.loss``.
+    """
+    from mixrl.core.policy_losses import POLICY_LOSSES
+
+    spec = dict(loss or {"name": "ppo_clip"})
+    name = spec.pop("name")
+    spec.update(x.overrides)
+    out = POLICY_LOSSES.get(name)(x.logp, x.behaviour_logp, x.advantages, x.mask, **spec)
+    metrics = {f"policy/{k}": float(v) for k, v in out.metrics.items()}
+    metrics["clip_frac"] = float(masked_mean(out.clipped.float(), x.mask)) if bool(x.mask.any()) else 0.0
+    return TermOutput(out.per_token_loss, metrics)
+
+
+policy.needs_behaviour = True
+
+
+@TERMS.register("nll")
+def nll(x: TermInputs, *, token_weight: dict | None = None) -> TermOutput:
+    """Weighted negative log-likelihood (supervised term; no ratio, no advantage).
+
+    Formula: l_t = -sg(w(p_t)) log p_t, w the token weight ({token_weight})
+    Paper: SFT; CHORD ("On-Policy RL Meets Off-Policy Experts", arXiv 2508.11408) with w = phi.
+
+    Parameters:
+        token_weight (None): ``{name, params...}`` from the token-weight registry; default one.
+    """
+    from mixrl.core.token_weights import TOKEN_WEIGHTS
+
+    spec = dict(token_weight or {"name": "one"})
+    weight = TOKEN_WEIGHTS.get(spec.pop("name"))(x.logp, **spec)
+    return TermOutput(-weight * x.logp)
+
+
+@TERMS.register("shaped")
+def shaped(x: TermInputs, *, gamma: float = 0.1) -> TermOutput:
+    """LUFFY's policy shaping on off-policy tokens: the ratio is replaced by f(p), no clip.
+
+    Formula: l_t = -A f(p_t), f(p) = p / (p + {gamma}) (behaviour probability taken as 1)
+    Paper: LUFFY, "Learning to Reason under Off-Policy Guidance" (arXiv 2504.14945).
+
+    Parameters:
+        gamma (0.1): shaping constant; the gradient weight gamma p / (p + gamma)^2 peaks at p = gamma.
+    """
+    from mixrl.core.token_weights import luffy_shaped_ratio
+
+    adv = token_advantages(x.advantages, x.logp)
+    return TermOutput(-adv * luffy_shaped_ratio(x.logp, gamma=gamma))
+
+
+@TERMS.register("kl")
+def kl(x: TermInputs, *, estimator: str = "k3") -> TermOutput:
+    """KL penalty to the reference policy on sampled tokens.
+
+    Formula: l_t = KL_{estimator}(pi_theta || pi_ref) per token
+    Paper: GRPO (DeepSeekMath); estimators from Schulman, "Approximating KL divergence".
+
+    Parameters:
+        estimator (k3): k1 | k2 | k3 | k3_clamped.
+    """
+    from mixrl.core.regularizers import kl_penalty
+
+    per_token = kl_penalty(x.logp, x.ref_logp, estimator=estimator)
+    d = (x.ref_logp - x.logp.detach())
+    return TermOutput(per_token, {"kl": float(masked_mean(d.exp() - d - 1, x.mask))})
+
+
+kl.needs = ("ref_logp",)
+
+
+@TERMS.register("entropy")
+def entropy(x: TermInputs) -> TermOutput:
+    """Token entropy of the policy (weight it negatively for a bonus).
+
+    Formula: l_t = H(pi_theta(. | s_t))
+    Paper: entropy regularisation (Williams & Peng 1991); EntroPIC sets its coefficient.
+
+    Parameters: none.
+    """
+    return TermOutput(x.entropies)
+
+
+entropy.needs = ("entropies",)
+
+
+@TERMS.register("teacher_kl")
+def teacher_kl(x: TermInputs, *, estimator: str = "k1") -> TermOutput:
+    """Reverse KL to a teacher on student-sampled tokens (teacher log-probs carried per token).
+
+    Formula: l_t = KL_{estimator}(pi_theta || pi_teacher) per token
+    Paper: on-policy distillation (Agarwal et al., "On-Policy Distillation of Language Models",
+    arXiv 2306.13649); KDRL ("KDRL: Post-Training Reasoning LLMs via Unified Knowledge Distillation and
+    Reinforcement Learning") adds it to the RL objective.
+
+    Parameters:
+        estimator (k1): k1 | k2 | k3 | k3_clamped.
+    """
+    from mixrl.core.regularizers import teacher_kl as _teacher_kl
+
+    return TermOutput(_teacher_kl(x.logp, x.teacher_logp, estimator=estimator))
+
+
+teacher_kl.needs = ("teacher_logp",)
+
+
+def term_needs(kind: str) -> tuple[str, ...]:
+    return tuple(getattr(TERMS.get(kind), "needs", ()))
+
+
+def term_needs_behaviour(kind: str) -> bool:
+    return bool(getattr(TERMS.get(kind), "needs_behaviour", False))

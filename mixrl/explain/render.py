@@ -1,0 +1,279 @@
+"""The objective of a composed config, as text: the equation and one row per part.
+
+Everything here is rendered from the objective the trainer builds
+(:func:`mixrl.config.objective.build_objective`: terms, their tokens, normalisers,
+aggregations and weights, the named coefficients) and from what each configured component
+declares about itself (:meth:`mixrl.core.registry.Registry.formula`: its ``Formula:`` with
+the config's values filled in, its parameters; a controller's ``knob_names``; an
+injection's ``skips_generation``; a source's ``provenances``; the registered token
+provenances). No component is named here, so a new term, loss, injection or source shows
+up in ``mixrl explain`` without editing this module. Contradictions and notes come from
+:func:`mixrl.config.objective.check_objective`, the one validation pass.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig
+
+from mixrl.core.registry import format_value
+from mixrl.errors import ConfigError
+from mixrl.explain.schedules import component, constant_value, controller_knobs, objective
+
+NOTATION = (
+    "p_t = pi_theta(y_t|s_t); r_t = p_t / pi_b(y_t|s_t), the ratio to the behaviour probability "
+    "(pi_old for rollouts); A = the row's advantage; sg = stop-gradient; l_t = a term's per-token loss; "
+    "term[provenances] = the term on the tokens of those provenances"
+)
+
+
+def _g(x: Any) -> str:
+    return format_value(x)
+
+
+def _max_steps(cfg: DictConfig) -> int:
+    return int(cfg.trainer.max_steps)
+
+
+# --------------------------------------------------------------------------- weights
+def coefficient_symbol(cfg: DictConfig, name: str) -> str:
+    """``mu`` for a coefficient that is the same at every step, ``mu_t`` otherwise (a schedule,
+    or a value a controller sets)."""
+    _, knobs = controller_knobs(cfg)
+    if name in knobs:
+        return f"{name}_t"
+    spec = objective(cfg).coefs.get(name, 0.0)
+    return name if constant_value(spec, _max_steps(cfg)) is not None else f"{name}_t"
+
+
+def _weight_factor(cfg: DictConfig, term) -> tuple[str, str]:
+    """``(sign, factor)`` of a term's weight in the equation: ``("+", "(1 - mu) * ")``."""
+    from mixrl.core.objective import parse_weight_ref
+
+    w = term.weight
+    if isinstance(w, str):
+        sign, name = parse_weight_ref(w)
+        sym = coefficient_symbol(cfg, name)
+        return {"+": ("+", f"{sym} * "), "-": ("-", f"{sym} * "), "1-": ("+", f"(1 - {sym}) * ")}[sign]
+    value = constant_value(w, _max_steps(cfg))
+    if value is None:
+        return "+", f"w_{term.label}(t) * "
+    if value < 0:
+        return "-", "" if value == -1 else f"{_g(-value)} * "
+    return "+", "" if value == 1 else f"{_g(value)} * "
+
+
+def _weight_text(cfg: DictConfig, term) -> str:
+    """The weight of a term in words, for its row."""
+    from mixrl.core.objective import parse_weight_ref
+    from mixrl.core.schedules import describe_schedule
+
+    w = term.weight
+    if isinstance(w, str):
+        sign, name = parse_weight_ref(w)
+        sym = coefficient_symbol(cfg, name)
+        return {"+": sym, "-": f"-{sym}", "1-": f"1 - {sym}"}[sign] + f" (coefficient {name}, below)"
+    value = constant_value(w, _max_steps(cfg))
+    if value is not None:
+        return _g(value)
+    return f"w_{term.label}(t) = {describe_schedule(w)}"
+
+
+def _population_text(term) -> str:
+    from mixrl.core.objective import uses_rows
+
+    unit = "rows" if uses_rows(term.aggregation) else "tokens"
+    return f"{' + '.join(term.population)} {unit}"
+
+
+# --------------------------------------------------------------------------- equation
+def objective_equation(cfg: DictConfig) -> str:
+    """The one-line objective ``L = ...`` of a validated config, built from its terms:
+    ``w * label[tokens]`` for each term, and which terms share a normaliser other than
+    their own tokens."""
+    terms = objective(cfg).terms
+    shared: dict[tuple[str, ...], list[int]] = {}
+    for i, t in enumerate(terms):
+        if t.population != tuple(t.tokens):
+            shared.setdefault(t.population, []).append(i)
+    parts = []
+    for i, t in enumerate(terms):
+        sign, factor = _weight_factor(cfg, t)
+        text = f"{factor}{t.label}[{' + '.join(t.tokens)}]"
+        group = next((g for g in shared.values() if g[-1] == i), None)
+        if group is not None:
+            who = "" if len(group) == 1 else (
+                "both " if group == [i - 1, i] else ", ".join(terms[j].label for j in group) + ": ")
+            text += f" ({who}normalised over {_population_text(t)})"
+        if not parts:
+            parts.append(text if sign == "+" else f"-{text}")
+        else:
+            parts.append(f"{sign} {text}")
+    return "L = " + " ".join(parts)
+
+
+# --------------------------------------------------------------------------- rows
+def _nested(term, section: str) -> tuple[Any, str] | None:
+    """The registry of a term parameter that is itself a component (``loss``, ``token_weight``)."""
+    from mixrl.config.components import component_kind, registry_for
+
+    path = f"algo.terms.{term.label}.{section}"
+    if component_kind(path) is None:
+        return None
+    return registry_for(path), path
+
+
+def _term_rows(cfg: DictConfig, term) -> list[tuple[str, str]]:
+    from mixrl.core import AGGREGATIONS, TERMS
+
+    ctrl, knobs = controller_knobs(cfg)
+    head = (
+        f"{term.kind} term on {' + '.join(term.tokens)} tokens, weight {_weight_text(cfg, term)}; "
+        f"{term.aggregation} over {_population_text(term)}"
+    )
+    rows = [(term.label, head), ("", f"  {term.kind}: {TERMS.formula(term.kind, term.params)}")]
+    for key, value in term.params.items():
+        found = _nested(term, key) if isinstance(value, dict) and value.get("name") else None
+        if found is None:
+            continue
+        registry, _ = found
+        params = {k: v for k, v in value.items() if k != "name"}
+        # a controller knob "<section>.<param>" sets a parameter of the component in that section
+        set_by = [k.split(".", 1)[1] for k in knobs if "." in k and k.split(".", 1)[0] == key]
+        for p in set_by:
+            params[p] = f"{p}(t)"
+        text = f"  {value['name']}: {registry.formula(value['name'], params)}"
+        if set_by:
+            text += f"; {', '.join(f'{p}(t)' for p in set_by)} set every step by the controller {ctrl}"
+        rows.append(("", text))
+    rows.append(("", f"  {term.aggregation}: {AGGREGATIONS.formula(term.aggregation, term.aggregation_params)}"))
+    return rows
+
+
+def _coefficient_rows(cfg: DictConfig) -> list[tuple[str, str]]:
+    from mixrl.core import SCHEDULES
+    from mixrl.core.schedules import describe_schedule, split_spec
+
+    ctrl, knobs = controller_knobs(cfg)
+    rows = []
+    for name, spec in objective(cfg).coefs.items():
+        if name in knobs:
+            start = constant_value(spec, 0)
+            rows.append((name, f"{name}_t set after every step by the controller {ctrl} (before its first update: {_g(start)})"))
+            continue
+        value = constant_value(spec, _max_steps(cfg))
+        if value is not None:
+            how = "" if isinstance(spec, (int, float)) else f": {describe_schedule(spec)}"
+            rows.append((name, f"{name} = {_g(value)} (constant over the run{how})"))
+            continue
+        sched, params = split_spec(spec)
+        rows.append((name, f"{name}_t = {describe_schedule(spec)}: {SCHEDULES.formula(sched, params)}"))
+    return rows
+
+
+def _advantage_row(cfg: DictConfig, inject: str) -> str:
+    from mixrl.core import ADVANTAGES
+
+    name, params = component(cfg.algo.advantage)
+    text = f"{name}: {ADVANTAGES.formula(name, params)}"
+    if inject != "none":
+        inc = bool(cfg.algo.advantage_include_offpolicy)
+        text += (
+            f"; off-policy rows counted in the statistics: {'yes' if inc else 'no'} "
+            f"(algo.advantage_include_offpolicy={str(inc).lower()})"
+        )
+    return text
+
+
+def _injection_row(cfg: DictConfig) -> str:
+    from mixrl.config.rules import geometry
+    from mixrl.sources import INJECTIONS
+
+    name, params = component(cfg.algo.inject)
+    geo = geometry(cfg)
+    rows = f"{geo.prompts_per_step} prompts x {geo.num_generations} = {geo.rollouts_per_step} rows in groups"
+    if INJECTIONS.get(name).skips_generation:
+        rows += " (nothing generated: every completion is the source's)"
+    if geo.expert_rows_per_step:
+        rows += f" + {geo.expert_rows_per_step} appended rows"
+    return f"{name}: {INJECTIONS.formula(name, params)}; rows per step: {rows}"
+
+
+def _source_row(cfg: DictConfig) -> str:
+    from mixrl.sources import SOURCES
+
+    name, params = component(cfg.offpolicy.source)
+    text = f"{name}: {SOURCES.formula(name, params)}"
+    provenances = tuple(getattr(SOURCES.get(name), "provenances", ()))
+    if provenances:
+        text += f"; its tokens: {', '.join(provenances)}"
+    return text
+
+
+def _controller_row(cfg: DictConfig) -> str:
+    from mixrl.core import CONTROLLERS
+
+    name, params = component(cfg.algo.get("controller"))
+    if name is None:
+        return "none"
+    _, knobs = controller_knobs(cfg)
+    sets = [f"algo.{k}" if "." in k else f"coefficient {k}" for k in knobs]
+    return f"{name}: {CONTROLLERS.formula(name, params)}; sets {', '.join(sets) or 'nothing'}"
+
+
+def _provenance_row(cfg: DictConfig) -> str:
+    from mixrl.core import provenance as prov
+
+    obj = objective(cfg)
+    used = sorted({p for t in obj.terms for p in (*t.tokens, *t.population)}, key=prov.code)
+    return "; ".join(
+        f"{p} [behaviour {prov.provenance(p).behaviour}]: {prov.provenance(p).description}" for p in used
+    )
+
+
+def explain_lines(cfg: DictConfig) -> list[tuple[str, str]]:
+    """``(label, text)`` rows: each term (with the formulas of its components), each
+    coefficient, the advantage, injection, source, controller, tokens and batch geometry.
+    A label of ``""`` continues the row above."""
+    from mixrl.config.rules import geometry
+
+    rows: list[tuple[str, str]] = []
+    for term in objective(cfg).terms:
+        rows += _term_rows(cfg, term)
+    rows += _coefficient_rows(cfg)
+    inject, _ = component(cfg.algo.inject)
+    rows.append(("advantage", _advantage_row(cfg, inject)))
+    rows.append(("injection", _injection_row(cfg)))
+    rows.append(("source", _source_row(cfg)))
+    rows.append(("controller", _controller_row(cfg)))
+    rows.append(("tokens", _provenance_row(cfg)))
+    rows.append(("batch", geometry(cfg).describe()))
+    return rows
+
+
+def explain_text(cfg: DictConfig, *, title: str | None = None) -> str:
+    """The full readable block: header, equation, one row per part, notes.
+
+    Raises :class:`ConfigError` (one line) for a contradictory config, from
+    :func:`mixrl.config.objective.check_objective`; a staged algo is explained stage by stage.
+    """
+    from mixrl.config.objective import check_objective
+
+    if list(cfg.algo.get("stages") or []):
+        raise ConfigError(
+            f"algo={cfg.algo.name} runs {len(cfg.algo.stages)} stages; explain each stage's config "
+            "(mixrl explain does this for you) instead of the top-level one"
+        )
+    notes = check_objective(cfg)
+    head = title or f"objective of algo={cfg.algo.name}"
+    if cfg.get("recipe_info") is not None and cfg.recipe_info.get("name"):
+        head += f", recipe {cfg.recipe_info.name}"
+    lines = [head, "", "  " + objective_equation(cfg), "", "where"]
+    rows = explain_lines(cfg) + [("notation", NOTATION)]
+    width = max(len(label) for label, _ in rows)
+    for label, text in rows:
+        lines.append(f"  {label.ljust(width)}  {text}")
+    for n in notes:
+        lines.append(f"note: {n}")
+    return "\n".join(lines)

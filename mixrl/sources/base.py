@@ -1,0 +1,156 @@
+"""Off-policy sources and injections: the registries and the hook points.
+
+A **source** produces off-policy material (expert demonstrations today; a replay buffer, a
+teacher model or the policy itself with a hint later). An **injection** decides where that
+material enters a generation batch. The trainer calls every injection's hooks at four
+named points, in the order TRL runs them:
+
+=====================  ===================================================================
+hook                   what it may do
+=====================  ===================================================================
+``before_generation``  rewrite the prompts about to be generated from (prefixes, hints)
+``after_generation``   replace or extend completions before they are scored (LUFFY, SFT)
+``after_rewards``      see the gathered rewards before advantages (refill failed groups)
+``after_advantages``   append scored rows with their own provenance (CHORD)
+=====================  ===================================================================
+
+Hooks receive an :class:`InjectContext` (what they may know of the trainer: tokenizer,
+process, step; never the trainer itself) and return what they were given, changed. Every
+row an injection adds or rewrites carries its provenance (:mod:`mixrl.core.provenance`),
+per token where it differs within a row, and its behaviour log-probs where they exist.
+A source with state (a buffer) implements ``state_dict`` / ``load_state_dict``; the trainer
+saves it with each checkpoint.
+
+Registered entries are classes whose keyword-only constructor parameters are their config
+parameters (checked like every other component).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from mixrl.core.registry import Registry
+
+SOURCES = Registry("off-policy source")
+INJECTIONS = Registry("injection", runtime=("source", "geometry", "seed"))
+
+#: the hook points, in the order the trainer calls them
+HOOKS = ("before_generation", "after_generation", "after_rewards", "after_advantages")
+
+
+@dataclass
+class InjectContext:
+    """The trainer, as far as an injection may see it (built per generation batch)."""
+
+    tokenizer: Any
+    process_index: int
+    num_processes: int
+    num_generations: int
+    max_completion_length: int
+    global_step: int
+    micro_step: int
+    device: torch.device
+    tokenize_prompts: Callable[[list], list[list[int]]]
+    gather: Callable[[torch.Tensor], torch.Tensor]
+
+    def completion_ids(self, text: str) -> list[int]:
+        """Token ids of a written completion, ended by eos and cut to max_completion_length."""
+        ids = self.tokenizer(text=text, add_special_tokens=False)["input_ids"]
+        return (list(ids) + [self.tokenizer.eos_token_id])[: self.max_completion_length]
+
+
+@dataclass
+class Rollouts:
+    """The local completions of one generation batch, one entry per row.
+
+    ``row_source``: provenance code of each row; ``token_source``: per-token codes where a
+    row mixes provenances (None: every token has its row's); ``behaviour_logp``: per-token
+    log-probs recorded at sampling time for ``stored`` provenances (None: none recorded).
+    """
+
+    completion_ids: list[list[int]]
+    logprobs: list | None
+    row_source: list[int]
+    token_source: list[list[int] | None] = field(default_factory=list)
+    behaviour_logp: list[list[float] | None] = field(default_factory=list)
+
+    def __post_init__(self):
+        n = len(self.completion_ids)
+        self.token_source = self.token_source or [None] * n
+        self.behaviour_logp = self.behaviour_logp or [None] * n
+
+
+class Source:
+    """Base of registered sources: off-policy material for injections to place.
+
+    ``provenances``: what its material is (config validation checks that a term trains on it).
+    """
+
+    provenances: tuple[str, ...] = ()
+
+    def prepare(self, train_ds, data_cfg) -> Any:
+        """Called once before training with the training dataset; returns the dataset to
+        train on (a source may drop or annotate rows)."""
+        return train_ds
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+class Injection:
+    """Base of registered injections: every hook passes its input through unchanged."""
+
+    #: True when every completion is written by the source (the trainer skips generation)
+    skips_generation = False
+
+    def __init__(self, *, source: Source | None = None, geometry: Any = None, seed: int = 0):
+        self.source = source
+        self.geometry = geometry
+        self.seed = seed  # the run's seed, for injections that draw
+
+    def before_generation(self, ctx: InjectContext, inputs: list[dict]) -> list[dict]:
+        return inputs
+
+    def after_generation(self, ctx: InjectContext, inputs: list[dict], rollouts: Rollouts) -> Rollouts:
+        return rollouts
+
+    def after_rewards(self, ctx: InjectContext, inputs: list[dict], rewards: torch.Tensor) -> torch.Tensor:
+        return rewards
+
+    def after_advantages(self, ctx: InjectContext, inputs: list[dict], out: dict) -> dict:
+        return out
+
+    def state_dict(self) -> dict:
+        return self.source.state_dict() if self.source is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.source is not None:
+            self.source.load_state_dict(state)
+
+    # what the injection adds per optimizer step, for the batch geometry and explain
+    def extra_rows_per_step(self, rollouts_per_step: int, unit: int) -> int:
+        """Rows added beside the rollouts each optimizer step (all processes)."""
+        return 0
+
+
+@SOURCES.register("none")
+class NoSource(Source):
+    """No off-policy material: pure on-policy training.
+
+    Formula: (nothing)
+    """
+
+
+@INJECTIONS.register("none")
+class NoInjection(Injection):
+    """Nothing enters the batch but the policy's own rollouts.
+
+    Formula: group(x) = {y_1..y_G ~ pi_old(.|x)}
+    """

@@ -1,0 +1,85 @@
+"""Per-row and per-token provenance fields of a scored batch, and appending rows to it.
+
+TRL's scored batch (``out``) is a dict of tensors whose first dimension is the row; mixrl
+adds, and every injection keeps consistent:
+
+* ``row_source`` [B] long: the row's provenance code (the kind of row);
+* ``token_source`` [B, T] long: each completion token's provenance code;
+* ``behaviour_logp`` [B, T] float: log-prob recorded when the token was sampled, for
+  ``stored`` provenances; NaN where none was recorded (never a silent 0);
+* ``group_id`` [B] long: the global index of the row's group; -1 for rows in no group;
+* ``teacher_logp`` [B, T] float (optional): a teacher's log-prob of each token, NaN where unknown.
+
+Because all of them have the row as first dimension, they survive TRL's shuffling,
+splitting into micro-batches, gradient accumulation and DDP sharding.
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: per-token float fields whose unknown value is NaN
+NAN_FIELDS = ("behaviour_logp", "teacher_logp", "old_per_token_logps", "ref_per_token_logps", "sampling_per_token_logps")
+#: per-token fields appended rows fill with 1 (multiplicative corrections, tool masks)
+ONE_FIELDS = ("importance_sampling_ratio", "tool_mask")
+
+
+def _pad(rows: list[list[int]], value, side: str, width: int, dtype, device) -> torch.Tensor:
+    out = torch.full((len(rows), width), value, dtype=dtype, device=device)
+    for i, r in enumerate(rows):
+        r = torch.as_tensor(r, dtype=dtype, device=device)
+        if side == "left":
+            out[i, width - len(r):] = r
+        else:
+            out[i, : len(r)] = r
+    return out
+
+
+def append_rows(
+    out: dict,
+    prompt_ids: list[list[int]],
+    completion_ids: list[list[int]],
+    *,
+    pad_id: int,
+    row_source: torch.Tensor,
+    token_source: list[list[int]] | None = None,
+    behaviour_logp: list[list[float]] | None = None,
+    advantages: torch.Tensor | None = None,
+) -> dict:
+    """Append rows (in no group; advantage 0 unless given) to a scored batch, re-padding
+    prompts on the left and completions on the right. ``token_source`` defaults to the
+    row's provenance on every token; per-token log-probs nobody computed for the new rows
+    (old, reference, sampling, behaviour, teacher) are NaN."""
+    dev = out["prompt_ids"].device
+    e = len(prompt_ids)
+    p_old, c_old = out["prompt_ids"].shape[1], out["completion_ids"].shape[1]
+    p_w = max(p_old, max(len(p) for p in prompt_ids))
+    c_w = max(c_old, max(len(c) for c in completion_ids))
+
+    def left(t, value):
+        return torch.nn.functional.pad(t, (p_w - t.shape[1], 0), value=value)
+
+    def right(t, value):
+        return torch.nn.functional.pad(t, (0, c_w - t.shape[1]), value=value)
+
+    row_source = row_source.to(dev)
+    if token_source is None:
+        token_source = [[int(row_source[i])] * len(c) for i, c in enumerate(completion_ids)]
+    new = dict(out)
+    new["prompt_ids"] = torch.cat([left(out["prompt_ids"], pad_id), _pad(prompt_ids, pad_id, "left", p_w, out["prompt_ids"].dtype, dev)])
+    new["prompt_mask"] = torch.cat([left(out["prompt_mask"], 0), _pad([[1] * len(p) for p in prompt_ids], 0, "left", p_w, out["prompt_mask"].dtype, dev)])
+    new["completion_ids"] = torch.cat([right(out["completion_ids"], pad_id), _pad(completion_ids, pad_id, "right", c_w, out["completion_ids"].dtype, dev)])
+    new["completion_mask"] = torch.cat([right(out["completion_mask"], 0), _pad([[1] * len(c) for c in completion_ids], 0, "right", c_w, out["completion_mask"].dtype, dev)])
+    new["token_source"] = torch.cat([right(out["token_source"], -1), _pad(token_source, -1, "right", c_w, torch.long, dev)])
+    for key in NAN_FIELDS + ONE_FIELDS:
+        if key in out and out[key] is not None and out[key].dim() == 2:
+            fill = 1.0 if key in ONE_FIELDS else float("nan")
+            added = torch.full((e, c_w), fill, dtype=out[key].dtype, device=dev)
+            if key == "behaviour_logp" and behaviour_logp is not None:
+                added = _pad(behaviour_logp, float("nan"), "right", c_w, out[key].dtype, dev)
+            new[key] = torch.cat([right(out[key], fill), added])
+    adv = torch.zeros(e, dtype=out["advantages"].dtype, device=dev) if advantages is None else advantages.to(dev)
+    new["advantages"] = torch.cat([out["advantages"], adv])
+    new["row_source"] = torch.cat([out["row_source"], row_source])
+    new["group_id"] = torch.cat([out["group_id"], torch.full((e,), -1, dtype=torch.long, device=dev)])
+    return new

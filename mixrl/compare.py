@@ -6,7 +6,7 @@ A RUN_DIR is one run (it holds ``summary.json``) or any folder of runs (a multir
 run, and the search does not descend into a run (a staged run's stage folders belong to it).
 
 Runs are grouped by method: the recipe name when the run used one, else ``algo``
-(``--by KEY`` adds config values, e.g. ``--by algo.mix.mu``). Per method:
+(``--by KEY`` adds config values, e.g. ``--by algo.coefs.mu``). Per method:
 
 * final held-out ``metric`` (``summary.eval_after``): mean and sample std (n - 1) over runs;
 * best: per run, the max of ``metric`` over ``eval.jsonl`` and the final evaluation

@@ -207,6 +207,18 @@ CROSS_FIELD = [
                  ["hardware.num_processes=3"], id="rollouts-do-not-split-over-processes"),
     pytest.param(["algo=chord", "offpolicy=none"], ["algo.inject", "offpolicy"], id="mix-without-offpolicy"),
     pytest.param(["algo.num_generations=1", "trainer.micro_batch_size=8"], ["algo.num_generations"], id="group-of-one"),
+    # the objective's contradictions: `mixrl train` runs the same validation as `mixrl explain`
+    pytest.param(["algo=chord", "algo.mu=1.5"], ["algo.coefs.mu = 1.5 at step 0", "[0, 1]"], id="mu-above-one"),
+    pytest.param(["algo=chord", "algo.mu.peak=0.9", "algo.mu.valley=-0.2", "algo.mu.decay=10"],
+                 ["algo.coefs.mu = -0.09", "at step 8"], id="mu-schedule-goes-negative"),
+    pytest.param(["algo.entropy_coef=-0.01"], ["algo.entropy_coef = -0.01", ">= 0"], id="negative-entropy-coef"),
+    pytest.param(["algo=bapo", "algo.loss.name=cispo"], ["algo.controller=bapo", "cispo", "ppo_clip"], id="bapo-with-cispo"),
+    pytest.param(["offpolicy=expert"], ["offpolicy=expert", "algo.inject is 'none'"], id="offpolicy-without-injection"),
+    pytest.param(["algo=sft", "algo.kl.coef=0.1"], ["kl term", "set algo.kl.coef=0"], id="sft-with-kl"),
+    pytest.param(["algo=chord", "algo.terms.policy.tokens=[on_policy,expert]"], ["no behaviour probability"],
+                 id="ratio-on-expert-tokens"),
+    pytest.param(["algo=luffy", "algo.inject.per_group=8"], ["algo.inject.per_group=8", "num_generations-1=7"],
+                 id="luffy-replaces-whole-group"),
 ]
 
 

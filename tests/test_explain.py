@@ -373,7 +373,7 @@ def test_cli_plot_without_matplotlib(tmp_path, monkeypatch):
         (["offpolicy=expert"], "never enter a batch"),
         (["algo.inject={name: append_rows}"], "add offpolicy=expert"),
         (["algo.entropy_coef=-0.01"], "negative coefficient"),
-        (["algo=chord", "algo.mu=1.5"], "it must stay [0, 1]"),
+        (["algo=chord", "algo.mu=1.5"], "it must stay in [0, 1]"),
         (["--steps", "1"], "--steps must be >= 2"),
     ],
 )

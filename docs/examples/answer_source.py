@@ -1,10 +1,4 @@
-"""A toy off-policy source and term for mixrl (the worked example of docs/extending.md).
-
-Source ``answers``: for each problem, the bare final answer ("#### 42") as a short written
-demonstration, with its own provenance ``answer`` (written by no policy: behaviour unknown).
-Term ``focal_nll``: l_t = -sg((1 - p_t)^gamma) log p_t, an NLL that fades on tokens the
-policy already predicts (focal loss, Lin et al. 2017, "Focal Loss for Dense Object Detection").
-"""
+"""A toy off-policy source (bare final answers) and term (focal NLL): docs/extending.md."""
 
 from __future__ import annotations
 

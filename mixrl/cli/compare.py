@@ -36,7 +36,7 @@ def compare(
     out_dir: Path = typer.Option(Path("compare"), "--out", help="Folder for compare.md, compare.json and the PNG plots."),
     target: float = typer.Option(0.6, "--target", help="Report the rollouts each method needs to reach metric >= TARGET."),
     by: Optional[List[str]] = typer.Option(
-        None, "--by", help="Also group by a config value (repeatable), e.g. --by algo.mix.mu; default: recipe or algo."
+        None, "--by", help="Also group by a config value (repeatable), e.g. --by algo.coefs.mu; default: recipe or algo."
     ),
     band: str = typer.Option("minmax", "--band", help="Band around the mean curve: minmax or std."),
     plots: bool = typer.Option(True, "--plots/--no-plots", help="Write PNG plots (needs matplotlib)."),

@@ -14,13 +14,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from mixrl.config.schema import GROUPS, RunConfig
 from mixrl.errors import ConfigError, did_you_mean
 
 RECIPE_GROUP = "recipe"
+DROP = "\0drop:"  # marks a leftover component key to remove after composition (its value is null)
 
 #: short keys for the knobs users turn most: `algo.gamma=0.2`, `algo.mu.peak=0.3`
 #: (the labels are those of the shipped algos: CHORD's `sft` term, LUFFY's `offpolicy` term)
@@ -183,7 +184,8 @@ def _prepare_value_overrides(base: DictConfig, value_overrides: list) -> list[st
         set_here = {ov.key_or_group.rpartition(".")[2] for ov in value_overrides if ov.key_or_group.rpartition(".")[0] == parent}
         for key in node.keys():
             if key != "name" and key not in params and key not in set_here:
-                out.append(f"~{parent}.{key}")
+                # Hydra cannot delete a key whose value is null: those are dropped after composition
+                out.append(f"~{parent}.{key}" if node[key] is not None else f"{DROP}{parent}.{key}")
     for ov in value_overrides:
         key, line = ov.key_or_group, ov.input_line
         if ov.is_add() or ov.is_force_add() or ov.is_delete():
@@ -255,11 +257,19 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
 
     last = {ov.key_or_group: i for i, ov in enumerate(value_ovs) if not ov.is_delete()}
     value_ovs = [ov for i, ov in enumerate(value_ovs) if ov.is_delete() or last[ov.key_or_group] == i]  # last wins
-    final_ovs = group_ovs + _prepare_value_overrides(base, value_ovs)
+    prepared = _prepare_value_overrides(base, value_ovs)
+    drops = [o[len(DROP):] for o in prepared if o.startswith(DROP)]
+    final_ovs = group_ovs + [o for o in prepared if not o.startswith(DROP)]
     try:
         raw = _compose_raw(final_ovs)
     except Exception as e:
         raise ConfigError(f"could not apply overrides: {str(e).strip().splitlines()[0]}") from None
+    for key in drops:
+        parent, _, leaf = key.rpartition(".")
+        node = OmegaConf.select(raw, parent)
+        if isinstance(node, DictConfig) and leaf in node:
+            with open_dict(node):
+                del node[leaf]
     return validate(raw)
 
 

@@ -247,7 +247,7 @@ def _check_weight(objective: Objective, t: TermSpec, where: str, cfg: DictConfig
         for s in _steps(cfg):
             v = fn(s)
             if not (lo <= v <= hi) or not math.isfinite(v):
-                rng = "[0, 1]" if sign == "1-" else ">= 0"
+                rng = "in [0, 1]" if sign == "1-" else ">= 0"
                 raise ConfigError(f"{key} = {_g(v)} at step {s}: {why}; it must stay {rng}")
         return
     try:

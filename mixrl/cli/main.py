@@ -71,6 +71,14 @@ def train(
     overrides = list(overrides or [])
     jobs = expand_sweeps(overrides) if multirun else [overrides]
     cfgs = [compose_config(job) for job in jobs]  # validate every job before loading any model
+    if any(cfg.resume for cfg in cfgs):
+        from mixrl.trainer.resume import resume_config
+
+        if multirun:
+            from mixrl.errors import ConfigError
+
+            raise ConfigError("resume=RUN_DIR continues one run; drop -m (multirun)")
+        cfgs = [resume_config(cfgs[0].resume, jobs[0])]
     from mixrl.config.compose import check_world_size
 
     for cfg in cfgs:

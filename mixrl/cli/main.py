@@ -81,8 +81,11 @@ def train(
         cfgs = [resume_config(cfgs[0].resume, jobs[0])]
     from mixrl.config.compose import check_world_size
 
+    from mixrl.config.checks import check_environment
+
     for cfg in cfgs:
         check_world_size(cfg, launching=True)
+        check_environment(cfg)
     if multirun:
         root = Path("runs") / "multirun" / datetime.now().strftime("%Y-%m-%d/%H%M%S")
         for i, (job, cfg) in enumerate(zip(jobs, cfgs)):

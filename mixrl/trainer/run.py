@@ -222,6 +222,9 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
     train_ds = build.load_train_rows(cfg)
     eval_rows = build.load_eval_rows(cfg)
     reward_funcs, reward_weights = build.build_reward_funcs(cfg)
+    from mixrl.config.checks import check_training_data
+
+    check_training_data(cfg, tokenizer, train_ds, reward_funcs, model_path)  # before the model loads
     metrics_cb = MetricsJsonlCallback(run_dir / "metrics.jsonl")
     collapse = CollapseWatch(warn=lambda text: console.print(f"[yellow]{text}[/]", highlight=False))
 

@@ -136,6 +136,28 @@ def _eval(trainer, tokenizer, rows, reward_fn, cfg, console: Console, label: str
         )
 
 
+def heldout_rows(cfg: DictConfig):
+    """``(train_ds, eval_rows, info)``: the training rows and held-out rows of ``cfg``, never
+    sharing a prompt (see :mod:`mixrl.data.heldout` for the rule)."""
+    from mixrl.data.heldout import separate_heldout
+    from mixrl.trainer import build
+
+    train_ds = build.load_train_rows(cfg)
+    eval_rows = build.load_eval_rows(cfg)
+    source = str(cfg.data.eval_source or cfg.data.source)
+    if str(cfg.data.source).startswith("builtin:") and not cfg.data.eval_source:
+        return train_ds, eval_rows, {"rule": "builtin", "source": source, "n_eval": len(eval_rows), "n_train": len(train_ds)}
+    return separate_heldout(train_ds, eval_rows, int(cfg.trainer.eval_size), source)
+
+
+def describe_heldout(info: dict) -> str:
+    from mixrl.data.heldout import describe
+
+    if info["rule"] == "builtin":
+        return f"held-out: {info['n_eval']} problems of the built-in task's held-out split (disjoint from training)"
+    return describe(info)
+
+
 def _resume_point(cfg: DictConfig, run_dir: Path) -> Path:
     ckpt = last_checkpoint(run_dir)
     if ckpt is None:
@@ -219,8 +241,8 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
         console.print(f"resuming {run_dir} from step {start_step} ({resume_from.name})")
     model_path = build.resolve_model_path(cfg, progress=cfg.logger.progress)
     tokenizer = build.load_tokenizer(model_path, cfg)
-    train_ds = build.load_train_rows(cfg)
-    eval_rows = build.load_eval_rows(cfg)
+    train_ds, eval_rows, heldout = heldout_rows(cfg)
+    console.print(describe_heldout(heldout), soft_wrap=True, highlight=False)
     reward_funcs, reward_weights = build.build_reward_funcs(cfg)
     from mixrl.config.checks import check_training_data
 
@@ -300,6 +322,7 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
         "accuracy_after": after.get("accuracy"),
         "eval_before": before,
         "eval_after": after,
+        "heldout": {k: v for k, v in heldout.items() if k != "heldout_indices"},
         "final_metrics": metrics_cb.rows[-1] if metrics_cb.rows else {},
         "warnings": collapse.warnings,
         "setup_seconds": round(setup_s, 2),

@@ -43,6 +43,14 @@ def test_heldout_accuracy_collapse_needs_two_low_evaluations():
     assert len(seen) == 1 and "held-out accuracy collapsed" in seen[0] and "0.170" in seen[0]
 
 
+def test_accuracy_far_below_its_start_after_training_warns():
+    w, seen = _watch()
+    w.final_check(0.168, 0.15)
+    assert seen == []
+    w.final_check(0.168, 0.0, learning_rate=1e-2)
+    assert seen == ["warning: held-out accuracy fell from 0.168 before training to 0.000 after (learning rate 0.01 may be too high)"]
+
+
 def test_vanishing_gradients_warn_after_window_steps():
     w, seen = _watch()
     for step in range(1, 3):

@@ -121,6 +121,9 @@ def test_sigint_saves_a_checkpoint_and_says_how_to_resume(fast_overrides, tmp_pa
                               "hardware.torch_threads=1"])
     assert res.exit_code == 0, res.output[-2000:]
     assert [r["step"] for r in _rows(run_dir)] == list(range(1, step + 2))
+    import yaml
+
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["trainer"]["max_steps"] == step + 1  # kept current
 
 
 def test_resume_refuses_overrides_that_change_the_run(tmp_path):

@@ -176,6 +176,15 @@ class CollapseWatch(TrainerCallback):
                 self._emit("grad", f"warning: gradients vanished: grad norm < {self.vanish:g} for {self._vanished} "
                                    f"steps up to step {step} (no learning signal: equal rewards in every group?)")
 
+    def final_check(self, before: float | None, after: float | None, learning_rate: float | None = None) -> None:
+        """Held-out accuracy after training far below the accuracy before it."""
+        if before is None or after is None:
+            return
+        if after < self.drop * before and before - after >= self.min_gap:
+            lr = f" (learning rate {learning_rate:g} may be too high)" if learning_rate else ""
+            self._emit("held-out accuracy", f"warning: held-out accuracy fell from {before:.3f} before training "
+                                            f"to {after:.3f} after{lr}")
+
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and state.is_world_process_zero:
             self.observe(state.global_step, logs, args.learning_rate)

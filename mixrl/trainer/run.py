@@ -60,7 +60,9 @@ def prepare_run_dir(cfg: DictConfig, say=print) -> Path:
     replaced (with a note); any other non-empty directory is refused."""
     if cfg.get("resume"):
         run_dir = Path(cfg.resume)
-        (run_dir / FAILED).unlink(missing_ok=True)
+        if _rank() == 0:
+            (run_dir / FAILED).unlink(missing_ok=True)
+            (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))  # e.g. a raised max_steps
         return run_dir
     run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg)
     cfg.run_dir = str(run_dir)
@@ -248,7 +250,7 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
 
     check_training_data(cfg, tokenizer, train_ds, reward_funcs, model_path)  # before the model loads
     metrics_cb = MetricsJsonlCallback(run_dir / "metrics.jsonl")
-    collapse = CollapseWatch(warn=lambda text: console.print(f"[yellow]{text}[/]", highlight=False))
+    collapse = CollapseWatch(warn=lambda text: console.print(f"[yellow]{text}[/]", highlight=False, soft_wrap=True))
 
     def save_now() -> str | None:  # a checkpoint of the current (finite) state, before the optimizer step
         if not _finite_params(trainer.model):
@@ -276,6 +278,7 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
         before = _eval(trainer, tokenizer, eval_rows, reward_funcs[0], cfg, console, "held-out eval (before)")
         if trainer.accelerator.is_main_process:
             (run_dir / EVAL_BEFORE).write_text(json.dumps(before, indent=2))
+    collapse.observe(start_step, {"eval/accuracy": before.get("accuracy")})  # the starting model is a "best" too
     if guard.signum is not None:
         raise RunInterrupted(f"{guard.name} before the first training step; nothing to resume; run the command again")
     if resume_from is not None:
@@ -304,6 +307,7 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
         )
     train_s = time.perf_counter() - t1
     after = _eval(trainer, tokenizer, eval_rows, reward_funcs[0], cfg, console, "held-out eval (after)")
+    collapse.final_check(before.get("accuracy"), after.get("accuracy"), float(cfg.trainer.learning_rate))
 
     model_dir = run_dir / "model"
     if trainer.accelerator.is_main_process:

@@ -254,16 +254,60 @@ class MethodRow:
         return [r.seed for r in self.runs]
 
 
+#: config keys (prefixes) that may differ between the seeds of one method
+SEED_ONLY = ("seed", "run_dir", "resume", "logger", "recipe_info", "hardware.torch_threads", "trainer.eval_every",
+             "trainer.eval_batch_size", "trainer.save_steps", "trainer.save_total_limit")
+
+
+def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for k, v in node.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: json.dumps(node, sort_keys=True, default=str)}
+
+
+def config_differences(runs: Sequence[Run]) -> list[str]:
+    """Config keys whose values differ between ``runs``, other than seed-like keys (:data:`SEED_ONLY`)."""
+    flats = []
+    for run in runs:
+        if run.config is None:
+            import yaml
+
+            p = run.path / CONFIG
+            run.config = yaml.safe_load(p.read_text()) if p.is_file() else {}
+        flats.append(_flat(run.config or {}))
+    keys = sorted(set().union(*flats)) if flats else []
+    return [k for k in keys
+            if not any(k == s or k.startswith(s + ".") for s in SEED_ONLY)
+            and len({f.get(k) for f in flats}) > 1]
+
+
 def group_runs(runs: Sequence[Run], by: Sequence[str] = ()) -> dict[str, list[Run]]:
     """Runs by method label (``recipe`` or ``algo``, plus ``key=value`` for each ``by`` key),
-    in order of first appearance."""
+    in order of first appearance. Runs of one label whose configs differ in anything but
+    the seed (:func:`config_differences`) are not pooled: the differing keys join their label."""
     groups: dict[str, list[Run]] = {}
     for run in runs:
         label = run.method
         if by:
             label += " " + ",".join(f"{k}={_fmt_value(run.config_value(k))}" for k in by)
         groups.setdefault(label, []).append(run)
-    return groups
+    split: dict[str, list[Run]] = {}
+    for label, members in groups.items():
+        diff = config_differences(members) if len(members) > 1 else []
+        for run in members:
+            sub = label
+            if diff:
+                sub += " " + ",".join(f"{k}={_fmt_value(run.config_value(k))}" for k in diff[:3])
+                if len(diff) > 3:  # the other differing values, as a short digest
+                    import hashlib
+
+                    rest = json.dumps([_flat(run.config).get(k) for k in diff[3:]])
+                    sub += f",+{len(diff) - 3} more keys #{hashlib.sha1(rest.encode()).hexdigest()[:6]}"
+            split.setdefault(sub, []).append(run)
+    return split
 
 
 def _fmt_value(v: Any) -> str:

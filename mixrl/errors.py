@@ -25,6 +25,28 @@ class DataError(MixrlUserError):
     """Bad data: missing file or column, unreadable rows."""
 
 
+class RewardError(MixrlUserError):
+    """A reward function raised, or returned something other than one finite number per completion."""
+
+
+class RunStopped(MixrlUserError):
+    """A run stopped before its last step; the message says what was saved and what to do."""
+
+    exit_code = 1
+
+
+class TrainingDiverged(RunStopped):
+    """A non-finite loss, gradient or probability: training cannot continue."""
+
+    exit_code = 3
+
+
+class RunInterrupted(RunStopped):
+    """SIGINT / SIGTERM: a checkpoint was saved (if any step had finished) and the run stopped."""
+
+    exit_code = 130
+
+
 def did_you_mean(word: str, choices: Iterable[str], n: int = 3) -> str:
     """Return ``" (did you mean: a, b?)"`` for the closest choices, or ``""`` if none is close."""
     choices = sorted(set(choices))

@@ -254,3 +254,24 @@ def test_train_with_eval_every_writes_eval_jsonl(fast_overrides, tmp_path):
     assert summary["accuracy_after"] == rows[-1]["accuracy"]  # greedy, same weights
     res = runner.invoke(app, ["compare", str(run_dir), "--out", str(tmp_path / "cmp")])
     assert res.exit_code == 0, res.output
+
+
+def test_runs_whose_configs_differ_beyond_the_seed_are_not_pooled(tmp_path):
+    def cfg(seed, lr):
+        return {"algo": {"name": "grpo"}, "seed": seed, "run_dir": f"r{seed}", "trainer": {"learning_rate": lr}}
+
+    make_run(tmp_path / "a", algo="grpo", seed=0, before=0.2, after=0.5, config=cfg(0, 5e-5))
+    make_run(tmp_path / "b", algo="grpo", seed=1, before=0.2, after=0.7, config=cfg(1, 5e-5))
+    make_run(tmp_path / "c", algo="grpo", seed=0, before=0.2, after=0.1, config=cfg(0, 1e-2))
+    result = compare([tmp_path], tmp_path / "out", plots=False)
+    by_label = {r.method: sorted(r.seeds) for r in result.rows}
+    assert by_label == {"grpo trainer.learning_rate=5e-05": [0, 1], "grpo trainer.learning_rate=0.01": [0]}
+    assert "trainer.learning_rate=0.01" in result.markdown.read_text()
+
+
+def test_seeds_of_one_config_are_pooled(tmp_path):
+    for seed in (0, 1, 2):
+        make_run(tmp_path / f"s{seed}", algo="grpo", seed=seed, before=0.2, after=0.5,
+                 config={"algo": {"name": "grpo"}, "seed": seed, "run_dir": f"runs/s{seed}", "logger": {"progress": seed > 0}})
+    (row,) = compare([tmp_path], tmp_path / "out", plots=False).rows
+    assert row.method == "grpo" and row.n == 3

@@ -67,13 +67,17 @@ def eval_model(
     ),
     out_file: Optional[Path] = typer.Option(None, "--out", help="Also write the results as JSON to this file."),
 ):
-    """Evaluate a saved model on the configured held-out split (greedy accuracy, per level, pass@k)."""
-    from mixrl.config.compose import compose_config
-    from mixrl.trainer.periodic_eval import evaluate_saved_model, resolve_model_dir
+    """Evaluate a saved model on its run's held-out split (greedy accuracy, per level, pass@k).
+
+    Given a run directory (or its model/), the run's own config.yaml (data, reward, template,
+    held-out split) is used, with any overrides applied on top."""
+    from mixrl.trainer.periodic_eval import eval_config, evaluate_saved_model, resolve_model_dir
 
     out, err = _consoles()
-    cfg = compose_config(list(overrides or []))  # a bad override fails before any model is loaded
+    cfg, saved = eval_config(model_dir, list(overrides or []))  # a bad override fails before any model is loaded
     resolve_model_dir(model_dir)
+    err.print(f"config: {saved} (the run's own{', with the overrides' if overrides else ''})" if saved
+              else "config: the defaults and the overrides (no config.yaml next to the model)", highlight=False, soft_wrap=True)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("[bold]held-out eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

@@ -12,7 +12,9 @@ from mixrl.errors import MixrlUserError
 
 
 def user_errors(fn):
-    """Print a MixrlUserError as one line on stderr and exit 2 (no traceback)."""
+    """Print a MixrlUserError as one line on stderr and exit with its code (2 for bad
+    config or data; non-zero codes of their own for a run that diverged or was
+    interrupted), without a traceback."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -20,7 +22,7 @@ def user_errors(fn):
             return fn(*args, **kwargs)
         except MixrlUserError as e:
             Console(stderr=True).print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
-            raise typer.Exit(code=2) from None
+            raise typer.Exit(code=getattr(e, "exit_code", 2)) from None
         except KeyboardInterrupt:
             Console(stderr=True).print("[yellow]interrupted[/]")
             raise typer.Exit(code=130) from None

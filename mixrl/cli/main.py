@@ -71,10 +71,21 @@ def train(
     overrides = list(overrides or [])
     jobs = expand_sweeps(overrides) if multirun else [overrides]
     cfgs = [compose_config(job) for job in jobs]  # validate every job before loading any model
+    if any(cfg.resume for cfg in cfgs):
+        from mixrl.trainer.resume import resume_config
+
+        if multirun:
+            from mixrl.errors import ConfigError
+
+            raise ConfigError("resume=RUN_DIR continues one run; drop -m (multirun)")
+        cfgs = [resume_config(cfgs[0].resume, jobs[0])]
     from mixrl.config.compose import check_world_size
+
+    from mixrl.config.checks import check_environment
 
     for cfg in cfgs:
         check_world_size(cfg, launching=True)
+        check_environment(cfg)
     if multirun:
         root = Path("runs") / "multirun" / datetime.now().strftime("%Y-%m-%d/%H%M%S")
         for i, (job, cfg) in enumerate(zip(jobs, cfgs)):

@@ -329,6 +329,8 @@ def validate(raw: DictConfig) -> DictConfig:
     try:
         validate_components(cfg)
         validate_rules(cfg)
+        from mixrl.config.checks import validate_run
+        validate_run(cfg)
         _validate_rewards(cfg)
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "?"

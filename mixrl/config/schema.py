@@ -37,6 +37,7 @@ class TrainerConfig:
     mask_truncated_completions: bool = False
     logging_steps: int = 1
     save_steps: int = 0  # 0: save only the final model
+    save_total_limit: int = 1  # checkpoints kept (the newest); resume=RUN_DIR needs one
     eval_every: int = 0  # 0: evaluate held-out accuracy only before and after training
     eval_size: int = 256  # held-out problems used for accuracy
     eval_pass_k: int = 0  # >0: also sampled pass@k on the held-out split
@@ -150,6 +151,7 @@ class RecipeInfo:
 class RunConfig:
     seed: int = 0
     run_dir: Optional[str] = None  # default: runs/<date>/<time>-<algo>-s<seed>
+    resume: Optional[str] = None  # a run directory: continue it from its last checkpoint
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     data: DataConfig = field(default_factory=DataConfig)
     offpolicy: OffPolicyConfig = field(default_factory=OffPolicyConfig)

@@ -24,6 +24,23 @@ def zero_masked(x: Tensor, mask: Tensor) -> Tensor:
     return torch.where(bool_mask(mask), x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
+def masked_inputs(
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``logp``, ``old_logp`` and per-token ``advantages`` with padded positions set to 0.
+
+    Padding may hold anything (NaN, -inf from a masked softmax); selecting with
+    ``torch.where`` before any ``exp`` or ratio keeps it out of the loss and gives those
+    positions an exact zero gradient. Per-row advantages ``[B]`` are returned unchanged.
+    """
+    m = bool_mask(mask)
+    logp = torch.where(m, logp, torch.zeros((), dtype=logp.dtype, device=logp.device))
+    old_logp = torch.where(m, old_logp, torch.zeros((), dtype=old_logp.dtype, device=old_logp.device))
+    if advantages.dim() == m.dim():
+        advantages = torch.where(m, advantages, torch.zeros_like(advantages))
+    return logp, old_logp, advantages
+
+
 def log_ratio(logp: Tensor, old_logp: Tensor) -> Tensor:
     """``clamp(logp - sg(old_logp), -20, 20)``: the safe log importance ratio."""
     return torch.clamp(logp - old_logp.detach(), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)

@@ -10,7 +10,9 @@ Signature of every registered loss::
 * ``mask``      [B, T] bool or 0/1 (padding = 0).
 
 The per-token loss is **not aggregated** (see :mod:`mixrl.core.aggregation`) and is 0 on
-masked positions. Notation: ``r = exp(clamp(logp - old_logp, -20, 20))``, ``A`` the
+masked positions. Every loss first replaces padded positions of ``logp``, ``old_logp``
+(and per-token advantages) by 0 with ``torch.where``, so NaN or -inf in padding gives a
+finite loss and an exact zero gradient there. Notation: ``r = exp(clamp(logp - old_logp, -20, 20))``, ``A`` the
 advantage, ``sg`` stop-gradient, ``p = exp(logp)``.
 """
 
@@ -24,6 +26,7 @@ from torch import Tensor
 from mixrl.core._tensor import (
     bool_mask,
     log_ratio,
+    masked_inputs,
     masked_mean,
     token_advantages,
     zero_masked,
@@ -90,6 +93,7 @@ def ppo_clip(
         clip_high (0.2): epsilon above 1 (ratio upper bound 1 + clip_high; DAPO uses 0.28).
         dual_clip_c (None): dual-clip constant c > 1 for A < 0; None disables it.
     """
+    logp, old_logp, advantages = masked_inputs(logp, old_logp, advantages, mask)
     if dual_clip_c is not None and dual_clip_c <= 1.0:
         raise ValueError(f"ppo_clip: dual_clip_c must be > 1, got {dual_clip_c}")
     ratio = torch.exp(log_ratio(logp, old_logp))
@@ -134,6 +138,7 @@ def reinforce(
     Parameters:
         tis_cap (None): cap on the IS weight (must be >= 1); None = no IS weight.
     """
+    logp, old_logp, advantages = masked_inputs(logp, old_logp, advantages, mask)
     adv = token_advantages(advantages, logp)
     if tis_cap is None:
         weight = torch.ones_like(logp)
@@ -170,6 +175,7 @@ def topr(
 
     Parameters: none.
     """
+    logp, old_logp, advantages = masked_inputs(logp, old_logp, advantages, mask)
     adv = token_advantages(advantages, logp)
     ratio = torch.exp(log_ratio(logp, old_logp)).detach()
     neg = adv < 0
@@ -205,6 +211,7 @@ def cispo(
         clip_low (1.0): IS-weight lower bound is 1 - clip_low (1.0 = no lower bound).
         clip_high (0.28): IS-weight upper bound is 1 + clip_high.
     """
+    logp, old_logp, advantages = masked_inputs(logp, old_logp, advantages, mask)
     adv = token_advantages(advantages, logp)
     ratio = torch.exp(log_ratio(logp, old_logp)).detach()
     lo, hi = 1.0 - clip_low, 1.0 + clip_high
@@ -241,6 +248,7 @@ def gspo(
         clip_low (3e-4): sequence-ratio lower bound 1 - clip_low.
         clip_high (4e-4): sequence-ratio upper bound 1 + clip_high.
     """
+    logp, old_logp, advantages = masked_inputs(logp, old_logp, advantages, mask)
     m = bool_mask(mask)
     lr = zero_masked(log_ratio(logp, old_logp), m)
     count = m.sum(-1, keepdim=True).clamp(min=1).to(logp.dtype)
@@ -285,6 +293,7 @@ def sapo(
         tau_pos (1.0): gate temperature for A > 0.
         tau_neg (1.05): gate temperature for A <= 0.
     """
+    logp, old_logp, advantages = masked_inputs(logp, old_logp, advantages, mask)
     ratio = torch.exp(log_ratio(logp, old_logp))
     adv = token_advantages(advantages, logp)
     tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))
@@ -348,6 +357,7 @@ def m2po(
     Parameters:
         m2_budget (0.04): budget tau on the mean of (log r)^2 over kept tokens.
     """
+    logp, old_logp, advantages = masked_inputs(logp, old_logp, advantages, mask)
     lr = log_ratio(logp, old_logp)
     ratio = torch.exp(lr)
     keep = m2_keep_mask(lr, mask, m2_budget)
@@ -376,4 +386,5 @@ def sft(
 
     Parameters: none.
     """
+    logp, old_logp, advantages = masked_inputs(logp, old_logp, advantages, mask)
     return _finish(-logp, torch.zeros_like(logp, dtype=torch.bool), mask)

@@ -7,7 +7,7 @@ token ``y_t ~ pi_theta``, the reverse KL ``KL(pi_theta || pi_ref)``. With
 * ``k1 = -x``                      unbiased, high variance, can be negative;
 * ``k2 = x^2 / 2``                 biased, low variance, >= 0;
 * ``k3 = exp(x) - 1 - x``          unbiased, low variance, >= 0 (GRPO's KL term);
-* ``k3_clamped``: k3 with x clamped to [-10, 10] and the result clamped to [-10, 10]
+* ``k3_clamped``: k3 with x clamped to [-20, 20] and the result clamped to [-10, 10]
   (verl's ``low_var_kl``).
 
 Signature of every registered estimator: ``fn(logp, ref_logp) -> [B, T]`` (the per-token
@@ -80,17 +80,18 @@ def k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
 
 @KL_ESTIMATORS.register("k3_clamped")
 def k3_clamped(logp: Tensor, ref_logp: Tensor) -> Tensor:
-    """k3 with x = clamp(ref_logp - logp, -10, 10) and the result clamped to [-10, 10].
+    """k3 with x = clamp(ref_logp - logp, -20, 20) and the result clamped to [-10, 10].
 
-    Numerically safe variant (verl's ``low_var_kl``).
+    Numerically safe variant, the same clamps as verl's ``low_var_kl`` (the exp
+    argument at +-20 against overflow, the penalty at 10 against outliers).
 
-    Formula: ``clamp(exp(x) - 1 - x, -10, 10)``, ``x = clamp(log pi_ref(y_t) - log pi_theta(y_t), -10, 10)``
+    Formula: ``clamp(exp(x) - 1 - x, -10, 10)``, ``x = clamp(log pi_ref(y_t) - log pi_theta(y_t), -20, 20)``
 
-    Paper: Schulman, "Approximating KL Divergence" (2020); verl's ``low_var_kl``.
+    Paper: Schulman, "Approximating KL Divergence" (2020); verl's ``low_var_kl`` (HybridFlow, 2024).
 
     Parameters: none.
     """
-    x = torch.clamp(_x(logp, ref_logp), -10.0, 10.0)
+    x = torch.clamp(_x(logp, ref_logp), -20.0, 20.0)
     return torch.clamp(torch.expm1(x) - x, -10.0, 10.0)
 
 

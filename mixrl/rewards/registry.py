@@ -14,13 +14,14 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import math
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mixrl.errors import ConfigError, did_you_mean
+from mixrl.errors import ConfigError, MixrlUserError, RewardError, did_you_mean
 
 __all__ = ["REWARDS", "RewardFn", "register_reward", "build_reward", "reward_params"]
 
@@ -76,7 +77,7 @@ def build_reward(name_or_path: str, **params: Any) -> RewardFn:
         )
     name = name_or_path.strip()
     if name in REWARDS:
-        return _call_factory(name, REWARDS[name], params)
+        return CheckedReward(_call_factory(name, REWARDS[name], params), name)
     if not _is_dotted(name):
         raise ConfigError(
             f"unknown reward {name!r}{did_you_mean(name, REWARDS)}; built-in rewards: {', '.join(sorted(REWARDS))}; "
@@ -85,14 +86,113 @@ def build_reward(name_or_path: str, **params: Any) -> RewardFn:
         )
     obj = _import_object(name)
     if _is_factory(obj):
-        return _call_factory(name, obj, params)
+        return CheckedReward(_call_factory(name, obj, params), name)
     if params:
         raise ConfigError(
             f"reward {name!r} is a plain reward function, so it takes no params, but got: {', '.join(sorted(params))}; "
             "remove reward.params, or make it a factory (a function without a 'completions' argument, "
             "taking the params and returning the reward function)"
         )
-    return _ensure_name(obj, name)
+    return CheckedReward(_ensure_name(obj, name), name)
+
+
+class CheckedReward:
+    """A reward function that checks its own output: one finite number (or None, TRL's
+    "not applicable") per completion. A raise or a wrong value becomes a one-line
+    :class:`mixrl.errors.RewardError` naming the function and the row (the first failing
+    row is found by re-calling the function one row at a time). Picklable when the wrapped
+    function is; ``__name__`` is the wrapped function's (TRL names metrics after it)."""
+
+    def __init__(self, fn: RewardFn, spec: str):
+        self.fn = fn
+        self.spec = spec
+        self.__name__ = getattr(fn, "__name__", None) or spec
+
+    def __call__(self, *args: Any, **kwargs: Any) -> list:
+        prompts = kwargs.get("prompts", args[0] if args else None)
+        completions = kwargs.get("completions", args[1] if len(args) > 1 else None)
+        try:
+            out = self.fn(*args, **kwargs)
+        except MixrlUserError:  # already one line (e.g. a missing answer column)
+            raise
+        except Exception as e:  # noqa: BLE001 - the user's function: report it on one line
+            row = self._failing_row(args, kwargs, completions)
+            raise RewardError(
+                f"reward {self.spec!r} raised {type(e).__name__}: {_first_line(e)}{self._where(row, prompts)}; "
+                "fix the reward function"
+            ) from e
+        self.check(out, completions, prompts)
+        return out
+
+    def check(self, out: Any, completions: Any, prompts: Any = None) -> None:
+        """Raise RewardError unless ``out`` is one finite number or None per completion."""
+        n = len(completions) if completions is not None else None
+        if isinstance(out, (str, bytes)) or not hasattr(out, "__len__") or not hasattr(out, "__iter__"):
+            raise RewardError(
+                f"reward {self.spec!r} returned {type(out).__name__}, not a list; "
+                "a reward returns one float per completion"
+            )
+        if n is not None and len(out) != n:
+            raise RewardError(
+                f"reward {self.spec!r} returned {len(out)} values for {n} completions; "
+                "a reward returns one float per completion"
+            )
+        for i, v in enumerate(out):
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) and not _is_number(v):
+                raise RewardError(
+                    f"reward {self.spec!r} returned {type(v).__name__} {_short(v)}{self._where(i, prompts)}; "
+                    "a reward must be a float (or None to skip the row)"
+                )
+            if not math.isfinite(float(v)):
+                raise RewardError(
+                    f"reward {self.spec!r} returned {float(v)}{self._where(i, prompts)}; "
+                    "a reward must be a finite float (or None to skip the row)"
+                )
+
+    def _failing_row(self, args: tuple, kwargs: dict, completions: Any) -> int | None:
+        if completions is None or len(completions) < 2:
+            return 0 if completions is not None else None
+        n = len(completions)
+        for i in range(n):
+            a = [_row(x, i, n) for x in args]
+            kw = {k: _row(v, i, n) for k, v in kwargs.items()}
+            try:
+                self.fn(*a, **kw)
+            except Exception:  # noqa: BLE001
+                return i
+        return None
+
+    @staticmethod
+    def _where(row: int | None, prompts: Any) -> str:
+        if row is None:
+            return ""
+        text = ""
+        if prompts is not None and row < len(prompts):
+            p = prompts[row]
+            if isinstance(p, list) and p and isinstance(p[-1], dict):
+                p = p[-1].get("content", "")
+            text = f" (prompt {_short(p)})"
+        return f" on row {row}{text}"
+
+
+def _row(value: Any, i: int, n: int) -> Any:
+    """Row ``i`` of a per-row batch argument (a list of length n), else the value as is."""
+    return [value[i]] if isinstance(value, list) and len(value) == n else value
+
+
+def _is_number(v: Any) -> bool:
+    try:
+        float(v)
+    except (TypeError, ValueError):
+        return False
+    return hasattr(v, "dtype")  # numpy / torch scalars
+
+
+def _short(v: Any, width: int = 40) -> str:
+    text = repr(v).replace("\n", " ")
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def _is_factory(obj: Any) -> bool:

@@ -1,4 +1,4 @@
-"""Trainer callbacks: metrics.jsonl rows and a Rich progress bar."""
+"""Trainer callbacks: metrics.jsonl rows, mixrl state in checkpoints, a Rich progress bar."""
 
 from __future__ import annotations
 
@@ -51,6 +51,20 @@ class MetricsJsonlCallback(TrainerCallback):
         self.rows.append(row)
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
+
+
+class RunStateCallback(TrainerCallback):
+    """After each checkpoint, adds mixrl's counters to it (see :mod:`mixrl.trainer.resume`).
+
+    ``trainer``: a zero-argument callable returning the trainer (it is built after this)."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    def on_save(self, args, state, control, **kwargs):
+        from mixrl.trainer.resume import save_run_state
+
+        save_run_state(self.trainer())
 
 
 class RichProgressCallback(TrainerCallback):

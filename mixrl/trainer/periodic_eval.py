@@ -168,6 +168,31 @@ def resolve_model_dir(path: str | Path) -> Path:
     return p
 
 
+def eval_config(model_dir: str | Path, overrides: list[str]):
+    """The config ``mixrl eval`` uses: the run's own ``config.yaml`` when ``model_dir`` is a
+    run directory (or its ``model/``), with the command line's overrides applied on top
+    (``group=option`` replaces that whole section); otherwise the overrides alone.
+    Returns ``(cfg, config_path or None)``."""
+    from omegaconf import OmegaConf
+
+    from mixrl.config.compose import _parse, compose_config, expand_aliases, validate
+    from mixrl.config.schema import GROUPS
+
+    fresh = compose_config(list(overrides))  # a bad override fails here, before any model is loaded
+    p = Path(model_dir)
+    saved_path = next((c / "config.yaml" for c in (p, p.parent) if (c / "config.yaml").is_file()), None)
+    if saved_path is None:
+        return fresh, None
+    saved = OmegaConf.load(saved_path)
+    for ov in _parse(expand_aliases(list(overrides))):
+        key = ov.key_or_group
+        if key in GROUPS:
+            saved[key] = fresh[key]
+        else:
+            OmegaConf.update(saved, key, OmegaConf.select(fresh, key), merge=False, force_add=True)
+    return validate(saved), saved_path
+
+
 def evaluate_saved_model(model_dir: str | Path, cfg, *, progress: Callable[[int], None] | None = None,
                          on_rows: Callable[[int], None] | None = None) -> dict:
     """Evaluate the model saved in ``model_dir`` on ``cfg``'s held-out split (``data``,
@@ -187,7 +212,9 @@ def evaluate_saved_model(model_dir: str | Path, cfg, *, progress: Callable[[int]
         raise ConfigError("hardware.device=cuda but no CUDA device is available; use hardware=cpu")
     if cfg.hardware.torch_threads:
         torch.set_num_threads(int(cfg.hardware.torch_threads))
-    rows = build.load_eval_rows(cfg)
+    from mixrl.trainer.run import describe_heldout, heldout_rows
+
+    _, rows, heldout = heldout_rows(cfg)  # the same held-out rows as training used, never training rows
     if not rows:
         raise ConfigError(f"the held-out split of '{cfg.data.eval_source or cfg.data.source}' is empty")
     if on_rows is not None:
@@ -207,6 +234,7 @@ def evaluate_saved_model(model_dir: str | Path, cfg, *, progress: Callable[[int]
         "model_dir": str(path),
         "data": str(cfg.data.eval_source or cfg.data.source),
         "split": cfg.data.eval_split or ("heldout" if str(cfg.data.source).startswith("builtin:") else "test"),
+        "heldout": describe_heldout(heldout),
         "reward": str(cfg.reward.name),
         "max_new_tokens": int(t.max_completion_length),
         "seed": int(cfg.seed),

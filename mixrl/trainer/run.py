@@ -4,8 +4,12 @@ Run directory layout::
 
     config.yaml      the resolved config
     metrics.jsonl    one row per logged step
+    eval_before.json held-out results of the starting model (reused by a resumed run)
+    trainer/         checkpoints: checkpoint-<step>/ every trainer.save_steps (newest kept)
     model/           final model and tokenizer (Hugging Face format)
     summary.json     accuracy before/after, wall-clock, steps, paths
+    FAILED           only if the run failed: the one-line reason (a rerun with the same
+                     run_dir replaces the directory; resume=RUN_DIR continues it)
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -22,6 +27,11 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from mixrl.config.rules import geometry
+from mixrl.errors import ConfigError, MixrlUserError, RewardError, RunInterrupted, TrainingDiverged
+from mixrl.trainer.resume import checkpoint_step, last_checkpoint, load_run_state, save_run_state, truncate_jsonl
+
+FAILED = "FAILED"
+EVAL_BEFORE = "eval_before.json"
 
 
 @dataclass
@@ -43,20 +53,46 @@ def default_run_dir(cfg: DictConfig, root: str | Path = "runs") -> Path:
     return Path(root) / now.strftime("%Y-%m-%d") / f"{stamp}-{cfg.algo.name}-s{cfg.seed}"
 
 
-def prepare_run_dir(cfg: DictConfig) -> Path:
-    """Create the run directory and write config.yaml (rank 0 only; other ranks share it)."""
+def prepare_run_dir(cfg: DictConfig, say=print) -> Path:
+    """Create the run directory and write config.yaml (rank 0 only; other ranks share it).
+
+    A resumed run (``cfg.resume``) reuses its directory. A directory marked ``FAILED`` is
+    replaced (with a note); any other non-empty directory is refused."""
+    if cfg.get("resume"):
+        run_dir = Path(cfg.resume)
+        if _rank() == 0:
+            (run_dir / FAILED).unlink(missing_ok=True)
+            (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))  # e.g. a raised max_steps
+        return run_dir
     run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg)
     cfg.run_dir = str(run_dir)
     if _rank() != 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         return run_dir
     if run_dir.exists() and any(run_dir.iterdir()):
-        from mixrl.errors import ConfigError
-
-        raise ConfigError(f"run_dir '{run_dir}' already exists and is not empty; choose another run_dir")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        failed = run_dir / FAILED
+        if failed.is_file():
+            say(f"replacing run_dir {run_dir}: it is marked FAILED ({failed.read_text().strip()})")
+            shutil.rmtree(run_dir)
+        else:
+            hint = f", or continue it with resume={run_dir}" if last_checkpoint(run_dir) else ""
+            raise ConfigError(f"run_dir '{run_dir}' already exists and is not empty; choose another run_dir{hint}")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    except OSError as e:
+        raise ConfigError(f"run_dir '{run_dir}' cannot be written ({e.strerror or e}); choose a writable run_dir") from None
     return run_dir
+
+
+def mark_failed(run_dir: Path, reason: str) -> None:
+    """Write the ``FAILED`` marker (rank 0; never raises)."""
+    if _rank() != 0:
+        return
+    try:
+        (Path(run_dir) / FAILED).write_text(reason.strip().splitlines()[0] + "\n" if reason.strip() else "failed\n")
+    except OSError:
+        pass
 
 
 def quiet_libraries() -> None:
@@ -102,28 +138,129 @@ def _eval(trainer, tokenizer, rows, reward_fn, cfg, console: Console, label: str
         )
 
 
+def heldout_rows(cfg: DictConfig):
+    """``(train_ds, eval_rows, info)``: the training rows and held-out rows of ``cfg``, never
+    sharing a prompt (see :mod:`mixrl.data.heldout` for the rule)."""
+    from mixrl.data.heldout import separate_heldout
+    from mixrl.trainer import build
+
+    train_ds = build.load_train_rows(cfg)
+    eval_rows = build.load_eval_rows(cfg)
+    source = str(cfg.data.eval_source or cfg.data.source)
+    if str(cfg.data.source).startswith("builtin:") and not cfg.data.eval_source:
+        return train_ds, eval_rows, {"rule": "builtin", "source": source, "n_eval": len(eval_rows), "n_train": len(train_ds)}
+    return separate_heldout(train_ds, eval_rows, int(cfg.trainer.eval_size), source)
+
+
+def describe_heldout(info: dict) -> str:
+    from mixrl.data.heldout import describe
+
+    if info["rule"] == "builtin":
+        return f"held-out: {info['n_eval']} problems of the built-in task's held-out split (disjoint from training)"
+    return describe(info)
+
+
+def _resume_point(cfg: DictConfig, run_dir: Path) -> Path:
+    ckpt = last_checkpoint(run_dir)
+    if ckpt is None:
+        raise ConfigError(
+            f"resume={run_dir}: no checkpoint under {run_dir / 'trainer'} to continue from; "
+            "start a new run (checkpoints are written every trainer.save_steps steps)"
+        )
+    step = checkpoint_step(ckpt)
+    if step >= int(cfg.trainer.max_steps):
+        raise ConfigError(
+            f"resume={run_dir}: its last checkpoint is step {step} and trainer.max_steps={cfg.trainer.max_steps}; "
+            f"nothing left to train (set trainer.max_steps above {step} to extend it)"
+        )
+    return ckpt
+
+
+def _last_checkpoint_note(run_dir: Path) -> str:
+    ckpt = last_checkpoint(run_dir)
+    return f"last checkpoint: step {checkpoint_step(ckpt)} (resume={run_dir})" if ckpt else "no checkpoint was saved"
+
+
+def _finite_params(model) -> bool:
+    import torch
+
+    return all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
 def train(cfg: DictConfig, console: Console | None = None, *, before: dict | None = None) -> RunResult:
     """Train one config end to end; returns the run directory and summary. ``before``:
-    held-out results already measured for the starting model (skips that evaluation)."""
-    from transformers import set_seed
+    held-out results already measured for the starting model (skips that evaluation).
 
-    from mixrl.trainer import build
-    from mixrl.trainer.callbacks import MetricsJsonlCallback, RichProgressCallback
+    ``cfg.resume`` set: continue that run from its last checkpoint (see
+    :mod:`mixrl.trainer.resume`). A failure after the run directory exists writes the
+    ``FAILED`` marker; SIGINT / SIGTERM save a checkpoint and raise :class:`RunInterrupted`."""
+    from mixrl.trainer.guards import InterruptGuard
 
     console = console or Console(stderr=True)
     quiet_libraries()
+    run_dir = prepare_run_dir(cfg, say=lambda text: console.print(text, soft_wrap=True, highlight=False))
+    resume_from = _resume_point(cfg, run_dir) if cfg.get("resume") else None
+    guard = InterruptGuard(say=console.print).install()
+    try:
+        return _train(cfg, console, run_dir, guard, resume_from, before)
+    except RunInterrupted as e:
+        if last_checkpoint(run_dir) is None:
+            mark_failed(run_dir, str(e))
+        raise
+    except KeyboardInterrupt:
+        msg = f"interrupted before a checkpoint could be saved; {_last_checkpoint_note(run_dir)}"
+        if last_checkpoint(run_dir) is None:
+            mark_failed(run_dir, msg)
+        raise RunInterrupted(msg) from None
+    except BaseException as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        mark_failed(run_dir, reason if isinstance(e, MixrlUserError) else f"{type(e).__name__}: {reason}")
+        raise
+    finally:
+        guard.restore()
+
+
+def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before: dict | None) -> RunResult:
+    from transformers import set_seed
+
+    from mixrl.trainer import build
+    from mixrl.trainer.callbacks import MetricsJsonlCallback, RichProgressCallback, RunStateCallback
+    from mixrl.trainer.guards import CollapseWatch, DivergenceGuard
+
     t0 = time.perf_counter()
     geom = geometry(cfg)
-    run_dir = prepare_run_dir(cfg)
     _set_threads(cfg)
     set_seed(int(cfg.seed))
+    start_step = 0
+    if resume_from is not None:
+        start_step = checkpoint_step(resume_from)
+        truncate_jsonl(run_dir / "metrics.jsonl", start_step)
+        from mixrl.trainer.periodic_eval import EVAL_FILE
+
+        truncate_jsonl(run_dir / EVAL_FILE, start_step)
+        if before is None and (run_dir / EVAL_BEFORE).is_file():
+            before = json.loads((run_dir / EVAL_BEFORE).read_text())
+        console.print(f"resuming {run_dir} from step {start_step} ({resume_from.name})")
     model_path = build.resolve_model_path(cfg, progress=cfg.logger.progress)
     tokenizer = build.load_tokenizer(model_path, cfg)
-    train_ds = build.load_train_rows(cfg)
-    eval_rows = build.load_eval_rows(cfg)
+    train_ds, eval_rows, heldout = heldout_rows(cfg)
+    console.print(describe_heldout(heldout), soft_wrap=True, highlight=False)
     reward_funcs, reward_weights = build.build_reward_funcs(cfg)
+    from mixrl.config.checks import check_training_data
+
+    check_training_data(cfg, tokenizer, train_ds, reward_funcs, model_path)  # before the model loads
     metrics_cb = MetricsJsonlCallback(run_dir / "metrics.jsonl")
-    callbacks = [metrics_cb]
+    collapse = CollapseWatch(warn=lambda text: console.print(f"[yellow]{text}[/]", highlight=False, soft_wrap=True))
+
+    def save_now() -> str | None:  # a checkpoint of the current (finite) state, before the optimizer step
+        if not _finite_params(trainer.model):
+            return None
+        trainer._save_checkpoint(trainer.model, None)
+        save_run_state(trainer)
+        ckpt = last_checkpoint(run_dir)
+        return str(ckpt) if ckpt else None
+
+    callbacks = [metrics_cb, guard, DivergenceGuard(save=save_now), collapse, RunStateCallback(lambda: trainer)]
     if cfg.logger.progress:
         callbacks.append(RichProgressCallback(console, description=f"{cfg.algo.name} s{cfg.seed}"))
     if cfg.trainer.eval_every > 0:  # held-out accuracy every N steps -> eval.jsonl (the lambda: trainer is built below)
@@ -132,15 +269,45 @@ def train(cfg: DictConfig, console: Console | None = None, *, before: dict | Non
     trainer = build.build_trainer(
         cfg, model_path=model_path, tokenizer=tokenizer, train_ds=train_ds, reward_funcs=reward_funcs,
         reward_weights=reward_weights, run_dir=run_dir, callbacks=callbacks, geom=geom,
+        save_total_limit=int(cfg.trainer.save_total_limit) or None,
+        logging_nan_inf_filter=False,  # a non-finite loss must reach the divergence guard
     )
     setup_s = time.perf_counter() - t0
 
     if before is None:
         before = _eval(trainer, tokenizer, eval_rows, reward_funcs[0], cfg, console, "held-out eval (before)")
+        if trainer.accelerator.is_main_process:
+            (run_dir / EVAL_BEFORE).write_text(json.dumps(before, indent=2))
+    collapse.observe(start_step, {"eval/accuracy": before.get("accuracy")})  # the starting model is a "best" too
+    if guard.signum is not None:
+        raise RunInterrupted(f"{guard.name} before the first training step; nothing to resume; run the command again")
+    if resume_from is not None:
+        load_run_state(trainer, resume_from)
     t1 = time.perf_counter()
-    trainer.train()
+    try:
+        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    except RuntimeError as e:
+        text = str(e)
+        if "inf" not in text and "nan" not in text:
+            raise
+        from mixrl.trainer.guards import likely_cause
+
+        raise TrainingDiverged(
+            f"training diverged at step {trainer.state.global_step + 1}: the policy's probabilities are not finite "
+            f"(generation failed: {text.splitlines()[0]}); {likely_cause(float(cfg.trainer.learning_rate))}; "
+            f"{_last_checkpoint_note(run_dir)}"
+        ) from None
+    except RewardError as e:
+        raise RewardError(f"{e}; stopped at step {trainer.state.global_step}, {_last_checkpoint_note(run_dir)}") from None
+    if guard.signum is not None:
+        ckpt = last_checkpoint(run_dir)
+        raise RunInterrupted(
+            f"{guard.name} at step {trainer.state.global_step}: checkpoint saved in {ckpt}; "
+            f"continue with: mixrl train resume={run_dir}"
+        )
     train_s = time.perf_counter() - t1
     after = _eval(trainer, tokenizer, eval_rows, reward_funcs[0], cfg, console, "held-out eval (after)")
+    collapse.final_check(before.get("accuracy"), after.get("accuracy"), float(cfg.trainer.learning_rate))
 
     model_dir = run_dir / "model"
     if trainer.accelerator.is_main_process:
@@ -152,13 +319,16 @@ def train(cfg: DictConfig, console: Console | None = None, *, before: dict | Non
         "recipe": cfg.recipe_info.name,
         "seed": int(cfg.seed),
         "steps": int(trainer.state.global_step),
+        "resumed_from_step": start_step if resume_from is not None else None,
         "geometry": geom.describe(),
         "rollouts": trainer.mixrl_rollouts,  # on-policy rollouts trained on (expert rows excluded)
         "accuracy_before": before.get("accuracy"),
         "accuracy_after": after.get("accuracy"),
         "eval_before": before,
         "eval_after": after,
+        "heldout": {k: v for k, v in heldout.items() if k != "heldout_indices"},
         "final_metrics": metrics_cb.rows[-1] if metrics_cb.rows else {},
+        "warnings": collapse.warnings,
         "setup_seconds": round(setup_s, 2),
         "train_seconds": round(train_s, 2),
         "wall_seconds": round(time.perf_counter() - t0, 2),

@@ -255,3 +255,36 @@ def test_float_mask_equals_bool_mask(name):
     b, _ = run(name, lr, [1.0, -1.0], mask=torch.tensor(MASK, dtype=torch.float32))
     assert torch.equal(a.per_token_loss, b.per_token_loss)
     assert torch.equal(a.clipped, b.clipped)
+
+
+POISON_PARAMS = {"reinforce": {"tis_cap": 2.0}}  # the IS-capped form reads old_logp too
+
+
+@pytest.mark.parametrize("poison", [float("nan"), float("-inf"), float("inf")])
+@pytest.mark.parametrize("name", POLICY_LOSSES.names())
+def test_nan_or_inf_in_padding_never_reaches_loss_or_gradient(name, poison):
+    """Padding of logp / old_logp / per-token advantages may hold NaN or +-inf."""
+    lr = [[0.3, -0.2, 0.1], [0.2, 0.4, 0.0]]
+    adv_tok = [[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]]
+    params = POISON_PARAMS.get(name, {})
+    clean, clean_grad = run(name, lr, adv_tok, **params)
+
+    old = torch.tensor(OLD, dtype=torch.float64)
+    old[1, 2] = poison
+    logp = (torch.tensor(OLD, dtype=torch.float64) + torch.tensor(lr, dtype=torch.float64))
+    logp[1, 2] = poison
+    logp.requires_grad_(True)
+    adv = torch.tensor(adv_tok, dtype=torch.float64)
+    adv[1, 2] = poison
+    out = POLICY_LOSSES.get(name)(logp, old, adv, torch.tensor(MASK), **params)
+    out.per_token_loss.sum().backward()
+
+    assert torch.isfinite(out.per_token_loss).all()
+    assert torch.isfinite(logp.grad).all()
+    assert logp.grad[1, 2].item() == 0.0
+    assert torch.allclose(out.per_token_loss, clean.per_token_loss.detach())
+    assert torch.allclose(logp.grad, clean_grad)
+    assert torch.equal(out.clipped, clean.clipped)
+    for key, value in out.metrics.items():
+        assert torch.isfinite(value), key
+        assert torch.allclose(value, clean.metrics[key]), key

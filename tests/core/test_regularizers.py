@@ -45,9 +45,16 @@ def test_direction_expectation_under_policy_is_kl_policy_to_ref():
 
 
 def test_k3_clamped():
-    v, _ = est("k3_clamped", [0.0, 0.0, 0.0], [30.0, -30.0, -1.0])
-    # x clamped to 10 -> e^10 - 11 > 10 -> 10; x = -10 -> e^-10 + 9; x = -1 unchanged
-    assert v == pytest.approx([10.0, math.exp(-10) + 9, math.exp(-1) - 1 + 1])
+    # verl's low_var_kl: x = ref - logp clamped to [-20, 20], then k3 clamped to [-10, 10]
+    v, _ = est("k3_clamped", [0.0] * 6, [30.0, -30.0, -15.0, -9.0, 2.0, -1.0])
+    assert v == pytest.approx([
+        10.0,  # x = 20: e^20 - 21 > 10 -> 10
+        10.0,  # x = -20: e^-20 + 19 > 10 -> 10 (was e^-10 + 9 with the old +-10 clamp)
+        10.0,  # x = -15 unclamped: e^-15 + 14 > 10 -> 10
+        math.exp(-9) - 1 + 9,  # x = -9: 8.0001..., below the result clamp
+        math.exp(2) - 1 - 2,  # x = 2: 4.389..., unchanged
+        math.exp(-1) - 1 + 1,  # x = -1 unchanged
+    ])
     v3, _ = est("k3")
     vc, _ = est("k3_clamped")
     assert v3 == pytest.approx(vc)

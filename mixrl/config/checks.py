@@ -1,0 +1,181 @@
+"""Checks that stop a bad run before any model loads, each with one line and the fix.
+
+Three moments, three functions:
+
+* :func:`validate_run` (called by ``compose_config``): values no run can use
+  (``trainer.temperature <= 0``, ``trainer.max_completion_length <= 0``, ``data.limit <= 0``).
+* :func:`check_environment` (called by ``mixrl train`` before a run starts): what this
+  machine lacks for the config (CUDA, a logger's package, a writable ``run_dir``).
+* :func:`check_training_data` (called at data load, once the tokenizer is known, still
+  before the model loads): characters the tokenizer cannot encode, prompts longer than
+  the model's context, and reward functions that raise or return something other than
+  one finite number per completion on the first training rows.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from mixrl.errors import ConfigError, DataError, MixrlUserError
+
+#: logger name -> (python package, pyproject extra)
+LOGGER_PACKAGES = {"wandb": ("wandb", "wandb"), "tensorboard": ("tensorboard", "tensorboard")}
+
+
+# --------------------------------------------------------------------------- config values
+def validate_run(cfg: DictConfig) -> None:
+    """Reject values that no run can use; raises ConfigError (one line)."""
+    t = cfg.trainer
+    if float(t.temperature) <= 0:
+        raise ConfigError(
+            f"trainer.temperature={t.temperature} must be > 0 (rollouts are sampled); "
+            "for nearly greedy sampling use a small value such as trainer.temperature=0.1"
+        )
+    if int(t.max_completion_length) <= 0:
+        raise ConfigError(
+            f"trainer.max_completion_length={t.max_completion_length} must be a positive number of tokens, "
+            "e.g. trainer.max_completion_length=256"
+        )
+    if cfg.data.limit is not None and int(cfg.data.limit) <= 0:
+        raise ConfigError(
+            f"data.limit={cfg.data.limit} would train on no rows; set a positive number of rows, "
+            "or data.limit=null for all of them"
+        )
+
+
+# --------------------------------------------------------------------------- this machine
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _writable_ancestor(path: Path) -> tuple[Path, bool]:
+    p = path.absolute()
+    while not p.exists():
+        p = p.parent
+    return p, p.is_dir() and os.access(p, os.W_OK | os.X_OK)
+
+
+def check_environment(cfg: DictConfig) -> None:
+    """Reject a config this machine cannot run; raises ConfigError (one line)."""
+    if cfg.hardware.device == "cuda" and not _cuda_available():
+        raise ConfigError(
+            f"hardware={cfg.hardware.name} needs a CUDA GPU, but torch sees none on this machine; "
+            "use hardware=cpu here (or install a CUDA build of torch on a GPU machine)"
+        )
+    for name in list(cfg.logger.report_to or []):
+        if name in LOGGER_PACKAGES:
+            package, extra = LOGGER_PACKAGES[name]
+            if importlib.util.find_spec(package) is None:
+                raise ConfigError(
+                    f"logger {name} needs the '{package}' package, which is not installed; "
+                    f"pip install 'mixrl[{extra}]' (or use logger=console)"
+                )
+    if cfg.get("resume"):
+        return  # the run directory exists and is checked by the resume itself
+    if cfg.run_dir:
+        run_dir = Path(cfg.run_dir)
+        where, ok = _writable_ancestor(run_dir)
+        if not ok:
+            raise ConfigError(
+                f"run_dir '{run_dir}' cannot be written ({where} is not a writable directory); choose a writable run_dir"
+            )
+
+
+# --------------------------------------------------------------------------- data, tokenizer, rewards
+def _texts(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return _texts(value.get("content"))
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _texts(v)]
+    return [str(value)]
+
+
+def unencodable_characters(tokenizer, texts) -> list[str]:
+    """Characters of ``texts`` that ``tokenizer`` drops or maps to its unknown token."""
+    chars: set[str] = set()
+    for text in texts:
+        chars.update(text)
+    unk = getattr(tokenizer, "unk_token_id", None)
+    bad = []
+    for ch in sorted(chars):
+        ids = tokenizer.encode(ch, add_special_tokens=False)
+        if not ids or (unk is not None and all(i == unk for i in ids)):
+            bad.append(ch)
+    return bad
+
+
+def model_context(model_path: str, cfg: DictConfig) -> int | None:
+    """The model's context length from its config (no weights are read), or None."""
+    try:
+        from transformers import AutoConfig
+
+        conf = AutoConfig.from_pretrained(model_path, trust_remote_code=bool(cfg.model.trust_remote_code))
+    except Exception:  # noqa: BLE001 - unknown here: TRL reports it later
+        return None
+    return getattr(conf, "max_position_embeddings", None)
+
+
+def _prompt_tokens(tokenizer, prompt: Any) -> int:
+    if isinstance(prompt, str):
+        return len(tokenizer(prompt).input_ids)
+    return sum(len(tokenizer(t, add_special_tokens=False).input_ids) for t in _texts(prompt)) + 1
+
+
+def check_training_data(cfg: DictConfig, tokenizer, train_ds, reward_funcs: list, model_path: str) -> None:
+    """Characters, prompt lengths and reward outputs on the training rows; raises DataError
+    (one line naming the row and the fix) before any model is loaded."""
+    cols = [c for c in ("prompt", "answer", "expert") if c in train_ds.column_names]
+    texts = [t for c in cols for v in train_ds[c] for t in _texts(v)]
+    bad = unencodable_characters(tokenizer, texts)
+    if bad:
+        shown = "".join(bad[:20]) + ("..." if len(bad) > 20 else "")
+        fix = "clean the data or use a model whose tokenizer covers them"
+        if len(tokenizer) < 256:  # a character vocabulary: the built-in tiny model
+            fix = ("the built-in tiny model's character vocabulary is fixed to the arithmetic task (digits, '+', '=', "
+                   "'#', space): keep to those characters or use a real model (model=...)")
+        raise DataError(f"the training data has {len(bad)} character(s) the tokenizer cannot encode (they would be dropped silently): {shown!r}; {fix}")
+
+    context = model_context(model_path, cfg)
+    if context:
+        budget = context - int(cfg.trainer.max_completion_length)
+        for i, prompt in enumerate(train_ds["prompt"]):
+            n = _prompt_tokens(tokenizer, prompt)
+            if n > budget:
+                raise DataError(
+                    f"training row {i}: the prompt is {n} tokens, and with trainer.max_completion_length="
+                    f"{cfg.trainer.max_completion_length} that exceeds the model's context of {context} tokens; "
+                    "drop or shorten long prompts, or lower trainer.max_completion_length"
+                )
+
+    rows = [train_ds[i] for i in range(min(2, len(train_ds)))]
+    if not rows:
+        return
+    kwargs = {k: [r[k] for r in rows] for k in rows[0] if k != "prompt"}
+    completions = [_reference_completion(r) for r in rows]
+    for fn in reward_funcs:
+        try:
+            out = fn(prompts=[r["prompt"] for r in rows], completions=completions, completion_ids=[[] for _ in rows],
+                     trainer_state=None, **kwargs)
+        except MixrlUserError as e:  # CheckedReward: raised, or not one finite number per completion
+            raise DataError(f"{e} (checked before training on the first training rows, the reference answer as the completion)") from None
+        if len(out) != len(rows):
+            raise DataError(f"reward {getattr(fn, '__name__', fn)!r} returned {len(out)} values for {len(rows)} completions")
+
+
+def _reference_completion(row: dict) -> Any:
+    answer = row.get("answer")
+    text = "" if answer is None else str(answer)
+    if isinstance(row.get("prompt"), list):  # conversational data: completions are messages too
+        return [{"role": "assistant", "content": text}]
+    return text

@@ -1,0 +1,150 @@
+"""Every error before training: one line on stderr, exit 2, no traceback, no model loaded.
+
+Config and machine checks run with every model loader replaced by a function that fails
+the test; data-load checks (they need the tokenizer) run the real ``mixrl train`` with the
+trainer constructor replaced the same way.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from mixrl.cli.main import app
+
+runner = CliRunner()
+
+
+class ModelLoaded(AssertionError):
+    pass
+
+
+def _boom(*args, **kwargs):
+    raise ModelLoaded("a model was loaded before the error was reported")
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    import transformers
+
+    import mixrl.trainer.run as run
+
+    monkeypatch.setattr(run, "train_stages", _boom)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", _boom)
+
+
+@pytest.fixture
+def no_trainer(monkeypatch):
+    import transformers
+
+    from mixrl.trainer.grpo import MixrlGRPOTrainer
+
+    monkeypatch.setattr(MixrlGRPOTrainer, "__init__", _boom)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", _boom)
+
+
+def one_line_error(args: list[str]) -> str:
+    res = runner.invoke(app, args)
+    assert not isinstance(res.exception, ModelLoaded), str(res.exception)
+    assert res.exit_code == 2, f"exit {res.exit_code} ({res.exception!r}); output: {res.output[-2000:]}"
+    assert "Traceback" not in res.output
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("error:")]
+    assert len(errors) == 1 and lines[-1] == errors[0], lines
+    return errors[0]
+
+
+# --------------------------------------------------------------------------- config values and machine
+@pytest.mark.parametrize("override, words", [
+    ("trainer.temperature=0", ["trainer.temperature=0", "must be > 0"]),
+    ("trainer.temperature=-1", ["trainer.temperature=-1", "must be > 0"]),
+    ("trainer.max_completion_length=0", ["trainer.max_completion_length=0", "positive"]),
+    ("data.limit=0", ["data.limit=0", "no rows"]),
+    ("data.limit=-5", ["data.limit=-5", "no rows"]),
+])
+def test_bad_values_are_one_line(no_model, override, words):
+    line = one_line_error(["train", override])
+    assert all(w in line for w in words), line
+
+
+def test_gpu_hardware_without_cuda(no_model):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    line = one_line_error(["train", "hardware=gpu-1x80g"])
+    assert "needs a CUDA GPU" in line and "hardware=cpu" in line
+
+
+@pytest.mark.parametrize("logger, package", [("wandb", "wandb"), ("tensorboard", "tensorboard")])
+def test_logger_without_its_package_names_the_extra(no_model, logger, package):
+    if importlib.util.find_spec(package) is not None:
+        pytest.skip(f"{package} is installed here")
+    line = one_line_error(["train", f"logger={logger}"])
+    assert f"pip install 'mixrl[{package}]'" in line
+
+
+def test_logger_extras_exist_in_pyproject():
+    text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    assert 'wandb = ["wandb"]' in text and 'tensorboard = ["tensorboard"]' in text
+
+
+def test_unwritable_run_dir(no_model, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    line = one_line_error(["train", f"run_dir={blocker}/run"])
+    assert "cannot be written" in line and "writable run_dir" in line
+    assert blocker.read_text() == "x"  # nothing lost
+
+
+# --------------------------------------------------------------------------- at data load
+def _data(tmp_path: Path, rows: list[dict]) -> str:
+    path = tmp_path / "data.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def _train(fast_overrides, *extra):
+    return ["train", *fast_overrides, "trainer.eval_size=0", "data.expert_column=null", *extra]
+
+
+def test_characters_the_tiny_tokenizer_cannot_encode(no_trainer, fast_overrides, tmp_path):
+    src = _data(tmp_path, [{"prompt": "sort: 3 1 2", "answer": "1 2 3"}] * 4)
+    line = one_line_error(_train(fast_overrides, f"data.source={src}"))
+    assert "5 character(s) the tokenizer cannot encode" in line and "':orst'" in line and "tiny model" in line
+
+
+def test_prompt_longer_than_the_model_context(no_trainer, fast_overrides, tmp_path):
+    src = _data(tmp_path, [{"prompt": "1+1=", "answer": "2"}, {"prompt": "1+" * 30 + "1=", "answer": "31"}])
+    line = one_line_error(_train(fast_overrides, f"data.source={src}"))
+    assert "training row 1" in line and "context of 64 tokens" in line and "max_completion_length=24" in line
+
+
+REWARDS = '''
+def raises(prompts, completions, answer, **kw):
+    return [float(len(c) / (len(c) - 4)) for c in completions]
+
+def wrong_type(prompts, completions, **kw):
+    return ["yes" for _ in completions]
+
+def scalar(prompts, completions, **kw):
+    return 1.0
+'''
+
+
+@pytest.mark.parametrize("fn, words", [
+    ("raises", ["raises", "ZeroDivisionError", "on row 0"]),
+    ("wrong_type", ["wrong_type", "returned str 'yes' on row 0", "float"]),
+    ("scalar", ["scalar", "returned float, not a list"]),
+])
+def test_reward_that_raises_or_returns_the_wrong_type(no_trainer, fast_overrides, tmp_path, fn, words):
+    rewards = tmp_path / "rewards.py"
+    rewards.write_text(REWARDS)
+    src = _data(tmp_path, [{"prompt": "1+2=", "answer": "3333"}, {"prompt": "2+2=", "answer": "4"}])
+    line = one_line_error(_train(fast_overrides, f"data.source={src}", f"reward.name={rewards}:{fn}"))
+    assert all(w in line for w in words), line
+    assert "before training" in line

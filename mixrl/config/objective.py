@@ -134,7 +134,7 @@ def check_objective(cfg: DictConfig) -> list[str]:
         raise ConfigError(f"could not build the objective from algo: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     source_name, _ = _component(cfg.offpolicy.source)
     inject_name, _ = _component(algo.inject)
-    injected = _injected_provenances(source_name) if inject_name != "none" else set()
+    injected = _injected_provenances(source_name) if _needs_source(inject_name) else set()
     available = injected | ({"on_policy"} if not _skips_generation(inject_name) else set())
     known = set(prov.provenance_names())
 
@@ -147,14 +147,14 @@ def check_objective(cfg: DictConfig) -> list[str]:
         _check_weight(objective, t, where, cfg)
 
     # --- sources and injections
-    if inject_name != "none" and source_name == "none":
+    if _needs_source(inject_name) and source_name == "none":
         raise ConfigError(
             f"algo.inject={inject_name} places off-policy rows but offpolicy.source is 'none'; add offpolicy=expert"
         )
-    if source_name != "none" and inject_name == "none":
+    if source_name != "none" and not _needs_source(inject_name):
         raise ConfigError(
-            f"offpolicy={cfg.offpolicy.name} loads off-policy rows but algo.inject is 'none', so they never enter a "
-            "batch; use an algo that injects them (algo=chord, luffy, sft, mix) or offpolicy=none"
+            f"offpolicy={cfg.offpolicy.name} loads off-policy rows but algo.inject is '{inject_name}', which places "
+            "none, so they never enter a batch; use an algo that injects them (algo=chord, luffy, sft, mix) or offpolicy=none"
         )
     trained = {p for t in objective.terms for p in t.tokens}
     for p in sorted(injected - trained):
@@ -189,6 +189,12 @@ def _injected_provenances(source_name: str) -> set[str]:
     from mixrl.sources import SOURCES
 
     return set(SOURCES.get(source_name).provenances)
+
+
+def _needs_source(inject_name: str) -> bool:
+    from mixrl.sources import INJECTIONS
+
+    return bool(INJECTIONS.get(inject_name).needs_source)
 
 
 def _skips_generation(inject_name: str) -> bool:

@@ -109,6 +109,8 @@ class Injection:
 
     #: True when every completion is written by the source (the trainer skips generation)
     skips_generation = False
+    #: False for an injection that places nothing from a source (config validation reads it)
+    needs_source = True
 
     def __init__(self, *, source: Source | None = None, geometry: Any = None, seed: int = 0):
         self.source = source
@@ -154,3 +156,5 @@ class NoInjection(Injection):
 
     Formula: group(x) = {y_1..y_G ~ pi_old(.|x)}
     """
+
+    needs_source = False

@@ -109,7 +109,18 @@ def _numeric(row: dict) -> dict:
 
 
 def run_one_step(overrides: list[str], model_path: str, out_dir) -> dict:
-    """Build the trainer as ``run.train`` does, train ``trainer.max_steps`` steps, summarise."""
+    """Build the trainer as ``run.train`` does, train ``trainer.max_steps`` steps, summarise.
+    TRL's generation is patched for the call only (later tests sample as usual)."""
+    import trl
+
+    original = trl.GRPOTrainer._generate_single_turn
+    try:
+        return _run_one_step(overrides, model_path, out_dir)
+    finally:
+        trl.GRPOTrainer._generate_single_turn = original
+
+
+def _run_one_step(overrides: list[str], model_path: str, out_dir) -> dict:
     from transformers import TrainerCallback, set_seed
 
     from mixrl.config.compose import compose_config

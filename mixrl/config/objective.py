@@ -26,17 +26,19 @@ from mixrl.core.objective import Objective, TermSpec, parse_weight_ref
 from mixrl.errors import ConfigError
 
 #: how far schedules are checked when trainer.max_steps is huge
-_CHECK_LIMIT = 200_000
+CHECK_LIMIT = 200_000
 
 
-def _plain(node: Any) -> Any:
+def plain(node: Any) -> Any:
+    """A config node as plain Python (dicts, lists, scalars), interpolations resolved."""
     if isinstance(node, DictConfig) or OmegaConf.is_list(node):
         return OmegaConf.to_container(node, resolve=True)
     return node
 
 
-def _component(node: Any) -> tuple[str | None, dict]:
-    d = dict(_plain(node) or {})
+def component(node: Any) -> tuple[str | None, dict]:
+    """``(name, params)`` of a component section (``{name: ..., <params>}``) or ``(None, {})``."""
+    d = dict(plain(node) or {})
     return d.pop("name", None), d
 
 
@@ -50,18 +52,18 @@ def _g(x: Any) -> str:
 def build_objective(cfg: DictConfig) -> Objective:
     """The :class:`Objective` of ``cfg.algo``: its terms, then KL and entropy on rollout tokens."""
     a = cfg.algo
-    agg_name, agg_params = _component(a.aggregation)
-    coefs = dict(_plain(a.get("coefs")) or {})
+    agg_name, agg_params = component(a.aggregation)
+    coefs = dict(plain(a.get("coefs")) or {})
     terms: list[TermSpec] = []
-    for label, node in (_plain(a.get("terms")) or {}).items():
+    for label, node in (plain(a.get("terms")) or {}).items():
         d = dict(node)
         kind = d.pop("name")
         tokens = tuple(d.pop("tokens", None) or ("on_policy",))
         norm = d.pop("normalise_over", None)
         weight = d.pop("weight", 1.0)
-        t_agg, t_agg_params = _component(d.pop("aggregation", None)) if d.get("aggregation") else (agg_name, agg_params)
+        t_agg, t_agg_params = component(d.pop("aggregation", None)) if d.get("aggregation") else (agg_name, agg_params)
         if kind == "policy" and not d.get("loss"):
-            d["loss"] = _plain(a.loss)
+            d["loss"] = plain(a.loss)
         d = {k: v for k, v in d.items() if v is not None}
         terms.append(TermSpec(label, kind, tokens, tuple(norm) if norm else None, weight, t_agg, t_agg_params, d))
     kl_coef = float(a.kl.coef)
@@ -69,7 +71,7 @@ def build_objective(cfg: DictConfig) -> Objective:
         terms.append(TermSpec("kl", "kl", ("on_policy",), None, kl_coef, agg_name, agg_params,
                               {"estimator": str(a.kl.estimator)}))
     if _entropy_term_needed(cfg):
-        coefs["entropy_coef"] = _plain(a.entropy_coef)
+        coefs["entropy_coef"] = plain(a.entropy_coef)
         terms.append(TermSpec("entropy_bonus", "entropy", ("on_policy",), None, "-entropy_coef", "token-mean", {}, {}))
     return Objective(terms, coefs)
 
@@ -77,10 +79,10 @@ def build_objective(cfg: DictConfig) -> Objective:
 def _entropy_term_needed(cfg: DictConfig) -> bool:
     from mixrl.core.schedules import resolve_schedule
 
-    name, _ = _component(cfg.algo.get("controller"))
+    name, _ = component(cfg.algo.get("controller"))
     if name is not None and "entropy_coef" in _controller_class(name).knob_names:
         return True
-    fn = resolve_schedule(_plain(cfg.algo.entropy_coef))
+    fn = resolve_schedule(plain(cfg.algo.entropy_coef))
     return any(fn(s) != 0.0 for s in _steps(cfg))
 
 
@@ -91,13 +93,13 @@ def _controller_class(name: str):
 
 
 def _steps(cfg: DictConfig) -> range:
-    return range(0, min(int(cfg.trainer.max_steps), _CHECK_LIMIT) + 1)
+    return range(0, min(int(cfg.trainer.max_steps), CHECK_LIMIT) + 1)
 
 
 def build_source(cfg: DictConfig):
     from mixrl.sources import SOURCES
 
-    name, params = _component(cfg.offpolicy.source)
+    name, params = component(cfg.offpolicy.source)
     return SOURCES.get(name)(**params)
 
 
@@ -105,13 +107,13 @@ def build_injection(cfg: DictConfig, *, source=None, geometry=None):
     """The configured injection (``algo.inject``), holding its source."""
     from mixrl.sources import INJECTIONS
 
-    name, params = _component(cfg.algo.inject)
+    name, params = component(cfg.algo.inject)
     return INJECTIONS.get(name)(source=source, geometry=geometry, seed=int(cfg.seed), **params)
 
 
 def build_controller(cfg: DictConfig):
     """The configured controller instance (``algo.controller``), or None."""
-    name, params = _component(cfg.algo.get("controller"))
+    name, params = component(cfg.algo.get("controller"))
     return None if name is None else _controller_class(name)(**params)
 
 
@@ -132,8 +134,8 @@ def check_objective(cfg: DictConfig) -> list[str]:
         objective = build_objective(cfg)
     except (ValueError, TypeError, KeyError) as e:
         raise ConfigError(f"could not build the objective from algo: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
-    source_name, _ = _component(cfg.offpolicy.source)
-    inject_name, _ = _component(algo.inject)
+    source_name, _ = component(cfg.offpolicy.source)
+    inject_name, _ = component(algo.inject)
     injected = _injected_provenances(source_name) if _needs_source(inject_name) else set()
     available = injected | ({"on_policy"} if not _skips_generation(inject_name) else set())
     known = set(prov.provenance_names())
@@ -173,7 +175,7 @@ def check_objective(cfg: DictConfig) -> list[str]:
 
     # --- policy loss parameters and the controller
     _check_policy_loss(cfg)
-    ctrl_name, ctrl_params = _component(algo.get("controller"))
+    ctrl_name, ctrl_params = component(algo.get("controller"))
     if ctrl_name is not None:
         try:
             controller = _controller_class(ctrl_name)(**ctrl_params)
@@ -271,7 +273,7 @@ def _check_injection(cfg: DictConfig) -> None:
 
 
 def _check_policy_loss(cfg: DictConfig) -> None:
-    name, lp = _component(cfg.algo.loss)
+    name, lp = component(cfg.algo.loss)
     for key in ("clip_low", "clip_high"):
         if lp.get(key) is not None and lp[key] < 0:
             raise ConfigError(f"algo.loss.{key} must be >= 0 (an epsilon around r = 1), got {_g(lp[key])}")
@@ -304,7 +306,7 @@ def _check_controller(cfg: DictConfig, name: str, controller, objective: Objecti
     for knob in controller.knob_names:
         if knob.startswith("loss."):
             continue
-        spec = _plain(cfg.algo.get(knob)) if knob in cfg.algo else objective.coefs.get(knob, 0.0)
+        spec = plain(cfg.algo.get(knob)) if knob in cfg.algo else objective.coefs.get(knob, 0.0)
         fn = resolve_schedule(spec)
         if any(fn(s) != 0.0 for s in _steps(cfg)):
             raise ConfigError(
@@ -324,7 +326,7 @@ def _notes(cfg: DictConfig, objective: Objective) -> list[str]:
                 f"trainer.num_iterations=1: rollouts are scored by the policy that generated them, so r_t = 1 and the "
                 f"{RATIO_WHAT[loss]} never acts on them (it does from trainer.num_iterations=2)"
             )
-    name, params = _component(cfg.algo.aggregation)
+    name, params = component(cfg.algo.aggregation)
     if name == "seq-mean-token-sum-norm":
         if params.get("max_len") is None:
             notes.append(

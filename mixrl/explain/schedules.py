@@ -14,24 +14,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from mixrl.config.objective import CHECK_LIMIT as _CHECK_LIMIT  # how far schedules are evaluated
+from mixrl.config.objective import component  # noqa: F401  (re-exported for render)
+from mixrl.config.objective import plain as _plain
 from mixrl.errors import ConfigError
-
-#: how far a schedule is evaluated to decide whether it is constant over the run
-_CHECK_LIMIT = 200_000
-
-
-def _plain(node: Any) -> Any:
-    if isinstance(node, DictConfig) or OmegaConf.is_list(node):
-        return OmegaConf.to_container(node, resolve=True)
-    return node
-
-
-def component(node: Any) -> tuple[str | None, dict]:
-    """``(name, params)`` of a component section (``{name: ..., <params>}``) or ``(None, {})``."""
-    d = dict(_plain(node) or {})
-    return d.pop("name", None), d
 
 
 def objective(cfg: DictConfig):

@@ -5,23 +5,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from mixrl.config.objective import component as _component
+from mixrl.config.objective import plain as _plain
 from mixrl.config.rules import Geometry, geometry
 from mixrl.errors import ConfigError, DataError
 
 BUILTIN = "builtin:"
-
-
-def _plain(node) -> Any:
-    return OmegaConf.to_container(node, resolve=True) if node is not None and not isinstance(node, (int, float, str, bool)) else node
-
-
-def _component(node) -> tuple[str, dict]:
-    d = dict(_plain(node))
-    return d.pop("name"), d
 
 
 # --------------------------------------------------------------------------- model

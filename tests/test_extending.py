@@ -3,9 +3,11 @@ editing mixrl, compose, explain, validate and train."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,27 +17,34 @@ from mixrl.config.compose import compose_config
 from mixrl.errors import ConfigError
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "answer_source.py"
-OVERRIDES = ["algo=chord", "offpolicy.source.name=answers", "algo.terms.sft.name=focal_nll",
+OVERRIDES = ["plugins=[answer_source]", "algo=chord", "offpolicy.source.name=answers", "algo.terms.sft.name=focal_nll",
              "algo.terms.sft.tokens=[answer]", "algo.terms.sft.gamma=1.0"]
 
 
 @pytest.fixture(scope="module")
 def example():
-    from mixrl.core.terms import TERMS
-    from mixrl.sources import SOURCES
-
-    if "answers" in SOURCES:  # imported by an earlier test module in this session
-        return
-    spec = importlib.util.spec_from_file_location("answer_source", EXAMPLE)
-    spec.loader.exec_module(importlib.util.module_from_spec(spec))
-    assert "answers" in SOURCES and "focal_nll" in TERMS
+    """The example on sys.path, as a user's PYTHONPATH would put it; `plugins=[...]` imports it."""
+    sys.path.insert(0, str(EXAMPLE.parent))
+    yield
+    sys.path.remove(str(EXAMPLE.parent))
 
 
 def test_example_is_under_60_lines():
     assert len(EXAMPLE.read_text().splitlines()) < 60
 
 
+def test_plugins_are_imported_before_validation(example):
+    from mixrl.core.terms import TERMS
+    from mixrl.sources import SOURCES
+
+    compose_config(OVERRIDES)
+    assert "answers" in SOURCES and "focal_nll" in TERMS
+    with pytest.raises(ConfigError, match="plugins: could not import 'no_such_plugin'"):
+        compose_config(["plugins=[no_such_plugin]"])
+
+
 def test_focal_nll_by_hand(example):
+    compose_config(OVERRIDES)  # imports the plugin
     from mixrl.core.objective import Objective, TermSpec, compute_objective
     from mixrl.core.provenance import code
 
@@ -65,16 +74,20 @@ def test_a_ratio_term_on_answer_tokens_is_rejected(example):
 
 def test_answers_need_a_term_that_trains_them(example):
     with pytest.raises(ConfigError, match="'expert' tokens, but nothing puts them in the batch"):
-        compose_config(["algo=chord", "offpolicy.source.name=answers"])
+        compose_config(["plugins=[answer_source]", "algo=chord", "offpolicy.source.name=answers"])
     with pytest.raises(ConfigError, match="adds 'answer' tokens but no term trains on them"):
-        compose_config(["algo=chord", "offpolicy.source.name=answers", "algo.terms.sft.tokens=[on_policy]"])
+        compose_config(["plugins=[answer_source]", "algo=chord", "offpolicy.source.name=answers", "algo.terms.sft.tokens=[on_policy]"])
 
 
 @pytest.mark.slow
-def test_example_trains_two_steps(example, fast_overrides):
-    from mixrl.trainer.run import train
-
-    result = train(compose_config([*OVERRIDES, *fast_overrides, "trainer.eval_size=0", "algo.inject.rows=4"]))
-    rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+def test_example_trains_two_steps_through_the_cli(example, fast_overrides, tmp_path):
+    """As a user runs it: `PYTHONPATH=docs/examples mixrl train plugins=[answer_source] ...`."""
+    run_dir = tmp_path / "answers"
+    args = [*OVERRIDES, *[o for o in fast_overrides if not o.startswith("run_dir=")], f"run_dir={run_dir}",
+            "trainer.eval_size=0", "algo.inject.rows=4"]
+    env = {**os.environ, "PYTHONPATH": str(EXAMPLE.parent), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "mixrl.cli.main", "train", *args], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     assert len(rows) == 2
     assert all(r["answer/rows"] == 4 and math.isfinite(r["loss/sft"]) and r["loss/sft"] > 0 for r in rows)

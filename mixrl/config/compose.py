@@ -254,6 +254,8 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
         raise
     except Exception as e:  # a broken recipe or group file
         raise ConfigError(f"could not compose the config: {str(e).strip().splitlines()[0]}") from None
+    import_plugins(list(base.get("plugins") or []) + [p for ov in value_ovs if ov.key_or_group == "plugins"
+                                                      for p in (ov.value() or [])])
 
     last = {ov.key_or_group: i for i, ov in enumerate(value_ovs) if not ov.is_delete()}
     value_ovs = [ov for i, ov in enumerate(value_ovs) if ov.is_delete() or last[ov.key_or_group] == i]  # last wins
@@ -271,6 +273,21 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
             with open_dict(node):
                 del node[leaf]
     return validate(raw)
+
+
+def import_plugins(modules: list) -> None:
+    """Import the ``plugins`` modules (a user's own sources, injections, terms, losses...):
+    importing them registers their components before the config is checked."""
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(str(name))
+        except Exception as e:  # ImportError, or the plugin's own error
+            raise ConfigError(
+                f"plugins: could not import '{name}' ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                "put its folder on PYTHONPATH or fix the module"
+            ) from None
 
 
 def compose_stages(cfg: DictConfig, overrides: list[str]) -> list[tuple[str, DictConfig]]:

@@ -152,6 +152,7 @@ class RunConfig:
     seed: int = 0
     run_dir: Optional[str] = None  # default: runs/<date>/<time>-<algo>-s<seed>
     resume: Optional[str] = None  # a run directory: continue it from its last checkpoint
+    plugins: list = field(default_factory=list)  # modules imported before validation: they register components
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     data: DataConfig = field(default_factory=DataConfig)
     offpolicy: OffPolicyConfig = field(default_factory=OffPolicyConfig)

@@ -70,7 +70,7 @@ def resume_config(run_dir: str, overrides: list[str]) -> DictConfig:
     Raises ``ConfigError`` (one line) when the directory is not a run, or an override would
     change the objective, data or model of the run.
     """
-    from mixrl.config.compose import validate
+    from mixrl.config.compose import import_plugins, validate
 
     path = Path(run_dir)
     cfg_file = path / "config.yaml"
@@ -92,6 +92,7 @@ def resume_config(run_dir: str, overrides: list[str]) -> DictConfig:
         OmegaConf.update(saved, key.strip(), None if value in ("", "null") else value, merge=False)
     saved.resume = str(path)
     saved.run_dir = str(path)
+    import_plugins(list(saved.get("plugins") or []))  # the run's own components, before validation
     cfg = validate(saved)
     if cfg.algo.get("stages"):
         raise ConfigError(f"resume={run_dir}: staged algos ({cfg.algo.name}) cannot be resumed yet; start a new run")

@@ -112,10 +112,16 @@ def _train(fast_overrides, *extra):
     return ["train", *fast_overrides, "trainer.eval_size=0", "data.expert_column=null", *extra]
 
 
-def test_characters_the_tiny_tokenizer_cannot_encode(no_trainer, fast_overrides, tmp_path):
+def test_characters_a_character_model_cannot_encode(no_trainer, tiny_model_path, fast_overrides, tmp_path):
+    # a character-level model that is not a mixrl tiny model folder (no mixrl_tiny.json, e.g. a run's
+    # model/) cannot be extended: one line naming the characters and builtin:tiny (which extends itself)
+    import shutil
+
+    model = shutil.copytree(tiny_model_path, tmp_path / "charmodel", ignore=shutil.ignore_patterns("mixrl_tiny.json"))
     src = _data(tmp_path, [{"prompt": "sort: 3 1 2", "answer": "1 2 3"}] * 4)
-    line = one_line_error(_train(fast_overrides, f"data.source={src}"))
-    assert "5 character(s) the tokenizer cannot encode" in line and "':orst'" in line and "tiny model" in line
+    line = one_line_error(_train(fast_overrides, f"data.source={src}", f"model.path={model}"))
+    assert "5 character(s) the tokenizer cannot encode" in line and "':orst'" in line
+    assert "model.path=builtin:tiny" in line and "extends its vocabulary" in line
 
 
 def test_prompt_longer_than_the_model_context(no_trainer, fast_overrides, tmp_path):

@@ -124,6 +124,24 @@ def test_characters_a_character_model_cannot_encode(no_trainer, tiny_model_path,
     assert "model.path=builtin:tiny" in line and "extends its vocabulary" in line
 
 
+def test_prompt_answer_data_needs_no_expert_column_unless_the_algo_reads_expert_rows(no_trainer, fast_overrides, tmp_path):
+    src = _data(tmp_path, [{"prompt": "1+1=", "answer": "2"}] * 4)
+    # GRPO (the default algo, data=arith configures expert_column=solution): the data loads and the
+    # run gets as far as building the trainer
+    res = runner.invoke(app, ["train", *fast_overrides, "trainer.eval_size=0", f"data.source={src}"])
+    assert isinstance(res.exception, ModelLoaded), res.output[-2000:]
+    # LUFFY trains on expert completions: the missing column is one line
+    line = one_line_error(["train", *fast_overrides, "trainer.eval_size=0", f"data.source={src}", "algo=luffy"])
+    assert "column 'solution' not found" in line and "set data.expert_column" in line and "algo=grpo" in line
+
+
+def test_empty_data_file(no_trainer, fast_overrides, tmp_path):
+    src = tmp_path / "empty.jsonl"
+    src.write_text("")
+    line = one_line_error(_train(fast_overrides, f"data.source={src}"))
+    assert f"data file {src} is empty" in line
+
+
 def test_prompt_longer_than_the_model_context(no_trainer, fast_overrides, tmp_path):
     src = _data(tmp_path, [{"prompt": "1+1=", "answer": "2"}, {"prompt": "1+" * 30 + "1=", "answer": "31"}])
     line = one_line_error(_train(fast_overrides, f"data.source={src}"))

@@ -99,7 +99,7 @@ def _sort_task(path: Path, n: int = 40) -> str:
 def test_digit_sorting_task_trains_and_keeps_the_colon(base, tmp_path):
     src = _sort_task(tmp_path / "sort.jsonl")
     run_dir = tmp_path / "run"
-    res = CliRunner().invoke(app, ["train", *FAST, f"model.path={base}", f"run_dir={run_dir}", f"data.source={src}", "data.expert_column=null"])
+    res = CliRunner().invoke(app, ["train", *FAST, f"model.path={base}", f"run_dir={run_dir}", f"data.source={src}"])  # GRPO: no data.expert_column=null needed
     assert res.exit_code == 0, res.output[-3000:]
     assert "added the data's 5 new character(s) ':orst'" in res.stderr
     summary = json.loads((run_dir / "summary.json").read_text())

@@ -106,10 +106,12 @@ def load_train_rows(cfg: DictConfig):
             ds = ds.map(lambda r: {"expert": [r[d.expert_column]]})
         return ds
     from mixrl.data.loading import load_dataset_rows
+    from mixrl.sources import SOURCES
 
     return load_dataset_rows(
         d.source, split=d.split, subset=d.subset, prompt_column=d.prompt_column, answer_column=d.answer_column,
         expert_column=d.expert_column, system_prompt=d.system_prompt, limit=d.limit,
+        expert_required=SOURCES.get(cfg.offpolicy.source.name).reads_expert_column,  # e.g. GRPO: prompt/answer suffice
     )
 
 

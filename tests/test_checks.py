@@ -135,6 +135,20 @@ def test_prompt_answer_data_needs_no_expert_column_unless_the_algo_reads_expert_
     assert "column 'solution' not found" in line and "set data.expert_column" in line and "algo=grpo" in line
 
 
+@pytest.mark.parametrize("how", ["system_prompt", "messages"])
+def test_chat_prompts_with_a_model_without_chat_template(no_trainer, fast_overrides, tmp_path, how):
+    if how == "system_prompt":  # a system prompt turns every prompt into chat messages
+        src = _data(tmp_path, [{"prompt": "1+1=", "answer": "2"}] * 4)
+        extra = ["data.system_prompt=Add the numbers."]
+    else:  # the prompt column holds message lists
+        src = _data(tmp_path, [{"prompt": [{"role": "user", "content": "1+1="}], "answer": "2"}] * 4)
+        extra = []
+    line = one_line_error(_train(fast_overrides, f"data.source={src}", *extra))
+    assert "row 0: the prompts are chat messages" in line and "has no chat template" in line
+    assert ("data.system_prompt is set" if how == "system_prompt" else "column 'prompt' holds chat messages") in line
+    assert "data.system_prompt=null" in line
+
+
 def test_empty_data_file(no_trainer, fast_overrides, tmp_path):
     src = tmp_path / "empty.jsonl"
     src.write_text("")

@@ -7,7 +7,8 @@ Three moments, three functions:
 * :func:`check_environment` (called by ``mixrl train`` before a run starts): what this
   machine lacks for the config (CUDA, a logger's package, a writable ``run_dir``).
 * :func:`check_training_data` (called at data load, once the tokenizer is known, still
-  before the model loads): characters the tokenizer cannot encode, prompts longer than
+  before the model loads): chat prompts for a tokenizer without a chat template, characters
+  the tokenizer cannot encode, prompts longer than
   the model's context, and reward functions that raise or return something other than
   one finite number per completion on the first training rows.
 """
@@ -124,6 +125,19 @@ def row_texts(rows) -> list[str]:
     return [t for r in rows for c in cols for t in texts_of(r.get(c))]
 
 
+def check_chat_template(tokenizer, prompts, model_path: str, cfg: DictConfig) -> None:
+    """Chat-format prompts (message lists) need a tokenizer with a chat template; raises DataError."""
+    chat = next((i for i, p in enumerate(prompts) if isinstance(p, (list, tuple))), None)
+    if chat is None or getattr(tokenizer, "chat_template", None):
+        return
+    why = "data.system_prompt is set" if cfg.data.get("system_prompt") else f"column {cfg.data.prompt_column!r} holds chat messages"
+    raise DataError(
+        f"row {chat}: the prompts are chat messages ({why}) but the tokenizer of '{model_path}' has no chat template; "
+        "use plain-text prompts (data.system_prompt=null and a text prompt column) or a model with a chat template "
+        "(e.g. model=qwen2.5-7b-instruct)"
+    )
+
+
 def model_context(model_path: str, cfg: DictConfig) -> int | None:
     """The model's context length from its config (no weights are read), or None."""
     try:
@@ -144,6 +158,7 @@ def _prompt_tokens(tokenizer, prompt: Any) -> int:
 def check_training_data(cfg: DictConfig, tokenizer, train_ds, reward_funcs: list, model_path: str) -> None:
     """Characters, prompt lengths and reward outputs on the training rows; raises DataError
     (one line naming the row and the fix) before any model is loaded."""
+    check_chat_template(tokenizer, train_ds["prompt"], model_path, cfg)
     bad = unencodable_characters(tokenizer, row_texts(train_ds))
     if bad:
         shown = "".join(bad[:20]) + ("..." if len(bad) > 20 else "")

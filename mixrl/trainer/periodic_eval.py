@@ -221,6 +221,9 @@ def evaluate_saved_model(model_dir: str | Path, cfg, *, progress: Callable[[int]
         on_rows(len(rows))
     reward_funcs, _ = build.build_reward_funcs(cfg)
     tokenizer = build.load_tokenizer(str(path), cfg)
+    from mixrl.config.checks import check_chat_template
+
+    check_chat_template(tokenizer, [r["prompt"] for r in rows], str(path), cfg)
     dtype = None if cfg.model.dtype == "auto" else getattr(torch, str(cfg.model.dtype))
     t0 = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, trust_remote_code=bool(cfg.model.trust_remote_code))

@@ -112,10 +112,48 @@ def _train(fast_overrides, *extra):
     return ["train", *fast_overrides, "trainer.eval_size=0", "data.expert_column=null", *extra]
 
 
-def test_characters_the_tiny_tokenizer_cannot_encode(no_trainer, fast_overrides, tmp_path):
+def test_characters_a_character_model_cannot_encode(no_trainer, tiny_model_path, fast_overrides, tmp_path):
+    # a character-level model that is not a mixrl tiny model folder (no mixrl_tiny.json, e.g. a run's
+    # model/) cannot be extended: one line naming the characters and builtin:tiny (which extends itself)
+    import shutil
+
+    model = shutil.copytree(tiny_model_path, tmp_path / "charmodel", ignore=shutil.ignore_patterns("mixrl_tiny.json"))
     src = _data(tmp_path, [{"prompt": "sort: 3 1 2", "answer": "1 2 3"}] * 4)
+    line = one_line_error(_train(fast_overrides, f"data.source={src}", f"model.path={model}"))
+    assert "5 character(s) the tokenizer cannot encode" in line and "':orst'" in line
+    assert "model.path=builtin:tiny" in line and "extends its vocabulary" in line
+
+
+def test_prompt_answer_data_needs_no_expert_column_unless_the_algo_reads_expert_rows(no_trainer, fast_overrides, tmp_path):
+    src = _data(tmp_path, [{"prompt": "1+1=", "answer": "2"}] * 4)
+    # GRPO (the default algo, data=arith configures expert_column=solution): the data loads and the
+    # run gets as far as building the trainer
+    res = runner.invoke(app, ["train", *fast_overrides, "trainer.eval_size=0", f"data.source={src}"])
+    assert isinstance(res.exception, ModelLoaded), res.output[-2000:]
+    # LUFFY trains on expert completions: the missing column is one line
+    line = one_line_error(["train", *fast_overrides, "trainer.eval_size=0", f"data.source={src}", "algo=luffy"])
+    assert "column 'solution' not found" in line and "set data.expert_column" in line and "algo=grpo" in line
+
+
+@pytest.mark.parametrize("how", ["system_prompt", "messages"])
+def test_chat_prompts_with_a_model_without_chat_template(no_trainer, fast_overrides, tmp_path, how):
+    if how == "system_prompt":  # a system prompt turns every prompt into chat messages
+        src = _data(tmp_path, [{"prompt": "1+1=", "answer": "2"}] * 4)
+        extra = ["data.system_prompt=Add the numbers."]
+    else:  # the prompt column holds message lists
+        src = _data(tmp_path, [{"prompt": [{"role": "user", "content": "1+1="}], "answer": "2"}] * 4)
+        extra = []
+    line = one_line_error(_train(fast_overrides, f"data.source={src}", *extra))
+    assert "row 0: the prompts are chat messages" in line and "has no chat template" in line
+    assert ("data.system_prompt is set" if how == "system_prompt" else "column 'prompt' holds chat messages") in line
+    assert "data.system_prompt=null" in line
+
+
+def test_empty_data_file(no_trainer, fast_overrides, tmp_path):
+    src = tmp_path / "empty.jsonl"
+    src.write_text("")
     line = one_line_error(_train(fast_overrides, f"data.source={src}"))
-    assert "5 character(s) the tokenizer cannot encode" in line and "':orst'" in line and "tiny model" in line
+    assert f"data file {src} is empty" in line
 
 
 def test_prompt_longer_than_the_model_context(no_trainer, fast_overrides, tmp_path):

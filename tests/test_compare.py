@@ -178,7 +178,7 @@ def test_cli_eval_errors(tmp_path):
     line = _one_line_error(runner.invoke(app, ["eval", str(tmp_path / "nope")]))
     assert "does not exist" in line
     line = _one_line_error(runner.invoke(app, ["eval", str(tmp_path)]))
-    assert "config.json" in line
+    assert "config.json" in line and "adapter_config.json" in line
     line = _one_line_error(runner.invoke(app, ["eval", str(tmp_path), "trainer.eval_sise=3"]))
     assert "trainer.eval_size" in line  # overrides are checked first
 
@@ -204,6 +204,57 @@ def test_cli_eval_saved_model(tiny_model_path, tmp_path):
     direct = evaluate_accuracy(model, build.load_tokenizer(tiny_model_path, cfg), build.load_eval_rows(cfg),
                                build.build_reward_funcs(cfg)[0][0], max_new_tokens=24)
     assert direct == result["metrics"]
+
+
+@pytest.mark.slow
+def test_cli_eval_lora_run(fast_overrides, tiny_model_path, tmp_path):
+    """A LoRA run saves an adapter only: mixrl eval RUN_DIR merges it into the base model it was
+    trained on (adapter_config.json) and evaluates that, with the run's config."""
+    from transformers import AutoModelForCausalLM
+
+    from mixrl.config.compose import compose_config
+    from mixrl.trainer import build
+    from mixrl.trainer.evaluate import evaluate_accuracy
+    from mixrl.trainer.periodic_eval import adapter_base, load_saved_model
+
+    threads = [] if any(o.startswith("hardware.torch_threads=") for o in fast_overrides) else ["hardware.torch_threads=1"]
+    res = runner.invoke(app, ["train", *fast_overrides, *threads, "model.lora.enabled=true", "trainer.learning_rate=1e-2"])
+    assert res.exit_code == 0, res.output[-3000:]
+    run_dir = Path(fast_overrides[-1].split("=", 1)[1])
+    model_dir = run_dir / "model"
+    assert (model_dir / "adapter_config.json").is_file() and not (model_dir / "config.json").exists()
+    assert adapter_base(model_dir) == tiny_model_path
+    # 2 steps of a barely warm model earn no reward, so LoRA's B matrices are still zero: give them
+    # values, so that a merged model differs from its base
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(model_dir / "adapter_model.safetensors")
+    gen = torch.Generator().manual_seed(0)
+    lora_b = [k for k in weights if "lora_B" in k]
+    assert lora_b
+    for k in lora_b:
+        weights[k] = torch.randn(weights[k].shape, generator=gen) * 0.05
+    save_file(weights, model_dir / "adapter_model.safetensors")
+
+    out = tmp_path / "eval.json"
+    res = runner.invoke(app, ["eval", str(run_dir), "trainer.eval_size=6", "logger.progress=false", "--out", str(out)])
+    assert res.exit_code == 0, res.output[-3000:]
+    result = json.loads(out.read_text())
+    assert result["lora_base"] == tiny_model_path and result["metrics"]["n"] == 6
+
+    cfg = compose_config(["trainer.eval_size=6"])
+    merged = load_saved_model(model_dir, cfg)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    changed = [k for k, v in base.state_dict().items() if not torch.equal(v, merged.state_dict()[k])]
+    assert changed and all("proj" in k for k in changed)  # the adapter's trained deltas are merged in
+    direct = evaluate_accuracy(merged, build.load_tokenizer(str(model_dir), cfg), build.load_eval_rows(cfg),
+                               build.build_reward_funcs(cfg)[0][0], max_new_tokens=24)
+    assert direct == result["metrics"]
+
+    # the adapter's base model gone: one line naming it
+    (model_dir / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(tmp_path / "gone")}))
+    line = _one_line_error(runner.invoke(app, ["eval", str(run_dir), "trainer.eval_size=6"]))
+    assert "LoRA adapter" in line and "no longer there" in line
 
 
 # --------------------------------------------------------------------------- periodic evaluation

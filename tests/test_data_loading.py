@@ -262,6 +262,62 @@ def test_missing_answer_and_expert_columns_name_their_keys():
     assert "data.answer_column=reward_model.ground_truth" in one_line(e)
 
 
+@pytest.mark.parametrize("columns, kwargs, expected", [
+    # a usual name for the role, never a column that belongs to another role (was: prompt_column=expert)
+    (["question", "expert", "answer"], {}, "prompt_column=question"),
+    (["expert", "problem", "answer"], {}, "prompt_column=problem"),
+    (["input", "output"], {}, "prompt_column=input"),
+    (["input", "output"], {"prompt_column": "input"}, "answer_column=output"),
+    (["question", "solution"], {"prompt_column": "question"}, "answer_column=solution"),
+])
+def test_missing_column_suggests_a_plausible_column(tmp_path, columns, kwargs, expected):
+    src = write_jsonl(tmp_path / "d.jsonl", [{c: "1" for c in columns}])
+    with pytest.raises(DataError) as e:
+        load_dataset_rows(src, **kwargs)
+    assert one_line(e).endswith(f"set data.{expected}")
+
+
+def test_missing_column_never_suggests_a_column_another_role_uses(tmp_path):
+    src = write_jsonl(tmp_path / "d.jsonl", [{"question": "q", "target": "t"}])
+    with pytest.raises(DataError) as e:  # 'question' is the prompt: the answer is 'target', not 'question'
+        load_dataset_rows(src, prompt_column="question", answer_column="solution")
+    assert one_line(e).endswith("set data.answer_column=target")
+
+
+def test_absent_expert_column_is_skipped_unless_required(tmp_path):
+    src = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "1+1=", "answer": "2"}])
+    ds = load_dataset_rows(src, expert_column="solution", expert_required=False)
+    assert ds.column_names == ["prompt", "answer"]
+    with pytest.raises(DataError) as e:
+        load_dataset_rows(src, expert_column="solution")
+    msg = one_line(e)
+    assert "column 'solution' not found" in msg and "trains on expert completions" in msg and "data.expert_column" in msg
+    # present: still mapped when not required
+    both = write_jsonl(tmp_path / "e.jsonl", [{"prompt": "1+1=", "answer": "2", "solution": "1+1=2 #### 2"}])
+    assert load_dataset_rows(both, expert_column="solution", expert_required=False)["expert"] == [["1+1=2 #### 2"]]
+
+
+@pytest.mark.parametrize("name, text, says", [
+    ("empty.jsonl", "", "data file {path} is empty"),
+    ("blank.jsonl", "\n  \n", "data file {path} is empty"),
+    ("header.csv", "prompt,answer\n", "{path} has no rows"),
+    ("list.json", "[]", "{path} has no rows"),
+])
+def test_empty_file_says_it_is_empty(tmp_path, name, text, says):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(DataError) as e:
+        load_dataset_rows(str(path))
+    msg = one_line(e)
+    assert msg.startswith(says.format(path=path)) and "data.source" in msg
+
+
+def test_empty_file_in_a_folder_is_skipped(tmp_path):
+    write_jsonl(tmp_path / "a.jsonl", [{"prompt": "1+1=", "answer": "2"}])
+    (tmp_path / "b.jsonl").write_text("")
+    assert load_dataset_rows(str(tmp_path))["prompt"] == ["1+1="]
+
+
 def test_config_prefix_in_messages():
     with pytest.raises(DataError) as e:
         load_dataset_rows(GSM8K, prompt_column="problem", config_prefix="eval")

@@ -61,7 +61,7 @@ def compare(
 # --------------------------------------------------------------------------- eval
 @user_errors
 def eval_model(
-    model_dir: Path = typer.Argument(..., help="A saved model folder (a run's model/) or a run directory.", show_default=False),
+    model_dir: Path = typer.Argument(..., help="A saved model folder (a run's model/, full or a LoRA adapter) or a run directory.", show_default=False),
     overrides: Optional[List[str]] = typer.Argument(
         None, help="Hydra overrides selecting the held-out split and evaluation, e.g. data=gsm8k trainer.eval_size=500 trainer.eval_pass_k=4"
     ),

@@ -7,7 +7,8 @@ Three moments, three functions:
 * :func:`check_environment` (called by ``mixrl train`` before a run starts): what this
   machine lacks for the config (CUDA, a logger's package, a writable ``run_dir``).
 * :func:`check_training_data` (called at data load, once the tokenizer is known, still
-  before the model loads): characters the tokenizer cannot encode, prompts longer than
+  before the model loads): chat prompts for a tokenizer without a chat template, characters
+  the tokenizer cannot encode, prompts longer than
   the model's context, and reward functions that raise or return something other than
   one finite number per completion on the first training rows.
 """
@@ -89,15 +90,16 @@ def check_environment(cfg: DictConfig) -> None:
 
 
 # --------------------------------------------------------------------------- data, tokenizer, rewards
-def _texts(value: Any) -> list[str]:
+def texts_of(value: Any) -> list[str]:
+    """The strings of a cell: a string, chat messages' contents, or a list of either."""
     if value is None:
         return []
     if isinstance(value, str):
         return [value]
     if isinstance(value, dict):
-        return _texts(value.get("content"))
+        return texts_of(value.get("content"))
     if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _texts(v)]
+        return [t for v in value for t in texts_of(v)]
     return [str(value)]
 
 
@@ -115,6 +117,27 @@ def unencodable_characters(tokenizer, texts) -> list[str]:
     return bad
 
 
+def row_texts(rows) -> list[str]:
+    """Every string of the prompt, answer and expert columns of ``rows`` (a Dataset or a list of dicts)."""
+    cols = ("prompt", "answer", "expert")
+    if hasattr(rows, "column_names"):
+        return [t for c in cols if c in rows.column_names for v in rows[c] for t in texts_of(v)]
+    return [t for r in rows for c in cols for t in texts_of(r.get(c))]
+
+
+def check_chat_template(tokenizer, prompts, model_path: str, cfg: DictConfig) -> None:
+    """Chat-format prompts (message lists) need a tokenizer with a chat template; raises DataError."""
+    chat = next((i for i, p in enumerate(prompts) if isinstance(p, (list, tuple))), None)
+    if chat is None or getattr(tokenizer, "chat_template", None):
+        return
+    why = "data.system_prompt is set" if cfg.data.get("system_prompt") else f"column {cfg.data.prompt_column!r} holds chat messages"
+    raise DataError(
+        f"row {chat}: the prompts are chat messages ({why}) but the tokenizer of '{model_path}' has no chat template; "
+        "use plain-text prompts (data.system_prompt=null and a text prompt column) or a model with a chat template "
+        "(e.g. model=qwen2.5-7b-instruct)"
+    )
+
+
 def model_context(model_path: str, cfg: DictConfig) -> int | None:
     """The model's context length from its config (no weights are read), or None."""
     try:
@@ -129,21 +152,20 @@ def model_context(model_path: str, cfg: DictConfig) -> int | None:
 def _prompt_tokens(tokenizer, prompt: Any) -> int:
     if isinstance(prompt, str):
         return len(tokenizer(prompt).input_ids)
-    return sum(len(tokenizer(t, add_special_tokens=False).input_ids) for t in _texts(prompt)) + 1
+    return sum(len(tokenizer(t, add_special_tokens=False).input_ids) for t in texts_of(prompt)) + 1
 
 
 def check_training_data(cfg: DictConfig, tokenizer, train_ds, reward_funcs: list, model_path: str) -> None:
     """Characters, prompt lengths and reward outputs on the training rows; raises DataError
     (one line naming the row and the fix) before any model is loaded."""
-    cols = [c for c in ("prompt", "answer", "expert") if c in train_ds.column_names]
-    texts = [t for c in cols for v in train_ds[c] for t in _texts(v)]
-    bad = unencodable_characters(tokenizer, texts)
+    check_chat_template(tokenizer, train_ds["prompt"], model_path, cfg)
+    bad = unencodable_characters(tokenizer, row_texts(train_ds))
     if bad:
         shown = "".join(bad[:20]) + ("..." if len(bad) > 20 else "")
         fix = "clean the data or use a model whose tokenizer covers them"
-        if len(tokenizer) < 256:  # a character vocabulary: the built-in tiny model
-            fix = ("the built-in tiny model's character vocabulary is fixed to the arithmetic task (digits, '+', '=', "
-                   "'#', space): keep to those characters or use a real model (model=...)")
+        if len(tokenizer) < 256:  # a character vocabulary: a tiny model without its mixrl_tiny.json
+            fix = ("this character-level model cannot learn new characters; start from model.path=builtin:tiny "
+                   "(it extends its vocabulary to the data's characters) or use a real model (model=...)")
         raise DataError(f"the training data has {len(bad)} character(s) the tokenizer cannot encode (they would be dropped silently): {shown!r}; {fix}")
 
     context = model_context(model_path, cfg)

@@ -36,7 +36,7 @@ class TrainerConfig:
     max_completion_length: int = 32
     mask_truncated_completions: bool = False
     logging_steps: int = 1
-    save_steps: int = 0  # 0: save only the final model
+    save_steps: int = 20  # checkpoint every N steps for resume=RUN_DIR; 0: no periodic checkpoint (Ctrl-C and a divergence stop still save one)
     save_total_limit: int = 1  # checkpoints kept (the newest); resume=RUN_DIR needs one
     eval_every: int = 0  # 0: evaluate held-out accuracy only before and after training
     eval_size: int = 256  # held-out problems used for accuracy

@@ -14,6 +14,7 @@ A column may name a field inside a struct column with a dot: ``reward_model.grou
 
 from __future__ import annotations
 
+import difflib
 import glob
 import json
 import logging
@@ -24,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mixrl.errors import ConfigError, DataError, did_you_mean
+from mixrl.errors import ConfigError, DataError
 
 __all__ = [
     "SUPPORTED_EXTENSIONS",
@@ -48,11 +49,12 @@ _SPLIT_ALIASES = {
     "eval": ("eval", "evaluation"),
 }
 
-# likely column names, to suggest the right config value
+# likely column names per role, most likely first, to suggest the right config value
 _GUESSES = {
-    "prompt_column": ("prompt", "question", "problem", "instruction", "query", "input", "messages"),
-    "answer_column": ("answer", "final_answer", "ground_truth", "reward_model.ground_truth", "solution", "target", "label"),
-    "expert_column": ("expert", "messages", "generations", "target", "solution", "completion", "response", "output"),
+    "prompt_column": ("prompt", "question", "problem", "input", "instruction", "query", "text", "messages"),
+    "answer_column": ("answer", "final_answer", "ground_truth", "reward_model.ground_truth", "solution", "output",
+                      "target", "label"),
+    "expert_column": ("expert", "solution", "messages", "generations", "target", "completion", "response", "output"),
 }
 
 
@@ -70,6 +72,7 @@ def load_dataset_rows(
     limit: int | None = None,
     subset: str | None = None,
     config_prefix: str = "data",
+    expert_required: bool = True,
 ) -> Any:
     """Load ``source`` and map it onto the standard columns (see the module docstring).
 
@@ -78,6 +81,8 @@ def load_dataset_rows(
     ``Dataset.save_to_disk``, or a Hugging Face dataset id (with ``subset`` as its config name). ``split`` is
     ignored for a single file, except for a slice (``train[:100]``). ``answer_column=None`` loads no answer.
     ``limit`` keeps the first ``limit`` rows. ``config_prefix`` names the config section in error messages.
+    ``expert_required=False``: an ``expert_column`` absent from the data is skipped (no ``expert`` column)
+    instead of an error, for runs that read no expert rows.
 
     Raises ``DataError`` (missing file, column or split, unreadable file, dataset not cached offline) and
     ``ConfigError`` (bad ``limit``), each with a one-line message naming the fix.
@@ -97,6 +102,7 @@ def load_dataset_rows(
         expert_column=expert_column,
         system_prompt=system_prompt,
         config_prefix=config_prefix,
+        expert_required=expert_required,
     )
 
 
@@ -109,14 +115,23 @@ def standardize_rows(
     expert_column: str | None = None,
     system_prompt: str | None = None,
     config_prefix: str = "data",
+    expert_required: bool = True,
 ) -> Any:
     """Map an already loaded ``datasets.Dataset`` onto the standard columns (the second half of
     ``load_dataset_rows``; useful for datasets built in memory)."""
     import datasets
 
-    get_prompt = _column_getter(ds, prompt_column, "prompt_column", where, config_prefix)
-    get_answer = _column_getter(ds, answer_column, "answer_column", where, config_prefix) if answer_column else None
-    get_expert = _column_getter(ds, expert_column, "expert_column", where, config_prefix) if expert_column else None
+    if isinstance(expert_column, str) and expert_column and not expert_required and not _has_column(ds, expert_column):
+        expert_column = None  # configured (e.g. by the data group) but absent, and no expert rows are read
+    roles = {"prompt_column": prompt_column, "answer_column": answer_column, "expert_column": expert_column}
+
+    def getter(column: str, key: str):
+        taken = {c for k, c in roles.items() if k != key and c}
+        return _column_getter(ds, column, key, where, config_prefix, taken=taken)
+
+    get_prompt = getter(prompt_column, "prompt_column")
+    get_answer = getter(answer_column, "answer_column") if answer_column else None
+    get_expert = getter(expert_column, "expert_column") if expert_column else None
     if system_prompt is not None and not isinstance(system_prompt, str):
         raise ConfigError(f"{config_prefix}.system_prompt must be a string, got {type(system_prompt).__name__}; fix it")
 
@@ -311,13 +326,20 @@ def expert_completions(value: Any) -> list[str]:
 # ----------------------------------------------------------------------------- columns
 
 
-def _column_getter(ds: Any, column: str, key: str, where: str, prefix: str) -> Callable[[dict], Any]:
+def _has_column(ds: Any, column: str) -> bool:
+    if column in ds.column_names:
+        return True
+    head, _, rest = column.partition(".")
+    return bool(rest) and head in ds.column_names and _has_field(ds.features[head], rest.split("."))
+
+
+def _column_getter(ds: Any, column: str, key: str, where: str, prefix: str, taken: set[str] = frozenset()) -> Callable[[dict], Any]:
     if not isinstance(column, str) or not column:
         raise ConfigError(f"{prefix}.{key} must be a column name, got {column!r}; fix {prefix}.{key}")
     if column in ds.column_names:
         return lambda ex: ex[column]
     head, _, rest = column.partition(".")
-    if rest and head in ds.column_names and _has_field(ds.features[head], rest.split(".")):
+    if _has_column(ds, column):
         path = rest.split(".")
 
         def get(ex: dict) -> Any:
@@ -327,7 +349,7 @@ def _column_getter(ds: Any, column: str, key: str, where: str, prefix: str) -> C
             return value
 
         return get
-    raise DataError(_missing_column_message(ds, column, key, where, prefix))
+    raise DataError(_missing_column_message(ds, column, key, where, prefix, taken))
 
 
 def _has_field(feature: Any, path: list[str]) -> bool:
@@ -347,13 +369,27 @@ def _all_column_names(ds: Any) -> list[str]:
     return names
 
 
-def _missing_column_message(ds: Any, column: str, key: str, where: str, prefix: str) -> str:
-    names = _all_column_names(ds)
-    guess = next((g for g in _GUESSES.get(key, ()) if g in names), None)
-    close = did_you_mean(column, names, n=1)
-    if close:
-        guess = close[len(" (did you mean: ") : -2]
-    fix = f"set {prefix}.{key}={guess}" if guess else f"set {prefix}.{key} to one of them"
+def _suggest_column(names: list[str], column: str, key: str, taken: set[str]) -> str | None:
+    """The column most likely meant for ``key``: a near spelling of ``column`` (a typo), else a
+    usual name for the role (question, problem, input for prompts; answer, solution, output for
+    answers); never a column another role uses, nor a name usual only for another role."""
+    own = set(_GUESSES.get(key, ()))
+    others = {g for k, gs in _GUESSES.items() if k != key for g in gs} - own
+    free = [n for n in names if n not in taken and n not in others]
+    typo = [n for n in free if column in n or difflib.SequenceMatcher(None, column, n).ratio() >= 0.8]
+    if typo:
+        return max(typo, key=lambda n: difflib.SequenceMatcher(None, column, n).ratio())
+    return next((g for g in _GUESSES.get(key, ()) if g in free), None)
+
+
+def _missing_column_message(ds: Any, column: str, key: str, where: str, prefix: str, taken: set[str] = frozenset()) -> str:
+    guess = _suggest_column(_all_column_names(ds), column, key, set(taken))
+    if guess:
+        fix = f"set {prefix}.{key}={guess}"
+    elif key == "expert_column":  # only read when the algorithm trains on expert completions
+        fix = f"the algorithm trains on expert completions: set {prefix}.expert_column to the column holding them, or train on-policy (algo=grpo)"
+    else:
+        fix = f"set {prefix}.{key} to one of them"
     return f"column {column!r} not found in {where}; columns present: {', '.join(ds.column_names)}; {fix}"
 
 
@@ -450,9 +486,21 @@ def _read_files(files: list[Path], src: str, split: str, config_prefix: str, *, 
 
     builder = _builder_for(files, src, config_prefix)
     _, piece = _split_name(split)
+    blank = [f for f in files if _is_blank(f)]
+    if len(blank) == len(files):
+        what = f"data file {files[0]} is empty" if len(files) == 1 else f"the {len(files)} data files of {src} are empty"
+        raise DataError(f"{what}; put the training rows in it or point {config_prefix}.source at a file with rows")
+    if blank:
+        logger.warning("skipping %d empty file(s) of %s: %s", len(blank), src, ", ".join(map(str, blank)))
+        files = [f for f in files if f not in blank]
     try:
         ds = datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train" + (piece if slice_only else ""))
     except Exception as e:  # noqa: BLE001 - every parser error becomes one DataError line
+        if "corresponds to no data" in _first_line(e):  # a csv header alone, a json "[]"
+            raise DataError(
+                f"{src} has no rows (only a header or an empty list); put the training rows in it or point "
+                f"{config_prefix}.source at a file with rows"
+            ) from None
         raise DataError(
             f"could not read {src} as {builder}: {_first_line(e)}; check that the file is valid {builder}"
         ) from e
@@ -466,6 +514,12 @@ def _read_files(files: list[Path], src: str, split: str, config_prefix: str, *, 
             except Exception as e:  # noqa: BLE001
                 raise DataError(f"could not read the {field!r} list of {src}: {_first_line(e)}; check the file") from e
     return ds
+
+
+def _is_blank(path: Path) -> bool:
+    """An empty file, or one of whitespace only (files over 64 KiB are not read here)."""
+    size = path.stat().st_size
+    return size == 0 or (size < 65536 and not path.read_bytes().strip())
 
 
 def _load_dir(path: Path, src: str, split: str, config_prefix: str) -> Any:

@@ -5,7 +5,8 @@ on a laptop CPU in a few minutes:
 
 * :func:`build_tokenizer` - a character-level tokenizer over the task alphabet plus
   ``<pad>``, ``<s>`` (bos, prepended when encoding), ``</s>`` (eos, ends completions)
-  and ``<unk>``; pads on the left.
+  and ``<unk>``; pads on the left. :mod:`mixrl.models.tiny_vocab` extends a saved tiny
+  model to the characters of other data.
 * :func:`build_model` - a small ``Qwen2ForCausalLM`` (~0.66M parameters by default).
 * :func:`warm_start` - a short deterministic supervised run (~300 steps) on the easy
   levels; the result is saved in Hugging Face format under ``<cache>/tiny/<key>/``
@@ -101,26 +102,33 @@ def build_tokenizer(alphabet: str = arith.ALPHABET):
 
     Encoding prepends ``<s>`` (with ``add_special_tokens=True``, the default, which is
     what TRL uses for prompts); decoding concatenates characters; pads on the left.
-    Characters outside the alphabet are dropped when encoding.
+    Characters outside the vocabulary are dropped when encoding (``mixrl train`` extends the
+    vocabulary to the training data first: :mod:`mixrl.models.tiny_vocab`).
 
     It is a ``Qwen2Tokenizer`` (a ``PreTrainedTokenizerFast`` backed by ``tokenizers``)
     with a byte-level vocabulary of single characters and no merges, on purpose:
     transformers 5 makes ``AutoTokenizer`` load *any* checkpoint whose config has
     ``model_type == "qwen2"`` as a ``Qwen2Tokenizer``, rebuilding its pre-tokenizer and
     decoder and ignoring the saved pipeline, so a custom character pipeline would come
-    back changed (spaces silently dropped). With this layout the reload is exact.
+    back changed (spaces silently dropped). With this layout the reload is exact. A
+    character of several UTF-8 bytes (``é``) gets one id per byte (and decodes back whole).
     """
+    return tokenizer_from_vocab({tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *byte_symbols(alphabet)])})
+
+
+def byte_symbols(chars: str) -> list[str]:
+    """The vocabulary entries that spell ``chars``: one per distinct UTF-8 byte, in order of first use
+    (the byte-level pre-tokenizer writes byte ``b`` as ``bytes_to_unicode()[b]``, e.g. " " as "\u0120")."""
     from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    byte_char = bytes_to_unicode()
+    return list(dict.fromkeys(byte_char[b] for ch in chars for b in ch.encode()))
+
+
+def tokenizer_from_vocab(vocab: dict[str, int]):
+    """The tiny model's ``Qwen2Tokenizer`` over ``vocab`` (special tokens first, then byte symbols)."""
     from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
 
-    byte_char = bytes_to_unicode()  # the byte-level pre-tokenizer spells " " as "\u0120" etc.
-    chars = []
-    for ch in dict.fromkeys(alphabet):
-        raw = ch.encode()
-        if len(raw) != 1:
-            raise ValueError(f"alphabet must be single-byte characters, got {ch!r}")
-        chars.append(byte_char[raw[0]])
-    vocab = {tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *chars])}
     return Qwen2Tokenizer(
         vocab=vocab,
         merges=[],

@@ -88,9 +88,12 @@ class Source:
     """Base of registered sources: off-policy material for injections to place.
 
     ``provenances``: what its material is (config validation checks that a term trains on it).
+    ``reads_expert_column``: whether it reads the training data's ``expert`` column (mapped from
+    ``data.expert_column``); when no configured source does, that column may be absent from the data.
     """
 
     provenances: tuple[str, ...] = ()
+    reads_expert_column: bool = False
 
     def prepare(self, train_ds, data_cfg) -> Any:
         """Called once before training with the training dataset; returns the dataset to

@@ -24,6 +24,7 @@ class ExpertSource(Source):
     """
 
     provenances = ("expert",)
+    reads_expert_column = True
 
     def __init__(self, *, dataset: str | None = None, column: str | None = None, missing: str = "on_policy"):
         if missing not in ("on_policy", "skip", "error"):

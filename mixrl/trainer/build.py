@@ -48,6 +48,28 @@ def load_tokenizer(model_path: str, cfg: DictConfig):
     return tok
 
 
+def tiny_missing_characters(cfg: DictConfig, model_path: str, tokenizer, texts: list[str]) -> list[str]:
+    """Characters of ``texts`` the tiny model (``model.path=builtin:tiny`` or a folder with
+    ``mixrl_tiny.json``) lacks and will be extended with; ``[]`` for any other model."""
+    from mixrl.models import tiny_vocab
+
+    if cfg.model.path != "builtin:tiny" and not tiny_vocab.is_tiny(model_path):
+        return []
+    return tiny_vocab.missing_characters(tokenizer, texts)
+
+
+def extend_tiny(cfg: DictConfig, model_path: str, chars: list[str], say=print) -> tuple[str, Any]:
+    """``(model_path, tokenizer)`` of the tiny model extended with ``chars`` (built once, cached;
+    see :mod:`mixrl.models.tiny_vocab`)."""
+    from mixrl.models import tiny_vocab
+
+    path = str(tiny_vocab.extend(model_path, chars))
+    shown = "".join(chars[:20]) + ("..." if len(chars) > 20 else "")
+    say(f"tiny model: added the data's {len(chars)} new character(s) {shown!r} to its vocabulary "
+        f"(new embedding rows start near the mean of the trained ones): {path}")
+    return path, load_tokenizer(path, cfg)
+
+
 # --------------------------------------------------------------------------- data
 def _builtin_rows(cfg: DictConfig, split: str, n: int, seed: int) -> list[dict]:
     name = cfg.data.source[len(BUILTIN):]
@@ -76,10 +98,12 @@ def load_train_rows(cfg: DictConfig):
             ds = ds.map(lambda r: {"expert": [r[d.expert_column]]})
         return ds
     from mixrl.data.loading import load_dataset_rows
+    from mixrl.sources import SOURCES
 
     return load_dataset_rows(
         d.source, split=d.split, subset=d.subset, prompt_column=d.prompt_column, answer_column=d.answer_column,
         expert_column=d.expert_column, system_prompt=d.system_prompt, limit=d.limit,
+        expert_required=SOURCES.get(cfg.offpolicy.source.name).reads_expert_column,  # e.g. GRPO: prompt/answer suffice
     )
 
 

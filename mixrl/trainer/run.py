@@ -246,9 +246,18 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
     train_ds, eval_rows, heldout = heldout_rows(cfg)
     console.print(describe_heldout(heldout), soft_wrap=True, highlight=False)
     reward_funcs, reward_weights = build.build_reward_funcs(cfg)
-    from mixrl.config.checks import check_training_data
+    from mixrl.config.checks import check_training_data, row_texts
 
+    new_chars = build.tiny_missing_characters(cfg, model_path, tokenizer, row_texts(train_ds) + row_texts(eval_rows))
+    if new_chars:  # the tiny model learns the data's characters: check with its extended tokenizer
+        from mixrl.models.tiny_vocab import extend_tokenizer
+
+        tokenizer = extend_tokenizer(tokenizer, new_chars)
     check_training_data(cfg, tokenizer, train_ds, reward_funcs, model_path)  # before the model loads
+    if new_chars:
+        model_path, tokenizer = build.extend_tiny(
+            cfg, model_path, new_chars, say=lambda text: console.print(text, soft_wrap=True, highlight=False)
+        )
     metrics_cb = MetricsJsonlCallback(run_dir / "metrics.jsonl")
     collapse = CollapseWatch(warn=lambda text: console.print(f"[yellow]{text}[/]", highlight=False, soft_wrap=True))
 

@@ -338,9 +338,9 @@ def summarize(groups: dict[str, list[Run]], metric: str = "accuracy", target: fl
 def available_metrics(runs: Sequence[Run]) -> list[str]:
     keys: set[str] = set()
     for r in runs:
-        keys.update(k for k, v in (r.summary.get("eval_after") or {}).items() if k != "n" and _num(v) is not None)
+        keys.update(k for k, v in (r.summary.get("eval_after") or {}).items() if k not in ("n", "samples") and _num(v) is not None)
         for e in r.evals:
-            keys.update(k for k, v in e.items() if k not in ("step", "rollouts", "n", "seconds", "stage") and _num(v) is not None)
+            keys.update(k for k, v in e.items() if k not in ("step", "rollouts", "n", "samples", "seconds", "stage") and _num(v) is not None)
     return sorted(keys)
 
 

@@ -46,7 +46,7 @@ def _summary_table(summary: dict) -> Table:
     table.add_column("after", justify="right")
     before, after = summary.get("eval_before", {}), summary.get("eval_after", {})
     for key in after:
-        if key == "n":
+        if key in ("n", "samples"):
             continue
         b, a = before.get(key), after.get(key)
         table.add_row(key, f"{b:.3f}" if b is not None else "-", f"[bold]{a:.3f}[/]" if a is not None else "-")

@@ -134,7 +134,7 @@ def _eval(trainer, tokenizer, rows, reward_fn, cfg, console: Console, label: str
         return evaluate_accuracy(
             trainer.model, tokenizer, rows, reward_fn, max_new_tokens=int(cfg.trainer.max_completion_length),
             batch_size=int(cfg.trainer.eval_batch_size), pass_k=int(cfg.trainer.eval_pass_k),
-            temperature=float(cfg.trainer.temperature), progress=lambda n: prog.advance(task, n),
+            samples=int(cfg.trainer.eval_samples), ks=[int(k) for k in cfg.trainer.eval_pass_at], temperature=float(cfg.trainer.temperature), progress=lambda n: prog.advance(task, n),
         )
 
 
@@ -322,6 +322,7 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
         "resumed_from_step": start_step if resume_from is not None else None,
         "geometry": geom.describe(),
         "rollouts": trainer.mixrl_rollouts,  # on-policy rollouts trained on (expert rows excluded)
+        "generated_tokens": trainer.mixrl_generated_tokens,  # their completion tokens
         "accuracy_before": before.get("accuracy"),
         "accuracy_after": after.get("accuracy"),
         "eval_before": before,
@@ -373,6 +374,7 @@ def train_stages(cfg: DictConfig, stages: list[tuple[str, DictConfig]], console:
         "algo": cfg.algo.name,
         "steps": sum(r.summary["steps"] for r in results),
         "rollouts": sum(r.summary["rollouts"] for r in results),
+        "generated_tokens": sum(r.summary.get("generated_tokens") or 0 for r in results),
         "accuracy_before": first["accuracy_before"],
         "eval_before": first["eval_before"],
         "setup_seconds": round(sum(r.summary["setup_seconds"] for r in results), 2),

@@ -227,7 +227,7 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
     from mixrl.trainer.callbacks import MetricsJsonlCallback, RichProgressCallback, RunStateCallback
     from mixrl.trainer.guards import CollapseWatch, DivergenceGuard
 
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     geom = geometry(cfg)
     _set_threads(cfg)
     set_seed(int(cfg.seed))
@@ -333,6 +333,7 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
         "setup_seconds": round(setup_s, 2),
         "train_seconds": round(train_s, 2),
         "wall_seconds": round(time.perf_counter() - t0, 2),
+        "cpu_seconds": round(time.process_time() - cpu0, 2),  # CPU time of this process (all its threads)
         "model_dir": str(model_dir),
         "machine": f"{platform.machine()} {os.cpu_count()} cpu",
     }
@@ -380,6 +381,7 @@ def train_stages(cfg: DictConfig, stages: list[tuple[str, DictConfig]], console:
         "setup_seconds": round(sum(r.summary["setup_seconds"] for r in results), 2),
         "train_seconds": round(sum(r.summary["train_seconds"] for r in results), 2),
         "wall_seconds": round(time.perf_counter() - t0, 2),
+        "cpu_seconds": round(sum(r.summary.get("cpu_seconds") or 0 for r in results), 2),
         "stages": [{"name": n, "run_dir": str(r.run_dir), "steps": r.summary["steps"], "accuracy_after": r.summary["accuracy_after"]} for (n, _), r in zip(stages, results)],
     }
     (outer / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -300,6 +300,7 @@ class MethodRow:
 
 #: config keys (prefixes) that may differ between the seeds of one method
 SEED_ONLY = ("seed", "run_dir", "resume", "logger", "recipe_info", "hardware.torch_threads", "trainer.eval_every",
+             "trainer.eval_before_cache",
              "trainer.eval_batch_size", "trainer.save_steps", "trainer.save_total_limit")
 
 

@@ -41,12 +41,17 @@ def run_name(recipe: str, seed: int) -> str:
     return recipe.replace("/", "-") + f"-s{seed}"
 
 
+#: where a grid's runs share the evaluation of their starting model (mixrl.trainer.eval_cache)
+EVAL_CACHE = "eval_before_cache"
+
+
 def job_overrides(recipe: str, seed: int, runs_dir: Path, extra: Sequence[str]) -> list[str]:
     return [
         f"recipe={recipe}",
         f"seed={seed}",
         f"run_dir={runs_dir / run_name(recipe, seed)}",
         "trainer.eval_every=10",
+        f"trainer.eval_before_cache={runs_dir / EVAL_CACHE}",
         "logger.progress=false",
         *extra,
     ]

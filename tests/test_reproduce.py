@@ -118,3 +118,7 @@ def test_reproduce_suite_runs_compares_and_judges(tmp_path, fast_overrides):
     assert meta["run_cpu_seconds"] > 0
     summary = json.loads((out / "runs" / "grpo-arith-tiny-s0" / "summary.json").read_text())
     assert summary["generated_tokens"] > 0 and "pass@2/level1" in summary["eval_after"]
+    # the runs of one seed share the starting model's evaluation: one cache entry per seed
+    assert len(list((out / "runs" / "eval_before_cache").glob("*.json"))) == 2
+    sft = json.loads((out / "runs" / "sft-arith-tiny-s0" / "summary.json").read_text())
+    assert sft["eval_before"] == summary["eval_before"]

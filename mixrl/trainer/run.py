@@ -138,6 +138,26 @@ def _eval(trainer, tokenizer, rows, reward_fn, cfg, console: Console, label: str
         )
 
 
+def _eval_start(trainer, tokenizer, rows, reward_fn, cfg, console: Console, model_path: str) -> dict:
+    """The starting model's held-out results; with ``trainer.eval_before_cache`` they are read
+    from (or stored into) that cache (:mod:`mixrl.trainer.eval_cache`). The evaluation runs in a
+    forked RNG, so skipping it leaves training unchanged."""
+    cache_dir = cfg.trainer.get("eval_before_cache")
+    if not cache_dir or not rows:
+        return _eval(trainer, tokenizer, rows, reward_fn, cfg, console, "held-out eval (before)")
+    from mixrl.trainer import eval_cache
+
+    key = eval_cache.cache_key(cfg, model_path, rows)
+    cached = eval_cache.load(cache_dir, key)
+    if cached is not None:
+        console.print(f"held-out eval (before): reused {cache_dir}/{key}.json", highlight=False, soft_wrap=True)
+        return cached
+    result = _eval(trainer, tokenizer, rows, reward_fn, cfg, console, "held-out eval (before)")
+    if trainer.accelerator.is_main_process:
+        eval_cache.store(cache_dir, key, result)
+    return result
+
+
 def heldout_rows(cfg: DictConfig):
     """``(train_ds, eval_rows, info)``: the training rows and held-out rows of ``cfg``, never
     sharing a prompt (see :mod:`mixrl.data.heldout` for the rule)."""
@@ -275,7 +295,7 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
     setup_s = time.perf_counter() - t0
 
     if before is None:
-        before = _eval(trainer, tokenizer, eval_rows, reward_funcs[0], cfg, console, "held-out eval (before)")
+        before = _eval_start(trainer, tokenizer, eval_rows, reward_funcs[0], cfg, console, model_path)
         if trainer.accelerator.is_main_process:
             (run_dir / EVAL_BEFORE).write_text(json.dumps(before, indent=2))
     collapse.observe(start_step, {"eval/accuracy": before.get("accuracy")})  # the starting model is a "best" too

@@ -36,6 +36,7 @@ tiny: install
 
 docs: install
 	$(BIN)/python -m mixrl.core.docs > docs/components.md
+	$(BIN)/python -m mixrl.methods > docs/methods.md
 
 clean:
 	rm -rf $(VENV) runs outputs multirun .pytest_cache

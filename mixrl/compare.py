@@ -15,7 +15,15 @@ Runs are grouped by method: the recipe name when the run used one, else ``algo``
   evaluation (before training = 0 rollouts, ``eval.jsonl`` rows, after training) first
   reached ``metric >= target``; the mean over the runs that reached it and how many did.
   Needs ``eval.jsonl`` (``trainer.eval_every=N``);
-* final entropy (last logged step) and mean completion length (over all steps), means over runs.
+* generated tokens to ``target``: the same, counting the completion tokens of those rollouts
+  (``generated_tokens`` in ``eval.jsonl`` / ``summary.json``; older runs have none);
+* collapsed: runs whose final ``metric`` is below half of their best held-out evaluation
+  (the evaluation before training included);
+* final entropy (last logged step) and mean completion length (over all steps), means over runs;
+* held-out pass@k by level: greedy accuracy and pass@k (``trainer.eval_samples``) before and
+  after training, per level, mean ± std over runs;
+* claims (``claims=``, e.g. from a suite): per claim a verdict from a stated test over the
+  seeds (:mod:`mixrl.claims`, :mod:`mixrl.stats`).
 
 Everything here is pure Python over the files (no torch import); plots need matplotlib.
 """
@@ -25,6 +33,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -134,6 +143,35 @@ class Run:
                 return ro
         return None
 
+    @property
+    def generated_tokens(self) -> int | None:
+        v = self.summary.get("generated_tokens")
+        return None if v is None else int(v)
+
+    def tokens_to(self, metric: str, target: float) -> float | None:
+        """Generated completion tokens when a held-out evaluation first reached ``target``
+        (None: never, or the run did not record them)."""
+        tokens = {0: 0.0}
+        for r in self.evals:
+            if r.get("step") is not None and _num(r.get("generated_tokens")) is not None:
+                tokens[int(r["step"])] = float(r["generated_tokens"])
+        if self.generated_tokens is not None:
+            tokens.setdefault(self.steps, float(self.generated_tokens))
+        for s, _, v in self.eval_points(metric):
+            if v >= target - 1e-12:
+                return tokens.get(s)
+        return None
+
+    def collapsed(self, metric: str) -> bool | None:
+        """Whether the final ``metric`` fell below half of the best held-out evaluation
+        (before training included); None without a final value."""
+        final = self.final(metric)
+        vals = [v for _, _, v in self.eval_points(metric)]
+        if final is None or not vals:
+            return None
+        best = max(vals)
+        return best > 0 and final < 0.5 * best
+
     def series(self, key: str) -> tuple[list[int], list[float]]:
         """``(steps, values)`` of a metrics.jsonl column (rows without a value skipped)."""
         xs, ys = [], []
@@ -199,7 +237,7 @@ def load_run(path: str | Path) -> Run:
     run = Run(path=path, summary=summary, metrics=_read_jsonl(path / METRICS))
     stages = summary.get("stages")
     if stages:  # a staged run: each stage folder has its own eval.jsonl; make step and rollouts continuous
-        step0, ro0 = 0, 0
+        step0, ro0, tok0 = 0, 0, 0
         for st in stages:
             sdir = Path(st.get("run_dir") or "")
             if not sdir.is_dir():  # the run was moved: stage folders sit inside it
@@ -211,9 +249,12 @@ def load_run(path: str | Path) -> Run:
                 r = dict(r, step=int(r["step"]) + step0, stage=st.get("name"))
                 if r.get("rollouts") is not None:
                     r["rollouts"] = r["rollouts"] + ro0
+                if r.get("generated_tokens") is not None:
+                    r["generated_tokens"] = r["generated_tokens"] + tok0
                 run.evals.append(r)
             step0 += int(st.get("steps") or ssum.get("steps") or 0)
             ro0 += int(ssum.get("rollouts") or 0)
+            tok0 += int(ssum.get("generated_tokens") or 0)
     else:
         run.evals = _read_jsonl(path / EVALS)
     run.evals.sort(key=lambda r: r.get("step", 0))
@@ -244,6 +285,9 @@ class MethodRow:
     completion_length: float | None
     steps: float | None
     wall_seconds: float | None
+    tokens_mean: float | None = None  # generated tokens to the target, over the runs that reached it
+    tokens_reached: int = 0
+    collapsed: int = 0  # runs whose final metric is below half their best
 
     @property
     def n(self) -> int:
@@ -256,6 +300,7 @@ class MethodRow:
 
 #: config keys (prefixes) that may differ between the seeds of one method
 SEED_ONLY = ("seed", "run_dir", "resume", "logger", "recipe_info", "hardware.torch_threads", "trainer.eval_every",
+             "trainer.eval_before_cache",
              "trainer.eval_batch_size", "trainer.save_steps", "trainer.save_total_limit")
 
 
@@ -324,6 +369,7 @@ def summarize(groups: dict[str, list[Run]], metric: str = "accuracy", target: fl
         bm, bs, _ = mean_std([r.best(metric) for r in runs])
         with_evals = [r for r in runs if r.evals]
         reached = [x for x in (r.rollouts_to(metric, target) for r in with_evals) if x is not None]
+        tokens = [x for x in (r.tokens_to(metric, target) for r in with_evals) if x is not None]
         rows.append(MethodRow(
             method=label, runs=list(runs), final_mean=fm, final_std=fs, best_mean=bm, best_std=bs,
             rollouts_mean=statistics.fmean(reached) if reached else None, reached=len(reached), with_evals=len(with_evals),
@@ -331,16 +377,73 @@ def summarize(groups: dict[str, list[Run]], metric: str = "accuracy", target: fl
             completion_length=mean_std([r.mean("completion_length") for r in runs])[0],
             steps=mean_std([float(r.steps) for r in runs])[0],
             wall_seconds=mean_std([_num(r.summary.get("wall_seconds")) for r in runs])[0],
+            tokens_mean=statistics.fmean(tokens) if tokens else None, tokens_reached=len(tokens),
+            collapsed=sum(1 for r in runs if r.collapsed(metric)),
         ))
     return rows
+
+
+_LEVEL_KEY = re.compile(r"^(accuracy|pass@\d+)(?:/level(\d+))?$")
+
+
+def by_level(rows: list[MethodRow]) -> list[dict]:
+    """Held-out greedy accuracy and pass@k per level (and over all levels), before and after
+    training: per method and level, for each measure present in ``eval_after``, the mean of
+    the evaluations before training and the mean, std and 95% t-interval after, over runs."""
+    from mixrl.stats import mean_ci
+
+    out = []
+    for row in rows:
+        keys: set[str] = set()
+        for run in row.runs:
+            keys.update(k for k in (run.summary.get("eval_after") or {}) if _LEVEL_KEY.match(k))
+        levels: dict[str, dict[str, str]] = {}
+        for k in keys:
+            measure, level = _LEVEL_KEY.match(k).groups()
+            levels.setdefault(level or "all", {})[measure] = k
+        for level in sorted(levels, key=lambda x: (x != "all", int(x) if x.isdigit() else 0)):
+            entry: dict[str, Any] = {"method": row.method, "level": level, "measures": {}}
+            for measure in sorted(levels[level], key=lambda m: (m != "accuracy", int(m[5:]) if m.startswith("pass@") else 0)):
+                k = levels[level][measure]
+                before = [v for v in (_num((r.summary.get("eval_before") or {}).get(k)) for r in row.runs) if v is not None]
+                after = [v for v in (_num((r.summary.get("eval_after") or {}).get(k)) for r in row.runs) if v is not None]
+                if not after:
+                    continue
+                m, lo, hi = mean_ci(after)
+                entry["measures"][measure] = {
+                    "key": k, "before_mean": statistics.fmean(before) if before else None, "after_mean": m,
+                    "after_std": statistics.stdev(after) if len(after) > 1 else None, "after_ci95": [lo, hi], "n": len(after),
+                }
+            out.append(entry)
+    return out
+
+
+def render_by_level(entries: list[dict]) -> str:
+    measures = sorted({m for e in entries for m in e["measures"]}, key=lambda m: (m != "accuracy", int(m[5:]) if m.startswith("pass@") else 0))
+    if not measures or all(set(e["measures"]) <= {"accuracy"} and e["level"] == "all" for e in entries):
+        return ""
+    header = ["method", "level", *[("greedy accuracy" if m == "accuracy" else m) for m in measures]]
+    body = []
+    for e in entries:
+        cells = [e["method"], e["level"]]
+        for m in measures:
+            x = e["measures"].get(m)
+            if x is None:
+                cells.append("–")
+                continue
+            lo, hi = x["after_ci95"]
+            ci = f" [{lo:.3f}, {hi:.3f}]" if lo is not None else ""
+            cells.append(f"{fmt(x['before_mean'])} → {x['after_mean']:.3f}{ci}")
+        body.append(cells)
+    return _md_table(header, body, left=(0, 1))
 
 
 def available_metrics(runs: Sequence[Run]) -> list[str]:
     keys: set[str] = set()
     for r in runs:
-        keys.update(k for k, v in (r.summary.get("eval_after") or {}).items() if k != "n" and _num(v) is not None)
+        keys.update(k for k, v in (r.summary.get("eval_after") or {}).items() if k not in ("n", "samples") and _num(v) is not None)
         for e in r.evals:
-            keys.update(k for k, v in e.items() if k not in ("step", "rollouts", "n", "seconds", "stage") and _num(v) is not None)
+            keys.update(k for k, v in e.items() if k not in ("step", "rollouts", "n", "samples", "seconds", "stage") and _num(v) is not None)
     return sorted(keys)
 
 
@@ -363,7 +466,14 @@ def fmt_rollouts(row: MethodRow) -> str:
     return f"{row.rollouts_mean:,.0f} ({row.reached}/{row.with_evals})"
 
 
-TABLE_COLUMNS = ("method", "runs", "final {metric}", "best {metric}", "rollouts to {target}", "final entropy", "completion length", "steps")
+def fmt_tokens(row: MethodRow) -> str:
+    if row.tokens_reached == 0:
+        return "–"
+    return f"{row.tokens_mean:,.0f} ({row.tokens_reached}/{row.with_evals})"
+
+
+TABLE_COLUMNS = ("method", "runs", "final {metric}", "best {metric}", "rollouts to {target}", "tokens to {target}", "collapsed",
+                 "final entropy", "completion length", "steps")
 
 
 def table_header(metric: str, target: float) -> list[str]:
@@ -373,7 +483,8 @@ def table_header(metric: str, target: float) -> list[str]:
 def table_cells(row: MethodRow) -> list[str]:
     return [
         row.method, str(row.n), fmt_pm(row.final_mean, row.final_std), fmt_pm(row.best_mean, row.best_std),
-        fmt_rollouts(row), fmt(row.entropy), fmt(row.completion_length, 1), fmt(row.steps, 0),
+        fmt_rollouts(row), fmt_tokens(row), f"{row.collapsed}/{row.n}", fmt(row.entropy), fmt(row.completion_length, 1),
+        fmt(row.steps, 0),
     ]
 
 
@@ -387,7 +498,7 @@ def _md_table(header: list[str], rows: list[list[str]], left: Sequence[int] = (0
 
 
 def render_markdown(rows: list[MethodRow], metric: str, target: float, plots: dict[str, str], curve_source: str,
-                    inputs: Sequence[str] = ()) -> str:
+                    inputs: Sequence[str] = (), claims: Sequence[dict] = ()) -> str:
     out = [f"# mixrl compare: held-out `{metric}`", ""]
     if inputs:
         out += ["Runs from: " + ", ".join(f"`{p}`" for p in inputs), ""]
@@ -398,12 +509,27 @@ def render_markdown(rows: list[MethodRow], metric: str, target: float, plots: di
         f"- **rollouts to {metric} ≥ {target:g}**: on-policy rollouts trained on when a held-out evaluation (before training "
         "= 0, every `eval.jsonl` row, after training) first reached the target; mean over the runs that reached it "
         "(reached/runs with eval.jsonl). Runs without `eval.jsonl` (train with `trainer.eval_every=N`) are not counted.",
+        f"- **tokens to {metric} ≥ {target:g}**: the same, counting the generated completion tokens of those rollouts.",
+        f"- **collapsed**: runs whose final `{metric}` is below half of their best held-out evaluation (before training included).",
         "- **final entropy**: mean token entropy of the on-policy rollouts at the last logged step; **completion length**: "
         "mean over all steps. Both are means over runs.",
         "",
-        "## Runs",
-        "",
     ]
+    level_table = render_by_level(by_level(rows))
+    if level_table:
+        out += ["## Held-out accuracy and pass@k by level", "",
+                "Before training (mean over runs) → after training: mean [95% t-interval] over runs. pass@k is the unbiased "
+                "estimator from `trainer.eval_samples` samples per problem (\"Evaluating Large Language Models Trained on Code\", "
+                "Chen et al. 2021).", "", level_table, ""]
+    if claims:
+        from mixrl.claims import render_claims
+
+        out += ["## Claims", "",
+                "Each claim compares the per-seed values of two methods. The verdict comes from the stated test at 95%: "
+                "**agrees** / **disagrees** when the difference is significant in / against the claimed direction, else "
+                "**not resolved at this budget**. The interval is the deciding test's interval of the difference "
+                "(Welch: t-interval; bootstrap: percentile interval).", "", render_claims(claims), ""]
+    out += ["## Runs", ""]
     per_run = []
     for r in rows:
         for run in r.runs:
@@ -517,10 +643,11 @@ class CompareResult:
     markdown: Path
     plots: dict[str, str]
     curve_source: str
+    claims: list = field(default_factory=list)
 
 
 def compare(paths: Sequence[str | Path], out_dir: str | Path, *, metric: str = "accuracy", target: float = 0.6,
-            by: Sequence[str] = (), band: str = "minmax", plots: bool = True) -> CompareResult:
+            by: Sequence[str] = (), band: str = "minmax", plots: bool = True, claims: Sequence = ()) -> CompareResult:
     """Read the runs under ``paths``, write ``compare.md``, ``compare.json`` and the PNGs into ``out_dir``."""
     if band not in ("minmax", "std"):
         raise CompareError(f"--band must be 'minmax' or 'std', got '{band}'")
@@ -534,12 +661,19 @@ def compare(paths: Sequence[str | Path], out_dir: str | Path, *, metric: str = "
         raise CompareError(
             f"no run has held-out metric '{metric}'{did_you_mean(metric, metrics)}; available: {', '.join(metrics) or 'none'}"
         )
-    rows = summarize(group_runs(runs, by), metric, target)
+    groups = group_runs(runs, by)
+    rows = summarize(groups, metric, target)
+    judged = []
+    if claims:
+        from mixrl.claims import judge_claims
+
+        judged = judge_claims(list(claims), groups)
+    levels = by_level(rows)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written, desc = (make_plots(rows, out, metric, band) if plots else ({}, curve_source(runs, metric)))
     md = out / "compare.md"
-    md.write_text(render_markdown(rows, metric, target, written, desc, [str(p) for p in paths]))
+    md.write_text(render_markdown(rows, metric, target, written, desc, [str(p) for p in paths], judged))
     data = {
         "metric": metric, "target": target,
         "methods": [{
@@ -547,9 +681,12 @@ def compare(paths: Sequence[str | Path], out_dir: str | Path, *, metric: str = "
             "best_mean": r.best_mean, "best_std": r.best_std, "rollouts_to_target_mean": r.rollouts_mean,
             "reached": r.reached, "with_eval_jsonl": r.with_evals, "final_entropy": r.entropy,
             "completion_length": r.completion_length, "steps": r.steps, "wall_seconds": r.wall_seconds,
+            "tokens_to_target_mean": r.tokens_mean, "tokens_reached": r.tokens_reached, "collapsed": r.collapsed,
             "runs": [str(run.path) for run in r.runs],
         } for r in rows],
+        "by_level": levels,
+        "claims": judged,
         "plots": written,
     }
     (out / "compare.json").write_text(json.dumps(data, indent=2))
-    return CompareResult(rows, out, md, written, desc)
+    return CompareResult(rows, out, md, written, desc, judged)

@@ -1,9 +1,12 @@
-"""``mixrl reproduce toy``: the toy-scale paper table.
+"""``mixrl reproduce SUITE``: run a suite's grid (recipes x seeds), compare, write a README.
 
-Trains every CPU recipe of the methods the seed papers compare (GRPO, SFT, SFT-then-RL,
-RL+SFT mix, CHORD-mu, CHORD-phi, LUFFY) on the built-in task for several seeds at equal
-rollout budget (same steps x prompts x generations; SFT uses none), each run a separate
-``mixrl train`` process, then ``mixrl compare`` over all of them.
+A suite is declared in ``conf/suites/NAME.yaml`` (:mod:`mixrl.suites`): the methods (recipes),
+seeds, budget overrides and the papers' claims as data. Each run is a separate
+``mixrl train`` process (``jobs`` at a time, one torch thread each when ``jobs`` > 1), at
+equal rollout budget (the same steps x prompts x generations; SFT uses none). Then
+``mixrl compare`` over all of them, with the claims judged over seeds, and a ``README.md``
+holding the command, commit, machine, grid time and the claims next to the measurements.
+Runs that already finished (their ``summary.json`` exists) are not trained again.
 """
 
 from __future__ import annotations
@@ -11,15 +14,18 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
 from mixrl.errors import ConfigError
 
+#: The toy suite's recipes (conf/suites/toy.yaml), kept for callers of reproduce_toy.
 TOY_RECIPES = (
     "grpo/arith-tiny",
     "sft/arith-tiny",
@@ -31,45 +37,52 @@ TOY_RECIPES = (
 )
 
 
-def job_overrides(recipe: str, seed: int, runs_dir: Path, extra: list[str]) -> list[str]:
+def run_name(recipe: str, seed: int) -> str:
+    return recipe.replace("/", "-") + f"-s{seed}"
+
+
+#: where a grid's runs share the evaluation of their starting model (mixrl.trainer.eval_cache)
+EVAL_CACHE = "eval_before_cache"
+
+
+def job_overrides(recipe: str, seed: int, runs_dir: Path, extra: Sequence[str]) -> list[str]:
     return [
         f"recipe={recipe}",
         f"seed={seed}",
-        f"run_dir={runs_dir / (recipe.replace('/', '-') + f'-s{seed}')}",
+        f"run_dir={runs_dir / run_name(recipe, seed)}",
         "trainer.eval_every=10",
+        f"trainer.eval_before_cache={runs_dir / EVAL_CACHE}",
         "logger.progress=false",
         *extra,
     ]
 
 
-def reproduce_toy(out_dir: Path, *, seeds: list[int], jobs: int = 2, extra: list[str] = (), recipes=TOY_RECIPES,
-                  log=print) -> dict:
-    """Run the grid (``jobs`` training processes at a time, one torch thread each when
-    ``jobs`` > 1) and compare. Returns what was written."""
-    from mixrl.compare import compare
+def run_grid(runs_dir: Path, recipes: Sequence[str], seeds: Sequence[int], *, jobs: int = 2, extra: Sequence[str] = (),
+             log=print, name: str = "grid") -> float:
+    """Train every (recipe, seed) not done yet, ``jobs`` processes at a time; returns the seconds taken.
+    Every job's config is checked before any trains."""
     from mixrl.config.compose import compose_config
 
     if not seeds or not recipes:
-        raise ConfigError("mixrl reproduce toy needs at least one seed and one recipe; use --seeds N with N >= 1")
-    out_dir = Path(out_dir)
-    runs_dir = out_dir / "runs"
+        raise ConfigError(f"mixrl reproduce {name} needs at least one seed and one recipe; use --seeds N with N >= 1")
+    runs_dir = Path(runs_dir)
     grid = [(r, s) for r in recipes for s in seeds]
     threads = ["hardware.torch_threads=1"] if jobs > 1 else []
-    for r, s in grid:  # check every job before training any
+    for r, s in grid:
         compose_config(job_overrides(r, s, runs_dir, [*threads, *extra]))
-    todo = [(r, s) for r, s in grid if not (runs_dir / (r.replace("/", "-") + f"-s{s}") / "summary.json").exists()]
-    log(f"toy grid: {len(grid)} runs ({len(grid) - len(todo)} already done) under {runs_dir}, {jobs} at a time")
+    todo = [(r, s) for r, s in grid if not (runs_dir / run_name(r, s) / "summary.json").exists()]
+    log(f"{name} grid: {len(grid)} runs ({len(grid) - len(todo)} already done) under {runs_dir}, {jobs} at a time")
     t0 = time.time()
 
     def run(job):
         r, s = job
-        run_dir = runs_dir / (r.replace("/", "-") + f"-s{s}")
+        run_dir = runs_dir / run_name(r, s)
         if run_dir.exists():  # an unfinished earlier attempt
-            import shutil
-
             shutil.rmtree(run_dir)
         cmd = [sys.executable, "-m", "mixrl.cli.main", "train", *job_overrides(r, s, runs_dir, [*threads, *extra])]
         env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+        if jobs > 1:
+            env["OMP_NUM_THREADS"] = "1"
         started = time.time()
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         runs_dir.mkdir(parents=True, exist_ok=True)
@@ -80,16 +93,109 @@ def reproduce_toy(out_dir: Path, *, seeds: list[int], jobs: int = 2, extra: list
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         codes = list(pool.map(run, todo))
     if any(codes):
-        raise ConfigError(f"{sum(1 for c in codes if c)} toy run(s) failed; see the .log files in {runs_dir}")
-    result = compare([runs_dir], out_dir, metric="accuracy")
+        raise ConfigError(f"{sum(1 for c in codes if c)} {name} run(s) failed; see the .log files in {runs_dir}")
+    return time.time() - t0
+
+
+def reproduce_suite(suite, out_dir: Path, *, seeds: int | None = None, jobs: int | None = None, extra: Sequence[str] = (),
+                    log=print, plots: bool = True, only: Sequence[str] = ()) -> dict:
+    """Run ``suite`` (a name, a path or a :class:`mixrl.suites.Suite`) into ``out_dir``:
+    ``runs/``, ``compare.md`` / ``compare.json`` / plots, ``reproduce.json`` and ``README.md``.
+    ``only``: run just these method labels (a smoke run); claims about the others read "not measured"."""
+    from mixrl.compare import compare
+    from mixrl.suites import Suite, load_suite
+
+    s = suite if isinstance(suite, Suite) else load_suite(suite)
+    if only:
+        from mixrl.errors import did_you_mean
+
+        for label in only:
+            if label not in s.methods:
+                raise ConfigError(f"--only: '{label}' is not a method of suite {s.name}{did_you_mean(label, list(s.methods))}; "
+                                  f"methods: {', '.join(s.methods)}")
+        import dataclasses
+
+        s = dataclasses.replace(s, methods={k: v for k, v in s.methods.items() if k in only})
+    n_seeds = s.seeds if seeds is None else int(seeds)
+    n_jobs = s.jobs if jobs is None else int(jobs)
+    out_dir = Path(out_dir)
+    seed_list = list(range(n_seeds))
+    overrides = [*s.overrides, *extra]
+    seconds = run_grid(out_dir / "runs", s.recipes, seed_list, jobs=n_jobs, extra=overrides, log=log, name=s.name)
+    result = compare([out_dir / "runs"], out_dir, metric=s.metric, target=s.target, claims=s.claims, plots=plots)
     meta = {
-        "command": "mixrl reproduce toy " + " ".join(sys.argv[3:]) if len(sys.argv) > 3 else "mixrl reproduce toy",
+        "suite": s.name,
+        "command": " ".join(["mixrl reproduce", *sys.argv[2:]]) if len(sys.argv) > 2 and sys.argv[1] == "reproduce"
+        else f"mixrl reproduce {s.name}",
         "commit": _commit(),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {_cpu_name()}",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "grid_seconds": round(time.time() - t0),
-        "recipes": list(recipes),
-        "seeds": list(seeds),
+        "grid_seconds": round(seconds),
+        "jobs": n_jobs,
+        "methods": s.methods,
+        "recipes": s.recipes,
+        "seeds": seed_list,
+        "overrides": overrides,
+    }
+    meta["run_cpu_seconds"] = _cpu_total(out_dir / "runs", s.recipes, seed_list)
+    (out_dir / "reproduce.json").write_text(json.dumps(meta, indent=2))
+    (out_dir / "README.md").write_text(render_readme(s, meta, result.markdown.read_text()))
+    return {"compare": str(result.markdown), "readme": str(out_dir / "README.md"), "meta": meta, "claims": result.claims}
+
+
+def _cpu_total(runs_dir: Path, recipes: Sequence[str], seeds: Sequence[int]) -> float | None:
+    """Sum of the runs' CPU seconds (``summary.json`` cpu_seconds); None if any run lacks it."""
+    total = 0.0
+    for r in recipes:
+        for s in seeds:
+            try:
+                v = json.loads((runs_dir / run_name(r, s) / "summary.json").read_text()).get("cpu_seconds")
+            except (OSError, json.JSONDecodeError):
+                return None
+            if v is None:
+                return None
+            total += float(v)
+    return round(total)
+
+
+def render_readme(suite, meta: dict, compare_md: str) -> str:
+    """The suite's README: provenance and setup, then compare.md's tables and the judged claims."""
+    lines = [
+        f"# {suite.title}", "",
+        f"**Command:** `{meta['command']}`", "",
+        f"- suite: `{suite.path.name if suite.path else suite.name}`",
+        f"- commit: {meta['commit']}",
+        f"- machine: {meta['machine']}",
+        f"- date: {meta['date']}",
+        f"- grid time: {len(meta['recipes']) * len(meta['seeds'])} runs in {meta['grid_seconds']} s, {meta['jobs']} at a time"
+        + (" (one torch thread each)" if meta["jobs"] > 1 else "")
+        + "; runs found already done are not retrained and not counted"
+        + (f"; the runs' CPU time adds up to {meta['run_cpu_seconds']} s" if meta.get("run_cpu_seconds") else ""),
+        f"- seeds: {', '.join(map(str, meta['seeds']))}",
+        "- overrides on every run: " + (", ".join(f"`{o}`" for o in meta["overrides"]) or "none"), "",
+        "| method | recipe |", "|---|---|",
+        *[f"| {label} | `{recipe}` |" for label, recipe in meta["methods"].items()], "",
+    ]
+    if suite.notes:
+        lines += [suite.notes, ""]
+    body = compare_md.split("\n", 1)[1] if compare_md.startswith("# ") else compare_md
+    lines += ["## Measurements", body.lstrip("\n")]
+    return "\n".join(lines)
+
+
+def reproduce_toy(out_dir: Path, *, seeds: list[int], jobs: int = 2, extra: Sequence[str] = (), recipes=TOY_RECIPES,
+                  log=print) -> dict:
+    """The toy grid with explicit seeds and recipes (no claims); ``mixrl reproduce toy`` runs the toy suite."""
+    from mixrl.compare import compare
+
+    out_dir = Path(out_dir)
+    seconds = run_grid(out_dir / "runs", recipes, seeds, jobs=jobs, extra=extra, log=log, name="toy")
+    result = compare([out_dir / "runs"], out_dir, metric="accuracy")
+    meta = {
+        "command": "mixrl reproduce toy", "commit": _commit(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {_cpu_name()}",
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "grid_seconds": round(seconds),
+        "recipes": list(recipes), "seeds": list(seeds),
     }
     (out_dir / "reproduce.json").write_text(json.dumps(meta, indent=2))
     return {"compare": str(result.markdown), "meta": meta}

@@ -42,3 +42,83 @@ def test_no_seeds_is_a_one_line_error(tmp_path):
 
     with pytest.raises(ConfigError, match="--seeds N with N >= 1"):
         reproduce_toy(tmp_path, seeds=[], jobs=1)
+
+
+# --------------------------------------------------------------------------- suites
+def test_shipped_suites_load_and_compose(tmp_path):
+    from mixrl.config.compose import compose_config
+    from mixrl.suites import load_suite, suite_names
+
+    assert {"toy", "hard"} <= set(suite_names())
+    toy = load_suite("toy")
+    assert toy.recipes == list(TOY_RECIPES) and toy.seeds == 3
+    hard = load_suite("hard")
+    assert hard.seeds == 5 and len(hard.methods) == 8
+    assert {"luffy/arith-tiny", "luffy/authors-arith-tiny"} <= set(hard.recipes)
+    assert all(c.method in hard.recipes and c.baseline in hard.recipes for c in hard.claims)
+    assert all(c.paper and "arXiv" not in c.paper for c in hard.claims)  # titles, no ids
+    cfg = compose_config(job_overrides("luffy/authors-arith-tiny", 4, tmp_path, hard.overrides))
+    assert list(cfg.data.levels) == [3, 4, 5, 6] and cfg.trainer.eval_samples == 32 and cfg.seed == 4
+    assert cfg.algo.loss.name == "reinforce" and cfg.algo.aggregation.max_len == cfg.trainer.max_completion_length
+
+
+@pytest.mark.parametrize("text, match", [
+    ("methods: {a: grpo/nope}\n", "unknown recipe 'grpo/nope'"),
+    ("methods: {a: grpo/arith-tiny}\nseeds: 0\n", "seeds must be an integer >= 1"),
+    ("methods: {a: grpo/arith-tiny}\ncolour: red\n", "unknown key"),
+    ("methods: {a: grpo/arith-tiny}\nclaims: [{paper: P, claim: c, method: a, baseline: b}]\n", "baseline 'b' is not a method"),
+    ("seeds: 2\n", "'methods' must map labels"),
+    ("methods: {a: grpo/arith-tiny}\noverrides: [trainer.max_steps]\n", "key=value"),
+])
+def test_bad_suites_are_one_line_errors(tmp_path, text, match):
+    from mixrl.errors import ConfigError
+    from mixrl.suites import load_suite
+
+    p = tmp_path / "s.yaml"
+    p.write_text(text)
+    with pytest.raises(ConfigError, match=match) as e:
+        load_suite(p)
+    assert "\n" not in str(e.value)
+
+
+def test_cli_reproduce_unknown_suite_or_method_exits_2(tmp_path):
+    from typer.testing import CliRunner
+
+    from mixrl.cli.main import app
+
+    res = CliRunner().invoke(app, ["reproduce", "hrad", "--out", str(tmp_path)])
+    assert res.exit_code == 2 and "unknown suite 'hrad'" in res.output and "hard" in res.output
+    res = CliRunner().invoke(app, ["reproduce", "hard", "--only", "grpo,lufy", "--out", str(tmp_path)])
+    assert res.exit_code == 2 and "'lufy' is not a method of suite hard" in res.output
+
+
+@pytest.mark.slow
+def test_reproduce_suite_runs_compares_and_judges(tmp_path, fast_overrides):
+    from mixrl.reproduce import reproduce_suite
+
+    suite = tmp_path / "mini.yaml"
+    suite.write_text(
+        "name: mini\ntitle: Mini suite\nseeds: 2\njobs: 2\n"
+        "methods: {grpo: grpo/arith-tiny, sft: sft/arith-tiny}\n"
+        "overrides: [trainer.eval_samples=2, 'trainer.eval_pass_at=[1,2]']\n"
+        "compare: {metric: accuracy, target: 0.1}\n"
+        "claims:\n  - {paper: Some Paper, claim: GRPO beats SFT, method: grpo, baseline: sft, metric: pass@2}\n"
+    )
+    extra = [o for o in fast_overrides if not o.startswith("run_dir=")]
+    out = tmp_path / "out"
+    result = reproduce_suite(suite, out, extra=extra, log=lambda *_: None, plots=False)
+    readme = (out / "README.md").read_text()
+    assert readme.startswith("# Mini suite") and "**Command:**" in readme and "commit:" in readme
+    assert "| grpo | `grpo/arith-tiny` |" in readme and "## Claims" in readme and "GRPO beats SFT" in readme
+    (claim,) = result["claims"]
+    assert claim["n_a"] == claim["n_b"] == 2
+    assert claim["verdict"] in ("agrees", "disagrees", "not resolved at this budget")
+    meta = json.loads((out / "reproduce.json").read_text())
+    assert meta["seeds"] == [0, 1] and meta["methods"] == {"grpo": "grpo/arith-tiny", "sft": "sft/arith-tiny"}
+    assert meta["run_cpu_seconds"] > 0
+    summary = json.loads((out / "runs" / "grpo-arith-tiny-s0" / "summary.json").read_text())
+    assert summary["generated_tokens"] > 0 and "pass@2/level1" in summary["eval_after"]
+    # the runs of one seed share the starting model's evaluation: one cache entry per seed
+    assert len(list((out / "runs" / "eval_before_cache").glob("*.json"))) == 2
+    sft = json.loads((out / "runs" / "sft-arith-tiny-s0" / "summary.json").read_text())
+    assert sft["eval_before"] == summary["eval_before"]

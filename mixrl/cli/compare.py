@@ -91,7 +91,7 @@ def eval_model(
     table.add_column("value", justify="right")
     metrics = result["metrics"]
     for key, value in metrics.items():
-        if key != "n":
+        if key not in ("n", "samples"):
             table.add_row(escape(key), f"{value:.3f}")
     table.caption = (
         f"{int(metrics.get('n', 0))} problems of {escape(result['data'])} ({result['split']}), reward {result['reward']}, "

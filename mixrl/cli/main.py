@@ -46,7 +46,7 @@ def _summary_table(summary: dict) -> Table:
     table.add_column("after", justify="right")
     before, after = summary.get("eval_before", {}), summary.get("eval_after", {})
     for key in after:
-        if key == "n":
+        if key in ("n", "samples"):
             continue
         b, a = before.get(key), after.get(key)
         table.add_row(key, f"{b:.3f}" if b is not None else "-", f"[bold]{a:.3f}[/]" if a is not None else "-")
@@ -219,25 +219,31 @@ app.command("compare")(compare)
 app.command("eval")(eval_model)
 
 
-reproduce_app = typer.Typer(help="Reproduce the toy-scale paper comparisons.", no_args_is_help=True)
-app.add_typer(reproduce_app, name="reproduce")
-
-
-@reproduce_app.command("toy")
+@app.command("reproduce")
 @user_errors
-def reproduce_toy(
-    out_dir: Path = typer.Option(Path("docs/results/toy"), "--out", help="Where the runs, table and plots go."),
-    seeds: int = typer.Option(3, "--seeds", help="Seeds per method (0..N-1)."),
-    jobs: int = typer.Option(2, "--jobs", help="Training processes at a time (one torch thread each when > 1)."),
-    overrides: Optional[List[str]] = typer.Argument(None, help="Overrides applied to every run, e.g. trainer.max_steps=30"),
+def reproduce(
+    suite: str = typer.Argument(..., help="A suite of conf/suites/ (toy, hard) or a path to a suite .yaml."),
+    overrides: Optional[List[str]] = typer.Argument(None, help="Overrides applied to every run, after the suite's, e.g. trainer.max_steps=30"),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Where the runs, table, plots and README go (default docs/results/SUITE)."),
+    seeds: Optional[int] = typer.Option(None, "--seeds", help="Seeds per method (0..N-1); default: the suite's."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", help="Training processes at a time (one torch thread each when > 1); default: the suite's."),
+    plots: bool = typer.Option(True, "--plots/--no-plots", help="Write PNG plots (needs matplotlib)."),
+    only: Optional[str] = typer.Option(None, "--only", help="Comma-separated method labels to run (a smoke run), e.g. grpo,luffy-authors."),
 ):
-    """Train grpo, sft, sft_then_rl, mix, chord-mu, chord-phi and luffy on the built-in task
-    for several seeds at equal rollout budget, then compare them (table + plots)."""
-    from mixrl.reproduce import reproduce_toy as run_grid
+    """Run a suite: its recipes x seeds at the suite's budget, then compare them (table, plots,
+    claims judged over seeds) and write a README with the command, commit and machine."""
+    from mixrl.errors import ConfigError
+    from mixrl.reproduce import reproduce_suite
+    from mixrl.suites import load_suite
 
-    result = run_grid(out_dir, seeds=list(range(seeds)), jobs=jobs, extra=list(overrides or []), log=err.print)
+    s = load_suite(suite)
+    if seeds is not None and seeds < 1:
+        raise ConfigError("--seeds must be >= 1 (use --seeds N with N >= 1)")
+    out_dir = out_dir or Path("docs/results") / s.name
+    result = reproduce_suite(s, out_dir, seeds=seeds, jobs=jobs, extra=list(overrides or []), log=err.print, plots=plots,
+                             only=[x.strip() for x in only.split(",") if x.strip()] if only else ())
     out.print(Path(result["compare"]).read_text())
-    out.print(f"written: [bold]{out_dir}[/] (compare.md, plots, runs/)")
+    out.print(f"written: [bold]{out_dir}[/] (README.md, compare.md, plots, runs/)")
 
 
 @docs_app.command("components")
@@ -249,6 +255,24 @@ def docs_components(
     from mixrl.core.docs import render_components_markdown
 
     text = render_components_markdown()
+    if str(out_path) == "-":
+        sys.stdout.write(text)
+        return
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(text)
+    out.print(f"wrote {out_path}")
+
+
+@docs_app.command("methods")
+@user_errors
+def docs_methods(
+    out_path: Path = typer.Option(Path("docs/methods.md"), "--out", help="Where to write the page ('-' for stdout)."),
+    results: Path = typer.Option(Path("docs/results"), "--results", help="Folder of suite results (<suite>/compare.json)."),
+):
+    """Regenerate docs/methods.md: every shipped method, its recipes, paper, claims and latest verdicts."""
+    from mixrl.methods import render_methods
+
+    text = render_methods(results)
     if str(out_path) == "-":
         sys.stdout.write(text)
         return

@@ -41,7 +41,11 @@ class TrainerConfig:
     eval_every: int = 0  # 0: evaluate held-out accuracy only before and after training
     eval_size: int = 256  # held-out problems used for accuracy
     eval_pass_k: int = 0  # >0: also sampled pass@k on the held-out split
+    eval_samples: int = 0  # >0: samples per held-out problem; pass@k for every k of eval_pass_at up to it (unbiased estimator)
+    eval_pass_at: list = field(default_factory=lambda: [1, 8, 32])  # the k values reported when eval_samples > 0
+    eval_sample_every: bool = True  # false: periodic evaluations (eval_every) are greedy only; sampling before/after training only
     eval_batch_size: int = 128
+    eval_before_cache: Optional[str] = None  # a folder: reuse the starting model's held-out results across runs (mixrl.trainer.eval_cache)
 
 
 @dataclass

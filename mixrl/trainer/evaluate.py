@@ -1,4 +1,11 @@
-"""Held-out evaluation: greedy accuracy (and sampled pass@k) of a model on a fixed split."""
+"""Held-out evaluation: greedy accuracy (and sampled pass@k) of a model on a fixed split.
+
+pass@k is estimated from ``n`` samples per problem with the unbiased estimator of
+"Evaluating Large Language Models Trained on Code" (Chen et al., 2021, arXiv:2107.03374):
+for a problem with ``c`` correct samples out of ``n``, ``pass@k = 1 - C(n - c, k) / C(n, k)``,
+averaged over problems (:func:`pass_at_k`). With ``n == k`` it is the fraction of problems
+solved by at least one of the k samples.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +20,25 @@ def _render_prompt(tokenizer, prompt: Any) -> str:
     if isinstance(prompt, str):
         return prompt
     return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one problem with ``c`` correct samples out of ``n`` (``k <= n``):
+    ``1 - C(n - c, k) / C(n, k)``, computed as ``1 - prod_{i=n-c+1..n} (1 - k / i)``
+    (Chen et al., 2021), which needs no large binomials."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    prod = 1.0
+    for i in range(n - c + 1, n + 1):
+        prod *= 1.0 - k / i
+    return 1.0 - prod
+
+
+def pass_at_k_ks(samples: int, pass_k: int = 0, ks: Sequence[int] = ()) -> list[int]:
+    """The k values reported for ``samples`` samples per problem: ``ks`` and ``pass_k`` that are <= samples."""
+    return sorted({int(k) for k in (*ks, pass_k) if 1 <= int(k) <= samples})
 
 
 @torch.no_grad()
@@ -75,32 +101,48 @@ def evaluate_accuracy(
     max_new_tokens: int,
     batch_size: int = 128,
     pass_k: int = 0,
+    samples: int = 0,
+    ks: Sequence[int] = (),
     temperature: float = 1.0,
     progress: Callable[[int], None] | None = None,
 ) -> dict[str, float]:
     """Greedy accuracy (reward >= 1) on ``rows`` (each with ``prompt`` and ``answer``), per
-    ``level`` when rows carry one, and sampled pass@k when ``pass_k`` > 0."""
+    ``level`` when rows carry one, and sampled pass@k.
+
+    Sampling draws ``n = max(samples, pass_k)`` completions per problem (none when both are
+    0) and reports ``pass@k`` for ``pass_k`` and every k of ``ks`` with k <= n (unbiased
+    estimator, :func:`pass_at_k`), overall and per level (``pass@8/level5``), and
+    ``sampled_accuracy`` (the mean reward of all samples, = pass@1)."""
     prompts = [r["prompt"] for r in rows]
     kwargs = {k: [r[k] for r in rows] for k in rows[0] if k not in ("prompt", "completion")} if rows else {}
     greedy = [c[0] for c in generate_completions(model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size, progress=progress)]
     scores = reward_fn(prompts=prompts, completions=greedy, **kwargs)
     correct = [float(s is not None and s >= 1.0 - 1e-6) for s in scores]
     result = {"accuracy": sum(correct) / max(len(correct), 1), "n": float(len(correct))}
-    if rows and "level" in rows[0]:
+    levels = [int(r["level"]) for r in rows] if rows and "level" in rows[0] else None
+    if levels is not None:
         by_level: dict[int, list[float]] = defaultdict(list)
-        for r, c in zip(rows, correct):
-            by_level[int(r["level"])].append(c)
+        for level, c in zip(levels, correct):
+            by_level[level].append(c)
         for level, cs in sorted(by_level.items()):
             result[f"accuracy/level{level}"] = sum(cs) / len(cs)
-    if pass_k > 0 and rows:
-        samples = generate_completions(
-            model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=max(batch_size // pass_k, 1),
-            do_sample=True, temperature=temperature, num_return_sequences=pass_k,
+    n = max(int(samples), int(pass_k))
+    if n > 0 and rows:
+        draws = generate_completions(
+            model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=max(batch_size // n, 1),
+            do_sample=True, temperature=temperature, num_return_sequences=n,
         )
-        flat_prompts = [p for p in prompts for _ in range(pass_k)]
-        flat_kwargs = {k: [v for v in vs for _ in range(pass_k)] for k, vs in kwargs.items()}
-        flat = reward_fn(prompts=flat_prompts, completions=[c for cs in samples for c in cs], **flat_kwargs)
-        hits = [any((s or 0) >= 1.0 - 1e-6 for s in flat[i * pass_k : (i + 1) * pass_k]) for i in range(len(rows))]
-        result[f"pass@{pass_k}"] = sum(hits) / len(hits)
-        result["sampled_accuracy"] = sum(float((s or 0) >= 1.0 - 1e-6) for s in flat) / len(flat)
+        flat_prompts = [p for p in prompts for _ in range(n)]
+        flat_kwargs = {k: [v for v in vs for _ in range(n)] for k, vs in kwargs.items()}
+        flat = reward_fn(prompts=flat_prompts, completions=[c for cs in draws for c in cs], **flat_kwargs)
+        hits = [sum(1 for s in flat[i * n : (i + 1) * n] if (s or 0) >= 1.0 - 1e-6) for i in range(len(rows))]
+        groups: dict[str, list[int]] = {"": list(range(len(rows)))}
+        if levels is not None:
+            for i, level in enumerate(levels):
+                groups.setdefault(f"/level{level}", []).append(i)
+        for k in pass_at_k_ks(n, pass_k, ks):
+            for suffix, idx in sorted(groups.items(), key=lambda kv: (kv[0] != "", kv[0])):
+                result[f"pass@{k}{suffix}"] = sum(pass_at_k(n, hits[i], k) for i in idx) / len(idx)
+        result["sampled_accuracy"] = sum(hits) / (n * len(rows))
+        result["samples"] = float(n)
     return result

@@ -67,6 +67,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
         self.injections = list(injections or [])
         self.advantage_name, self.advantage_params, self.advantage_include_offpolicy = advantage
         self.mixrl_rollouts = 0  # on-policy rollouts generated for training, all processes
+        self.mixrl_generated_tokens = 0  # completion tokens of those rollouts (padding excluded), all processes
         self._mixrl_batch_inputs: list[dict] | None = None
         self._mixrl_rollouts: Rollouts | None = None
         self._mixrl_rewards_per_func: torch.Tensor | None = None
@@ -159,6 +160,9 @@ class MixrlGRPOTrainer(GRPOTrainer):
         self._metrics[mode]["reward_on_policy"].append(float(rewards[on].mean()) if on.any() else nan)
         if training:
             self.mixrl_rollouts += int(on.sum())
+            local_on = out["row_source"] == prov.ON_POLICY
+            gen = (out["completion_mask"].sum(dim=1).float() * local_on.float()).sum()
+            self.mixrl_generated_tokens += int(self.accelerator.reduce(gen, reduction="sum"))
             for inj in self.injections:
                 out = inj.after_advantages(ctx, inputs, out)
         for name in self.objective.selected():

@@ -62,6 +62,8 @@ class PeriodicEvalCallback(TrainerCallback):
         max_new_tokens: int,
         batch_size: int = 128,
         pass_k: int = 0,
+        samples: int = 0,
+        ks: tuple = (),
         temperature: float = 1.0,
         seed: int = 0,
         trainer: Any = None,
@@ -75,6 +77,8 @@ class PeriodicEvalCallback(TrainerCallback):
         self.max_new_tokens = int(max_new_tokens)
         self.batch_size = int(batch_size)
         self.pass_k = int(pass_k)
+        self.samples = int(samples)
+        self.ks = tuple(int(k) for k in ks)
         self.temperature = float(temperature)
         self.seed = int(seed)
         self._trainer = trainer
@@ -87,7 +91,8 @@ class PeriodicEvalCallback(TrainerCallback):
         t = cfg.trainer
         return cls(
             every=int(t.eval_every), run_dir=run_dir, tokenizer=tokenizer, rows=rows, reward_fn=reward_fn,
-            max_new_tokens=int(t.max_completion_length), batch_size=int(t.eval_batch_size), pass_k=int(t.eval_pass_k),
+            max_new_tokens=int(t.max_completion_length), batch_size=int(t.eval_batch_size), pass_k=int(t.eval_pass_k) if t.eval_sample_every else 0,
+            samples=int(t.eval_samples) if t.eval_sample_every else 0, ks=tuple(t.eval_pass_at),
             temperature=float(t.temperature), seed=int(cfg.seed), trainer=trainer, model=model,
         )
 
@@ -113,7 +118,7 @@ class PeriodicEvalCallback(TrainerCallback):
             torch.manual_seed(self.seed * 1_000_003 + step)
             return evaluate_accuracy(
                 model, self.tokenizer, self.rows_in, self.reward_fn, max_new_tokens=self.max_new_tokens,
-                batch_size=self.batch_size, pass_k=self.pass_k, temperature=self.temperature,
+                batch_size=self.batch_size, pass_k=self.pass_k, samples=self.samples, ks=self.ks, temperature=self.temperature,
             )
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
@@ -131,6 +136,7 @@ class PeriodicEvalCallback(TrainerCallback):
         rollouts = getattr(trainer, "mixrl_rollouts", None)
         if rollouts is not None:
             row["rollouts"] = int(rollouts)
+            row["generated_tokens"] = int(getattr(trainer, "mixrl_generated_tokens", 0))
         row.update(result)
         row["seconds"] = round(seconds, 3)
         self.rows.append(row)
@@ -237,7 +243,7 @@ def eval_config(model_dir: str | Path, overrides: list[str]):
 def evaluate_saved_model(model_dir: str | Path, cfg, *, progress: Callable[[int], None] | None = None,
                          on_rows: Callable[[int], None] | None = None) -> dict:
     """Evaluate the model saved in ``model_dir`` on ``cfg``'s held-out split (``data``,
-    ``trainer.eval_size``, ``trainer.eval_pass_k``, ``reward``). Returns a JSON-ready dict
+    ``trainer.eval_size``, ``trainer.eval_pass_k``, ``trainer.eval_samples``, ``reward``). Returns a JSON-ready dict
     with the metrics of :func:`~mixrl.trainer.evaluate.evaluate_accuracy` under ``metrics``."""
     from transformers import set_seed
 
@@ -272,7 +278,8 @@ def evaluate_saved_model(model_dir: str | Path, cfg, *, progress: Callable[[int]
     set_seed(int(cfg.seed))
     metrics = evaluate_accuracy(
         model, tokenizer, rows, reward_funcs[0], max_new_tokens=int(t.max_completion_length),
-        batch_size=int(t.eval_batch_size), pass_k=int(t.eval_pass_k), temperature=float(t.temperature), progress=progress,
+        batch_size=int(t.eval_batch_size), pass_k=int(t.eval_pass_k),
+        samples=int(t.eval_samples), ks=[int(k) for k in t.eval_pass_at], temperature=float(t.temperature), progress=progress,
     )
     return {
         "model_dir": str(path),

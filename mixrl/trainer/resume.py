@@ -125,11 +125,14 @@ def save_run_state(trainer) -> None:
         return
     folder = checkpoint_dir(Path(trainer.args.output_dir).parent) / f"checkpoint-{trainer.state.global_step}"
     if folder.is_dir():
-        (folder / RUN_STATE_FILE).write_text(json.dumps({"rollouts": int(trainer.mixrl_rollouts)}))
+        (folder / RUN_STATE_FILE).write_text(json.dumps({"rollouts": int(trainer.mixrl_rollouts),
+                                                              "generated_tokens": int(getattr(trainer, "mixrl_generated_tokens", 0))}))
 
 
 def load_run_state(trainer, checkpoint: str | Path) -> None:
     """Restore what :func:`save_run_state` wrote (a checkpoint without it keeps the counters)."""
     path = Path(checkpoint) / RUN_STATE_FILE
     if path.is_file():
-        trainer.mixrl_rollouts = int(json.loads(path.read_text()).get("rollouts", 0))
+        state = json.loads(path.read_text())
+        trainer.mixrl_rollouts = int(state.get("rollouts", 0))
+        trainer.mixrl_generated_tokens = int(state.get("generated_tokens", 0))

@@ -134,8 +134,28 @@ def _eval(trainer, tokenizer, rows, reward_fn, cfg, console: Console, label: str
         return evaluate_accuracy(
             trainer.model, tokenizer, rows, reward_fn, max_new_tokens=int(cfg.trainer.max_completion_length),
             batch_size=int(cfg.trainer.eval_batch_size), pass_k=int(cfg.trainer.eval_pass_k),
-            temperature=float(cfg.trainer.temperature), progress=lambda n: prog.advance(task, n),
+            samples=int(cfg.trainer.eval_samples), ks=[int(k) for k in cfg.trainer.eval_pass_at], temperature=float(cfg.trainer.temperature), progress=lambda n: prog.advance(task, n),
         )
+
+
+def _eval_start(trainer, tokenizer, rows, reward_fn, cfg, console: Console, model_path: str) -> dict:
+    """The starting model's held-out results; with ``trainer.eval_before_cache`` they are read
+    from (or stored into) that cache (:mod:`mixrl.trainer.eval_cache`). The evaluation runs in a
+    forked RNG, so skipping it leaves training unchanged."""
+    cache_dir = cfg.trainer.get("eval_before_cache")
+    if not cache_dir or not rows:
+        return _eval(trainer, tokenizer, rows, reward_fn, cfg, console, "held-out eval (before)")
+    from mixrl.trainer import eval_cache
+
+    key = eval_cache.cache_key(cfg, model_path, rows)
+    cached = eval_cache.load(cache_dir, key)
+    if cached is not None:
+        console.print(f"held-out eval (before): reused {cache_dir}/{key}.json", highlight=False, soft_wrap=True)
+        return cached
+    result = _eval(trainer, tokenizer, rows, reward_fn, cfg, console, "held-out eval (before)")
+    if trainer.accelerator.is_main_process:
+        eval_cache.store(cache_dir, key, result)
+    return result
 
 
 def heldout_rows(cfg: DictConfig):
@@ -227,7 +247,7 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
     from mixrl.trainer.callbacks import MetricsJsonlCallback, RichProgressCallback, RunStateCallback
     from mixrl.trainer.guards import CollapseWatch, DivergenceGuard
 
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     geom = geometry(cfg)
     _set_threads(cfg)
     set_seed(int(cfg.seed))
@@ -284,7 +304,7 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
     setup_s = time.perf_counter() - t0
 
     if before is None:
-        before = _eval(trainer, tokenizer, eval_rows, reward_funcs[0], cfg, console, "held-out eval (before)")
+        before = _eval_start(trainer, tokenizer, eval_rows, reward_funcs[0], cfg, console, model_path)
         if trainer.accelerator.is_main_process:
             (run_dir / EVAL_BEFORE).write_text(json.dumps(before, indent=2))
     collapse.observe(start_step, {"eval/accuracy": before.get("accuracy")})  # the starting model is a "best" too
@@ -331,6 +351,7 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
         "resumed_from_step": start_step if resume_from is not None else None,
         "geometry": geom.describe(),
         "rollouts": trainer.mixrl_rollouts,  # on-policy rollouts trained on (expert rows excluded)
+        "generated_tokens": trainer.mixrl_generated_tokens,  # their completion tokens
         "accuracy_before": before.get("accuracy"),
         "accuracy_after": after.get("accuracy"),
         "eval_before": before,
@@ -341,6 +362,7 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
         "setup_seconds": round(setup_s, 2),
         "train_seconds": round(train_s, 2),
         "wall_seconds": round(time.perf_counter() - t0, 2),
+        "cpu_seconds": round(time.process_time() - cpu0, 2),  # CPU time of this process (all its threads)
         "model_dir": str(model_dir),
         "machine": f"{platform.machine()} {os.cpu_count()} cpu",
     }
@@ -382,11 +404,13 @@ def train_stages(cfg: DictConfig, stages: list[tuple[str, DictConfig]], console:
         "algo": cfg.algo.name,
         "steps": sum(r.summary["steps"] for r in results),
         "rollouts": sum(r.summary["rollouts"] for r in results),
+        "generated_tokens": sum(r.summary.get("generated_tokens") or 0 for r in results),
         "accuracy_before": first["accuracy_before"],
         "eval_before": first["eval_before"],
         "setup_seconds": round(sum(r.summary["setup_seconds"] for r in results), 2),
         "train_seconds": round(sum(r.summary["train_seconds"] for r in results), 2),
         "wall_seconds": round(time.perf_counter() - t0, 2),
+        "cpu_seconds": round(sum(r.summary.get("cpu_seconds") or 0 for r in results), 2),
         "stages": [{"name": n, "run_dir": str(r.run_dir), "steps": r.summary["steps"], "accuracy_after": r.summary["accuracy_after"]} for (n, _), r in zip(stages, results)],
     }
     (outer / "summary.json").write_text(json.dumps(summary, indent=2))

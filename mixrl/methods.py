@@ -1,0 +1,161 @@
+"""``docs/methods.md``, generated from the algo presets, the recipes and the suites.
+
+For every method mixrl ships (an algo preset, ``conf/algo/NAME.yaml``): the paper and the
+mechanism from the preset's header comment, the objective it composes to (rendered from the
+components, as ``mixrl explain`` does), the recipes that use it, and the claims the suites
+(``conf/suites/*.yaml``) make about its recipes, each with the latest measured verdict from
+``docs/results/<suite>/compare.json`` when that file holds judged claims, else
+"not measured yet".
+
+``python -m mixrl.methods > docs/methods.md`` or ``mixrl docs methods`` writes it; a test
+keeps the committed page current.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from pathlib import Path
+
+HEADER = "# Methods mixrl ships"
+
+
+def _header_comment(path: Path) -> str:
+    lines = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("#").strip())
+    return " ".join(x for x in lines if x)
+
+
+def split_header(text: str) -> tuple[str, str]:
+    """(paper, mechanism) from a preset's header comment: ``NAME (citation): mechanism...`` or
+    ``NAME: mechanism``; the mechanism is its first clause (up to '.', ';' or ':' ending it)."""
+    paper, rest = text, ""
+    m = re.match(r"^[^(:]*\(", text)
+    if m:  # NAME ( ... ) with balanced parentheses
+        depth, i = 0, m.end() - 1
+        for i in range(m.end() - 1, len(text)):
+            depth += {"(": 1, ")": -1}.get(text[i], 0)
+            if depth == 0:
+                break
+        paper, rest = text[: i + 1], text[i + 1 :].lstrip(":").strip()
+    elif ":" in text:
+        paper, rest = (s.strip() for s in text.split(":", 1))
+    return paper.strip(), _first_clause(rest)
+
+
+def _first_clause(text: str) -> str:
+    """``text`` up to the first '.', ';' or ':' that ends a clause outside parentheses."""
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += {"(": 1, "[": 1, ")": -1, "]": -1}.get(ch, 0)
+        ends = i + 1 == len(text) or text[i + 1] == " "
+        if depth == 0 and ch in ".;:" and ends and i > 0 and (text[i - 1].isalnum() or text[i - 1] in ")]"):
+            return text[:i].strip()
+    return text.strip()
+
+
+@lru_cache(maxsize=None)
+def _objective(name: str) -> str:
+    from mixrl.config.compose import compose_config
+    from mixrl.explain.render import objective_equation
+
+    cfg = compose_config([f"algo={name}"])
+    a = cfg.algo
+    if a.stages:
+        return "stages: " + " -> ".join(f"{s.algo} ({s.max_steps or 'trainer.max_steps'} steps)" for s in a.stages)
+    eq = objective_equation(cfg)
+    return (f"`{eq}`; policy loss `{a.loss.name}`, advantage `{a.advantage.name}`, aggregation "
+            f"`{a.aggregation.name}`, injection `{a.inject.name}`")
+
+
+@lru_cache(maxsize=None)
+def _recipes_by_algo() -> dict[str, list[tuple[str, str]]]:
+    """algo name -> [(recipe, its description and hardware)]."""
+    from mixrl.config.compose import compose_config, list_recipe_names
+
+    out: dict[str, list[tuple[str, str]]] = {}
+    for r in list_recipe_names():
+        cfg = compose_config([f"recipe={r}"])
+        info = cfg.recipe_info
+        out.setdefault(str(cfg.algo.name), []).append((r, f"{info.description or ''} ({info.hardware or cfg.hardware.name})"))
+    return out
+
+
+def _measured(results_root: Path, suite: str) -> list[dict] | None:
+    p = results_root / suite / "compare.json"
+    if not p.is_file():
+        return None
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data.get("claims") or None
+
+
+def _verdict(claim, measured: list[dict] | None) -> str:
+    for m in measured or []:
+        if (m.get("paper"), m.get("claim"), m.get("method"), m.get("baseline")) == (claim.paper, claim.claim, claim.method, claim.baseline):
+            if m.get("verdict") == "not measured":
+                break
+            diff = m.get("diff")
+            lo, hi = m.get("low"), m.get("high")
+            detail = f"difference {diff:.3f}" if isinstance(diff, (int, float)) else ""
+            if lo is not None and hi is not None:
+                detail += f" [{lo:.3f}, {hi:.3f}]"
+            if m.get("p") is not None:
+                detail += f", p = {m['p']:.3g}"
+            return f"**{m['verdict']}** ({m.get('test', '')}; {detail})"
+    return "not measured yet"
+
+
+def render_methods(results_root: str | Path = "docs/results") -> str:
+    from mixrl.config.compose import conf_dir, group_options
+    from mixrl.suites import load_suite, suite_names
+
+    results_root = Path(results_root)
+    recipes = _recipes_by_algo()
+    suites = [load_suite(n) for n in suite_names()]
+    claims_by_recipe: dict[str, list[tuple[str, object]]] = {}
+    for s in suites:
+        for c in s.claims:
+            claims_by_recipe.setdefault(c.method, []).append((s.name, c))
+    measured = {s.name: _measured(results_root, s.name) for s in suites}
+    out = [
+        HEADER, "",
+        "Generated by `mixrl docs methods` (`python -m mixrl.methods`) from `conf/algo/*.yaml` (paper, mechanism, "
+        "objective), `recipes/` and `conf/suites/*.yaml` (claims). A verdict is the latest measured one in "
+        "`docs/results/<suite>/compare.json` (a stated test over seeds, see `mixrl/stats.py`); \"not measured yet\" "
+        "when no results file holds it. Do not edit by hand.", "",
+    ]
+    for name in group_options("algo"):
+        paper, mech = split_header(_header_comment(conf_dir() / "algo" / f"{name}.yaml"))
+        rs = recipes.get(name, [])
+        out += [f"## `{name}`", "",
+                f"- **paper**: {paper}",
+                f"- **mechanism**: {mech}" if mech else "- **mechanism**: see `conf/algo/" + name + ".yaml`",
+                f"- **objective**: {_objective(name)}",
+                "- **recipes**:" + ("" if rs else f" none (use `algo={name}`)")]
+        out += [f"  - `{r}`: {desc}" for r, desc in rs]
+        claims = [(sname, c) for r, _ in rs for sname, c in claims_by_recipe.get(r, [])]
+        if claims:
+            out += ["- **claims**:", ""]
+            out += ["  | suite | paper | claim | measure | method vs baseline | verdict |", "  |---|---|---|---|---|---|"]
+            for sname, c in claims:
+                out.append(f"  | {sname} | {c.paper} | {c.claim} | {c.describe()} ({c.better} is better) | "
+                           f"`{c.method}` vs `{c.baseline}` | {_verdict(c, measured[sname])} |")
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def main() -> None:  # pragma: no cover
+    import sys
+
+    sys.stdout.write(render_methods())
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

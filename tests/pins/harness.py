@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import sys
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -46,34 +47,9 @@ NUM_PROJECTIONS = 4
 _VOLATILE = re.compile(r"(time|runtime|per_second|flos)", re.IGNORECASE)
 
 
-def fixed_completion(prompt: str, slot: int) -> str:
-    """The "rollout" of ``prompt`` in group slot ``slot``: right on every other slot (shifted by the
-    prompt's length so groups differ), wrong otherwise, with lengths that vary."""
-    expr = prompt.strip().rstrip("=")
-    if not re.fullmatch(r"[0-9+\-*]+", expr):
-        raise ValueError(f"unexpected arith prompt {prompt!r}")
-    answer = eval(expr)  # noqa: S307 - digits and + - * only
-    if (slot + len(prompt)) % 2 == 1:
-        return f"{answer} #### {answer}"
-    return f"{slot}{'9' * slot} #### {answer + slot + 1}"
-
-
-def patch_generation() -> None:
-    """Replace TRL's rollout generation by ``fixed_completion`` (idempotent)."""
-    import trl
-
-    def generate(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-        tok = self.processing_class
-        start = self.accelerator.process_index * len(prompt_ids)
-        out = []
-        for i, ids in enumerate(prompt_ids):
-            prompt = tok.decode(ids, skip_special_tokens=True)
-            text = fixed_completion(prompt, (start + i) % num_generations)
-            out.append(list(tok(text=text, add_special_tokens=False)["input_ids"]) + [tok.eos_token_id])
-        return out, None
-
-    generate.__mixrl_pins__ = True
-    trl.GRPOTrainer._generate_single_turn = generate
+# the unsampled rollouts of the two-process test (tests/ddp_worker.py): the same completions here
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ddp_worker import fixed_completion, patch_generation  # noqa: E402,F401
 
 
 _PROJ_CACHE: dict[int, torch.Tensor] = {}

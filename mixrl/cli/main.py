@@ -254,7 +254,11 @@ def docs_components(
     """Regenerate the reference page of every registered component from the code."""
     from mixrl.core.docs import render_components_markdown
 
-    text = render_components_markdown()
+    _write_page(render_components_markdown(), out_path)
+
+
+def _write_page(text: str, out_path: Path) -> None:
+    """Write a generated docs page (``-``: standard output)."""
     if str(out_path) == "-":
         sys.stdout.write(text)
         return
@@ -272,13 +276,7 @@ def docs_methods(
     """Regenerate docs/methods.md: every shipped method, its recipes, paper, claims and latest verdicts."""
     from mixrl.methods import render_methods
 
-    text = render_methods(results)
-    if str(out_path) == "-":
-        sys.stdout.write(text)
-        return
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(text)
-    out.print(f"wrote {out_path}")
+    _write_page(render_methods(results), out_path)
 
 
 def main() -> None:  # pragma: no cover

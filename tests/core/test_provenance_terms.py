@@ -146,3 +146,17 @@ def test_seq_mean_aggregation_of_a_mixed_row_splits_linearly():
     b, _ = compute_objective(whole, logp=logp, mask=mask, advantages=torch.zeros(1), token_source=src)
     assert a.item() == pytest.approx(b.item(), rel=1e-7)
     assert a.item() == pytest.approx((0.4 + 1.1 + 0.2) / 3, rel=1e-6)
+
+
+def test_teacher_kl_term_by_hand():
+    """Reverse KL to a teacher carried per token, k1 = logp - teacher_logp (OPD / KDRL); tokens
+    whose teacher log-prob is unknown (NaN) outside the term's selection do not leak."""
+    logp = torch.tensor([[-0.5, -1.0, -2.0]], requires_grad=True)
+    teacher = torch.tensor([[-0.2, -1.5, float("nan")]])
+    src = torch.tensor([[ON, ON, EXP]])
+    obj = Objective([TermSpec("distill", "teacher_kl", ("on_policy",), None, 0.5, "token-mean", {}, {"estimator": "k1"})])
+    loss, _ = compute_objective(obj, logp=logp, mask=torch.ones(1, 3), advantages=torch.zeros(1),
+                                token_source=src, teacher_logp=teacher)
+    assert loss.item() == pytest.approx(0.5 * ((-0.5 + 0.2) + (-1.0 + 1.5)) / 2, rel=1e-6)
+    loss.backward()
+    assert logp.grad[0].tolist() == pytest.approx([0.25, 0.25, 0.0])  # d(0.5 * k1 / 2) = 0.25 per selected token

@@ -136,7 +136,7 @@ def check_objective(cfg: DictConfig) -> list[str]:
         raise ConfigError(f"could not build the objective from algo: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     source_name, _ = component(cfg.offpolicy.source)
     inject_name, _ = component(algo.inject)
-    injected = _injected_provenances(source_name) if _needs_source(inject_name) else set()
+    injected, optional = _injection_provenances(cfg, source_name, inject_name)
     available = injected | ({"on_policy"} if not _skips_generation(inject_name) else set())
     known = set(prov.provenance_names())
 
@@ -159,7 +159,7 @@ def check_objective(cfg: DictConfig) -> list[str]:
             "none, so they never enter a batch; use an algo that injects them (algo=chord, luffy, sft, mix) or offpolicy=none"
         )
     trained = {p for t in objective.terms for p in t.tokens}
-    for p in sorted(injected - trained):
+    for p in sorted(injected - trained - optional):
         raise ConfigError(
             f"algo.inject={inject_name} adds '{p}' tokens but no term trains on them; add a term with tokens: [{p}] "
             "(e.g. algo.terms.sft={name: nll, tokens: [" + p + "]})"
@@ -184,6 +184,24 @@ def check_objective(cfg: DictConfig) -> list[str]:
         _check_controller(cfg, ctrl_name, controller, objective)
     notes += _notes(cfg, objective)
     return notes
+
+
+def _injection_provenances(cfg: DictConfig, source_name: str, inject_name: str) -> tuple[set[str], set[str]]:
+    """(provenances the configured injection puts in the batch, those it may leave untrained):
+    what the injection declares, else its source's material."""
+    from mixrl.config.rules import geometry
+    from mixrl.sources import INJECTIONS
+
+    cls = INJECTIONS.get(inject_name)
+    declared = cls.provenances
+    if isinstance(declared, property):  # depends on the injection's parameters
+        declared = build_injection(cfg, geometry=geometry(cfg)).provenances
+    if declared is None:
+        declared = _injected_provenances(source_name) if _needs_source(inject_name) else set()
+    optional = cls.may_leave_untrained
+    if isinstance(optional, property):
+        optional = build_injection(cfg, geometry=geometry(cfg)).may_leave_untrained
+    return set(declared), set(optional)
 
 
 def _injected_provenances(source_name: str) -> set[str]:

@@ -21,7 +21,9 @@ Attributes a term function may declare (read by config validation and ``mixrl ex
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
 from torch import Tensor
 
 from mixrl.core._tensor import masked_mean, token_advantages
@@ -108,6 +110,37 @@ def shaped(x: TermInputs, *, gamma: float = 0.1) -> TermOutput:
 
     adv = token_advantages(x.advantages, x.logp)
     return TermOutput(-adv * luffy_shaped_ratio(x.logp, gamma=gamma))
+
+
+@TERMS.register("advantage_nll")
+def advantage_nll(x: TermInputs, *, top_entropy: float | None = None) -> TermOutput:
+    """Advantage-weighted log-likelihood on written tokens (their behaviour probability is
+    unknown, so no ratio: it is taken as 1, unclipped); optionally only on the selected
+    tokens of highest entropy in the micro-batch.
+
+    Formula: l_t = -A m_t log p_t, m_t = 1[H_t >= the ({top_entropy}) top-entropy quantile of the selected tokens] (all when null)
+    Paper: Prefix-RFT, "Blending Supervised and Reinforcement Fine-Tuning with Prefix Sampling" (arXiv 2507.01679): demonstration-prefix tokens get the rollout's advantage, updates only on the top 20% by entropy.
+
+    Parameters:
+        top_entropy (None): share of the selected tokens (highest entropy first) that get a gradient; null = all.
+    """
+    import torch
+
+    adv = token_advantages(x.advantages, x.logp)
+    keep = x.mask
+    if top_entropy is not None:
+        if not 0.0 < float(top_entropy) <= 1.0:
+            raise ValueError(f"top_entropy must be in (0, 1], got {top_entropy}")
+        h = x.entropies.detach()
+        sel = h[x.mask]
+        if sel.numel():
+            k = max(1, math.ceil(float(top_entropy) * sel.numel()))
+            threshold = torch.topk(sel.float(), k).values.min()
+            keep = x.mask & (h >= threshold.to(h.dtype))
+    return TermOutput(-adv * keep.to(x.logp.dtype) * x.logp, {"advantage_nll/kept": float(keep.sum()) / max(float(x.mask.sum()), 1.0)})
+
+
+advantage_nll.needs = ("entropies",)
 
 
 @TERMS.register("kl")

@@ -7,6 +7,7 @@ registry           entries                                      module
 =================  ===========================================  ==================
 ``SOURCES``        none, expert                                 ``base``, ``expert``
 ``INJECTIONS``     none, group_replace, replace_all, append_rows  ``base``, ``inject``
+                   prefix; hint                                 ``prefix``; ``hint``
 =================  ===========================================  ==================
 
 A new source is its own module in this package (every module here is imported, so it

@@ -8,11 +8,14 @@ named points, in the order TRL runs them:
 =====================  ===================================================================
 hook                   what it may do
 =====================  ===================================================================
-``before_generation``  rewrite the prompts about to be generated from (prefixes, hints)
-``after_generation``   replace or extend completions before they are scored (LUFFY, SFT)
+``before_generation``  rewrite the prompts about to be generated from
+``after_generation``   replace completions before scoring (LUFFY, SFT; hinted regeneration)
 ``after_rewards``      see the gathered rewards before advantages (refill failed groups)
 ``after_advantages``   append scored rows with their own provenance (CHORD)
 =====================  ===================================================================
+
+Between the first two, ``generation_prefixes`` may give each rollout a prefix to continue
+from (Prefix-RFT, POPE, UFT, PrefixRL); it is a method, not a hook point of its own.
 
 Hooks receive an :class:`InjectContext` (what they may know of the trainer: tokenizer,
 process, step; never the trainer itself) and return what they were given, changed. Every
@@ -56,6 +59,18 @@ class InjectContext:
     device: torch.device
     tokenize_prompts: Callable[[list], list[list[int]]]
     gather: Callable[[torch.Tensor], torch.Tensor]
+    # what an injection that generates more may call (set by the trainer; None in unit tests
+    # that do not need them). Every process must call ``generate`` and ``score`` together.
+    #: ``generate(prompt_ids) -> (completion_ids, logprobs)``: one completion per prompt, sampled by the policy
+    generate: Callable[[list[list[int]]], tuple[list[list[int]], list | None]] | None = None
+    #: ``score(inputs, completion_ids) -> [N_global, F]``: reward functions on local rows, gathered
+    score: Callable[[list[dict], list[list[int]]], torch.Tensor] | None = None
+    #: ``behaviour_logps(prompt_ids, completion_ids) -> per-token log-probs`` of the policy now (no grad)
+    behaviour_logps: Callable[[list[list[int]], list[list[int]]], list[list[float]]] | None = None
+    #: ``log(key, value)``: a training metric for this generation batch (already global)
+    log: Callable[[str, float], None] | None = None
+    #: at ``after_rewards``: the first reward function's value per global row (success is read from it)
+    primary_rewards: torch.Tensor | None = None
 
     def completion_ids(self, text: str) -> list[int]:
         """Token ids of a written completion, ended by eos and cut to max_completion_length."""
@@ -70,6 +85,12 @@ class Rollouts:
     ``row_source``: provenance code of each row; ``token_source``: per-token codes where a
     row mixes provenances (None: every token has its row's); ``behaviour_logp``: per-token
     log-probs recorded at sampling time for ``stored`` provenances (None: none recorded).
+    ``guided``: per row, 0 for a free rollout, 1 for one continued from a prefix, 2 for one
+    generated with a hint (held out of the unguided ``accuracy``); ``prompt_ids``: the
+    prompts the rows are trained under (the trainer's own list: an injection that trains a
+    row under another prompt replaces its entry); ``discarded_tokens``: the length of every
+    completion the policy generated for this batch that is no longer in it (a failed group
+    regenerated with a hint), so the rollout budget counts it.
     """
 
     completion_ids: list[list[int]]
@@ -77,11 +98,15 @@ class Rollouts:
     row_source: list[int]
     token_source: list[list[int] | None] = field(default_factory=list)
     behaviour_logp: list[list[float] | None] = field(default_factory=list)
+    guided: list[int] = field(default_factory=list)
+    prompt_ids: list[list[int]] | None = None
+    discarded_tokens: list[int] = field(default_factory=list)
 
     def __post_init__(self):
         n = len(self.completion_ids)
         self.token_source = self.token_source or [None] * n
         self.behaviour_logp = self.behaviour_logp or [None] * n
+        self.guided = self.guided or [0] * n
 
 
 class Source:
@@ -114,6 +139,13 @@ class Injection:
     skips_generation = False
     #: False for an injection that places nothing from a source (config validation reads it)
     needs_source = True
+    #: provenances of the tokens it puts in the batch (None: its source's); config validation
+    #: checks that a term trains on each, except those in ``may_leave_untrained``
+    provenances: tuple[str, ...] | None = None
+    may_leave_untrained: tuple[str, ...] = ()
+    #: True when it generates completions beyond the rollouts (``ctx.generate``); the trainer
+    #: then adds the completions it discarded (``Rollouts.discarded_tokens``) to the rollout budget
+    may_generate_more = False
 
     def __init__(self, *, source: Source | None = None, geometry: Any = None, seed: int = 0):
         self.source = source
@@ -122,6 +154,12 @@ class Injection:
 
     def before_generation(self, ctx: InjectContext, inputs: list[dict]) -> list[dict]:
         return inputs
+
+    def generation_prefixes(self, ctx: InjectContext, inputs: list[dict]) -> list[list[int]] | None:
+        """Token ids each local row's rollout continues from (``[]``: none), or None for no
+        prefixes. Called once per generation batch, between ``before_generation`` and the
+        generation itself; the prefix tokens join the completion with their own provenance."""
+        return None
 
     def after_generation(self, ctx: InjectContext, inputs: list[dict], rollouts: Rollouts) -> Rollouts:
         return rollouts

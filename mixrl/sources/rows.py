@@ -83,3 +83,33 @@ def append_rows(
     new["row_source"] = torch.cat([out["row_source"], row_source])
     new["group_id"] = torch.cat([out["group_id"], torch.full((e,), -1, dtype=torch.long, device=dev)])
     return new
+
+
+def splice_prefixes(
+    completion_ids: list[list[int]],
+    logprobs: list | None,
+    prefixes: list[list[int]],
+    *,
+    max_len: int,
+    prefix_code: int,
+    continuation_code: int,
+) -> tuple[list[list[int]], list | None, list[list[int] | None]]:
+    """Put each row's prefix at the start of its completion.
+
+    The policy generated ``completion_ids[i]`` after ``prompt + prefixes[i]``; the trained
+    row is ``prompt`` + ``prefixes[i] + completion_ids[i]``, so a forward of the row sees
+    exactly the context each continuation token was sampled in. The spliced completion is
+    cut to ``max_len`` tokens (the continuation loses its tail; it then counts as
+    truncated). Returns the completions, the per-token sampling log-probs (None on prefix
+    tokens: none exists) and each row's per-token provenance codes (``prefix_code`` on the
+    prefix, ``continuation_code`` after it; None for a row without a prefix).
+    """
+    out_ids, out_lp, token_source = [], [] if logprobs is not None else None, []
+    for i, (ids, prefix) in enumerate(zip(completion_ids, prefixes, strict=True)):
+        prefix = list(prefix)[:max_len]
+        cont = list(ids)[: max_len - len(prefix)]
+        out_ids.append(prefix + cont)
+        if out_lp is not None:
+            out_lp.append([None] * len(prefix) + list(logprobs[i])[: len(cont)])
+        token_source.append([prefix_code] * len(prefix) + [continuation_code] * len(cont) if prefix else None)
+    return out_ids, out_lp, token_source

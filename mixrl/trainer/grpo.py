@@ -31,6 +31,7 @@ from trl import GRPOTrainer
 from mixrl.core import provenance as prov
 from mixrl.core.objective import Objective, compute_objective, population_key
 from mixrl.sources.base import InjectContext, Rollouts
+from mixrl.sources.rows import splice_prefixes
 
 OVERRIDDEN = (
     "_generate_single_turn",
@@ -87,7 +88,53 @@ class MixrlGRPOTrainer(GRPOTrainer):
             device=self.accelerator.device,
             tokenize_prompts=lambda prompts: self._tokenize_prompts(prompts)[0],
             gather=self.accelerator.gather,
+            generate=self._mixrl_generate,
+            score=self._mixrl_score,
+            behaviour_logps=self._mixrl_behaviour_logps,
+            log=lambda key, value: self._metrics["train"][key].append(float(value)),
         )
+
+    # ------------------------------------------------------------------ what injections may call
+    def _mixrl_generate(self, prompt_ids: list[list[int]]):
+        """One completion per prompt, sampled by the policy (TRL's own generation path, so
+        vLLM, sampling settings and EOS handling are the rollouts'). A process with no
+        prompt skips the call unless vLLM server mode gathers prompts over processes."""
+        if not prompt_ids and not (self.use_vllm and getattr(self.args, "vllm_mode", "") == "server"):
+            return [], None
+        return super()._generate_single_turn([list(p) for p in prompt_ids], None, {}, 1)
+
+    def _mixrl_score(self, inputs: list[dict], completion_ids: list[list[int]]) -> torch.Tensor:
+        """The reward functions on local (row, completion) pairs, gathered over processes: [N_global, F]."""
+        from trl.data_utils import is_conversational
+
+        texts = self.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
+        prompts = [x["prompt"] for x in inputs]
+        if prompts and is_conversational({"prompt": prompts[0]}):
+            completions = [[{"role": "assistant", "content": t}] for t in texts]
+        else:
+            completions = texts
+        return super()._calculate_rewards(inputs, prompts, completions, completion_ids)
+
+    def _mixrl_behaviour_logps(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
+        """Per-token log-probs of ``completion_ids[i]`` after ``prompt_ids[i]`` under the policy
+        as it is now (the behaviour of a completion sampled in another context than the one
+        it is trained in). No gradient."""
+        if not prompt_ids:
+            return []
+        from trl.trainer.utils import pad
+
+        dev = self.accelerator.device
+        pad_id = self.processing_class.pad_token_id
+        p = pad([torch.tensor(x) for x in prompt_ids], padding_value=pad_id, padding_side="left").to(dev)
+        pm = pad([torch.ones(len(x), dtype=torch.long) for x in prompt_ids], padding_value=0, padding_side="left").to(dev)
+        c = pad([torch.tensor(x) for x in completion_ids], padding_value=pad_id, padding_side="right").to(dev)
+        cm = pad([torch.ones(len(x), dtype=torch.long) for x in completion_ids], padding_value=0, padding_side="right").to(dev)
+        with torch.no_grad():
+            logps, _, _ = self._get_per_token_logps_and_entropies(
+                self.model, torch.cat([p, c], 1), torch.cat([pm, cm], 1), c.size(1),
+                batch_size=self.args.per_device_train_batch_size,
+            )
+        return [logps[i, : len(x)].float().tolist() for i, x in enumerate(completion_ids)]
 
     def _injecting(self) -> bool:
         return bool(self.injections) and self.model.training and self._mixrl_batch_inputs is not None
@@ -95,20 +142,52 @@ class MixrlGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ generation
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         injecting = self._injecting()
+        ctx = self._inject_context() if injecting else None
+        prefixes = self._generation_prefixes(ctx, len(prompt_ids)) if injecting else None
+        token_source = None
         if injecting and any(inj.skips_generation for inj in self.injections):
             # every completion will be a source's: do not spend time generating rollouts
             completion_ids, logprobs = [[self.processing_class.eos_token_id] for _ in prompt_ids], None
+        elif prefixes is not None:
+            # each rollout continues from its prefix: the prompts of a group differ, so one
+            # completion per prompt (vLLM's server mode would otherwise sample a group from its first prompt)
+            completion_ids, logprobs = super()._generate_single_turn(
+                [list(p) + list(x) for p, x in zip(prompt_ids, prefixes)], images, multimodal_fields, 1, has_tool_images
+            )
+            completion_ids, logprobs, token_source = splice_prefixes(
+                completion_ids, logprobs, prefixes, max_len=self.max_completion_length,
+                prefix_code=prov.code("prefix"), continuation_code=prov.ON_POLICY,
+            )
         else:
             completion_ids, logprobs = super()._generate_single_turn(
                 prompt_ids, images, multimodal_fields, num_generations, has_tool_images
             )
-        rollouts = Rollouts(list(completion_ids), logprobs, [prov.ON_POLICY] * len(completion_ids))
+        n = len(completion_ids)
+        rollouts = Rollouts(
+            list(completion_ids), logprobs, [prov.ON_POLICY] * n, token_source=token_source or [],
+            guided=[1 if p else 0 for p in prefixes] if prefixes is not None else [], prompt_ids=prompt_ids,
+        )
         if injecting:
-            ctx = self._inject_context()
             for inj in self.injections:
                 rollouts = inj.after_generation(ctx, self._mixrl_batch_inputs, rollouts)
+            if rollouts.prompt_ids is not prompt_ids:  # a row trained under another prompt (plain hinted training)
+                prompt_ids[:] = rollouts.prompt_ids  # TRL builds the batch's prompts from this very list
         self._mixrl_rollouts = rollouts
         return rollouts.completion_ids, rollouts.logprobs
+
+    def _generation_prefixes(self, ctx, n: int) -> list[list[int]] | None:
+        """The one injection's per-row prefixes (None when no injection sets any)."""
+        found = None
+        for inj in self.injections:
+            p = inj.generation_prefixes(ctx, self._mixrl_batch_inputs)
+            if p is None:
+                continue
+            if found is not None:
+                raise RuntimeError("two injections set generation prefixes; configure one")
+            if len(p) != n:
+                raise RuntimeError(f"{type(inj).__name__}.generation_prefixes returned {len(p)} prefixes for {n} rows")
+            found = [list(x) for x in p]
+        return found
 
     # ------------------------------------------------------------------ rewards
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
@@ -135,6 +214,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
         rpf = self._mixrl_rewards_per_func
         rewards = (rpf * self.reward_weights.to(device).unsqueeze(0)).nansum(dim=1)
         ctx = self._inject_context()
+        ctx.primary_rewards = rpf[:, 0]
         if training:
             for inj in self.injections:
                 rewards = inj.after_rewards(ctx, inputs, rewards)
@@ -155,22 +235,37 @@ class MixrlGRPOTrainer(GRPOTrainer):
 
         primary = rpf[:, 0]
         on = sources == prov.ON_POLICY
+        guided = self._guided(n_local, device)
+        free = on & (guided == 0)  # rollouts continued from a prefix or generated with a hint are not the policy's own accuracy
         nan = float("nan")  # TRL's logger drops NaN: no on-policy rows (SFT) logs no accuracy
-        self._metrics[mode]["accuracy"].append(float((primary[on] >= 1.0 - 1e-6).float().mean()) if on.any() else nan)
-        self._metrics[mode]["reward_on_policy"].append(float(rewards[on].mean()) if on.any() else nan)
+        self._metrics[mode]["accuracy"].append(float((primary[free] >= 1.0 - 1e-6).float().mean()) if free.any() else nan)
+        self._metrics[mode]["reward_on_policy"].append(float(rewards[free].mean()) if free.any() else nan)
         if training:
             self.mixrl_rollouts += int(on.sum())
             local_on = out["row_source"] == prov.ON_POLICY
-            gen = (out["completion_mask"].sum(dim=1).float() * local_on.float()).sum()
+            sampled = _behaviour_known(out["token_source"]) & out["completion_mask"].bool()  # not prefix tokens
+            gen = (sampled.float().sum(dim=1) * local_on.float()).sum()
             self.mixrl_generated_tokens += int(self.accelerator.reduce(gen, reduction="sum"))
+            discarded = (self._mixrl_rollouts.discarded_tokens if self._mixrl_rollouts is not None else [])
+            if any(inj.may_generate_more for inj in self.injections):  # a collective: every process or none
+                d = self.accelerator.reduce(torch.tensor([len(discarded), sum(discarded)], device=device, dtype=torch.float32), reduction="sum")
+                self.mixrl_rollouts += int(d[0])
+                self.mixrl_generated_tokens += int(d[1])
             for inj in self.injections:
                 out = inj.after_advantages(ctx, inputs, out)
         for name in self.objective.selected():
             if name != "on_policy":
-                n_rows = self.accelerator.reduce((out["row_source"] == prov.code(name)).sum().float(), reduction="sum")
+                has = (out["token_source"] == prov.code(name)).any(dim=1) if out["token_source"].numel() else out["row_source"] == prov.code(name)
+                n_rows = self.accelerator.reduce(has.sum().float(), reduction="sum")
                 self._metrics[mode][f"{name}/rows"].append(float(n_rows))
         self._mixrl_normalisers = self._global_counts(out)
         return out
+
+    def _guided(self, n_local: int, device) -> torch.Tensor:
+        """Per global row: 0 free rollout, 1 continued from a prefix, 2 generated with a hint."""
+        r = self._mixrl_rollouts
+        local = r.guided if r is not None and len(r.guided) == n_local else [0] * n_local
+        return self.accelerator.gather(torch.tensor(local, dtype=torch.long, device=device))
 
     def _add_provenance(self, out: dict) -> None:
         """``row_source``, ``token_source`` and ``behaviour_logp`` of the local rows, from the
@@ -329,6 +424,12 @@ class MixrlGRPOTrainer(GRPOTrainer):
         for key, value in metrics.items():
             self._metrics[mode][key].append(value * parts if key.startswith("loss/") else value)
         return loss
+
+
+def _behaviour_known(token_source: torch.Tensor) -> torch.Tensor:
+    """Tokens some policy sampled (behaviour ``policy`` or ``stored``), not written ones."""
+    codes = [prov.code(n) for n in prov.provenance_names() if prov.provenance(n).behaviour != "unknown"]
+    return torch.isin(token_source, torch.tensor(codes, dtype=token_source.dtype, device=token_source.device))
 
 
 def _behaviour_is_policy(row_source: torch.Tensor) -> torch.Tensor:

@@ -26,6 +26,7 @@ HUB_FIXTURES = {
     "DigitalLearningGmbH/MATH-lighteval": ["math.jsonl"],
     "HuggingFaceH4/MATH-500": ["math.jsonl"],
     "Elliott/Openr1-Math-46k-8192": ["luffy_openr1.jsonl"],
+    "hkgc/math3to5_olympiads_aime": ["ghpo_math3to5.jsonl"],
 }
 
 RECIPES = list_recipe_names()

@@ -53,7 +53,7 @@ def test_shipped_suites_load_and_compose(tmp_path):
     toy = load_suite("toy")
     assert toy.recipes == list(TOY_RECIPES) and toy.seeds == 3
     hard = load_suite("hard")
-    assert hard.seeds == 5 and len(hard.methods) == 8
+    assert hard.seeds == 5 and len(hard.methods) >= 8
     assert {"luffy/arith-tiny", "luffy/authors-arith-tiny"} <= set(hard.recipes)
     assert all(c.method in hard.recipes and c.baseline in hard.recipes for c in hard.claims)
     assert all(c.paper and "arXiv" not in c.paper for c in hard.claims)  # titles, no ids

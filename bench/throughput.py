@@ -14,6 +14,8 @@ one micro-batch, 32 new tokens; ``--set KEY=VALUE`` overrides any config value f
 ``grpo``   ``MixrlGRPOTrainer`` for ``algo=grpo`` (with the ``metrics.jsonl`` callback that
            ``mixrl train`` adds); its advantage eps is set to TRL's 1e-4 (same numbers).
 ``chord``  ``MixrlGRPOTrainer`` for ``algo=chord`` (the grpo rollouts + expert rows trained with SFT).
+``prefix`` ``algo=prefixrl``: every rollout continues from a prefix of the expert solution (``--only``).
+``hint``   ``algo=guide``: failed groups are generated again with a hint (``--only``).
 ``floor``  bare torch + transformers doing the same work: ``model.generate`` for the group,
            reward, group-normalised advantage, one forward + backward over prompt + completion
            with the same PPO-clip token-mean loss, gradient clipping, the same optimizer step.
@@ -63,12 +65,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 REPO = Path(__file__).resolve().parent.parent
-VARIANTS = ("trl", "grpo", "chord", "floor")
+VARIANTS = ("trl", "grpo", "chord", "floor", "prefix", "hint")
+DEFAULT_VARIANTS = ("trl", "grpo", "chord", "floor")
+#: variants that are a mixrl algo of another name
+ALGO = {"prefix": "prefixrl", "hint": "guide"}
 DESCRIPTIONS = {
     "trl": "plain trl.GRPOTrainer (loss_type=dapo)",
     "grpo": "mixrl algo=grpo (MixrlGRPOTrainer)",
     "chord": "mixrl algo=chord (rollouts + expert SFT rows)",
     "floor": "bare torch + transformers loop",
+    "prefix": "mixrl algo=prefixrl (every rollout continues from a prefix of the expert solution)",
+    "hint": "mixrl algo=guide (groups whose rollouts all fail are generated again with a hint)",
 }
 TARGET_OVERHEAD = 1.05
 
@@ -102,6 +109,7 @@ class VariantResult:
     records: list[StepRecord] = field(default_factory=list)
     state_mb: float | None = None  # parameters + optimizer state
     error: str | None = None
+    generated_tokens: int | None = None  # mixrl's count of every token the policy sampled (all steps)
 
     def measured(self) -> list[StepRecord]:
         return [r for r in self.records if r.measured]
@@ -645,7 +653,7 @@ def run(opts: argparse.Namespace, log: Callable[[str], None]) -> dict:
         total = W + S + (len(profile_steps) if name == "grpo" else 0)
         timer = StepTimer(name, turns, opts.device, W, W + S, profile_steps if name == "grpo" else None,
                           log=None if opts.quiet else log)
-        cfg = compose("grpo" if name in ("trl", "floor") else name, overrides, total)
+        cfg = compose("grpo" if name in ("trl", "floor") else ALGO.get(name, name), overrides, total)
         if name == "floor":
             runner = FloorLoop(cfg, timer, total, opts.device, tmp / name)
         else:
@@ -707,6 +715,7 @@ def run(opts: argparse.Namespace, log: Callable[[str], None]) -> dict:
             res.state_mb = state_mb(runner.model, runner.opt)
         else:
             res.state_mb = state_mb(runner.model, runner.optimizer)
+            res.generated_tokens = getattr(runner, "mixrl_generated_tokens", None)
         results[name] = res
 
     profile_text = None
@@ -830,6 +839,15 @@ def ratios(rep: dict) -> dict:
                                 "tokens_ratio": (gt / ft) if gt and ft else None}
     if t and f:
         out["trl_vs_floor"] = {"step": paired_ratio(t, f)}
+    for name in ("prefix", "hint"):  # the cost over grpo against the extra tokens trained and generated
+        x = res.get(name)
+        if x and g:
+            gt = g.med("rollout_tokens")
+            out[f"{name}_vs_grpo"] = {
+                "step": paired_ratio(x, g), "rollout": paired_ratio(x, g, "rollout_seconds"), "train": paired_ratio(x, g, "train_seconds"),
+                "trained_tokens_ratio": (x.med("rollout_tokens") / gt) if gt else None,
+                "generated_tokens_ratio": (x.generated_tokens / g.generated_tokens) if x.generated_tokens and g.generated_tokens else None,
+            }
     return out
 
 
@@ -883,6 +901,11 @@ def ratio_lines(rep: dict) -> list[tuple[str, dict, str]]:
         lines.append(("(3) mixrl grpo / torch floor", d, f"rollout tokens grpo/floor {fmt(d['tokens_ratio'], '.3f')}"))
     if "trl_vs_floor" in r:
         lines.append(("    plain TRL / torch floor", r["trl_vs_floor"], ""))
+    for name, label in (("prefix", "(4) mixrl prefixrl / mixrl grpo"), ("hint", "(5) mixrl guide / mixrl grpo")):
+        if f"{name}_vs_grpo" in r:
+            d = r[f"{name}_vs_grpo"]
+            lines.append((label, d, f"trained tokens {fmt(d['trained_tokens_ratio'], '.3f')}; generated tokens (all steps) "
+                                    f"{fmt(d['generated_tokens_ratio'], '.3f')}"))
     return lines
 
 
@@ -1005,7 +1028,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=10, help="measured steps per variant (default 10)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
-    p.add_argument("--only", default=",".join(VARIANTS), help=f"variants to run (default {','.join(VARIANTS)})")
+    p.add_argument("--only", default=",".join(DEFAULT_VARIANTS),
+                   help=f"variants to run (default {','.join(DEFAULT_VARIANTS)}; also: {', '.join(v for v in VARIANTS if v not in DEFAULT_VARIANTS)})")
     p.add_argument("--schedule", choices=("interleaved", "sequential"), default="interleaved",
                    help="interleaved (default): variants take turns step by step; sequential: one after the other")
     p.add_argument("--lengths", choices=("fixed", "sampled"), default="fixed",

@@ -136,6 +136,7 @@ class HintOnFailure(Injection):
         k = G if self.per_group is None else int(self.per_group)
         eligible = [i for i in range(n) if rollouts.row_source[i] == prov.ON_POLICY and not rollouts.guided[i] and gidx[i] % G < k]
         ok = self._ok(ctx.score(inputs, rollouts.completion_ids))
+        first_ok = ok.float().mean() if ok.numel() else ok.new_zeros((), dtype=torch.float32)
         failed = self._failed_groups(ok, G)
         n_groups = ok.numel() // G
         first_failed = set(failed)
@@ -179,6 +180,7 @@ class HintOnFailure(Injection):
             ctx.log("hint/groups", len(first_failed) / max(n_groups, 1))
             ctx.log("hint/regenerated", float(ctx.gather(torch.tensor([len(rollouts.discarded_tokens)], device=dev)).sum()))
             ctx.log("hint/rounds", float(rounds))
+            ctx.log("hint/first_pass_success", float(first_ok))  # the policy alone, on every group
             if bool(rows.any()):
                 ctx.log("hint/success", float(ok[rows].float().mean()))
                 rescued = [g for g in first_failed if bool(ok[g * G:(g + 1) * G].any())]

@@ -84,8 +84,13 @@ def train(
     from mixrl.config.checks import check_environment
 
     for cfg in cfgs:
-        check_world_size(cfg, launching=True)
         check_environment(cfg)
+    from mixrl.launch import needs_launch
+
+    if any(needs_launch(cfg) for cfg in cfgs):  # hardware asks for processes: start them through the launcher
+        raise typer.Exit(_launch_jobs(cfgs, jobs, overrides, multirun))
+    for cfg in cfgs:
+        check_world_size(cfg, launching=True)
     if multirun:
         root = Path("runs") / "multirun" / datetime.now().strftime("%Y-%m-%d/%H%M%S")
         for i, (job, cfg) in enumerate(zip(jobs, cfgs)):
@@ -116,6 +121,24 @@ def train(
             s = r.summary
             table.add_row(str(i), " ".join(jobs[i]), f"{s['accuracy_before']:.3f}", f"{s['accuracy_after']:.3f}", str(r.run_dir))
         out.print(table)
+
+
+def _launch_jobs(cfgs, jobs, overrides, multirun: bool) -> int:
+    """Each job through :func:`mixrl.launch.launch` (one after another); the first failure stops."""
+    from mixrl.launch import launch
+
+    for i, (cfg, job) in enumerate(zip(cfgs, jobs)):
+        if multirun:
+            tag = "_".join(o.replace("/", "-").replace("=", "-") for o in job if o not in overrides) or "job"
+            root = Path("runs") / "multirun" / datetime.now().strftime("%Y-%m-%d/%H%M%S")
+            cfg.run_dir = str(Path(cfg.run_dir) / f"{i}" if cfg.run_dir else root / f"{i}-{tag}")
+            job = [o for o in job if not o.startswith("run_dir=")] + [f"run_dir={cfg.run_dir}"]
+            err.print(f"[bold]job {i + 1}/{len(cfgs)}[/]: {' '.join(jobs[i])}")
+        rc = launch(cfg, list(job), say=lambda text: err.print(text, soft_wrap=True, highlight=False, markup=False))
+        if rc != 0:
+            err.print(f"[red]the launched run failed (exit status {rc})[/]")
+            return rc
+    return 0
 
 
 # --------------------------------------------------------------------------- config

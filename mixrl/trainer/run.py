@@ -69,20 +69,29 @@ def prepare_run_dir(cfg: DictConfig, say=print) -> Path:
     if _rank() != 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         return run_dir
-    if run_dir.exists() and any(run_dir.iterdir()):
-        failed = run_dir / FAILED
-        if failed.is_file():
-            say(f"replacing run_dir {run_dir}: it is marked FAILED ({failed.read_text().strip()})")
-            shutil.rmtree(run_dir)
-        else:
-            hint = f", or continue it with resume={run_dir}" if last_checkpoint(run_dir) else ""
-            raise ConfigError(f"run_dir '{run_dir}' already exists and is not empty; choose another run_dir{hint}")
+    check_new_run_dir(run_dir, say)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     except OSError as e:
         raise ConfigError(f"run_dir '{run_dir}' cannot be written ({e.strerror or e}); choose a writable run_dir") from None
     return run_dir
+
+
+def check_new_run_dir(run_dir: Path, say=print) -> None:
+    """A new run may use ``run_dir`` if it is missing, empty, holds only the launcher's
+    ``launch/`` folder (:mod:`mixrl.launch`), or is marked ``FAILED`` (then it is replaced,
+    with a note); any other non-empty directory is refused (ConfigError)."""
+    run_dir = Path(run_dir)
+    if not run_dir.exists() or not any(p.name != "launch" for p in run_dir.iterdir()):
+        return
+    failed = run_dir / FAILED
+    if failed.is_file():
+        say(f"replacing run_dir {run_dir}: it is marked FAILED ({failed.read_text().strip()})")
+        shutil.rmtree(run_dir)
+        return
+    hint = f", or continue it with resume={run_dir}" if last_checkpoint(run_dir) else ""
+    raise ConfigError(f"run_dir '{run_dir}' already exists and is not empty; choose another run_dir{hint}")
 
 
 def mark_failed(run_dir: Path, reason: str) -> None:
@@ -264,7 +273,8 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
     model_path = build.resolve_model_path(cfg, progress=cfg.logger.progress)
     tokenizer = build.load_tokenizer(model_path, cfg)
     train_ds, eval_rows, heldout = heldout_rows(cfg)
-    console.print(describe_heldout(heldout), soft_wrap=True, highlight=False)
+    if _rank() == 0:
+        console.print(describe_heldout(heldout), soft_wrap=True, highlight=False)
     reward_funcs, reward_weights = build.build_reward_funcs(cfg)
     from mixrl.config.checks import check_training_data, row_texts
 

@@ -300,11 +300,11 @@ def plan_launch(cfg: DictConfig, overrides: list[str], run_dir: Path, *, python:
             if hw.deepspeed:  # the user's own DeepSpeed JSON
                 ds_file = str(Path(hw.deepspeed).absolute())
             else:
-                ds_file = str((launch_dir / "deepspeed.json").absolute())
+                ds_file = str(launch_dir / "deepspeed.json")
                 files["deepspeed.json"] = json.dumps(deepspeed_config(cfg), indent=2) + "\n"
         acc_file = launch_dir / "accelerate.yaml"
         files["accelerate.yaml"] = yaml.safe_dump(accelerate_config(cfg, ds_file), sort_keys=True)
-        argv = [py, "-m", "accelerate.commands.launch", "--config_file", str(acc_file.absolute()), *child]
+        argv = [py, "-m", "accelerate.commands.launch", "--config_file", str(acc_file), *child]
         train_ids, server_ids = training_gpus(cfg)
         if server_ids:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, train_ids))

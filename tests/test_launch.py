@@ -108,14 +108,14 @@ def test_every_gpu_option_composes_and_generates_a_valid_accelerate_config(optio
     files = {p.name for p in (tmp_path / "run" / "launch").iterdir()}
     acc = _load_accelerate(tmp_path / "run" / "launch" / "accelerate.yaml")
     raw = yaml.safe_load((tmp_path / "run" / "launch" / "accelerate.yaml").read_text())
-    assert plan.argv[:5] == ["python", "-m", "accelerate.commands.launch", "--config_file", str((tmp_path / "run" / "launch" / "accelerate.yaml").absolute())]
+    assert plan.argv[:5] == ["python", "-m", "accelerate.commands.launch", "--config_file", str(tmp_path / "run" / "launch" / "accelerate.yaml")]
     assert plan.argv[5:8] == ["-m", "mixrl.cli.main", "train"] and f"hardware={option}" in plan.argv
     assert acc.num_processes == int(hw.num_processes) and acc.num_machines == 1 and acc.use_cpu is False
     expected = {"ddp": "MULTI_GPU" if int(hw.num_processes) > 1 else "NO", "zero2": "DEEPSPEED", "zero3": "DEEPSPEED", "fsdp": "FSDP"}
     assert str(acc.distributed_type).split(".")[-1] == expected[hw.strategy]
     if hw.strategy in ("zero2", "zero3"):
         ds = json.loads((tmp_path / "run" / "launch" / "deepspeed.json").read_text())
-        assert raw["deepspeed_config"]["deepspeed_config_file"] == str((tmp_path / "run" / "launch" / "deepspeed.json").absolute())
+        assert raw["deepspeed_config"]["deepspeed_config_file"] == str(tmp_path / "run" / "launch" / "deepspeed.json")
         assert raw["deepspeed_config"]["zero3_init_flag"] is (hw.strategy == "zero3")
         assert ds["zero_optimization"]["stage"] == {"zero2": 2, "zero3": 3}[hw.strategy]
         assert ds["bf16"]["enabled"] == "auto" and ds["train_micro_batch_size_per_gpu"] == "auto"

@@ -141,6 +141,25 @@ def _launch_jobs(cfgs, jobs, overrides, multirun: bool) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- plan
+@app.command()
+@user_errors
+def plan(
+    overrides: Optional[List[str]] = OVERRIDES,
+    prompt_tokens: Optional[int] = typer.Option(None, "--prompt-tokens", help="Prompt length assumed by the memory estimate (tokens; default 512, the built-in task's longest prompt for builtin:arith)."),
+):
+    """Geometry, per-GPU memory estimate and launch command of a config, without loading the model.
+
+    `mixrl plan recipe=chord/qwen2.5-7b-openr1` (a bare recipe name works too). The estimate
+    (weights, gradients, optimizer state per ZeRO stage / FSDP, activations per micro-batch,
+    vLLM share) is explained in mixrl/plan.py."""
+    from mixrl.config.compose import compose_config, list_recipe_names
+    from mixrl.plan import render_plan
+
+    overrides = [f"recipe={o}" if "=" not in o and o in list_recipe_names() else o for o in (overrides or [])]
+    sys.stdout.write(render_plan(compose_config(overrides), overrides, prompt_tokens=prompt_tokens))
+
+
 # --------------------------------------------------------------------------- config
 @config_app.command("show")
 @user_errors

@@ -55,7 +55,8 @@ class ModelConfig:
     dtype: str = "float32"  # float32 | bfloat16 | float16
     trust_remote_code: bool = False
     attn_implementation: Optional[str] = None
-    lora: dict = field(default_factory=lambda: {"enabled": False, "r": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear"})
+    lora: dict = field(default_factory=lambda: {"enabled": False, "r": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear",
+                                                "save_merged": False})  # save_merged: also write RUN_DIR/model-merged/ (adapter merged into the base)
 
 
 @dataclass

@@ -302,6 +302,10 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
     callbacks = [metrics_cb, guard, DivergenceGuard(save=save_now), collapse, RunStateCallback(lambda: trainer)]
     if cfg.logger.progress:
         callbacks.append(RichProgressCallback(console, description=f"{cfg.algo.name} s{cfg.seed}"))
+    if cfg.logger.report_to:  # the starting model's held-out results open the trackers' eval/* curves
+        from mixrl.trainer.publish import HeldoutBeforeCallback
+
+        callbacks.append(HeldoutBeforeCallback(lambda: before, trainer=lambda: trainer))
     if cfg.trainer.eval_every > 0:  # held-out accuracy every N steps -> eval.jsonl (the lambda: trainer is built below)
         from mixrl.trainer.periodic_eval import PeriodicEvalCallback
         callbacks.append(PeriodicEvalCallback.from_config(cfg, run_dir, tokenizer, eval_rows, reward_funcs[0], trainer=lambda: trainer))
@@ -346,6 +350,10 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
         )
     train_s = time.perf_counter() - t1
     after = _eval(trainer, tokenizer, eval_rows, reward_funcs[0], cfg, console, "held-out eval (after)")
+    if cfg.logger.report_to:
+        from mixrl.trainer.publish import log_heldout
+
+        log_heldout(trainer, after)
     collapse.final_check(before.get("accuracy"), after.get("accuracy"), float(cfg.trainer.learning_rate))
 
     model_dir = run_dir / "model"
@@ -377,6 +385,13 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
         "machine": f"{platform.machine()} {os.cpu_count()} cpu",
     }
     if trainer.accelerator.is_main_process:
+        from mixrl.trainer.publish import MERGED_DIR, save_merged, write_model_card
+
+        if (cfg.model.lora or {}).get("enabled") and (cfg.model.lora or {}).get("save_merged"):
+            merged = save_merged(model_dir, cfg, run_dir / MERGED_DIR)
+            summary["merged_model_dir"] = str(merged)
+            write_model_card(merged, cfg, summary, base_model=str(cfg.model.path))
+        write_model_card(model_dir, cfg, summary, base_model=str(cfg.model.path))
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return RunResult(run_dir, summary)
 

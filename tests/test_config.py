@@ -275,13 +275,13 @@ def test_component_errors_name_key_and_choices(override, must_contain):
 
 def test_unknown_reward_param_rejected_before_loading():
     """A reward parameter is checked against the reward function like a component's."""
-    msg = _compose_error(["reward=math", "+reward.params.tolerence=0.1"])
-    assert "tolerence" in msg and "tolerance" in msg
+    msg = _compose_error(["reward=math", "+reward.params.float_roundin=3"])
+    assert "float_roundin" in msg and "float_rounding" in msg
 
 
 def test_plusless_override_of_reward_parameter():
-    cfg = compose_config(["reward=math", "reward.params.tolerance=0.1"])
-    assert cfg.reward.params.tolerance == pytest.approx(0.1)
+    cfg = compose_config(["reward=math", "reward.params.float_rounding=3"])
+    assert cfg.reward.params.float_rounding == 3
 
 
 # --------------------------------------------------------------------------- interpolation

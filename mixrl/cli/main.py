@@ -84,8 +84,13 @@ def train(
     from mixrl.config.checks import check_environment
 
     for cfg in cfgs:
-        check_world_size(cfg, launching=True)
         check_environment(cfg)
+    from mixrl.launch import needs_launch
+
+    if any(needs_launch(cfg) for cfg in cfgs):  # hardware asks for processes: start them through the launcher
+        raise typer.Exit(_launch_jobs(cfgs, jobs, overrides, multirun))
+    for cfg in cfgs:
+        check_world_size(cfg, launching=True)
     if multirun:
         root = Path("runs") / "multirun" / datetime.now().strftime("%Y-%m-%d/%H%M%S")
         for i, (job, cfg) in enumerate(zip(jobs, cfgs)):
@@ -116,6 +121,43 @@ def train(
             s = r.summary
             table.add_row(str(i), " ".join(jobs[i]), f"{s['accuracy_before']:.3f}", f"{s['accuracy_after']:.3f}", str(r.run_dir))
         out.print(table)
+
+
+def _launch_jobs(cfgs, jobs, overrides, multirun: bool) -> int:
+    """Each job through :func:`mixrl.launch.launch` (one after another); the first failure stops."""
+    from mixrl.launch import launch
+
+    for i, (cfg, job) in enumerate(zip(cfgs, jobs)):
+        if multirun:
+            tag = "_".join(o.replace("/", "-").replace("=", "-") for o in job if o not in overrides) or "job"
+            root = Path("runs") / "multirun" / datetime.now().strftime("%Y-%m-%d/%H%M%S")
+            cfg.run_dir = str(Path(cfg.run_dir) / f"{i}" if cfg.run_dir else root / f"{i}-{tag}")
+            job = [o for o in job if not o.startswith("run_dir=")] + [f"run_dir={cfg.run_dir}"]
+            err.print(f"[bold]job {i + 1}/{len(cfgs)}[/]: {' '.join(jobs[i])}")
+        rc = launch(cfg, list(job), say=lambda text: err.print(text, soft_wrap=True, highlight=False, markup=False))
+        if rc != 0:
+            err.print(f"[red]the launched run failed (exit status {rc})[/]")
+            return rc
+    return 0
+
+
+# --------------------------------------------------------------------------- plan
+@app.command()
+@user_errors
+def plan(
+    overrides: Optional[List[str]] = OVERRIDES,
+    prompt_tokens: Optional[int] = typer.Option(None, "--prompt-tokens", help="Prompt length assumed by the memory estimate (tokens; default 512, the built-in task's longest prompt for builtin:arith)."),
+):
+    """Geometry, per-GPU memory estimate and launch command of a config, without loading the model.
+
+    `mixrl plan recipe=chord/qwen2.5-7b-openr1` (a bare recipe name works too). The estimate
+    (weights, gradients, optimizer state per ZeRO stage / FSDP, activations per micro-batch,
+    vLLM share) is explained in mixrl/plan.py."""
+    from mixrl.config.compose import compose_config, list_recipe_names
+    from mixrl.plan import render_plan
+
+    overrides = [f"recipe={o}" if "=" not in o and o in list_recipe_names() else o for o in (overrides or [])]
+    sys.stdout.write(render_plan(compose_config(overrides), overrides, prompt_tokens=prompt_tokens))
 
 
 # --------------------------------------------------------------------------- config

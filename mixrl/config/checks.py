@@ -31,6 +31,9 @@ LOGGER_PACKAGES = {"wandb": ("wandb", "wandb"), "tensorboard": ("tensorboard", "
 # --------------------------------------------------------------------------- config values
 def validate_run(cfg: DictConfig) -> None:
     """Reject values that no run can use; raises ConfigError (one line)."""
+    from mixrl.launch import validate_hardware
+
+    validate_hardware(cfg)
     t = cfg.trainer
     if float(t.temperature) <= 0:
         raise ConfigError(
@@ -65,6 +68,9 @@ def _writable_ancestor(path: Path) -> tuple[Path, bool]:
 
 def check_environment(cfg: DictConfig) -> None:
     """Reject a config this machine cannot run; raises ConfigError (one line)."""
+    from mixrl.launch import check_packages
+
+    check_packages(cfg)
     if cfg.hardware.device == "cuda" and not _cuda_available():
         raise ConfigError(
             f"hardware={cfg.hardware.name} needs a CUDA GPU, but torch sees none on this machine; "

@@ -405,12 +405,14 @@ def check_world_size(cfg: DictConfig, *, launching: bool = False) -> None:
     """``hardware.num_processes`` must match the launcher (torchrun sets WORLD_SIZE), so
     that the batch geometry derived from it is the one that runs. Composing a multi-GPU
     recipe in a single process (``config show``) is fine; training it (``launching``) is not."""
-    world, n = env_world_size(), int(cfg.hardware.num_processes)
+    from mixrl.launch import world_size
+
+    world, n = env_world_size(), world_size(cfg)
     if world == n or (world == 1 and not launching and "WORLD_SIZE" not in os.environ):
         return
     raise ConfigError(
-        f"hardware.num_processes={n} but {world} process(es) were launched; "
-        f"launch with `torchrun --nproc_per_node {n} -m mixrl.cli.main train ...` or set hardware.num_processes={world}"
+        f"hardware.num_processes x hardware.num_machines = {n} but {world} process(es) were launched; "
+        f"run `mixrl train` without a launcher (it starts the processes itself) or set hardware.num_processes={world}"
     )
 
 

@@ -41,7 +41,7 @@ class Geometry:
 
 def geometry(cfg: DictConfig) -> Geometry:
     P, G = int(cfg.trainer.prompts_per_step), int(cfg.algo.num_generations)
-    W = int(cfg.hardware.num_processes)
+    W = int(cfg.hardware.num_processes) * int(cfg.hardware.get("num_machines", 1) or 1)  # the world size
     M = int(cfg.trainer.micro_batch_size) if cfg.trainer.micro_batch_size is not None else P * G // max(W, 1)
     if P < 1 or G < 1 or W < 1 or M < 1:
         raise ConfigError(
@@ -50,7 +50,8 @@ def geometry(cfg: DictConfig) -> Geometry:
     rows = P * G
     if rows % W:
         raise ConfigError(
-            f"{P} prompts x {G} generations = {rows} rollouts cannot be split over hardware.num_processes={W}; "
+            f"{P} prompts x {G} generations = {rows} rollouts cannot be split over hardware.num_processes={cfg.hardware.num_processes}"
+            + (f" x hardware.num_machines={cfg.hardware.num_machines} = {W} processes" if W != int(cfg.hardware.num_processes) else "") + "; "
             f"make trainer.prompts_per_step a multiple of {W // _gcd(G, W)}"
         )
     per_proc = rows // W

@@ -55,7 +55,8 @@ class ModelConfig:
     dtype: str = "float32"  # float32 | bfloat16 | float16
     trust_remote_code: bool = False
     attn_implementation: Optional[str] = None
-    lora: dict = field(default_factory=lambda: {"enabled": False, "r": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear"})
+    lora: dict = field(default_factory=lambda: {"enabled": False, "r": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear",
+                                                "save_merged": False})  # save_merged: also write RUN_DIR/model-merged/ (adapter merged into the base)
 
 
 @dataclass
@@ -97,14 +98,28 @@ class RewardConfig:
 class HardwareConfig:
     name: str = "cpu"
     device: str = "cpu"  # cpu | cuda
-    num_processes: int = 1  # launch with torchrun for more; checked against WORLD_SIZE
+    num_processes: int = 1  # processes per machine; more than one: `mixrl train` starts them (mixrl.launch)
     bf16: bool = False
     gradient_checkpointing: bool = False
     torch_threads: Optional[int] = None
     use_vllm: bool = False
     vllm_mode: str = "colocate"
     vllm_gpu_memory_utilization: float = 0.3
-    deepspeed: Optional[str] = None
+    deepspeed: Optional[str] = None  # your own DeepSpeed JSON (else mixrl.launch generates one for strategy=zero2|zero3)
+    # the launcher (mixrl.launch): world size = num_processes (per machine) x num_machines
+    strategy: str = "ddp"  # ddp | zero2 | zero3 | fsdp
+    offload: bool = False  # zero2: optimizer state in CPU memory; zero3: + parameters; fsdp: parameters
+    num_machines: int = 1
+    machine_rank: int = 0
+    main_process_ip: Optional[str] = None  # machine 0's address (num_machines > 1)
+    main_process_port: int = 29500
+    vllm_tensor_parallel_size: int = 1  # colocate: GPUs per vLLM engine; server: per data-parallel copy
+    vllm_max_model_length: Optional[int] = None  # vLLM context (prompt + completion); null: the model's
+    vllm_enable_sleep_mode: bool = False  # colocate: offload vLLM weights/KV cache during the optimizer step
+    vllm_server_gpus: int = 0  # server mode: GPUs of machine 0 for `trl vllm-serve`, after the training GPUs (0: a server you start)
+    vllm_server_host: str = "127.0.0.1"
+    vllm_server_port: int = 8000
+    vllm_server_gpu_memory_utilization: float = 0.9  # server mode: the server's GPUs hold only vLLM
 
 
 @dataclass

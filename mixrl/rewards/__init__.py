@@ -1,15 +1,14 @@
 """Reward functions for TRL's ``GRPOTrainer``.
 
 ``build_reward(name_or_path, **params)`` returns ``fn(prompts, completions, **kwargs) -> list[float | None]``.
-Built-ins: ``exact`` and ``math`` (see :mod:`mixrl.rewards.builtin`); your own function or factory by
+Built-ins: ``exact`` and ``math`` (``math-verify``) (see :mod:`mixrl.rewards.builtin`); your own function or factory by
 import path (``my_pkg.rewards:fn``, ``my_pkg.rewards.fn``, ``path/to/rewards.py:fn``).
 """
 
 from mixrl.rewards.registry import REWARDS, RewardFn, build_reward, register_reward, reward_params
 from mixrl.rewards import builtin as _builtin  # noqa: E402,F401  - registers the built-ins
-from mixrl.rewards.builtin import AnswerReward, exact_reward, extract_gold, math_reward
-from mixrl.rewards.extract import completion_text, extract_after_marker, extract_boxed, extract_last_number
-from mixrl.rewards.mathnorm import answers_match, normalize_answer, parse_number
+from mixrl.rewards.builtin import AnswerReward, MathVerifier, exact_reward, extract_gold, math_reward
+from mixrl.rewards.extract import completion_text, extract_after_marker
 
 __all__ = [
     "REWARDS",
@@ -23,9 +22,5 @@ __all__ = [
     "extract_gold",
     "completion_text",
     "extract_after_marker",
-    "extract_boxed",
-    "extract_last_number",
-    "answers_match",
-    "normalize_answer",
-    "parse_number",
+    "MathVerifier",
 ]

@@ -12,11 +12,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mixrl.errors import ConfigError, DataError, did_you_mean
-from mixrl.rewards.extract import completion_text, extract_after_marker, extract_boxed, extract_last_number
-from mixrl.rewards.mathnorm import answers_match
+from mixrl.rewards.extract import completion_text, extract_after_marker
 from mixrl.rewards.registry import register_reward
 
-__all__ = ["AnswerReward", "exact_reward", "math_reward", "extract_gold", "MATH_EXTRACTORS"]
+__all__ = ["AnswerReward", "MathVerifier", "exact_reward", "math_reward", "extract_gold", "MATH_EXTRACTORS"]
 
 
 class AnswerReward:
@@ -61,12 +60,10 @@ _TRL_EXTRAS = {"trainer_state", "log_extra", "log_metric", "environments", "comp
 
 
 def extract_gold(gold: Any, marker: str = "####") -> str:
-    """The gold answer: after ``marker`` (a GSM8K solution), else the last ``\\boxed{}`` (a MATH solution), else as is."""
+    """The gold answer of ``exact``: after ``marker`` (a GSM8K solution), else as is."""
     text = gold if isinstance(gold, str) else str(gold)
-    for found in (extract_after_marker(text, marker), extract_boxed(text)):
-        if found:
-            return found
-    return text.strip()
+    found = extract_after_marker(text, marker)
+    return found if found else text.strip()
 
 
 # ----------------------------------------------------------------------------- exact
@@ -89,33 +86,96 @@ def exact_reward(*, marker: str = "####", answer_column: str = "answer") -> Answ
 
 # ----------------------------------------------------------------------------- math
 
-MATH_EXTRACTORS = ("marker", "boxed", "last_number")
+#: the ways ``math`` finds the predicted answer (``reward.params.extract``)
+MATH_EXTRACTORS = ("marker", "boxed", "latex", "expr")
 
 
-def _extract_math(text: str, extract: tuple[str, ...], marker: str) -> str | None:
-    """``marker`` and ``boxed`` answers: the one written last wins (a ``#### Step 1`` heading before a
-    ``\\boxed{}`` does not shadow it); ``last_number`` only when neither finds an answer."""
-    candidates: list[tuple[int, str]] = []
-    if "marker" in extract:
-        found = extract_after_marker(text, marker)
-        if found:
-            candidates.append((text.rfind(marker), found))
-    if "boxed" in extract:
-        found = extract_boxed(text)
-        if found:
-            candidates.append((max(text.rfind("\\boxed"), text.rfind("\\fbox")), found))
-    if candidates:
-        return max(candidates, key=lambda c: c[0])[1]
-    if "last_number" in extract:
-        return extract_last_number(text)
-    return None
+def _after_marker(text: str, marker: str) -> str | None:
+    """Everything after the last ``marker`` (GSM8K's ``#### 72``), or None."""
+    i = text.rfind(marker)
+    return text[i + len(marker):] if i >= 0 else None
 
 
-def _math_score(text: str, gold: Any, *, extract: tuple[str, ...], marker: str, tolerance: float) -> float:
-    predicted = _extract_math(text, extract, marker)
-    if predicted is None:
-        return 0.0
-    return 1.0 if answers_match(predicted, extract_gold(gold, marker), tolerance=tolerance) else 0.0
+class MathVerifier:
+    """Parse and compare with Hugging Face's ``math-verify`` (the verifier of Open-R1 and LUFFY).
+
+    Picklable (the library's configs are built on first use in each process)."""
+
+    def __init__(self, extract: tuple[str, ...], marker: str, float_rounding: int, numeric_precision: int,
+                 strict: bool, timeout_seconds: int | None):
+        self.extract, self.marker = extract, marker
+        self.float_rounding, self.numeric_precision, self.strict = float_rounding, numeric_precision, strict
+        self.timeout_seconds = timeout_seconds
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_cfg")}
+
+    def _timeout(self) -> int | None:
+        import threading
+
+        # the library times out with SIGALRM, which only the main thread may use
+        return self.timeout_seconds if threading.current_thread() is threading.main_thread() else None
+
+    def _configs(self):
+        if getattr(self, "_cfg_pred", None) is None:
+            from math_verify import ExprExtractionConfig, LatexExtractionConfig
+
+            pred = []
+            if "boxed" in self.extract or "latex" in self.extract:
+                pred.append(LatexExtractionConfig(
+                    boxed_match_priority=0 if "boxed" in self.extract else -1,  # \boxed{} first, before "answer is"
+                    try_extract_without_anchor="latex" in self.extract,
+                ))
+            if "expr" in self.extract:
+                pred.append(ExprExtractionConfig())
+            self._cfg_pred = pred
+            self._cfg_gold = [LatexExtractionConfig(), ExprExtractionConfig()]
+        return self._cfg_pred, self._cfg_gold
+
+    def _parse_bare(self, text: str) -> list:
+        """A bare answer (``72``, ``[1, 3)``, ``\\frac{3}{4}``, ``2x+1``: no ``$``/``\\boxed``/``\\(``) is
+        read as LaTeX, as if boxed; when that yields no expression (``$72.`` as money), or the
+        text has delimiters, the library reads the text as it is."""
+        from math_verify import parse
+
+        timeout = self._timeout()
+        if not any(t in text for t in ("$", "\\boxed", "\\(", "\\[")):
+            found = parse("\\boxed{" + text + "}", extraction_config=self._configs()[1], parsing_timeout=timeout)
+            if found and not isinstance(found[0], str):
+                return found
+        return parse(text, extraction_config=self._configs()[1], parsing_timeout=timeout)
+
+    def gold(self, gold) -> list:
+        """The parsed gold answer (after the marker if there is one); unparsable: the string itself."""
+        text = str(gold)
+        text = (_after_marker(text, self.marker) or text).strip()
+        return self._parse_bare(text) or [str(gold).strip()]
+
+    def prediction(self, text: str) -> list:
+        """The parsed prediction. ``marker``: when the last marker comes after the last
+        ``\\boxed``, the first non-empty line after it, read as a bare answer. Otherwise the
+        library's extraction over the whole text (the last match of the enabled configs)."""
+        from math_verify import parse
+
+        if "marker" in self.extract:
+            i = text.rfind(self.marker)
+            if i >= 0 and i > text.rfind("\\boxed"):
+                line = next((ln.strip() for ln in text[i + len(self.marker):].splitlines() if ln.strip()), "")
+                found = self._parse_bare(line) if line else []
+                if found:
+                    return found
+        cfg = self._configs()[0]
+        return parse(text, extraction_config=cfg, parsing_timeout=self._timeout()) if cfg else []
+
+    def __call__(self, text: str, gold) -> float:
+        from math_verify import verify
+
+        pred = self.prediction(text)
+        if not pred:
+            return 0.0
+        return 1.0 if verify(self.gold(gold), pred, float_rounding=self.float_rounding,
+                             numeric_precision=self.numeric_precision, strict=self.strict,
+                             timeout_seconds=self._timeout()) else 0.0
 
 
 @register_reward("math")
@@ -123,17 +183,22 @@ def math_reward(
     *,
     extract: Sequence[str] = MATH_EXTRACTORS,
     marker: str = "####",
-    tolerance: float = 1e-6,
+    float_rounding: int = 6,
+    numeric_precision: int = 15,
+    strict: bool = True,
+    timeout_seconds: int | None = 5,
     answer_column: str = "answer",
 ) -> AnswerReward:
-    """Math answer verifier for GSM8K / MATH style data.
+    """Math answer verifier: Hugging Face ``math-verify`` (the verifier of Open-R1 and LUFFY)
+    parses both answers into SymPy and compares them (numbers to ``float_rounding`` decimals,
+    fractions, radicals, intervals, sets, equations, LaTeX units and ``\\text{}`` stripped).
 
-    ``extract`` lists the enabled ways to find the predicted answer: ``marker`` (text after the last
-    ``####``) and ``boxed`` (last ``\\boxed{...}``) -- whichever comes later in the text wins -- and
-    ``last_number`` (last number in the text), used only when the other two find nothing. Both
-    sides are normalised (``$``, thousands commas, ``\\frac``/``\\dfrac``, ``\\text{}`` units, ...) and
-    compared numerically within ``tolerance`` when both are numbers, else as strings. The gold answer
-    may be a bare answer or a full solution ending in ``#### 72`` or containing ``\\boxed{}``.
+    ``extract`` lists the enabled ways to find the predicted answer: ``marker`` (the line after
+    the last ``####``, when no ``\\boxed{}`` follows it), ``boxed`` (the last ``\\boxed{...}``, before anything
+    else), ``latex`` (LaTeX after "the answer is" and the like, or anywhere), ``expr`` (plain
+    numbers and expressions: the last one). The gold answer may be a bare answer (read as
+    LaTeX), a solution ending in ``#### 72`` or containing ``\\boxed{}``. ``timeout_seconds``
+    bounds each parse and comparison (main thread only; the library uses SIGALRM).
     """
     if isinstance(extract, str):
         extract = [extract]
@@ -154,9 +219,16 @@ def math_reward(
         raise ConfigError(
             f"reward 'math': extract is empty; list at least one of {', '.join(MATH_EXTRACTORS)} in reward.params.extract"
         )
-    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or tolerance < 0:
-        raise ConfigError(f"reward 'math': tolerance must be a number >= 0, got {tolerance!r}; fix reward.params.tolerance")
+    for key, value in (("float_rounding", float_rounding), ("numeric_precision", numeric_precision)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"reward 'math': {key} must be an integer >= 1, got {value!r}; fix reward.params.{key}")
+    if timeout_seconds is not None and (isinstance(timeout_seconds, bool) or not isinstance(timeout_seconds, int) or timeout_seconds < 1):
+        raise ConfigError(f"reward 'math': timeout_seconds must be an integer >= 1 or null, got {timeout_seconds!r}; fix reward.params.timeout_seconds")
     if not isinstance(marker, str) or not marker:
         raise ConfigError(f"reward 'math': marker must be a non-empty string, got {marker!r}; fix reward.params.marker")
-    score = functools.partial(_math_score, extract=extract, marker=marker, tolerance=float(tolerance))
+    import importlib.util
+
+    if importlib.util.find_spec("math_verify") is None:
+        raise ConfigError("reward 'math' needs the 'math-verify' package, which is not installed; pip install math-verify")
+    score = MathVerifier(extract, marker, int(float_rounding), int(numeric_precision), bool(strict), timeout_seconds)
     return AnswerReward("math", score, answer_column)

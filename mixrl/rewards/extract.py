@@ -1,4 +1,5 @@
-"""Pull the final answer out of a completion.
+"""The text of a completion and the answer after a marker (``exact``); math answers are
+parsed by ``math-verify`` (:class:`mixrl.rewards.builtin.MathVerifier`).
 
 Everything here is total: weird input (``None``, numbers, nested lists, broken LaTeX)
 gives ``""`` or ``None``, never an exception.
@@ -6,10 +7,9 @@ gives ``""`` or ``None``, never an exception.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-__all__ = ["completion_text", "extract_after_marker", "extract_boxed", "extract_last_number"]
+__all__ = ["completion_text", "extract_after_marker"]
 
 
 def _content_text(content: Any) -> str:
@@ -68,48 +68,3 @@ def extract_after_marker(text: str, marker: str = "####") -> str | None:
         if line.strip():
             return line.strip()
     return ""
-
-
-_BOXED_RE = re.compile(r"\\(?:boxed|fbox)\b")
-
-
-def extract_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` (nested braces allowed; also ``\\boxed 5`` and ``\\fbox``)."""
-    if not isinstance(text, str):
-        return None
-    matches = list(_BOXED_RE.finditer(text))
-    for m in reversed(matches):
-        i = m.end()
-        n = len(text)
-        while i < n and text[i] == " ":
-            i += 1
-        if i < n and text[i] == "{":
-            depth = 0
-            for j in range(i, n):
-                if text[j] == "{":
-                    depth += 1
-                elif text[j] == "}":
-                    depth -= 1
-                    if depth == 0:
-                        return text[i + 1 : j].strip()
-            continue  # unbalanced: try an earlier one
-        # \boxed 5 -- the token up to whitespace or '$'
-        token = re.match(r"[^\s$]+", text[i:])
-        if token and i > m.end():
-            return token.group(0)
-    return None
-
-
-_NUMBER_RE = re.compile(
-    r"[-+]?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?(?:\s*/\s*\d+(?:\.\d+)?)?|\.\d+)"
-)
-
-
-def extract_last_number(text: str) -> str | None:
-    """The last number in ``text`` (``1,234.5``, ``-3``, ``3/4``, ``.5``), or ``None``."""
-    if not isinstance(text, str):
-        return None
-    found = _NUMBER_RE.findall(text)
-    if not found:
-        return None
-    return found[-1].replace(" ", "")

@@ -69,20 +69,29 @@ def prepare_run_dir(cfg: DictConfig, say=print) -> Path:
     if _rank() != 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         return run_dir
-    if run_dir.exists() and any(run_dir.iterdir()):
-        failed = run_dir / FAILED
-        if failed.is_file():
-            say(f"replacing run_dir {run_dir}: it is marked FAILED ({failed.read_text().strip()})")
-            shutil.rmtree(run_dir)
-        else:
-            hint = f", or continue it with resume={run_dir}" if last_checkpoint(run_dir) else ""
-            raise ConfigError(f"run_dir '{run_dir}' already exists and is not empty; choose another run_dir{hint}")
+    check_new_run_dir(run_dir, say)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     except OSError as e:
         raise ConfigError(f"run_dir '{run_dir}' cannot be written ({e.strerror or e}); choose a writable run_dir") from None
     return run_dir
+
+
+def check_new_run_dir(run_dir: Path, say=print) -> None:
+    """A new run may use ``run_dir`` if it is missing, empty, holds only the launcher's
+    ``launch/`` folder (:mod:`mixrl.launch`), or is marked ``FAILED`` (then it is replaced,
+    with a note); any other non-empty directory is refused (ConfigError)."""
+    run_dir = Path(run_dir)
+    if not run_dir.exists() or not any(p.name != "launch" for p in run_dir.iterdir()):
+        return
+    failed = run_dir / FAILED
+    if failed.is_file():
+        say(f"replacing run_dir {run_dir}: it is marked FAILED ({failed.read_text().strip()})")
+        shutil.rmtree(run_dir)
+        return
+    hint = f", or continue it with resume={run_dir}" if last_checkpoint(run_dir) else ""
+    raise ConfigError(f"run_dir '{run_dir}' already exists and is not empty; choose another run_dir{hint}")
 
 
 def mark_failed(run_dir: Path, reason: str) -> None:
@@ -264,7 +273,8 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
     model_path = build.resolve_model_path(cfg, progress=cfg.logger.progress)
     tokenizer = build.load_tokenizer(model_path, cfg)
     train_ds, eval_rows, heldout = heldout_rows(cfg)
-    console.print(describe_heldout(heldout), soft_wrap=True, highlight=False)
+    if _rank() == 0:
+        console.print(describe_heldout(heldout), soft_wrap=True, highlight=False)
     reward_funcs, reward_weights = build.build_reward_funcs(cfg)
     from mixrl.config.checks import check_training_data, row_texts
 
@@ -292,6 +302,10 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
     callbacks = [metrics_cb, guard, DivergenceGuard(save=save_now), collapse, RunStateCallback(lambda: trainer)]
     if cfg.logger.progress:
         callbacks.append(RichProgressCallback(console, description=f"{cfg.algo.name} s{cfg.seed}"))
+    if cfg.logger.report_to:  # the starting model's held-out results open the trackers' eval/* curves
+        from mixrl.trainer.publish import HeldoutBeforeCallback
+
+        callbacks.append(HeldoutBeforeCallback(lambda: before, trainer=lambda: trainer))
     if cfg.trainer.eval_every > 0:  # held-out accuracy every N steps -> eval.jsonl (the lambda: trainer is built below)
         from mixrl.trainer.periodic_eval import PeriodicEvalCallback
         callbacks.append(PeriodicEvalCallback.from_config(cfg, run_dir, tokenizer, eval_rows, reward_funcs[0], trainer=lambda: trainer))
@@ -336,6 +350,10 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
         )
     train_s = time.perf_counter() - t1
     after = _eval(trainer, tokenizer, eval_rows, reward_funcs[0], cfg, console, "held-out eval (after)")
+    if cfg.logger.report_to:
+        from mixrl.trainer.publish import log_heldout
+
+        log_heldout(trainer, after)
     collapse.final_check(before.get("accuracy"), after.get("accuracy"), float(cfg.trainer.learning_rate))
 
     model_dir = run_dir / "model"
@@ -367,6 +385,13 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
         "machine": f"{platform.machine()} {os.cpu_count()} cpu",
     }
     if trainer.accelerator.is_main_process:
+        from mixrl.trainer.publish import MERGED_DIR, save_merged, write_model_card
+
+        if (cfg.model.lora or {}).get("enabled") and (cfg.model.lora or {}).get("save_merged"):
+            merged = save_merged(model_dir, cfg, run_dir / MERGED_DIR)
+            summary["merged_model_dir"] = str(merged)
+            write_model_card(merged, cfg, summary, base_model=str(cfg.model.path))
+        write_model_card(model_dir, cfg, summary, base_model=str(cfg.model.path))
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return RunResult(run_dir, summary)
 

@@ -1,0 +1,410 @@
+"""Start the processes a ``hardware`` config asks for, on the engines users already trust.
+
+``mixrl train`` calls :func:`needs_launch`; when the config asks for more than one process
+(``hardware.num_processes`` per machine x ``hardware.num_machines``), for a sharding
+strategy (``hardware.strategy``: ``zero2``, ``zero3``, ``fsdp``) or for a vLLM server started
+beside training (``hardware.vllm_mode=server`` with ``hardware.vllm_server_gpus`` > 0),
+it re-invokes ``python -m mixrl.cli.main train`` with the same overrides (plus the run
+directory it chose) under a launcher:
+
+* ``device=cpu``: ``python -m torch.distributed.run`` (gloo; DeepSpeed and FSDP need GPUs);
+* ``device=cuda``: ``python -m accelerate.commands.launch --config_file RUN_DIR/launch/accelerate.yaml``
+  with a generated accelerate config (``MULTI_GPU`` for DDP, ``DEEPSPEED`` with a generated
+  ``deepspeed.json`` for ZeRO-2/3, ``FSDP`` for FSDP2), the same files as TRL's
+  ``accelerate_configs/`` with this config's sizes.
+
+Every launch writes ``RUN_DIR/launch/``: ``command.sh`` (the exact command, re-runnable),
+``accelerate.yaml`` / ``deepspeed.json`` when used, ``vllm-server.sh`` in server mode; the
+command is also printed. The launched processes see ``WORLD_SIZE`` and do not launch again.
+
+Multi-node: run the same ``mixrl train`` on every machine with ``hardware.num_machines=N
+hardware.machine_rank=R hardware.main_process_ip=<machine 0> run_dir=<a path shared by all>``
+(``hardware.main_process_port`` defaults to 29500).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from mixrl.errors import ConfigError
+
+STRATEGIES = ("ddp", "zero2", "zero3", "fsdp")
+VLLM_MODES = ("colocate", "server")
+LAUNCH_DIR = "launch"
+CLI = ["-m", "mixrl.cli.main", "train"]
+
+
+# --------------------------------------------------------------------------- questions
+def world_size(cfg: DictConfig) -> int:
+    """Training processes over all machines: ``num_processes`` (per machine) x ``num_machines``."""
+    hw = cfg.hardware
+    return int(hw.num_processes) * int(hw.get("num_machines", 1) or 1)
+
+
+def launched(environ=None) -> bool:
+    """True inside a process a launcher started (torchrun and accelerate set ``WORLD_SIZE``)."""
+    env = os.environ if environ is None else environ
+    return "WORLD_SIZE" in env or env.get("MIXRL_LAUNCHED") == "1"
+
+
+def starts_vllm_server(cfg: DictConfig) -> bool:
+    hw = cfg.hardware
+    return bool(hw.use_vllm) and hw.vllm_mode == "server" and int(hw.vllm_server_gpus) > 0 and int(hw.machine_rank) == 0
+
+
+def needs_launch(cfg: DictConfig, environ=None) -> bool:
+    """Whether ``mixrl train`` must start its processes through a launcher (see the module docstring)."""
+    if launched(environ):
+        return False
+    hw = cfg.hardware
+    return world_size(cfg) > 1 or hw.strategy != "ddp" or starts_vllm_server(cfg)
+
+
+def validate_hardware(cfg: DictConfig) -> None:
+    """Compose-time rules of the hardware group; raises ConfigError (one line, the key and the fix)."""
+    hw = cfg.hardware
+    if hw.strategy not in STRATEGIES:
+        raise ConfigError(f"hardware.strategy={hw.strategy!r} is not one of {', '.join(STRATEGIES)}; e.g. hardware.strategy=zero3")
+    if hw.device == "cpu" and hw.strategy != "ddp":
+        raise ConfigError(
+            f"hardware.strategy={hw.strategy} needs CUDA GPUs (DeepSpeed/FSDP); on CPU use hardware.strategy=ddp "
+            "(e.g. hardware=cpu-2proc)"
+        )
+    if hw.offload and hw.strategy == "ddp":
+        raise ConfigError("hardware.offload=true needs a sharding strategy; set hardware.strategy=zero2, zero3 or fsdp")
+    if hw.vllm_mode not in VLLM_MODES:
+        raise ConfigError(f"hardware.vllm_mode={hw.vllm_mode!r} is not one of colocate, server")
+    if hw.use_vllm and hw.device != "cuda":
+        raise ConfigError("hardware.use_vllm=true needs hardware.device=cuda (vLLM runs on GPUs); set hardware.use_vllm=false on CPU")
+    for key in ("num_processes", "num_machines", "vllm_tensor_parallel_size"):
+        if int(hw[key]) < 1:
+            raise ConfigError(f"hardware.{key}={hw[key]} must be >= 1")
+    if int(hw.vllm_server_gpus) < 0:
+        raise ConfigError(f"hardware.vllm_server_gpus={hw.vllm_server_gpus} must be >= 0")
+    if int(hw.vllm_server_gpus) % int(hw.vllm_tensor_parallel_size):
+        raise ConfigError(
+            f"hardware.vllm_server_gpus={hw.vllm_server_gpus} is not a multiple of hardware.vllm_tensor_parallel_size="
+            f"{hw.vllm_tensor_parallel_size} (the server runs vllm_server_gpus / tensor_parallel_size data-parallel copies)"
+        )
+    if not 0 <= int(hw.machine_rank) < int(hw.num_machines):
+        raise ConfigError(f"hardware.machine_rank={hw.machine_rank} must be in 0..{int(hw.num_machines) - 1} (hardware.num_machines={hw.num_machines})")
+    if int(hw.num_machines) > 1 and not hw.main_process_ip:
+        raise ConfigError(
+            f"hardware.num_machines={hw.num_machines} needs hardware.main_process_ip (the address of machine 0, "
+            "reachable from every machine), e.g. hardware.main_process_ip=10.0.0.1"
+        )
+
+
+def check_packages(cfg: DictConfig) -> None:
+    """The engine's package the hardware config needs (DeepSpeed, vLLM); raises ConfigError with
+    the pip line. Called by ``mixrl train`` before anything else about this machine."""
+    hw = cfg.hardware
+    if hw.strategy in ("zero2", "zero3") and importlib.util.find_spec("deepspeed") is None:
+        raise ConfigError(
+            f"hardware.strategy={hw.strategy} needs DeepSpeed, which is not installed; "
+            "pip install 'mixrl[deepspeed]' (or pip install deepspeed), or use hardware.strategy=fsdp"
+        )
+    if hw.use_vllm and importlib.util.find_spec("vllm") is None:
+        raise ConfigError("hardware.use_vllm=true needs vLLM, which is not installed; pip install 'mixrl[vllm]' (or set hardware.use_vllm=false)")
+
+
+def check_launch_environment(cfg: DictConfig) -> None:
+    """Enough GPUs on this machine for the launch; raises ConfigError."""
+    hw = cfg.hardware
+    if hw.device == "cuda":
+        import torch
+
+        need = int(hw.num_processes) + (int(hw.vllm_server_gpus) if starts_vllm_server(cfg) else 0)
+        have = torch.cuda.device_count()
+        if have < need:
+            raise ConfigError(
+                f"hardware={hw.name} needs {need} GPU(s) on this machine ({hw.num_processes} training"
+                + (f" + {hw.vllm_server_gpus} vLLM server" if starts_vllm_server(cfg) else "")
+                + f"), but torch sees {have}; lower hardware.num_processes or use a bigger machine"
+            )
+
+
+# --------------------------------------------------------------------------- generated configs
+def deepspeed_config(cfg: DictConfig) -> dict:
+    """The DeepSpeed JSON for ``hardware.strategy=zero2|zero3`` (``hardware.offload``: optimizer
+    state, and for ZeRO-3 the parameters too, in CPU memory). Batch sizes, gradient clipping and
+    precision are ``"auto"``: transformers fills them from the trainer's arguments, so the
+    geometry is stated once (``mixrl.config.rules.geometry``)."""
+    hw = cfg.hardware
+    stage = {"zero2": 2, "zero3": 3}[str(hw.strategy)]
+    zero: dict = {
+        "stage": stage,
+        "overlap_comm": True,
+        "contiguous_gradients": True,
+        "reduce_bucket_size": "auto",
+    }
+    if stage == 3:
+        zero.update(
+            stage3_prefetch_bucket_size="auto",
+            stage3_param_persistence_threshold="auto",
+            stage3_gather_16bit_weights_on_model_save=True,  # model/ is a plain transformers folder
+        )
+    if hw.offload:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+        if stage == 3:
+            zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    return {
+        "bf16": {"enabled": "auto"},
+        "fp16": {"enabled": "auto"},
+        "zero_optimization": zero,
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+        "train_batch_size": "auto",
+        "train_micro_batch_size_per_gpu": "auto",
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+
+
+def accelerate_config(cfg: DictConfig, deepspeed_file: str | None = None) -> dict:
+    """The accelerate config (``accelerate launch --config_file``) for a GPU launch: the keys
+    of TRL's ``accelerate_configs/{multi_gpu,zero2,zero3,fsdp2}.yaml`` with this config's
+    process count, machines and precision."""
+    hw = cfg.hardware
+    out: dict = {
+        "compute_environment": "LOCAL_MACHINE",
+        "debug": False,
+        "downcast_bf16": "no",
+        "machine_rank": int(hw.machine_rank),
+        "main_training_function": "main",
+        "mixed_precision": "bf16" if hw.bf16 else "no",
+        "num_machines": int(hw.num_machines),
+        "num_processes": world_size(cfg),  # accelerate counts processes over all machines
+        "rdzv_backend": "static",
+        "same_network": True,
+        "tpu_env": [],
+        "tpu_use_cluster": False,
+        "tpu_use_sudo": False,
+        "use_cpu": False,
+    }
+    if int(hw.num_machines) > 1:
+        out["main_process_ip"] = str(hw.main_process_ip)
+        out["main_process_port"] = int(hw.main_process_port)
+    if hw.strategy == "ddp":
+        out["distributed_type"] = "MULTI_GPU" if world_size(cfg) > 1 else "NO"
+        out["gpu_ids"] = "all"
+    elif hw.strategy in ("zero2", "zero3"):
+        out["distributed_type"] = "DEEPSPEED"
+        out["deepspeed_config"] = {
+            "deepspeed_config_file": deepspeed_file or "deepspeed.json",
+            "deepspeed_multinode_launcher": "standard",
+            "zero3_init_flag": hw.strategy == "zero3",
+        }
+        out.pop("mixed_precision")  # with a config file, precision is its "auto" fields (filled from bf16)
+    else:  # fsdp: FSDP2, as TRL's fsdp2.yaml
+        out["distributed_type"] = "FSDP"
+        out["fsdp_config"] = {
+            "fsdp_activation_checkpointing": False,
+            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "fsdp_cpu_ram_efficient_loading": True,
+            "fsdp_offload_params": bool(hw.offload),
+            "fsdp_reshard_after_forward": True,
+            "fsdp_state_dict_type": "FULL_STATE_DICT",  # model/ is a plain transformers folder
+            "fsdp_version": 2,
+        }
+    return out
+
+
+def training_gpus(cfg: DictConfig) -> tuple[list[int], list[int]]:
+    """``(training GPU ids, vLLM server GPU ids)`` on this machine: training first, the server after."""
+    n, s = int(cfg.hardware.num_processes), int(cfg.hardware.vllm_server_gpus) if starts_vllm_server(cfg) else 0
+    return list(range(n)), list(range(n, n + s))
+
+
+def vllm_server_command(cfg: DictConfig, model_path: str) -> list[str]:
+    """``trl vllm-serve`` for server mode: ``vllm_server_gpus / vllm_tensor_parallel_size``
+    data-parallel copies of the model, each over ``vllm_tensor_parallel_size`` GPUs."""
+    hw = cfg.hardware
+    tp = int(hw.vllm_tensor_parallel_size)
+    cmd = [
+        "trl", "vllm-serve", "--model", model_path,
+        "--tensor_parallel_size", str(tp), "--data_parallel_size", str(int(hw.vllm_server_gpus) // tp),
+        "--gpu_memory_utilization", str(float(hw.vllm_server_gpu_memory_utilization)),
+        "--port", str(int(hw.vllm_server_port)),
+    ]
+    if hw.vllm_max_model_length:
+        cmd += ["--max_model_len", str(int(hw.vllm_max_model_length))]
+    if cfg.model.dtype in ("bfloat16", "float16", "float32"):
+        cmd += ["--dtype", str(cfg.model.dtype)]
+    return cmd
+
+
+# --------------------------------------------------------------------------- the plan
+@dataclass
+class LaunchPlan:
+    """Everything one launch runs and records (nothing is started by building it)."""
+
+    run_dir: Path
+    argv: list[str]  # the training launch
+    env: dict[str, str] = field(default_factory=dict)  # set on top of os.environ
+    files: dict[str, str] = field(default_factory=dict)  # name -> text, written under RUN_DIR/launch/
+    server_argv: list[str] | None = None  # `trl vllm-serve`, started first (server mode)
+    server_env: dict[str, str] = field(default_factory=dict)
+
+    def shell(self) -> str:
+        """The training command as one shell line (with its environment variables)."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
+        return (env + " " if env else "") + shlex.join(self.argv)
+
+    def server_shell(self) -> str | None:
+        if self.server_argv is None:
+            return None
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.server_env.items())
+        return (env + " " if env else "") + shlex.join(self.server_argv)
+
+
+def _child_overrides(overrides: list[str], run_dir: Path) -> list[str]:
+    kept = [o for o in overrides if not o.lstrip("+~").startswith("run_dir=")]
+    return [*kept, f"run_dir={run_dir}"]
+
+
+def plan_launch(cfg: DictConfig, overrides: list[str], run_dir: Path, *, python: str | None = None,
+                model_path: str | None = None) -> LaunchPlan:
+    """The launch of ``mixrl train <overrides>`` for ``cfg`` into ``run_dir`` (files not written yet)."""
+    hw = cfg.hardware
+    py = python or sys.executable
+    launch_dir = Path(run_dir) / LAUNCH_DIR
+    child = [*CLI, *(_child_overrides(overrides, run_dir) if not cfg.get("resume") else overrides)]
+    files: dict[str, str] = {}
+    env = {"MIXRL_LAUNCHED": "1"}
+    if hw.device == "cpu":
+        argv = [py, "-m", "torch.distributed.run", f"--nproc_per_node={int(hw.num_processes)}"]
+        if int(hw.num_machines) > 1:
+            argv += [f"--nnodes={int(hw.num_machines)}", f"--node_rank={int(hw.machine_rank)}",
+                     f"--master_addr={hw.main_process_ip}", f"--master_port={int(hw.main_process_port)}"]
+        else:
+            argv += ["--standalone"]
+        argv += child
+        env["OMP_NUM_THREADS"] = str(int(hw.torch_threads or 1))
+    else:
+        import yaml
+
+        ds_file = None
+        if hw.strategy in ("zero2", "zero3"):
+            if hw.deepspeed:  # the user's own DeepSpeed JSON
+                ds_file = str(Path(hw.deepspeed).absolute())
+            else:
+                ds_file = str(launch_dir / "deepspeed.json")
+                files["deepspeed.json"] = json.dumps(deepspeed_config(cfg), indent=2) + "\n"
+        acc_file = launch_dir / "accelerate.yaml"
+        files["accelerate.yaml"] = yaml.safe_dump(accelerate_config(cfg, ds_file), sort_keys=True)
+        argv = [py, "-m", "accelerate.commands.launch", "--config_file", str(acc_file), *child]
+        train_ids, server_ids = training_gpus(cfg)
+        if server_ids:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, train_ids))
+    plan = LaunchPlan(Path(run_dir), argv, env, files)
+    if starts_vllm_server(cfg):
+        _, server_ids = training_gpus(cfg)
+        plan.server_argv = vllm_server_command(cfg, model_path or str(cfg.model.path))
+        plan.server_env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, server_ids))}
+        files["vllm-server.sh"] = "#!/bin/sh\n" + plan.server_shell() + "\n"
+    files["command.sh"] = (
+        "#!/bin/sh\n# written by `mixrl train` (mixrl.launch): the exact command it ran\n"
+        + (f"# vLLM server started first: {plan.server_shell()}\n" if plan.server_argv else "")
+        + f"cd {shlex.quote(os.getcwd())}\n{plan.shell()}\n"
+    )
+    return plan
+
+
+def launch_run_dir(cfg: DictConfig) -> Path:
+    """The run directory a launch records into and passes to every process (chosen here, so
+    that every process and every machine uses the same one)."""
+    from mixrl.trainer.run import default_run_dir
+
+    if cfg.get("resume"):
+        return Path(cfg.resume)
+    if cfg.run_dir:
+        return Path(cfg.run_dir)
+    if int(cfg.hardware.num_machines) > 1:
+        raise ConfigError(
+            f"hardware.num_machines={cfg.hardware.num_machines}: set run_dir=PATH, the same path on every machine "
+            "(a shared file system), so that all machines write one run"
+        )
+    return default_run_dir(cfg)
+
+
+def write_plan(plan: LaunchPlan, *, new_run: bool = True, say=print) -> Path:
+    """Write the plan's files under ``RUN_DIR/launch/`` (a new run's directory stays otherwise
+    empty; an existing run is refused first, exactly as ``mixrl train`` would)."""
+    from mixrl.trainer.run import check_new_run_dir
+
+    launch_dir = plan.run_dir / LAUNCH_DIR
+    if new_run:
+        check_new_run_dir(plan.run_dir, say)
+    launch_dir.mkdir(parents=True, exist_ok=True)
+    for name, text in plan.files.items():
+        path = launch_dir / name
+        path.write_text(text)
+        if name.endswith(".sh"):
+            path.chmod(0o755)
+    return launch_dir
+
+
+def _stop(proc: subprocess.Popen | None, sig=signal.SIGTERM, wait_s: float = 30.0) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, sig)
+        proc.wait(timeout=wait_s)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+def run_plan(plan: LaunchPlan, say=print, *, new_run: bool = True) -> int:
+    """Write the plan's files, print the command, run it (and the vLLM server) and return its exit status."""
+    launch_dir = write_plan(plan, new_run=new_run, say=say)
+    server = None
+    if plan.server_argv is not None:
+        say(f"starting the vLLM server: {plan.server_shell()}")
+        log = open(launch_dir / "vllm-server.log", "w")  # noqa: SIM115 - the server keeps it
+        server = subprocess.Popen(plan.server_argv, env={**os.environ, **plan.server_env}, stdout=log,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+    say(f"launching: {plan.shell()}")
+    say(f"(recorded in {launch_dir / 'command.sh'})")
+    proc = subprocess.Popen(plan.argv, env={**os.environ, **plan.env}, start_new_session=True)
+    try:
+        rc = proc.wait()
+    except KeyboardInterrupt:  # forward Ctrl-C: the processes save a checkpoint and stop
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            rc = proc.wait(timeout=600)
+        except KeyboardInterrupt:
+            _stop(proc, signal.SIGKILL)
+            rc = 130
+    finally:
+        _stop(server)
+    (launch_dir / "exit_status").write_text(f"{rc}\n{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+    return rc
+
+
+def launch(cfg: DictConfig, overrides: list[str], say=print) -> int:
+    """Check this machine, plan, record and run one launched ``mixrl train``; returns its exit status."""
+    check_launch_environment(cfg)
+    run_dir = launch_run_dir(cfg)
+    model_path = None
+    if starts_vllm_server(cfg):
+        from mixrl.trainer.build import resolve_model_path
+
+        model_path = resolve_model_path(cfg, progress=False)
+    plan = plan_launch(cfg, overrides, run_dir, model_path=model_path)
+    return run_plan(plan, say=say, new_run=not cfg.get("resume"))

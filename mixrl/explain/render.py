@@ -213,10 +213,12 @@ def _source_row(cfg: DictConfig) -> str:
 
 def _teacher_row(cfg: DictConfig) -> str | None:
     """The teacher (``teacher.source``), or None without one."""
+    from omegaconf import OmegaConf
+
     from mixrl.sources import SOURCES
 
-    node = cfg.get("teacher")
-    name, params = component(node.source) if node is not None else (None, {})
+    node = OmegaConf.select(cfg, "teacher.source")
+    name, params = component(node) if node is not None else (None, {})
     if name in (None, "none"):
         return None
     models = ", ".join(str(m) for m in params.get("models") or [])
@@ -261,7 +263,7 @@ def explain_lines(cfg: DictConfig) -> list[tuple[str, str]]:
     rows.append(("source", _source_row(cfg)))
     teacher = _teacher_row(cfg)
     if teacher is not None:
-        rows.append(("teacher", teacher))
+        rows.append(("teacher.source", teacher))
     rows.append(("controller", _controller_row(cfg)))
     rows.append(("tokens", _provenance_row(cfg)))
     rows.append(("batch", geometry(cfg).describe()))

@@ -31,6 +31,7 @@ _SECTION_REGISTRY = {
     "algo.controller": ("mixrl.core", "CONTROLLERS", "controller"),
     "algo.inject": ("mixrl.sources", "INJECTIONS", "injection"),
     "offpolicy.source": ("mixrl.sources", "SOURCES", "off-policy source"),
+    "teacher.source": ("mixrl.sources", "SOURCES", "teacher source"),
     "algo.coefs.*": ("mixrl.core", "SCHEDULES", "schedule"),
     "algo.terms.*": ("mixrl.core", "TERMS", "term"),
     "algo.terms.*.token_weight": ("mixrl.core", "TOKEN_WEIGHTS", "token weight"),
@@ -101,6 +102,7 @@ def _type_ok(value: Any, annotation: Any) -> tuple[bool, str]:
         "bool": lambda v: isinstance(v, bool),
         "str": lambda v: isinstance(v, str),
         "dict": lambda v: isinstance(v, DictConfig),
+        "list": lambda v: OmegaConf.is_list(v) or isinstance(v, (list, tuple)),
     }
     known = [t for t in allowed if t in checks]
     if not known:  # an annotation we do not check (e.g. a Tensor)

@@ -29,6 +29,7 @@ ALIASES = {
     "algo.mu": "algo.coefs.mu",
     "algo.gamma": "algo.terms.offpolicy.gamma",
     "algo.token_weight": "algo.terms.sft.token_weight",
+    "algo.beta": "algo.coefs.beta",  # KDRL's teacher-KL coefficient
 }
 
 

@@ -103,6 +103,22 @@ def build_source(cfg: DictConfig):
     return SOURCES.get(name)(**params)
 
 
+def build_teacher(cfg: DictConfig):
+    """The configured teacher source (``teacher.source``), or None (``teacher=none``)."""
+    from mixrl.sources import SOURCES
+
+    node = cfg.get("teacher")
+    name, params = component(node.source) if node is not None else (None, {})
+    if name in (None, "none"):
+        return None
+    return SOURCES.get(name)(**params)
+
+
+def _teacher_name(cfg: DictConfig) -> str:
+    node = cfg.get("teacher")
+    return "none" if node is None else str(component(node.source)[0] or "none")
+
+
 def build_injection(cfg: DictConfig, *, source=None, geometry=None):
     """The configured injection (``algo.inject``), holding its source."""
     from mixrl.sources import INJECTIONS
@@ -149,6 +165,7 @@ def check_objective(cfg: DictConfig) -> list[str]:
         _check_weight(objective, t, where, cfg)
 
     # --- sources and injections
+    _check_teacher(cfg, inject_name, objective)
     if _needs_source(inject_name) and source_name == "none":
         raise ConfigError(
             f"algo.inject={inject_name} places off-policy rows but offpolicy.source is 'none'; add offpolicy=expert"
@@ -211,6 +228,32 @@ def _injected_provenances(source_name: str) -> set[str]:
     return set(SOURCES.get(source_name).provenances)
 
 
+def _check_teacher(cfg: DictConfig, inject_name: str, objective: Objective) -> None:
+    """The teacher source's own constructor checks; an injection that needs a teacher has one
+    that can generate (not ``self``)."""
+    from mixrl.sources import INJECTIONS
+
+    try:
+        teacher = build_teacher(cfg)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"teacher.source: {str(e).splitlines()[0]}") from None
+    if getattr(INJECTIONS.get(inject_name), "needs_teacher", False):
+        if teacher is None:
+            raise ConfigError(f"algo.inject={inject_name} places teacher completions but no teacher is configured; add teacher=tiny "
+                              "(or teacher=model teacher.source.models=[...])")
+        if "self" in teacher.models:
+            raise ConfigError(f"algo.inject={inject_name} needs teacher models that generate; teacher.source.models "
+                              "lists 'self' (the policy); name real teacher models")
+    from mixrl.core.terms import term_needs
+
+    reads = any("teacher_logp" in term_needs(t.kind) for t in objective.terms)
+    if teacher is not None and not reads and not getattr(INJECTIONS.get(inject_name), "needs_teacher", False):
+        raise ConfigError(
+            f"teacher={cfg.teacher.name} loads a teacher, but no term reads teacher log-probs and algo.inject={inject_name} "
+            "places no teacher completions; use an algo that does (algo=opd, kdrl, opsd, ampo) or teacher=none"
+        )
+
+
 def _needs_source(inject_name: str) -> bool:
     from mixrl.sources import INJECTIONS
 
@@ -239,8 +282,9 @@ def _check_term(t: TermSpec, where: str, available: set[str], cfg: DictConfig) -
                 f"{where} ({t.kind}) takes an importance ratio, but '{unknown[0]}' tokens have no behaviour "
                 f"probability; train them with a term that needs none (nll, shaped) instead"
             )
-    if "teacher_logp" in term_needs(t.kind):
-        raise ConfigError(f"{where} ({t.kind}) needs teacher log-probs, but no configured source provides them")
+    if "teacher_logp" in term_needs(t.kind) and _teacher_name(cfg) == "none":
+        raise ConfigError(f"{where} ({t.kind}) needs teacher log-probs, but no teacher is configured; add teacher=tiny "
+                          "(built-in), teacher=self (privileged self-teacher) or teacher=model teacher.source.models=[...]")
     missing = [p for p in t.tokens if p not in available]
     if missing:
         fix = {"kl": "set algo.kl.coef=0", "entropy": "set algo.entropy_coef=0"}.get(

@@ -87,6 +87,16 @@ class OffPolicyConfig:
 
 
 @dataclass
+class TeacherConfig:
+    """A teacher (``mixrl.sources.teacher``): ``source`` is a component of the source registry,
+    ``{name: teacher, models: [...], privileged: ...}``, or ``{name: none}``. Apart from
+    ``offpolicy`` so that a teacher composes with any off-policy source."""
+
+    name: str = "none"
+    source: dict = field(default_factory=lambda: {"name": "none"})
+
+
+@dataclass
 class RewardConfig:
     name: str = "exact"  # a registered reward or a dotted path 'pkg.module:fn'
     params: dict = field(default_factory=dict)
@@ -175,6 +185,7 @@ class RunConfig:
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     data: DataConfig = field(default_factory=DataConfig)
     offpolicy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
@@ -183,4 +194,4 @@ class RunConfig:
     recipe_info: RecipeInfo = field(default_factory=RecipeInfo)
 
 
-GROUPS = ("algo", "data", "offpolicy", "model", "reward", "hardware", "logger")
+GROUPS = ("algo", "data", "offpolicy", "model", "reward", "hardware", "logger", "teacher")

@@ -20,6 +20,7 @@ from mixrl.core import (  # noqa: F401  (import = registration)
     advantages,
     aggregation,
     controllers,
+    distill,
     policy_losses,
     provenance,
     regularizers,

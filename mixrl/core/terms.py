@@ -179,16 +179,18 @@ entropy.needs = ("entropies",)
 
 
 @TERMS.register("teacher_kl")
-def teacher_kl(x: TermInputs, *, estimator: str = "k1") -> TermOutput:
+def teacher_kl(x: TermInputs, *, estimator: str = "k2") -> TermOutput:
     """Reverse KL to a teacher on student-sampled tokens (teacher log-probs carried per token).
 
     Formula: l_t = KL_{estimator}(pi_theta || pi_teacher) per token
     Paper: on-policy distillation (Agarwal et al., "On-Policy Distillation of Language Models",
     arXiv 2306.13649); KDRL ("KDRL: Post-Training Reasoning LLMs via Unified Knowledge Distillation and
-    Reinforcement Learning") adds it to the RL objective.
+    Reinforcement Learning", arXiv 2506.02208) adds it to the RL objective with the k2 estimator.
 
     Parameters:
-        estimator (k1): k1 | k2 | k3 | k3_clamped.
+        estimator (k2): k1 | k2 | k3 | k3_clamped. As a loss on y_t ~ pi_theta: k2's gradient
+            (log p - log q) grad log p is the reverse-KL gradient (KDRL's choice); k3's is the
+            forward-KL gradient; k1's is grad log p, zero in expectation (a value to monitor, not to train).
     """
     from mixrl.core.regularizers import teacher_kl as _teacher_kl
 

@@ -211,6 +211,21 @@ def _source_row(cfg: DictConfig) -> str:
     return text
 
 
+def _teacher_row(cfg: DictConfig) -> str | None:
+    """The teacher (``teacher.source``), or None without one."""
+    from omegaconf import OmegaConf
+
+    from mixrl.sources import SOURCES
+
+    node = OmegaConf.select(cfg, "teacher.source")
+    name, params = component(node) if node is not None else (None, {})
+    if name in (None, "none"):
+        return None
+    models = ", ".join(str(m) for m in params.get("models") or [])
+    what = f"{name} [{models}]" + (f", privileged context: {params['privileged']}" if params.get("privileged") else "")
+    return f"{what}: {SOURCES.formula(name, params)}"
+
+
 def _controller_row(cfg: DictConfig) -> str:
     from mixrl.core import CONTROLLERS
 
@@ -246,6 +261,9 @@ def explain_lines(cfg: DictConfig) -> list[tuple[str, str]]:
     rows.append(("advantage", _advantage_row(cfg, inject)))
     rows.append(("injection", _injection_row(cfg)))
     rows.append(("source", _source_row(cfg)))
+    teacher = _teacher_row(cfg)
+    if teacher is not None:
+        rows.append(("teacher.source", teacher))
     rows.append(("controller", _controller_row(cfg)))
     rows.append(("tokens", _provenance_row(cfg)))
     rows.append(("batch", geometry(cfg).describe()))

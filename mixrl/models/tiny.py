@@ -72,6 +72,18 @@ WARM_START: dict[str, Any] = {
     "seed": 0,
 }
 
+#: The built-in teacher (``model: builtin:tiny-teacher`` in a teacher config): the same architecture and
+#: tokenizer, warm-started on expert solutions only (no careless demonstrator), on every level, for longer.
+#: Cached beside the student under ``<cache>/tiny-teacher/<key>/``; its held-out accuracy per level is
+#: in the README (teachers section).
+TEACHER_WARM_START: dict[str, Any] = {
+    **WARM_START,
+    "steps": 600,
+    "levels": list(arith.LEVELS),
+    "careless_fraction": 0.0,
+}
+ROLES = ("student", "teacher")
+
 #: GRPO settings that improve the warm-started model on the default ``arith`` mix in ~1 minute on
 #: 2 CPU cores (measured with plain ``trl.GRPOTrainer``; see the project notes for the numbers).
 GRPO_DEFAULTS: dict[str, Any] = {
@@ -189,12 +201,15 @@ def cache_root() -> Path:
     return Path.home() / ".cache" / "mixrl"
 
 
-def recipe(steps: int | None = None) -> dict[str, Any]:
-    """Everything the warm-started weights depend on (hashed into the cache key)."""
-    ws = dict(WARM_START)
+def recipe(steps: int | None = None, role: str = "student") -> dict[str, Any]:
+    """Everything the warm-started weights depend on (hashed into the cache key). ``role``:
+    ``student`` (the default model) or ``teacher`` (:data:`TEACHER_WARM_START`)."""
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+    ws = dict(WARM_START if role == "student" else TEACHER_WARM_START)
     if steps is not None:
         ws["steps"] = int(steps)
-    return {
+    rec = {
         "tiny_version": TINY_VERSION,
         "task": arith.NAME,
         "task_version": arith.TASK_VERSION,
@@ -202,17 +217,22 @@ def recipe(steps: int | None = None) -> dict[str, Any]:
         "model": dict(MODEL_SIZE),
         "warm_start": ws,
     }
+    if role != "student":  # the student's key stays what it was
+        rec["role"] = role
+    return rec
 
 
-def cache_key(steps: int | None = None) -> str:
-    digest = hashlib.sha256(json.dumps(recipe(steps), sort_keys=True).encode()).hexdigest()[:12]
+def cache_key(steps: int | None = None, role: str = "student") -> str:
+    digest = hashlib.sha256(json.dumps(recipe(steps, role), sort_keys=True).encode()).hexdigest()[:12]
     return f"v{TINY_VERSION}-{digest}"
 
 
-def default_path(cache_dir: Path | str | None = None, *, steps: int | None = None) -> Path:
-    """Where :func:`warm_start` saves (``cache_dir`` defaults to ``cache_root()/"tiny"``)."""
-    base = Path(cache_dir).expanduser() if cache_dir is not None else cache_root() / "tiny"
-    return base / cache_key(steps)
+def default_path(cache_dir: Path | str | None = None, *, steps: int | None = None, role: str = "student") -> Path:
+    """Where :func:`warm_start` saves (``cache_dir`` defaults to ``cache_root()/"tiny"``, or
+    ``cache_root()/"tiny-teacher"`` for the teacher)."""
+    folder = "tiny" if role == "student" else f"tiny-{role}"
+    base = Path(cache_dir).expanduser() if cache_dir is not None else cache_root() / folder
+    return base / cache_key(steps, role)
 
 
 def is_complete(path: Path) -> bool:
@@ -261,6 +281,7 @@ def train_supervised(
     seed: int,
     careless_fraction: float = 0.0,
     progress: bool = True,
+    description: str = "warm-starting tiny model",
 ) -> list[float]:
     """Deterministic SFT on ``levels`` (train split); returns per-step losses.
 
@@ -287,7 +308,7 @@ def train_supervised(
     losses: list[float] = []
     bar = _progress(progress)
     with bar:
-        task = bar.add_task("warm-starting tiny model", total=steps, loss=float("nan"))
+        task = bar.add_task(description, total=steps, loss=float("nan"))
         for step in range(steps):
             sl = slice(step * batch_size, (step + 1) * batch_size)
             ids, mask, lab = _batch(tokenizer, problems[sl], completions[sl])
@@ -340,18 +361,20 @@ def warm_start(
     force: bool = False,
     progress: bool = True,
     steps: int | None = None,
+    role: str = "student",
 ) -> Path:
     """Path of the warm-started tiny model (model + tokenizer, ``save_pretrained`` format).
 
     Trains it (deterministically, on one CPU thread, ~25-60 s) unless a
     complete copy is already cached; ``force`` retrains. ``cache_dir`` replaces
     ``cache_root()/"tiny"``; ``steps`` overrides the number of optimizer steps (and
-    is part of the cache key), e.g. for tests.
+    is part of the cache key), e.g. for tests. ``role="teacher"`` builds the built-in teacher
+    (:func:`teacher_warm_start`).
     """
     import torch
 
-    rec = recipe(steps)
-    final = default_path(cache_dir, steps=steps)
+    rec = recipe(steps, role)
+    final = default_path(cache_dir, steps=steps, role=role)
     if is_complete(final) and not force:
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -380,6 +403,7 @@ def warm_start(
                 seed=ws["seed"],
                 careless_fraction=ws["careless_fraction"],
                 progress=progress,
+                description=f"warm-starting tiny {role}" if role != "student" else "warm-starting tiny model",
             )
     finally:
         torch.set_num_threads(threads)
@@ -422,6 +446,13 @@ def warm_start(
     return final
 
 
+def teacher_warm_start(cache_dir: Path | str | None = None, *, force: bool = False, progress: bool = True,
+                       steps: int | None = None) -> Path:
+    """Path of the built-in teacher (``builtin:tiny-teacher``): :func:`warm_start` with
+    :data:`TEACHER_WARM_START` (expert solutions only, every level, longer), cached the same way."""
+    return warm_start(cache_dir, force=force, progress=progress, steps=steps, role="teacher")
+
+
 def load(path: Path | str | None = None):
     """``(model, tokenizer)`` from ``path`` (default: :func:`warm_start`, training it if needed)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -440,9 +471,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--cache-dir", type=Path, default=None, help="directory to hold <key>/ (default: %(default)s)")
     ap.add_argument("--steps", type=int, default=None, help="override the number of warm-start steps")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--teacher", action="store_true", help="build the built-in teacher (builtin:tiny-teacher) instead")
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    path = warm_start(args.cache_dir, force=args.force, progress=not args.no_progress, steps=args.steps)
+    path = warm_start(args.cache_dir, force=args.force, progress=not args.no_progress, steps=args.steps,
+                      role="teacher" if args.teacher else "student")
     print(path)
     meta = json.loads((path / _META_FILE).read_text())
     print(

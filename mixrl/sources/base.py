@@ -71,6 +71,15 @@ class InjectContext:
     log: Callable[[str, float], None] | None = None
     #: at ``after_rewards``: the first reward function's value per global row (success is read from it)
     primary_rewards: torch.Tensor | None = None
+    # teachers (mixrl.sources.teacher): the loaded teacher models and what an injection may do with them
+    teachers: list = field(default_factory=list)
+    policy: Any = None  # the policy being trained (score it under no_grad only)
+    #: local rewards of (input rows, completion ids), no gather: [n] float
+    rewards: Callable[[list, list[list[int]]], torch.Tensor] | None = None
+    #: sample n completions (token ids, eos included) of one prompt with a model, at the run's temperature
+    generate_with: Callable[[Any, list[int], int], list[list[int]]] | None = None
+    #: per-token log-probs of completions under a model (no_grad): score_tokens(model, prompt_ids, completion_ids)
+    score_tokens: Callable[[Any, list[list[int]], list[list[int]]], list[list[float]]] | None = None
 
     def completion_ids(self, text: str) -> list[int]:
         """Token ids of a written completion, ended by eos and cut to max_completion_length."""

@@ -103,7 +103,8 @@ def load_train_rows(cfg: DictConfig):
     return load_dataset_rows(
         d.source, split=d.split, subset=d.subset, prompt_column=d.prompt_column, answer_column=d.answer_column,
         expert_column=d.expert_column, system_prompt=d.system_prompt, limit=d.limit,
-        expert_required=SOURCES.get(cfg.offpolicy.source.name).reads_expert_column,  # e.g. GRPO: prompt/answer suffice
+        expert_required=SOURCES.get(cfg.offpolicy.source.name).reads_expert_column  # e.g. GRPO: prompt/answer suffice
+        or (cfg.get("teacher") is not None and cfg.teacher.source.get("privileged") == "expert"),  # OPSD
     )
 
 
@@ -219,7 +220,7 @@ def build_trainer(cfg: DictConfig, *, model_path: str, tokenizer, train_ds, rewa
     advantage and controller all come from ``cfg``; ``arg_overrides`` set extra ``GRPOConfig`` fields."""
     from transformers import PrinterCallback
 
-    from mixrl.config.objective import build_controller, build_injection, build_objective, build_source
+    from mixrl.config.objective import build_controller, build_injection, build_objective, build_source, build_teacher
     from mixrl.trainer.grpo import MixrlGRPOTrainer
 
     geom = geom or geometry(cfg)
@@ -230,6 +231,11 @@ def build_trainer(cfg: DictConfig, *, model_path: str, tokenizer, train_ds, rewa
     source = build_source(cfg)
     injection = build_injection(cfg, source=source, geometry=geom)
     train_ds = source.prepare(train_ds, cfg.data)
+    teacher = build_teacher(cfg)
+    if teacher is not None:  # built (builtin:tiny-teacher), tokenizers compared, before the policy loads
+        teacher.resolve(progress=bool(cfg.logger.progress))
+        teacher.check_tokenizer(tokenizer)
+        train_ds = teacher.prepare(train_ds, cfg.data)
     trainer = MixrlGRPOTrainer(
         model=model_path,
         reward_funcs=reward_funcs,
@@ -242,6 +248,7 @@ def build_trainer(cfg: DictConfig, *, model_path: str, tokenizer, train_ds, rewa
         advantage=advantage_spec(cfg),
         injections=[injection],
         controller=build_controller(cfg),
+        teacher=teacher,
     )
     trainer.remove_callback(PrinterCallback)  # mixrl prints its own progress and summary
     return trainer

@@ -1,0 +1,112 @@
+"""Distillation terms on teacher-scored tokens (registered in ``TERMS``).
+
+Every term here reads ``teacher_logp`` (``log pi_T(y_t)``, the teacher's log-prob of the
+token the student sampled, carried per token and constant) and the student's ``logp``. Only
+the sampled token's probability is known per position, not the full next-token
+distributions, so each divergence is a single-sample estimate over the student's own
+rollouts (``y_t ~ pi_theta``): its **value** is an unbiased estimate of the per-position
+divergence, and its **gradient** is an unbiased estimate of the divergence's gradient (the
+score-function form ``E_y[g(y) grad log pi_theta(y)]``; the dependence of later positions on
+earlier tokens is ignored, as in per-token on-policy distillation). Notation: ``p = pi_theta(y_t)``,
+``q = pi_T(y_t)``, ``sg`` stop-gradient.
+
+* ``teacher_kl`` (:mod:`mixrl.core.terms`) with ``estimator: k2`` is the reverse KL as a loss:
+  the gradient of ``(log p - log q)^2 / 2`` is ``(log p - log q) grad log p``.
+* ``teacher_jsd``: TRL's generalised JSD (``GKDTrainer.generalized_jsd_loss``: beta = 0 forward
+  KL(T || S), beta = 1 reverse KL(S || T), else the beta-mixture JSD) as a sampled-token
+  estimate. TRL's function needs both models' full logits [B, T, V]; mixrl carries one number
+  per token, so TRL's function is the test oracle (exact expectation over a small vocabulary)
+  rather than the implementation.
+* ``opd_reward``: on-policy distillation as a dense per-token advantage inside a policy loss
+  (OPD; G-OPD / ExOPD's reward scale lambda).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from mixrl.core.terms import TERMS, TermInputs, TermOutput
+
+
+def _with_grad(value: Tensor, coef: Tensor, logp: Tensor) -> Tensor:
+    """``sg(value) + sg(coef) * (logp - sg(logp))``: the value ``value`` with the gradient
+    ``coef * grad logp``."""
+    return value.detach() + coef.detach() * (logp - logp.detach())
+
+
+def jsd_per_token(logp: Tensor, teacher_logp: Tensor, beta: float, ratio_cap: float | None = None) -> Tensor:
+    """Per-token generalised JSD estimate on student-sampled tokens (TRL's convention for beta).
+
+    With ``p`` the student's and ``q`` the teacher's probability of the sampled token,
+    ``w = q / p`` (capped at ``ratio_cap`` if set) and ``m = (1 - beta) p + beta q``:
+
+    * beta = 0 (forward KL(q || p)): value ``w (log q - log p)``, gradient ``-w grad log p``;
+    * beta = 1 (reverse KL(p || q)): value ``log p - log q``, gradient ``(log p - log q) grad log p``;
+    * else: value ``beta w log(q / m) + (1 - beta) log(p / m)``, gradient ``(1 - beta) log(p / m) grad log p``.
+    """
+    q = teacher_logp.detach()
+    lp = logp.detach()
+    log_w = torch.clamp(q - lp, max=20.0)
+    w = log_w.exp()
+    if ratio_cap is not None:
+        w = w.clamp(max=float(ratio_cap))
+    if beta == 0.0:
+        return _with_grad(w * (q - lp), -w, logp)
+    if beta == 1.0:
+        return _with_grad(lp - q, lp - q, logp)
+    # log m = logsumexp(log(1-beta) + log p, log(beta) + log q)
+    log_m = torch.logaddexp(lp + math.log1p(-beta), q + math.log(beta))
+    value = beta * w * (q - log_m) + (1.0 - beta) * (lp - log_m)
+    return _with_grad(value, (1.0 - beta) * (lp - log_m), logp)
+
+
+@TERMS.register("teacher_jsd")
+def teacher_jsd(x: TermInputs, *, beta: float = 0.5, ratio_cap: float | None = None) -> TermOutput:
+    """Generalised JSD to a teacher on student-sampled tokens (beta = 0: forward KL, 1: reverse KL).
+
+    Formula: l_t = est. of JSD_{beta}(pi_T || pi_theta) at y_t ~ pi_theta: beta w log(q/m) + (1-beta) log(p/m), w = q/p, m = (1-beta) p + beta q; gradient (1-beta) log(p/m) grad log p
+    Paper: GKD, "On-Policy Distillation of Language Models: Learning from Self-Generated Mistakes" (arXiv 2306.13649), TRL's generalized_jsd_loss.
+
+    Parameters:
+        beta (0.5): 0 forward KL(teacher || student), 1 reverse KL(student || teacher), else the mixture JSD.
+        ratio_cap (None): cap on the importance weight w = q / p (forward KL and JSD); None: uncapped (unbiased).
+    """
+    if not 0.0 <= beta <= 1.0:
+        raise ValueError(f"teacher_jsd: beta must be in [0, 1], got {beta}")
+    return TermOutput(jsd_per_token(x.logp, x.teacher_logp, beta, ratio_cap))
+
+
+teacher_jsd.needs = ("teacher_logp",)
+
+
+@TERMS.register("opd_reward")
+def opd_reward(x: TermInputs, *, lam: float = 1.0, loss: dict | None = None) -> TermOutput:
+    """On-policy distillation as a dense per-token advantage in a policy loss (OPD; G-OPD / ExOPD).
+
+    Formula: A_t = {lam} (log pi_T(y_t) - log pi_old(y_t)); l_t = {loss}(r_t, A_t), r_t = pi_theta / pi_old
+    Paper: G-OPD / ExOPD, "Learning beyond Teacher: Generalized On-Policy Distillation with Reward Extrapolation" (lam > 1 extrapolates); OPD's per-token reward log pi_T - log pi_theta.
+
+    Parameters:
+        lam (1.0): reward scale lambda; 1 is standard OPD, > 1 is ExOPD's reward extrapolation.
+        loss (None): the policy loss ``{name, params...}``; default ``reinforce`` (-A r, no clip).
+
+    G-OPD's objective is lam * E[log pi_T - log pi_ref] - KL(pi_theta || pi_ref) per token; with the
+    reference pi_ref = pi_old (the student at generation time) the per-token reward is
+    lam (log pi_T - log pi_old) and the KL is 0 at r = 1. The reward-correction variant (the
+    teacher's pre-RL base as reference) needs a second teacher and is not implemented.
+    """
+    from mixrl.core.policy_losses import POLICY_LOSSES
+
+    spec = dict(loss or {"name": "reinforce"})
+    name = spec.pop("name")
+    adv = float(lam) * (x.teacher_logp.detach() - x.behaviour_logp.detach())
+    out = POLICY_LOSSES.get(name)(x.logp, x.behaviour_logp, adv, x.mask, **spec)
+    metrics = {"opd/advantage": float((adv * x.mask).sum() / x.mask.sum().clamp(min=1))}
+    return TermOutput(out.per_token_loss, metrics)
+
+
+opd_reward.needs = ("teacher_logp",)
+opd_reward.needs_behaviour = True

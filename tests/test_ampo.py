@@ -1,0 +1,126 @@
+"""AMPO's injection (refill_failed): teacher completions enter only groups whose rollouts all
+failed, the correct candidates the student finds most likely first; and a short run with a
+throwaway teacher."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from mixrl.core import provenance as prov
+from mixrl.sources import InjectContext, Rollouts
+from mixrl.sources.teacher import TEACHER, RefillFailed, comprehension
+
+
+class _Tok:
+    eos_token_id, pad_token_id = 0, 0
+
+
+def _ctx(rewards_of, candidates, student_logps, process_index=0, G=4, gather=lambda t: t):
+    """rewards_of(completion) -> reward; candidates[teacher] -> list of completions; student_logps[tuple(c)] -> logps."""
+    generated = []
+
+    def rewards(rows, comps):
+        return torch.tensor([rewards_of(tuple(c)) for c in comps], dtype=torch.float32)
+
+    def generate(teacher, prompt_ids, n):
+        generated.append((teacher, n))
+        return [list(c) for c in candidates[teacher][:n]]
+
+    def score(model, prompts, comps):
+        if model == "policy":
+            return [student_logps[tuple(c)] for c in comps]
+        return [[-0.1 * (k + 1)] * len(c) for k, c in enumerate(comps)]  # the teacher's own log-probs
+
+    ctx = InjectContext(
+        tokenizer=_Tok(), process_index=process_index, num_processes=1, num_generations=G, max_completion_length=8,
+        global_step=0, micro_step=0, device=torch.device("cpu"), tokenize_prompts=lambda ps: [[9] for _ in ps],
+        gather=gather, teachers=["A", "B"], policy="policy", rewards=rewards, generate_with=generate, score_tokens=score,
+    )
+    return ctx, generated
+
+
+def test_comprehension_is_the_mean_token_probability():
+    import math
+
+    assert comprehension([math.log(0.5), math.log(0.1)]) == pytest.approx(0.3)
+
+
+def test_only_all_failed_groups_get_the_best_understood_correct_candidates():
+    """Two groups of 4: group 0 has a success, group 1 fails everywhere. Teachers A and B give
+    2 candidates each; (7,) is wrong; among the correct ones the student likes (6,) best, then
+    (5,), then (8,). k = 2: group 1's slots 2 and 3 get (6,) and (5,), in that order."""
+    good = {(5, 0), (6, 0), (8, 0), (1, 1)}
+    cands = {"A": [(5, 0), (7, 0)], "B": [(6, 0), (8, 0)]}
+    student = {(5, 0): [-0.5, -0.5], (6, 0): [-0.1, -0.1], (8, 0): [-2.0, -2.0]}
+    ctx, generated = _ctx(lambda c: 1.0 if c in good else 0.0, cands, student)
+    rows = [{"prompt": "p0"}] * 4 + [{"prompt": "p1"}] * 4
+    completions = [[1, 1], [2, 2], [2, 2], [2, 2], [3, 3], [3, 3], [3, 3], [3, 3]]
+    rollouts = Rollouts([list(c) for c in completions], [[-1.0, -1.0]] * 8, [prov.ON_POLICY] * 8)
+    inj = RefillFailed(per_group=2, candidates=2)
+    out = inj.after_generation(ctx, rows, rollouts)
+    assert out.completion_ids[:6] == completions[:6]  # group 0 untouched; group 1's first two rollouts kept
+    assert out.completion_ids[6] == [6, 0] and out.completion_ids[7] == [5, 0]
+    assert out.row_source == [prov.ON_POLICY] * 6 + [TEACHER, TEACHER]
+    assert out.logprobs[6] == [None, None]  # not the policy's sampling log-probs
+    assert out.behaviour_logp[6] == pytest.approx([-0.1, -0.1]) and out.behaviour_logp[7] == pytest.approx([-0.1, -0.1])
+    assert generated == [("A", 2), ("B", 2)]  # one failed prompt: each teacher asked once
+    assert inj.metrics() == {"ampo/failed_groups": 1.0, "ampo/refilled_rows": 2.0, "ampo/candidates": 4.0,
+                             "ampo/correct_candidates": 3.0}
+
+
+def test_without_a_correct_candidate_the_group_keeps_its_rollouts():
+    ctx, _ = _ctx(lambda c: 0.0, {"A": [(5, 0)], "B": [(6, 0)]}, {})
+    rollouts = Rollouts([[3]] * 4, None, [prov.ON_POLICY] * 4)
+    out = RefillFailed(per_group=1, candidates=1).after_generation(ctx, [{"prompt": "p"}] * 4, rollouts)
+    assert out.row_source == [prov.ON_POLICY] * 4 and out.completion_ids == [[3]] * 4
+
+
+def test_select_first_keeps_the_teachers_order():
+    cands = {"A": [(5, 0)], "B": [(6, 0)]}
+    ctx, _ = _ctx(lambda c: 1.0 if c[0] in (5, 6) else 0.0, cands, {(5, 0): [-3.0, -3.0], (6, 0): [0.0, 0.0]})
+    rollouts = Rollouts([[3]] * 4, None, [prov.ON_POLICY] * 4)
+    out = RefillFailed(per_group=1, candidates=1, select="first").after_generation(ctx, [{"prompt": "p"}] * 4, rollouts)
+    assert out.completion_ids[3] == [5, 0]
+
+
+def test_groups_straddling_processes_use_the_global_slot():
+    """6 local rows on process 1 of 2, groups of 4: global rows 6..11; local rows 0-1 are slots
+    2-3 of group 1, rows 2-5 group 2. Every rollout fails; k = 1 fills slot 3 of each group."""
+    ctx, _ = _ctx(lambda c: 1.0 if c == (5, 0) else 0.0, {"A": [(5, 0)], "B": []}, {(5, 0): [-0.1, -0.1]}, process_index=1,
+                  gather=lambda t: torch.cat([torch.zeros(6), t]))  # process 0's 6 rows failed too
+    rollouts = Rollouts([[3]] * 6, None, [prov.ON_POLICY] * 6)
+    out = RefillFailed(per_group=1, candidates=1).after_generation(ctx, [{"prompt": "p"}] * 6, rollouts)
+    assert [s == TEACHER for s in out.row_source] == [False, True, False, False, False, True]
+
+
+def test_per_group_must_leave_a_rollout():
+    from mixrl.config.rules import geometry
+    from mixrl.config.compose import compose_config
+    from mixrl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="per_group"):
+        RefillFailed(per_group=8, geometry=geometry(compose_config(["algo=ampo"])))
+
+
+def test_ampo_trains_with_a_throwaway_teacher(tiny_model_path, tmp_path, fast_overrides):
+    """Levels 5-6 (the tiny student fails them): teacher rows enter failed groups and are trained."""
+    from typer.testing import CliRunner
+
+    from mixrl.cli.main import app
+    from mixrl.models import tiny
+
+    teacher = tiny.teacher_warm_start(tmp_path / "teacher", steps=60, progress=False)
+    res = CliRunner().invoke(app, ["train", "algo=ampo", *fast_overrides, "data.levels=[5,6]", "trainer.save_steps=0",
+                                   f"teacher.source.models=[{teacher}]", "algo.inject.candidates=4", "algo.inject.per_group=1"])
+    assert res.exit_code == 0, res.stdout[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["ampo/failed_groups"] >= 1 for r in rows)
+    assert sum(r["ampo/candidates"] for r in rows) > 0
+    # a refilled row is a teacher row the shaped term trains on
+    for r in rows:
+        assert r["teacher/rows"] == r["ampo/refilled_rows"]
+        if r["ampo/refilled_rows"]:
+            assert "loss/offpolicy" in r and r["teacher/token_prob"] > 0

@@ -78,7 +78,8 @@ GROUP_OPTIONS = [(g, o) for g in GROUPS for o in group_options(g)]
 @pytest.mark.parametrize("group,option", GROUP_OPTIONS, ids=[f"{g}={o}" for g, o in GROUP_OPTIONS])
 def test_each_group_option_composes(group, option):
     # an off-policy source needs an algo that injects its rows (alone it is rejected)
-    cfg = compose_config([f"{group}={option}"] + (["algo=chord"] if group == "offpolicy" and option != "none" else []))
+    algo_for = {"replay": "algo=remix"}  # the algo that injects the source's rows (default: chord's expert rows)
+    cfg = compose_config([f"{group}={option}"] + ([algo_for.get(option, "algo=chord")] if group == "offpolicy" and option != "none" else []))
     assert cfg[group].name == option
     # every value the option file sets reaches the composed config (the file is its own
     # `_self_`, applied after the defaults it lists, unless it lists `_self_` first)

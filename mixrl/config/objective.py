@@ -136,6 +136,12 @@ def check_objective(cfg: DictConfig) -> list[str]:
         raise ConfigError(f"could not build the objective from algo: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     source_name, _ = component(cfg.offpolicy.source)
     inject_name, _ = component(algo.inject)
+    wanted = getattr(_injection_class(inject_name), "sources", None)
+    if wanted and source_name not in wanted:
+        raise ConfigError(
+            f"algo.inject={inject_name} reads a {' or '.join(wanted)} source but offpolicy.source is '{source_name}'; "
+            f"add offpolicy={wanted[0]}"
+        )
     injected = _injected_provenances(source_name) if _needs_source(inject_name) else set()
     available = injected | ({"on_policy"} if not _skips_generation(inject_name) else set())
     known = set(prov.provenance_names())
@@ -197,6 +203,12 @@ def _needs_source(inject_name: str) -> bool:
     from mixrl.sources import INJECTIONS
 
     return bool(INJECTIONS.get(inject_name).needs_source)
+
+
+def _injection_class(inject_name: str):
+    from mixrl.sources import INJECTIONS
+
+    return INJECTIONS.get(inject_name)
 
 
 def _skips_generation(inject_name: str) -> bool:
@@ -321,7 +333,8 @@ def _notes(cfg: DictConfig, objective: Objective) -> list[str]:
     notes = []
     for t in objective.terms:
         loss = (t.params.get("loss") or {}).get("name") if t.kind == "policy" else None
-        if loss in RATIO_WHAT and int(cfg.trainer.num_iterations) == 1 and not cfg.hardware.use_vllm and t.tokens == ("on_policy",):
+        stale = int(cfg.trainer.get("staleness", 0) or 0) > 0
+        if loss in RATIO_WHAT and int(cfg.trainer.num_iterations) == 1 and not cfg.hardware.use_vllm and t.tokens == ("on_policy",) and not stale:
             notes.append(
                 f"trainer.num_iterations=1: rollouts are scored by the policy that generated them, so r_t = 1 and the "
                 f"{RATIO_WHAT[loss]} never acts on them (it does from trainer.num_iterations=2)"

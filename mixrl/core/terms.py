@@ -71,7 +71,27 @@ def policy(x: TermInputs, *, loss: dict | None = None) -> TermOutput:
     out = POLICY_LOSSES.get(name)(x.logp, x.behaviour_logp, x.advantages, x.mask, **spec)
     metrics = {f"policy/{k}": float(v) for k, v in out.metrics.items()}
     metrics["clip_frac"] = float(masked_mean(out.clipped.float(), x.mask)) if bool(x.mask.any()) else 0.0
+    metrics.update(ratio_stats(x.logp, x.behaviour_logp, x.mask))
     return TermOutput(out.per_token_loss, metrics)
+
+
+def ratio_stats(logp: Tensor, behaviour_logp: Tensor, mask: Tensor) -> dict[str, float]:
+    """Importance-ratio statistics over the selected tokens (detached): ``ratio/mean``,
+    ``ratio/max``, ``ratio/m2`` = mean (log r)^2 (M2PO's second moment) and ``ratio/ess``, the
+    normalised effective sample size (sum r)^2 / (n sum r^2) in (0, 1] (1: all weights equal)."""
+    import torch
+
+    sel = mask.bool()
+    if not bool(sel.any()):
+        return {}
+    lr = (logp.detach() - behaviour_logp.detach())[sel].double().clamp(-20.0, 20.0)
+    r = lr.exp()
+    return {
+        "ratio/mean": float(r.mean()),
+        "ratio/max": float(r.max()),
+        "ratio/m2": float((lr * lr).mean()),
+        "ratio/ess": float(r.sum() ** 2 / (r.numel() * (r * r).sum())) if bool(torch.isfinite(r).all()) else 0.0,
+    }
 
 
 policy.needs_behaviour = True

@@ -14,6 +14,12 @@ hook                   what it may do
 ``after_advantages``   append scored rows with their own provenance (CHORD)
 =====================  ===================================================================
 
+One more call, not a batch hook: ``after_forward(ctx, inputs, old_logp)`` runs on the first
+optimisation pass over each micro-batch with the behaviour log-probs the policy term uses
+for its rollouts (a replay buffer records them there). During ``after_rewards``,
+``ctx.batch`` is the scored local batch, which an injection may rewrite in place (refill a
+group with past rollouts) while returning the changed global rewards.
+
 Hooks receive an :class:`InjectContext` (what they may know of the trainer: tokenizer,
 process, step; never the trainer itself) and return what they were given, changed. Every
 row an injection adds or rewrites carries its provenance (:mod:`mixrl.core.provenance`),
@@ -56,6 +62,7 @@ class InjectContext:
     device: torch.device
     tokenize_prompts: Callable[[list], list[list[int]]]
     gather: Callable[[torch.Tensor], torch.Tensor]
+    batch: dict | None = None  # the scored local batch, during after_rewards only
 
     def completion_ids(self, text: str) -> list[int]:
         """Token ids of a written completion, ended by eos and cut to max_completion_length."""
@@ -114,6 +121,8 @@ class Injection:
     skips_generation = False
     #: False for an injection that places nothing from a source (config validation reads it)
     needs_source = True
+    #: True when its state is large (a buffer): saved with torch.save, one file per process
+    state_in_file = False
 
     def __init__(self, *, source: Source | None = None, geometry: Any = None, seed: int = 0):
         self.source = source
@@ -131,6 +140,10 @@ class Injection:
 
     def after_advantages(self, ctx: InjectContext, inputs: list[dict], out: dict) -> dict:
         return out
+
+    def after_forward(self, ctx: InjectContext, inputs: dict, old_logp: torch.Tensor) -> None:
+        """First optimisation pass over a micro-batch: ``old_logp`` [B, T] are the behaviour
+        log-probs of its rollout rows (the policy that sampled them)."""
 
     def state_dict(self) -> dict:
         return self.source.state_dict() if self.source is not None else {}

@@ -237,6 +237,7 @@ def build_trainer(cfg: DictConfig, *, model_path: str, tokenizer, train_ds, rewa
         advantage=advantage_spec(cfg),
         injections=[injection],
         controller=build_controller(cfg),
+        staleness=int(cfg.trainer.get("staleness", 0) or 0),
     )
     trainer.remove_callback(PrinterCallback)  # mixrl prints its own progress and summary
     return trainer

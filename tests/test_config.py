@@ -248,7 +248,7 @@ def test_switching_component_with_parameter_set_for_the_old_one_errors_clearly()
     msg = _compose_error(["algo.loss.clip_high=0.3", "algo.loss.name=m2po"])
     assert "algo.loss.clip_high" in msg and "m2po" in msg and "m2_budget" in msg
     cfg = compose_config(["algo.loss.name=m2po"])
-    assert OmegaConf.to_container(cfg.algo.loss) == {"name": "m2po", "m2_budget": 0.04}
+    assert OmegaConf.to_container(cfg.algo.loss) == {"name": "m2po", "m2_budget": 0.04, "budget_over": "all"}
 
 
 def test_parameter_of_previous_component_is_rejected_after_switch():

@@ -182,6 +182,29 @@ def test_replay_fill_refills_uniform_groups_with_differing_past_rollouts():
     assert (batch["row_source"] == prov.ON_POLICY).all()
 
 
+def test_revisit_brings_back_prompts_the_buffer_can_fill():
+    """revisit 0.5 of 2 local groups (G = 4): the last group's 4 rows get a remembered prompt
+    with a stored success (fill=failed ignores prompts with failures only)."""
+    src = ReplaySource(sampling="recent")
+    src.buffer.add(_e(reward=1.0, step=1, prompt=(1, 2)))
+    src.buffer.add(_e(reward=0.0, step=2, prompt=(5, 6)))
+    src.rows = {(1, 2): {"prompt": "p12", "answer": "3"}, (5, 6): {"prompt": "p56", "answer": "11"}}
+    inj = ReplayFill(fill="failed", revisit=0.5, source=src)
+    inputs = [{"prompt": f"x{i // 4}", "answer": "0"} for i in range(8)]
+    new = inj.before_generation(_ctx(step=5), inputs)
+    assert [r["prompt"] for r in new] == ["x0"] * 4 + ["p12"] * 4 and new[4]["answer"] == "3"
+    assert inputs[4]["prompt"] == "x1"  # the caller's list is not changed
+    # remembered rows survive a checkpoint
+    back = ReplaySource()
+    back.load_state_dict(json.loads(json.dumps(src.state_dict())))
+    assert back.rows == src.rows
+    src.buffer.add(_e(reward=1.0, step=2, prompt=(5, 6)))
+    # a group straddling two processes is never revisited: process 1 of 2 with 6 rows and G = 4
+    inj2 = ReplayFill(revisit=1.0, source=src)
+    rows6 = [{"prompt": "y"} for _ in range(6)]
+    assert [r["prompt"] for r in inj2.before_generation(_ctx(process_index=1, num_processes=2), rows6)] == ["y"] * 2 + ["p56"] * 4  # recent first
+
+
 def test_replay_injections_need_the_replay_source():
     with pytest.raises(ConfigError, match="offpolicy=replay"):
         compose_config(["algo=remix", "offpolicy=expert", "data.expert_column=answer"])

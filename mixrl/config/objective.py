@@ -233,6 +233,11 @@ def _check_term(t: TermSpec, where: str, available: set[str], cfg: DictConfig) -
                 f"{where} ({t.kind}) takes an importance ratio, but '{unknown[0]}' tokens have no behaviour "
                 f"probability; train them with a term that needs none (nll, shaped) instead"
             )
+    if "ref_logp" in term_needs(t.kind) and set(t.tokens) - {"on_policy"}:
+        raise ConfigError(
+            f"{where} ({t.kind}) needs reference log-probs, which are computed for rollout tokens only; "
+            f"set its tokens to [on_policy]"
+        )
     if "teacher_logp" in term_needs(t.kind):
         raise ConfigError(f"{where} ({t.kind}) needs teacher log-probs, but no configured source provides them")
     missing = [p for p in t.tokens if p not in available]
@@ -297,6 +302,10 @@ def _check_policy_loss(cfg: DictConfig) -> None:
         raise ConfigError("algo.loss.tau_pos and algo.loss.tau_neg must be > 0")
     if name == "m2po" and lp.get("m2_budget", 0.04) < 0:
         raise ConfigError(f"algo.loss.m2_budget must be >= 0, got {_g(lp['m2_budget'])}")
+    if name == "m2po" and lp.get("budget_over", "all") not in ("all", "harmful"):
+        raise ConfigError(f"algo.loss.budget_over must be all or harmful, got {lp['budget_over']}")
+    if name == "topr" and lp.get("taper", "token") not in ("token", "trajectory"):
+        raise ConfigError(f"algo.loss.taper must be token or trajectory, got {lp['taper']}")
     if name == "sft" and float(cfg.algo.kl.coef) > 0:
         raise ConfigError(
             f"algo.loss.name=sft with algo.kl.coef={_g(float(cfg.algo.kl.coef))}: a supervised loss has no reference "

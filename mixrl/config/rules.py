@@ -35,7 +35,7 @@ class Geometry:
             f"= {self.world_size} process(es) x {self.grad_accum} micro-batch(es) x {self.micro_batch_size} rows"
         )
         if self.expert_rows_per_step:
-            text += f", + {self.expert_rows_per_step} expert rows/step ({self.expert_rows_per_process // self.grad_accum} per micro-batch)"
+            text += f", + {self.expert_rows_per_step} appended rows/step ({self.expert_rows_per_process // self.grad_accum} per micro-batch)"
         return text
 
 

@@ -185,6 +185,36 @@ def teacher_kl(x: TermInputs, *, estimator: str = "k1") -> TermOutput:
 teacher_kl.needs = ("teacher_logp",)
 
 
+@TERMS.register("kl_convex")
+def kl_convex(x: TermInputs, *, lam: float = 0.5, estimator: str = "k3") -> TermOutput:
+    """ReMix's KL-Convex policy constraint: a convex combination of the KL to the base
+    (reference) model and the KL to the precedent policy, the one each token was sampled by.
+
+    Formula: l_t = {lam} KL_{estimator}(pi_theta || pi_ref)_t + (1 - {lam}) KL_{estimator}(pi_theta || pi_b)_t, pi_b the token's behaviour policy
+    Paper: ReMix, "Squeeze the Soaked Sponge: Efficient Off-policy Reinforcement Finetuning for Large Language Model" (arXiv 2507.06892). Only the abstract's description was found ("combines the KL constraints on the base model and the precedent model"); this is the closest stated reading: the precedent model is taken to be the behaviour policy (pi_old for rollouts), the combination weight is lam.
+
+    With ``trainer.num_iterations = 1`` the precedent part is 0 with zero gradient on fresh
+    rollouts (pi_theta = pi_old on the only pass); it acts from the second pass on.
+
+    Parameters:
+        lam (0.5): weight of the KL to the base model (1 - lam on the precedent policy), in [0, 1].
+        estimator (k3): k1 | k2 | k3 | k3_clamped.
+    """
+    from mixrl.core.regularizers import kl_penalty
+
+    if not 0.0 <= lam <= 1.0:
+        raise ValueError(f"kl_convex: lam must be in [0, 1], got {lam}")
+    base = kl_penalty(x.logp, x.ref_logp, estimator=estimator)
+    prev = kl_penalty(x.logp, x.behaviour_logp, estimator=estimator)
+    m = x.mask
+    metrics = {"kl_convex/base": float(masked_mean(base.detach(), m)), "kl_convex/precedent": float(masked_mean(prev.detach(), m))}
+    return TermOutput(lam * base + (1.0 - lam) * prev, metrics)
+
+
+kl_convex.needs = ("ref_logp",)
+kl_convex.needs_behaviour = True
+
+
 def term_needs(kind: str) -> tuple[str, ...]:
     return tuple(getattr(TERMS.get(kind), "needs", ()))
 

@@ -212,6 +212,20 @@ class ReplaySource(Source):
                                    success_threshold=float(success_threshold), sampling=sampling,
                                    seed=0 if seed is None else int(seed))
         self.recorded_step = -1
+        self.rows: dict[tuple, dict] = {}  # prompt ids -> the training row (prompt, answer, ...) it came from
+
+    def remember_rows(self, batch: dict, inputs: list[dict]) -> None:
+        """Keep the data rows of the batch's prompts (what revisiting a prompt needs: its reward
+        reads the row's answer), for prompts the buffer holds; others are dropped."""
+        pm = batch["prompt_mask"].bool()
+        fresh = set()
+        for i, row in enumerate(inputs[: batch["prompt_ids"].shape[0]]):
+            key = tuple(batch["prompt_ids"][i][pm[i]].tolist())
+            fresh.add(key)
+            self.rows.setdefault(key, dict(row))
+        if len(self.rows) > 2 * self.buffer.capacity:  # keep the buffer's prompts and this batch's
+            kept = {tuple(e.prompt) for e in self.buffer.entries} | fresh
+            self.rows = {k: v for k, v in self.rows.items() if k in kept}
 
     def seed_from_run(self, run_seed: int, process_index: int = 0) -> None:
         """Seed the generator from the run's seed and the process when no seed was given."""
@@ -249,11 +263,14 @@ class ReplaySource(Source):
         return stored
 
     def state_dict(self) -> dict:
-        return {"buffer": self.buffer.state_dict(), "recorded_step": self.recorded_step}
+        kept = {tuple(e.prompt) for e in self.buffer.entries}
+        rows = [[list(k), v] for k, v in self.rows.items() if k in kept]
+        return {"buffer": self.buffer.state_dict(), "recorded_step": self.recorded_step, "rows": rows}
 
     def load_state_dict(self, state: dict) -> None:
         self.buffer.load_state_dict(state["buffer"])
         self.recorded_step = int(state.get("recorded_step", -1))
+        self.rows = {tuple(k): dict(v) for k, v in state.get("rows", [])}
 
 
 class _ReplayInjection(Injection):
@@ -358,11 +375,15 @@ class ReplayFill(_ReplayInjection):
         per_group (1): past rollouts placed in a refilled group (k), between 1 and num_generations - 1.
         fill (same_reward): same_reward (any group whose rewards are all equal) | failed (only groups where every rollout failed).
         min_age (1): replay only rollouts generated at least this many steps ago.
+        revisit (0.0): fraction of each step's prompts replaced, before generation, by prompts with a stored success drawn from the buffer, so that a past rollout of the same prompt exists to fill with; ExGRPO mixes experience questions at 50%.
     """
 
-    def __init__(self, *, per_group: int = 1, fill: str = "same_reward", min_age: int = 1, source=None,
-                 geometry=None, seed: int = 0):
+    def __init__(self, *, per_group: int = 1, fill: str = "same_reward", min_age: int = 1, revisit: float = 0.0,
+                 source=None, geometry=None, seed: int = 0):
         super().__init__(source=source, geometry=geometry, seed=seed)
+        if not 0.0 <= revisit <= 1.0:
+            raise ConfigError(f"algo.inject.revisit must be in [0, 1], got {revisit}")
+        self.revisit = float(revisit)
         if geometry is not None and not 1 <= per_group < geometry.num_generations:
             raise ConfigError(
                 f"algo.inject.per_group={per_group} must be between 1 and num_generations-1={geometry.num_generations - 1}"
@@ -370,6 +391,41 @@ class ReplayFill(_ReplayInjection):
         if fill not in ("same_reward", "failed"):
             raise ConfigError(f"algo.inject.fill={fill!r} is not one of same_reward, failed")
         self.per_group, self.fill, self.min_age = int(per_group), fill, int(min_age)
+
+    def before_generation(self, ctx: InjectContext, inputs: list[dict]) -> list[dict]:
+        """Revisit: the last groups lying wholly on this process get prompts drawn from the
+        buffer (by its sampling rule, one entry per prompt) whose rows it remembers."""
+        if self.revisit <= 0.0 or not isinstance(self.source, ReplaySource):
+            return inputs
+        self._seed(ctx)
+        G, n = ctx.num_generations, len(inputs)
+        start = ctx.process_index * n
+        whole = [g for g in range(start // G, (start + n) // G + 1) if g * G >= start and (g + 1) * G <= start + n]
+        want = round(self.revisit * len(whole))
+        if want == 0:
+            return inputs
+        buf, rows = self.source.buffer, self.source.rows
+        ok = [e for e in buf.entries if tuple(e.prompt) in rows and ctx.global_step - e.step >= self.min_age
+              and buf.is_success(e)]  # a past success: what a failing group can be refilled with
+        picked, seen = [], set()
+        for e in buf.sample(len(ok), ok):  # in the sampling rule's order; first entry of each prompt
+            key = tuple(e.prompt)
+            if key not in seen:
+                seen.add(key)
+                picked.append(rows[key])
+            if len(picked) == want:
+                break
+        inputs = list(inputs)
+        for g, row in zip(reversed(whole), picked):
+            for r in range(g * G, (g + 1) * G):
+                inputs[r - start] = dict(row)
+        self.metrics["replay/prompts_revisited"] = float(len(picked))
+        return inputs
+
+    def after_advantages(self, ctx: InjectContext, inputs: list[dict], out: dict) -> dict:
+        if self.revisit > 0.0 and isinstance(self.source, ReplaySource):
+            self.source.remember_rows(out, inputs)
+        return out
 
     def after_rewards(self, ctx: InjectContext, inputs: list[dict], rewards: torch.Tensor) -> torch.Tensor:
         self._seed(ctx)

@@ -339,3 +339,24 @@ def test_a_resumed_run_continues_with_the_same_buffer(fast_overrides, tmp_path):
     assert [r["step"] for r in rb] == [1, 2, 3, 4]
     for x, y in zip(ra, rb):
         assert y["loss"] == pytest.approx(x["loss"], abs=1e-6) and y.get("loss/replay") == pytest.approx(x.get("loss/replay"), abs=1e-6)
+
+
+# --------------------------------------------------------------------------- validation
+def test_staleness_and_kl_convex_are_validated_when_composed(tmp_path):
+    from mixrl.trainer.build import grpo_args
+
+    with pytest.raises(ConfigError, match="use_vllm"):
+        compose_config(["trainer.staleness=4", "hardware.use_vllm=true"])
+    with pytest.raises(ConfigError, match="trainer.staleness must be >= 0"):
+        compose_config(["trainer.staleness=-1"])
+    convex = "+algo.terms.kl_convex={name: kl_convex, tokens: [on_policy, replay], weight: 0.01, lam: 0.5}"
+    with pytest.raises(ConfigError, match="rollout tokens only"):
+        compose_config(["algo=remix", convex])
+    cfg = compose_config(["algo=remix", convex.replace("on_policy, replay", "on_policy")])
+    assert float(cfg.algo.kl.coef) == 0.0 and grpo_args(cfg, tmp_path).beta == 1.0  # TRL computes reference log-probs
+    assert grpo_args(compose_config(["algo=remix"]), tmp_path).beta == 0.0
+    from mixrl.explain.render import explain_lines
+
+    rows = dict(explain_lines(compose_config(["recipe=m2po_stale/arith-tiny"])))
+    assert "16 optimizer steps earlier" in rows["staleness"]
+    assert "staleness" not in dict(explain_lines(compose_config(["algo=m2po"])))

@@ -78,7 +78,8 @@ GROUP_OPTIONS = [(g, o) for g in GROUPS for o in group_options(g)]
 @pytest.mark.parametrize("group,option", GROUP_OPTIONS, ids=[f"{g}={o}" for g, o in GROUP_OPTIONS])
 def test_each_group_option_composes(group, option):
     # an off-policy source needs an algo that injects its rows (alone it is rejected)
-    cfg = compose_config([f"{group}={option}"] + (["algo=chord"] if group == "offpolicy" and option != "none" else [])
+    algo_for = {"replay": "algo=remix"}  # the algo that injects the source's rows (default: chord's expert rows)
+    cfg = compose_config([f"{group}={option}"] + ([algo_for.get(option, "algo=chord")] if group == "offpolicy" and option != "none" else [])
                          + (["algo=opd"] if group == "teacher" and option != "none" else []))  # a teacher needs a term that reads it
     assert cfg[group].name == option
     # every value the option file sets reaches the composed config (the file is its own
@@ -248,7 +249,7 @@ def test_switching_component_with_parameter_set_for_the_old_one_errors_clearly()
     msg = _compose_error(["algo.loss.clip_high=0.3", "algo.loss.name=m2po"])
     assert "algo.loss.clip_high" in msg and "m2po" in msg and "m2_budget" in msg
     cfg = compose_config(["algo.loss.name=m2po"])
-    assert OmegaConf.to_container(cfg.algo.loss) == {"name": "m2po", "m2_budget": 0.04}
+    assert OmegaConf.to_container(cfg.algo.loss) == {"name": "m2po", "m2_budget": 0.04, "budget_over": "all"}
 
 
 def test_parameter_of_previous_component_is_rejected_after_switch():

@@ -9,7 +9,6 @@ rollouts count toward the rollout budget."""
 
 from __future__ import annotations
 
-import math
 import random
 
 import pytest
@@ -323,8 +322,6 @@ def test_prefixed_rows_gradient_and_old_logps(tiny_model_path, tmp_path, algo, p
 def _hint_generation(trainer):
     """Deterministic rollouts: wrong without a hint; with one (a prompt longer than the
     problem), right on every other row."""
-    import trl
-
     tok = trainer.processing_class
 
     def generate(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):

@@ -152,6 +152,12 @@ def check_objective(cfg: DictConfig) -> list[str]:
         raise ConfigError(f"could not build the objective from algo: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     source_name, _ = component(cfg.offpolicy.source)
     inject_name, _ = component(algo.inject)
+    wanted = getattr(_injection_class(inject_name), "sources", None)
+    if wanted and source_name not in wanted:
+        raise ConfigError(
+            f"algo.inject={inject_name} reads a {' or '.join(wanted)} source but offpolicy.source is '{source_name}'; "
+            f"add offpolicy={wanted[0]}"
+        )
     injected, optional = _injection_provenances(cfg, source_name, inject_name)
     available = injected | ({"on_policy"} if not _skips_generation(inject_name) else set())
     known = set(prov.provenance_names())
@@ -260,6 +266,12 @@ def _needs_source(inject_name: str) -> bool:
     return bool(INJECTIONS.get(inject_name).needs_source)
 
 
+def _injection_class(inject_name: str):
+    from mixrl.sources import INJECTIONS
+
+    return INJECTIONS.get(inject_name)
+
+
 def _skips_generation(inject_name: str) -> bool:
     from mixrl.sources import INJECTIONS
 
@@ -282,6 +294,11 @@ def _check_term(t: TermSpec, where: str, available: set[str], cfg: DictConfig) -
                 f"{where} ({t.kind}) takes an importance ratio, but '{unknown[0]}' tokens have no behaviour "
                 f"probability; train them with a term that needs none (nll, shaped) instead"
             )
+    if "ref_logp" in term_needs(t.kind) and set(t.tokens) - {"on_policy"}:
+        raise ConfigError(
+            f"{where} ({t.kind}) needs reference log-probs, which are computed for rollout tokens only; "
+            f"set its tokens to [on_policy]"
+        )
     if "teacher_logp" in term_needs(t.kind) and _teacher_name(cfg) == "none":
         raise ConfigError(f"{where} ({t.kind}) needs teacher log-probs, but no teacher is configured; add teacher=tiny "
                           "(built-in), teacher=self (privileged self-teacher) or teacher=model teacher.source.models=[...]")
@@ -347,6 +364,10 @@ def _check_policy_loss(cfg: DictConfig) -> None:
         raise ConfigError("algo.loss.tau_pos and algo.loss.tau_neg must be > 0")
     if name == "m2po" and lp.get("m2_budget", 0.04) < 0:
         raise ConfigError(f"algo.loss.m2_budget must be >= 0, got {_g(lp['m2_budget'])}")
+    if name == "m2po" and lp.get("budget_over", "all") not in ("all", "harmful"):
+        raise ConfigError(f"algo.loss.budget_over must be all or harmful, got {lp['budget_over']}")
+    if name == "topr" and lp.get("taper", "token") not in ("token", "trajectory"):
+        raise ConfigError(f"algo.loss.taper must be token or trajectory, got {lp['taper']}")
     if name == "sft" and float(cfg.algo.kl.coef) > 0:
         raise ConfigError(
             f"algo.loss.name=sft with algo.kl.coef={_g(float(cfg.algo.kl.coef))}: a supervised loss has no reference "
@@ -383,7 +404,8 @@ def _notes(cfg: DictConfig, objective: Objective) -> list[str]:
     notes = []
     for t in objective.terms:
         loss = (t.params.get("loss") or {}).get("name") if t.kind == "policy" else None
-        if loss in RATIO_WHAT and int(cfg.trainer.num_iterations) == 1 and not cfg.hardware.use_vllm and t.tokens == ("on_policy",):
+        stale = int(cfg.trainer.get("staleness", 0) or 0) > 0
+        if loss in RATIO_WHAT and int(cfg.trainer.num_iterations) == 1 and not cfg.hardware.use_vllm and t.tokens == ("on_policy",) and not stale:
             notes.append(
                 f"trainer.num_iterations=1: rollouts are scored by the policy that generated them, so r_t = 1 and the "
                 f"{RATIO_WHAT[loss]} never acts on them (it does from trainer.num_iterations=2)"

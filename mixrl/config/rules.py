@@ -35,7 +35,7 @@ class Geometry:
             f"= {self.world_size} process(es) x {self.grad_accum} micro-batch(es) x {self.micro_batch_size} rows"
         )
         if self.expert_rows_per_step:
-            text += f", + {self.expert_rows_per_step} expert rows/step ({self.expert_rows_per_process // self.grad_accum} per micro-batch)"
+            text += f", + {self.expert_rows_per_step} appended rows/step ({self.expert_rows_per_process // self.grad_accum} per micro-batch)"
         return text
 
 
@@ -79,6 +79,19 @@ def _gcd(a: int, b: int) -> int:
     return a
 
 
+def _check_staleness(cfg: DictConfig) -> None:
+    k = int(cfg.trainer.get("staleness", 0) or 0)
+    if k < 0:
+        raise ConfigError(f"trainer.staleness must be >= 0 (optimizer steps the generating weights lag behind), got {k}")
+    if k and cfg.hardware.use_vllm:
+        raise ConfigError(
+            "trainer.staleness > 0 swaps lagged weights into the trained model for generation; vLLM generates from its own "
+            "copy, so set hardware.use_vllm=false (or trainer.staleness=0)"
+        )
+    if k and cfg.hardware.deepspeed:
+        raise ConfigError("trainer.staleness > 0 needs whole (unsharded) weights on every process; unset hardware.deepspeed")
+
+
 def validate_rules(cfg: DictConfig) -> None:
     """Cross-field rules, then the objective's checks (the one validation pass)."""
     from mixrl.config.objective import check_objective
@@ -99,4 +112,5 @@ def validate_rules(cfg: DictConfig) -> None:
         raise ConfigError(f"trainer.learning_rate must be > 0, got {cfg.trainer.learning_rate}")
     if float(cfg.algo.kl.get("coef", 0.0)) < 0:
         raise ConfigError("algo.kl.coef must be >= 0")
+    _check_staleness(cfg)
     check_objective(cfg)

@@ -170,6 +170,8 @@ def compute_objective(
             entropies=entropies,
             overrides=loss_knobs if term.kind == "policy" else {},
         )
+        if getattr(TERMS.get(term.kind), "needs_behaviour", False) and bool(sel.any()):
+            _check_behaviour(term, behaviour, sel, token_source)
         out = TERMS.get(term.kind)(x, **term.params)
         key = population_key(term.population)
         tokens, rows = counts[key]
@@ -179,7 +181,9 @@ def compute_objective(
         )
         w = objective.weight(term, step, knobs)
         total = total + w * value
-        metrics.update(out.metrics)
+        # a second policy term (replayed rows) logs under its label: replay/clip_frac, replay/ratio/max
+        prefix = f"{term.label}/" if term.kind == "policy" and term.label != "policy" else ""
+        metrics.update({prefix + k: v for k, v in out.metrics.items()})
         metrics[f"loss/{term.label}"] = float(value.detach())
         if isinstance(term.weight, str):
             name = parse_weight_ref(term.weight)[1]
@@ -211,6 +215,19 @@ def _behaviour(token_source: torch.Tensor, old_logp: torch.Tensor, stored: torch
         elif p.behaviour == "stored" and stored is not None:
             out = torch.where(where, stored.detach().to(old_logp.dtype), out)
     return out
+
+
+def _check_behaviour(term: TermSpec, behaviour: torch.Tensor, sel: torch.Tensor, token_source: torch.Tensor) -> None:
+    """A ratio needs a behaviour log-prob on every selected token: a stored provenance
+    whose recorded log-probs are missing (NaN) on some token is a bug of its source, never
+    silently a ratio of 1 or exp(logp)."""
+    bad = sel & ~torch.isfinite(behaviour)
+    if bool(bad.any()):
+        names = sorted({prov.provenance_names()[int(c)] for c in token_source[bad].unique().tolist()})
+        raise ValueError(
+            f"term {term.label!r} ({term.kind}) takes an importance ratio, but {int(bad.sum())} of its tokens "
+            f"({', '.join(names)}) have no behaviour log-prob"
+        )
 
 
 def _finite_on(x: torch.Tensor, sel: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from mixrl.core._tensor import (
+    LOG_RATIO_CLAMP,
     bool_mask,
     log_ratio,
     masked_inputs,
@@ -163,25 +164,39 @@ def topr(
     old_logp: Tensor,
     advantages: Tensor,
     mask: Tensor,
+    *,
+    taper: str = "token",
 ) -> PolicyLossOutput:
     """TOPR: tapered off-policy REINFORCE (asymmetric truncated IS, no KL needed).
 
-    Formula: ``l_t = -A log p_t`` if A >= 0 (no ratio); ``l_t = -sg(clip(r_t, 0, 1)) A log p_t`` if A < 0
+    Formula: ``l_t = -A log p_t`` if A >= 0 (no ratio); ``l_t = -sg(clip(w, 0, 1)) A log p_t`` if A < 0, w = r_t (taper = token) or the trajectory ratio prod_t r_t of the row (taper = trajectory); taper = {taper}
 
-    Clipped tokens: ``A < 0`` and ``r > 1`` (IS weight truncated to 1).
+    ``taper: trajectory`` is the paper's estimator (the IS weight of a negative trajectory is
+    pi(tau) / mu(tau), the product of its token ratios, truncated at 1); ``token`` is
+    Trinity-RFT's per-token reading (the default, unchanged). Clipped tokens: ``A < 0`` and
+    ``w > 1`` (IS weight truncated to 1).
 
     Paper: "Tapered Off-Policy REINFORCE: Stable and efficient reinforcement learning for
     LLMs" (TOPR, Le Roux et al. 2025).
 
-    Parameters: none.
+    Parameters:
+        taper (token): token (per-token ratio r_t) | trajectory (the row's ratio prod_t r_t, as in the paper).
     """
+    if taper not in ("token", "trajectory"):
+        raise ValueError(f"topr: taper must be 'token' or 'trajectory', got {taper!r}")
     logp, old_logp, advantages = masked_inputs(logp, old_logp, advantages, mask)
     adv = token_advantages(advantages, logp)
-    ratio = torch.exp(log_ratio(logp, old_logp)).detach()
+    lr = log_ratio(logp, old_logp).detach()
+    ratio = torch.exp(lr)
+    if taper == "trajectory":
+        seq = zero_masked(lr, bool_mask(mask)).sum(-1, keepdim=True).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        w = torch.exp(seq).expand_as(ratio)
+    else:
+        w = ratio
     neg = adv < 0
-    weight = torch.where(neg, torch.clamp(ratio, 0.0, 1.0), torch.ones_like(ratio))
+    weight = torch.where(neg, torch.clamp(w, 0.0, 1.0), torch.ones_like(w))
     loss = -weight * adv * logp
-    clipped = neg & (ratio > 1.0)
+    clipped = neg & (w > 1.0)
     return _finish(loss, clipped, mask, _ratio_metrics(ratio, mask))
 
 
@@ -339,11 +354,18 @@ def m2po(
     mask: Tensor,
     *,
     m2_budget: float = 0.04,
+    budget_over: str = "all",
 ) -> PolicyLossOutput:
     """M2PO: second-moment trust region; mask only the most extreme tokens.
 
     Formula: ``l_t = -r_t A`` on kept tokens, 0 on masked ones; the fewest tokens (largest
-    ``(log r_t)^2``) are masked so that mean over kept tokens of ``(log r_t)^2 <= {m2_budget}``
+    ``(log r_t)^2``) are masked so that mean over kept tokens of ``(log r_t)^2 <= {m2_budget}``;
+    budget_over = {budget_over}: all tokens, or only those with ``A log r_t > 0`` (the others always kept)
+
+    ``budget_over: harmful`` is the paper's Algorithm 1 reading: only tokens whose ratio moved
+    in the direction their advantage pushes (A > 0 and r > 1, or A < 0 and r < 1: ``A log r > 0``)
+    count in the second moment and may be masked; the mean is over the kept ones of them.
+    ``all`` (the default, unchanged) budgets every valid token.
 
     Kept tokens use the unclipped surrogate (gradient ``-r A grad log p``). The budget is
     enforced over the valid tokens of this call (one micro-batch). Clipped tokens: the
@@ -356,12 +378,20 @@ def m2po(
 
     Parameters:
         m2_budget (0.04): budget tau on the mean of (log r)^2 over kept tokens.
+        budget_over (all): all | harmful (only tokens with A log r > 0 are budgeted and may be masked).
     """
+    if budget_over not in ("all", "harmful"):
+        raise ValueError(f"m2po: budget_over must be 'all' or 'harmful', got {budget_over!r}")
     logp, old_logp, advantages = masked_inputs(logp, old_logp, advantages, mask)
     lr = log_ratio(logp, old_logp)
     ratio = torch.exp(lr)
-    keep = m2_keep_mask(lr, mask, m2_budget)
     adv = token_advantages(advantages, logp)
+    if budget_over == "harmful":
+        valid = bool_mask(mask)
+        harmful = valid & (adv * lr.detach() > 0)
+        keep = m2_keep_mask(lr, harmful, m2_budget) | (valid & ~harmful)
+    else:
+        keep = m2_keep_mask(lr, mask, m2_budget)
     loss = zero_masked(-ratio * adv, keep)
     m = bool_mask(mask)
     sq = lr.detach().pow(2)

@@ -73,7 +73,27 @@ def policy(x: TermInputs, *, loss: dict | None = None) -> TermOutput:
     out = POLICY_LOSSES.get(name)(x.logp, x.behaviour_logp, x.advantages, x.mask, **spec)
     metrics = {f"policy/{k}": float(v) for k, v in out.metrics.items()}
     metrics["clip_frac"] = float(masked_mean(out.clipped.float(), x.mask)) if bool(x.mask.any()) else 0.0
+    metrics.update(ratio_stats(x.logp, x.behaviour_logp, x.mask))
     return TermOutput(out.per_token_loss, metrics)
+
+
+def ratio_stats(logp: Tensor, behaviour_logp: Tensor, mask: Tensor) -> dict[str, float]:
+    """Importance-ratio statistics over the selected tokens (detached): ``ratio/mean``,
+    ``ratio/max``, ``ratio/m2`` = mean (log r)^2 (M2PO's second moment) and ``ratio/ess``, the
+    normalised effective sample size (sum r)^2 / (n sum r^2) in (0, 1] (1: all weights equal)."""
+    import torch
+
+    sel = mask.bool()
+    if not bool(sel.any()):
+        return {}
+    lr = (logp.detach() - behaviour_logp.detach())[sel].double().clamp(-20.0, 20.0)
+    r = lr.exp()
+    return {
+        "ratio/mean": float(r.mean()),
+        "ratio/max": float(r.max()),
+        "ratio/m2": float((lr * lr).mean()),
+        "ratio/ess": float(r.sum() ** 2 / (r.numel() * (r * r).sum())) if bool(torch.isfinite(r).all()) else 0.0,
+    }
 
 
 policy.needs_behaviour = True
@@ -198,6 +218,36 @@ def teacher_kl(x: TermInputs, *, estimator: str = "k2") -> TermOutput:
 
 
 teacher_kl.needs = ("teacher_logp",)
+
+
+@TERMS.register("kl_convex")
+def kl_convex(x: TermInputs, *, lam: float = 0.5, estimator: str = "k3") -> TermOutput:
+    """ReMix's KL-Convex policy constraint: a convex combination of the KL to the base
+    (reference) model and the KL to the precedent policy, the one each token was sampled by.
+
+    Formula: l_t = {lam} KL_{estimator}(pi_theta || pi_ref)_t + (1 - {lam}) KL_{estimator}(pi_theta || pi_b)_t, pi_b the token's behaviour policy
+    Paper: ReMix, "Squeeze the Soaked Sponge: Efficient Off-policy Reinforcement Finetuning for Large Language Model" (arXiv 2507.06892). Only the abstract's description was found ("combines the KL constraints on the base model and the precedent model"); this is the closest stated reading: the precedent model is taken to be the behaviour policy (pi_old for rollouts), the combination weight is lam.
+
+    With ``trainer.num_iterations = 1`` the precedent part is 0 with zero gradient on fresh
+    rollouts (pi_theta = pi_old on the only pass); it acts from the second pass on.
+
+    Parameters:
+        lam (0.5): weight of the KL to the base model (1 - lam on the precedent policy), in [0, 1].
+        estimator (k3): k1 | k2 | k3 | k3_clamped.
+    """
+    from mixrl.core.regularizers import kl_penalty
+
+    if not 0.0 <= lam <= 1.0:
+        raise ValueError(f"kl_convex: lam must be in [0, 1], got {lam}")
+    base = kl_penalty(x.logp, x.ref_logp, estimator=estimator)
+    prev = kl_penalty(x.logp, x.behaviour_logp, estimator=estimator)
+    m = x.mask
+    metrics = {"kl_convex/base": float(masked_mean(base.detach(), m)), "kl_convex/precedent": float(masked_mean(prev.detach(), m))}
+    return TermOutput(lam * base + (1.0 - lam) * prev, metrics)
+
+
+kl_convex.needs = ("ref_logp",)
+kl_convex.needs_behaviour = True
 
 
 def term_needs(kind: str) -> tuple[str, ...]:

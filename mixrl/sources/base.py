@@ -16,6 +16,11 @@ hook                   what it may do
 
 Between the first two, ``generation_prefixes`` may give each rollout a prefix to continue
 from (Prefix-RFT, POPE, UFT, PrefixRL); it is a method, not a hook point of its own.
+One more call, not a batch hook: ``after_forward(ctx, inputs, old_logp)`` runs on the first
+optimisation pass over each micro-batch with the behaviour log-probs the policy term uses
+for its rollouts (a replay buffer records them there). During ``after_rewards``,
+``ctx.batch`` is the scored local batch, which an injection may rewrite in place (refill a
+group with past rollouts) while returning the changed global rewards.
 
 Hooks receive an :class:`InjectContext` (what they may know of the trainer: tokenizer,
 process, step; never the trainer itself) and return what they were given, changed. Every
@@ -80,6 +85,7 @@ class InjectContext:
     generate_with: Callable[[Any, list[int], int], list[list[int]]] | None = None
     #: per-token log-probs of completions under a model (no_grad): score_tokens(model, prompt_ids, completion_ids)
     score_tokens: Callable[[Any, list[list[int]], list[list[int]]], list[list[float]]] | None = None
+    batch: dict | None = None  # the scored local batch, during after_rewards only
 
     def completion_ids(self, text: str) -> list[int]:
         """Token ids of a written completion, ended by eos and cut to max_completion_length."""
@@ -155,6 +161,8 @@ class Injection:
     #: True when it generates completions beyond the rollouts (``ctx.generate``); the trainer
     #: then adds the completions it discarded (``Rollouts.discarded_tokens``) to the rollout budget
     may_generate_more = False
+    #: True when its state is large (a buffer): saved with torch.save, one file per process
+    state_in_file = False
 
     def __init__(self, *, source: Source | None = None, geometry: Any = None, seed: int = 0):
         self.source = source
@@ -178,6 +186,10 @@ class Injection:
 
     def after_advantages(self, ctx: InjectContext, inputs: list[dict], out: dict) -> dict:
         return out
+
+    def after_forward(self, ctx: InjectContext, inputs: dict, old_logp: torch.Tensor) -> None:
+        """First optimisation pass over a micro-batch: ``old_logp`` [B, T] are the behaviour
+        log-probs of its rollout rows (the policy that sampled them)."""
 
     def state_dict(self) -> dict:
         return self.source.state_dict() if self.source is not None else {}

@@ -8,7 +8,9 @@ adds, and every injection keeps consistent:
 * ``behaviour_logp`` [B, T] float: log-prob recorded when the token was sampled, for
   ``stored`` provenances; NaN where none was recorded (never a silent 0);
 * ``group_id`` [B] long: the global index of the row's group; -1 for rows in no group;
-* ``teacher_logp`` [B, T] float (optional): a teacher's log-prob of each token, NaN where unknown.
+* ``teacher_logp`` [B, T] float (optional): a teacher's log-prob of each token, NaN where unknown;
+* ``mixrl_reward``, ``mixrl_group_mean``, ``mixrl_group_std`` [B] float: the row's reward and its
+  group's reward statistics when it was scored (what a replay buffer stores); NaN for rows in no group.
 
 Because all of them have the row as first dimension, they survive TRL's shuffling,
 splitting into micro-batches, gradient accumulation and DDP sharding.
@@ -82,6 +84,12 @@ def append_rows(
     new["advantages"] = torch.cat([out["advantages"], adv])
     new["row_source"] = torch.cat([out["row_source"], row_source])
     new["group_id"] = torch.cat([out["group_id"], torch.full((e,), -1, dtype=torch.long, device=dev)])
+    n = out["prompt_ids"].shape[0]
+    for key, value in out.items():  # any other per-row field: NaN (float) or -1 (integer) for the new rows
+        if key not in new or new[key] is not value or not isinstance(value, torch.Tensor) or value.dim() != 1 or len(value) != n:
+            continue
+        fill = float("nan") if value.is_floating_point() else -1
+        new[key] = torch.cat([value, torch.full((e,), fill, dtype=value.dtype, device=dev)])
     return new
 
 
@@ -113,3 +121,55 @@ def splice_prefixes(
             out_lp.append([None] * len(prefix) + list(logprobs[i])[: len(cont)])
         token_source.append([prefix_code] * len(prefix) + [continuation_code] * len(cont) if prefix else None)
     return out_ids, out_lp, token_source
+
+
+def replace_rows(
+    out: dict,
+    rows: list[int],
+    completion_ids: list[list[int]],
+    *,
+    pad_id: int,
+    row_source: int,
+    behaviour_logp: list[list[float]],
+) -> dict:
+    """Replace the completions of local ``rows`` of a scored batch **in place** (same prompt,
+    same group) by other completions with provenance ``row_source`` and their recorded
+    behaviour log-probs; completions are re-padded on the right when one is wider. Per-token
+    log-probs nobody computed for them (old, reference, sampling, teacher) become NaN."""
+    dev = out["completion_ids"].device
+    width = max(out["completion_ids"].shape[1], max(len(c) for c in completion_ids))
+    grow = width - out["completion_ids"].shape[1]
+    one_fields = set(ONE_FIELDS)
+    for key in ("completion_ids", "completion_mask", "token_source", *NAN_FIELDS, *ONE_FIELDS):
+        t = out.get(key)
+        if not isinstance(t, torch.Tensor) or t.dim() != 2:
+            continue
+        if grow:
+            fill = {"completion_ids": pad_id, "completion_mask": 0, "token_source": -1}.get(
+                key, 1.0 if key in one_fields else float("nan"))
+            t = torch.nn.functional.pad(t, (0, grow), value=fill)
+        else:
+            t = t.clone()
+        for i, c in zip(rows, completion_ids):
+            n = len(c)
+            if key == "completion_ids":
+                t[i] = pad_id
+                t[i, :n] = torch.as_tensor(c, dtype=t.dtype, device=dev)
+            elif key == "completion_mask":
+                t[i] = 0
+                t[i, :n] = 1
+            elif key == "token_source":
+                t[i] = -1
+                t[i, :n] = row_source
+            elif key in one_fields:
+                t[i] = 1.0
+            else:
+                t[i] = float("nan")
+        out[key] = t
+    bl = out["behaviour_logp"]
+    for i, lp in zip(rows, behaviour_logp):
+        bl[i, : len(lp)] = torch.as_tensor(lp, dtype=bl.dtype, device=dev)
+    rs = out["row_source"].clone()
+    rs[torch.as_tensor(rows, dtype=torch.long, device=dev)] = row_source
+    out["row_source"] = rs
+    return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -175,7 +176,7 @@ def grpo_args(cfg: DictConfig, run_dir: Path, geom: Geometry | None = None):
         top_p=float(t.top_p),
         max_completion_length=int(t.max_completion_length),
         mask_truncated_completions=bool(t.mask_truncated_completions),
-        beta=float(cfg.algo.kl.coef),
+        beta=float(cfg.algo.kl.coef) or (1.0 if _needs_ref_logp(cfg) else 0.0),  # TRL computes reference log-probs iff beta != 0
         logging_steps=int(t.logging_steps),
         save_strategy="steps" if t.save_steps else "no",
         save_steps=int(t.save_steps) if t.save_steps else 500,
@@ -200,6 +201,15 @@ def grpo_args(cfg: DictConfig, run_dir: Path, geom: Geometry | None = None):
         remove_unused_columns=False,
         shuffle_dataset=True,
     )
+
+
+def _needs_ref_logp(cfg: DictConfig) -> bool:
+    """Does a term other than the KL term (e.g. kl_convex) read reference log-probs? mixrl
+    computes its own loss, so TRL's beta only decides whether they are computed."""
+    from mixrl.config.objective import build_objective
+    from mixrl.core.terms import term_needs
+
+    return any("ref_logp" in term_needs(t.kind) for t in build_objective(cfg).terms)
 
 
 def peft_config(cfg: DictConfig):
@@ -249,6 +259,7 @@ def build_trainer(cfg: DictConfig, *, model_path: str, tokenizer, train_ds, rewa
         injections=[injection],
         controller=build_controller(cfg),
         teacher=teacher,
+        staleness=int(cfg.trainer.get("staleness", 0) or 0),
     )
     trainer.remove_callback(PrinterCallback)  # mixrl prints its own progress and summary
     return trainer

@@ -16,17 +16,25 @@ pinned by ``tests/test_trl_contract.py``):
 * ``_compute_loss``: one forward per kind of row (each trimmed to its own completion
   width), then ``mixrl.core.compute_objective``; a controller may set knobs first.
 * ``_save_checkpoint`` / ``_load_optimizer_and_scheduler``: controller and source state
-  travel with checkpoints.
+  travel with checkpoints (an injection with ``state_in_file``, e.g. a replay buffer, in a
+  ``torch.save`` file of its own per process).
 
 A teacher (:mod:`mixrl.sources.teacher`) is loaded here (frozen, with TRL's fused LM head at
 the run's temperature, like TRL's reference model) and used through three generic callables
-of the :class:`InjectContext` (``score_tokens``, ``generate``, ``rewards``); its log-probs of
+of the :class:`InjectContext` (``score_tokens``, ``generate_with``, ``rewards``); its log-probs of
 the batch's completion tokens are computed once per generation batch, under ``no_grad``, into
 ``teacher_logp``.
+
+``staleness = k`` (``trainer.staleness``): every generation batch is sampled by the weights
+as they were k optimizer steps earlier (CPU snapshots of the trainable parameters, swapped in
+for generation and swapped back; the first k steps use the oldest snapshot, the initial
+weights), and the rollouts' behaviour log-probs (``old_per_token_logps``) are that lagged
+policy's, from a no-grad forward under the same weights. Deterministic; one machine.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -70,9 +78,13 @@ class MixrlGRPOTrainer(GRPOTrainer):
         injections: list | None = None,
         controller: Any = None,
         teacher: Any = None,
+        staleness: int = 0,
         **kwargs,
     ):
         self.objective = objective
+        self.staleness = int(staleness)
+        self._lag_snapshots: dict[int, dict[str, torch.Tensor]] = {}  # step -> CPU copy of the trainable weights
+        self._lag_used = 0
         self.controller = controller
         self.injections = list(injections or [])
         self.advantage_name, self.advantage_params, self.advantage_include_offpolicy = advantage
@@ -223,20 +235,28 @@ class MixrlGRPOTrainer(GRPOTrainer):
                 inputs = inj.before_generation(ctx, inputs)
         self._mixrl_rollouts = None
         self._mixrl_batch_inputs = inputs
+        lagged = training and self.staleness > 0
         try:
-            out = super()._generate_and_score_completions(inputs)
+            with self._lagged_weights() if lagged else contextlib.nullcontext():
+                out = super()._generate_and_score_completions(inputs)
+                if lagged:
+                    out["old_per_token_logps"] = self._behaviour_logps(out)
         finally:
             self._mixrl_batch_inputs = None
         mode = "train" if training else "eval"
         device = self.accelerator.device
+        if lagged:
+            self._metrics[mode]["staleness"].append(float(self._lag_used))
         self._add_provenance(out)
         rpf = self._mixrl_rewards_per_func
         rewards = (rpf * self.reward_weights.to(device).unsqueeze(0)).nansum(dim=1)
         ctx = self._inject_context()
         ctx.primary_rewards = rpf[:, 0]
         if training:
+            ctx.batch = out  # an injection may rewrite local rows (refill a group) before advantages
             for inj in self.injections:
                 rewards = inj.after_rewards(ctx, inputs, rewards)
+            ctx.batch = None
         n_global = rewards.shape[0]
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
         sources = self.accelerator.gather(out["row_source"])
@@ -251,6 +271,11 @@ class MixrlGRPOTrainer(GRPOTrainer):
         start = self.accelerator.process_index * n_local
         out["advantages"] = advantages[start : start + n_local]
         out["group_id"] = group_ids[start : start + n_local]
+        if training and self.injections:  # what a replay buffer stores with each rollout
+            grouped = rewards.view(-1, num_generations)
+            out["mixrl_reward"] = rewards[start : start + n_local].float()
+            out["mixrl_group_mean"] = grouped.mean(1).repeat_interleave(num_generations)[start : start + n_local].float()
+            out["mixrl_group_std"] = grouped.std(1).nan_to_num(0.0).repeat_interleave(num_generations)[start : start + n_local].float()
 
         primary = rpf[:, 0]
         on = sources == prov.ON_POLICY
@@ -272,9 +297,6 @@ class MixrlGRPOTrainer(GRPOTrainer):
                 self.mixrl_generated_tokens += int(d[1])
             for inj in self.injections:
                 out = inj.after_advantages(ctx, inputs, out)
-            for inj in self.injections:
-                for key, value in (inj.metrics() if hasattr(inj, "metrics") else {}).items():
-                    self._metrics[mode][key].append(value)
         if self.teacher is not None and self._teacher_tokens:
             out["teacher_logp"] = self._teacher_logps(out, inputs, mode)
         for name in self.objective.selected():
@@ -282,6 +304,8 @@ class MixrlGRPOTrainer(GRPOTrainer):
                 has = (out["token_source"] == prov.code(name)).any(dim=1) if out["token_source"].numel() else out["row_source"] == prov.code(name)
                 n_rows = self.accelerator.reduce(has.sum().float(), reduction="sum")
                 self._metrics[mode][f"{name}/rows"].append(float(n_rows))
+        if training:
+            self._log_injection_metrics(mode)
         self._mixrl_normalisers = self._global_counts(out)
         return out
 
@@ -290,6 +314,57 @@ class MixrlGRPOTrainer(GRPOTrainer):
         r = self._mixrl_rollouts
         local = r.guided if r is not None and len(r.guided) == n_local else [0] * n_local
         return self.accelerator.gather(torch.tensor(local, dtype=torch.long, device=device))
+
+    def _log_injection_metrics(self, mode: str) -> None:
+        """An injection's ``metrics``: a dict it keeps, or a method returning one."""
+        for inj in self.injections:
+            metrics = getattr(inj, "metrics", None)
+            for key, value in ((metrics() if callable(metrics) else metrics) or {}).items():
+                self._metrics[mode][key].append(float(value))
+
+    # ------------------------------------------------------------------ staleness
+    def _trainable(self) -> dict[str, torch.Tensor]:
+        model = self.accelerator.unwrap_model(self.model)
+        return {n: p for n, p in model.named_parameters() if p.requires_grad}
+
+    @contextlib.contextmanager
+    def _lagged_weights(self):
+        """Swap in the trainable weights of ``staleness`` optimizer steps ago (snapshots are
+        taken at each generation, on CPU), then restore the current ones."""
+        step = int(self.state.global_step)
+        params = self._trainable()
+        if step not in self._lag_snapshots:
+            self._lag_snapshots[step] = {n: p.detach().to("cpu", copy=True) for n, p in params.items()}
+        target = max(s for s in self._lag_snapshots if s <= max(step - self.staleness, min(self._lag_snapshots)))
+        for s in [s for s in self._lag_snapshots if s < target]:
+            del self._lag_snapshots[s]
+        self._lag_used = step - target
+        if target == step:
+            yield
+            return
+        current = {n: p.detach().to("cpu", copy=True) for n, p in params.items()}
+        try:
+            with torch.no_grad():
+                for n, p in params.items():
+                    p.copy_(self._lag_snapshots[target][n].to(p.device))
+            yield
+        finally:
+            with torch.no_grad():
+                for n, p in params.items():
+                    p.copy_(current[n].to(p.device))
+
+    def _behaviour_logps(self, out: dict) -> torch.Tensor:
+        """Per-token log-probs of the completions under the weights in place (the lagged
+        ones): the rollouts' behaviour log-probs. TRL's own value is reused when it computed it."""
+        if out.get("old_per_token_logps") is not None:
+            return out["old_per_token_logps"]
+        ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
+        att = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
+        with torch.no_grad():
+            logps, _, _ = self._get_per_token_logps_and_entropies(
+                self.model, ids, att, out["completion_ids"].size(1), batch_size=self.args.per_device_train_batch_size
+            )
+        return logps
 
     def _add_provenance(self, out: dict) -> None:
         """``row_source``, ``token_source`` and ``behaviour_logp`` of the local rows, from the
@@ -508,10 +583,20 @@ class MixrlGRPOTrainer(GRPOTrainer):
             folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
             state = {
                 "controller": self.controller.state_dict() if self.controller is not None else None,
-                "injections": [inj.state_dict() for inj in self.injections],
+                "injections": [{"state_file": f"mixrl_injection{i}"} if inj.state_in_file else inj.state_dict()
+                               for i, inj in enumerate(self.injections)],
             }
             with open(os.path.join(folder, STATE_FILE), "w") as f:
                 json.dump(state, f)
+        if any(inj.state_in_file for inj in self.injections):  # every process saves its own (its buffer)
+            from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+            folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            os.makedirs(folder, exist_ok=True)
+            rank = self.accelerator.process_index
+            for i, inj in enumerate(self.injections):
+                if inj.state_in_file:
+                    torch.save(inj.state_dict(), os.path.join(folder, f"mixrl_injection{i}_rank{rank}.pt"))
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
@@ -522,6 +607,15 @@ class MixrlGRPOTrainer(GRPOTrainer):
             if self.controller is not None and state.get("controller") is not None:
                 self.controller.load_state_dict(state["controller"])
             for inj, s in zip(self.injections, state.get("injections") or []):
+                if isinstance(s, dict) and "state_file" in s:
+                    path = os.path.join(checkpoint, f"{s['state_file']}_rank{self.accelerator.process_index}.pt")
+                    if not os.path.exists(path):
+                        from mixrl.errors import ConfigError
+
+                        raise ConfigError(
+                            f"resume: {path} is missing (the checkpoint was saved by fewer processes); resume with "
+                            "the same hardware.num_processes")
+                    s = torch.load(path, weights_only=True)
                 inj.load_state_dict(s)
 
     # ------------------------------------------------------------------ loss
@@ -558,11 +652,23 @@ class MixrlGRPOTrainer(GRPOTrainer):
             entropies = entropies.index_put((rows.unsqueeze(1), cols), ent)
         return logps, entropies
 
+    def _first_pass(self) -> bool:
+        """Is this micro-batch seen for the first time (not a later ``num_iterations`` pass)?"""
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        return self._step % generate_every < self.args.steps_per_generation
+
     def _compute_loss(self, model, inputs):
         logps, entropies = self._forward_by_row_kind(model, inputs)
         mode = "train" if self.model.training else "eval"
         if mode == "train":
             self._controller_step_start(logps, inputs)
+            if self.injections and self._first_pass():
+                # the rollouts' behaviour log-probs, exactly what the policy term divides by
+                old = inputs.get("old_per_token_logps")
+                old = logps.detach() if old is None else old
+                ctx = self._inject_context()
+                for inj in self.injections:
+                    inj.after_forward(ctx, inputs, old)
         knobs = self.controller.knobs() if (self.controller is not None and mode == "train") else None
         loss, metrics = compute_objective(
             self.objective,

@@ -17,7 +17,6 @@ results before/after, the resolved config, how to load it with plain transformer
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 

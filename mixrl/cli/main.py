@@ -219,7 +219,8 @@ def recipes_list():
     from mixrl.config.compose import list_recipe_names
 
     table = Table(title="mixrl recipes (mixrl train recipe=NAME)")
-    for col in ("name", "paper", "algo", "model", "data", "hardware"):
+    table.add_column("name", no_wrap=True)  # a name is what the user types: never cut
+    for col in ("paper", "algo", "model", "data", "hardware"):
         table.add_column(col)
     for name in list_recipe_names():
         r = _recipe_row(name)

@@ -53,20 +53,6 @@ class MetricsJsonlCallback(TrainerCallback):
             f.write(json.dumps(row) + "\n")
 
 
-class RunStateCallback(TrainerCallback):
-    """After each checkpoint, adds mixrl's counters to it (see :mod:`mixrl.trainer.resume`).
-
-    ``trainer``: a zero-argument callable returning the trainer (it is built after this)."""
-
-    def __init__(self, trainer):
-        self.trainer = trainer
-
-    def on_save(self, args, state, control, **kwargs):
-        from mixrl.trainer.resume import save_run_state
-
-        save_run_state(self.trainer())
-
-
 class RichProgressCallback(TrainerCallback):
     """A Rich progress bar over optimizer steps, showing reward and accuracy."""
 

@@ -576,27 +576,33 @@ class MixrlGRPOTrainer(GRPOTrainer):
             self._entropy_window = []
 
     def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
-        if (self.controller is not None or self.injections) and self.args.should_save:
-            from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+        """mixrl's files go into the checkpoint folder *before* TRL writes its own, so a
+        checkpoint that looks complete (``trainer_state.json`` is written last) has them even
+        when the run is killed right after it: the rollout counters, the controller's and the
+        injections' state (an injection with ``state_in_file``: one torch.save file per process)."""
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-            folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-            state = {
-                "controller": self.controller.state_dict() if self.controller is not None else None,
-                "injections": [{"state_file": f"mixrl_injection{i}"} if inj.state_in_file else inj.state_dict()
-                               for i, inj in enumerate(self.injections)],
-            }
-            with open(os.path.join(folder, STATE_FILE), "w") as f:
-                json.dump(state, f)
+        from mixrl.trainer.resume import save_run_state
+
+        folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        if self.args.should_save:
+            os.makedirs(folder, exist_ok=True)
+            save_run_state(self, folder)
+            if self.controller is not None or self.injections:
+                state = {
+                    "controller": self.controller.state_dict() if self.controller is not None else None,
+                    "injections": [{"state_file": f"mixrl_injection{i}"} if inj.state_in_file else inj.state_dict()
+                                   for i, inj in enumerate(self.injections)],
+                }
+                with open(os.path.join(folder, STATE_FILE), "w") as f:
+                    json.dump(state, f)
         if any(inj.state_in_file for inj in self.injections):  # every process saves its own (its buffer)
-            from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-
-            folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
             os.makedirs(folder, exist_ok=True)
             rank = self.accelerator.process_index
             for i, inj in enumerate(self.injections):
                 if inj.state_in_file:
                     torch.save(inj.state_dict(), os.path.join(folder, f"mixrl_injection{i}_rank{rank}.pt"))
+        super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)

@@ -119,14 +119,12 @@ def truncate_jsonl(path: str | Path, last_step: int) -> int:
 RUN_STATE_FILE = "mixrl_run_state.json"
 
 
-def save_run_state(trainer) -> None:
-    """Write mixrl's own counters (the rollout count) into the current step's checkpoint."""
-    if not trainer.args.should_save:
-        return
-    folder = checkpoint_dir(Path(trainer.args.output_dir).parent) / f"checkpoint-{trainer.state.global_step}"
-    if folder.is_dir():
-        (folder / RUN_STATE_FILE).write_text(json.dumps({"rollouts": int(trainer.mixrl_rollouts),
-                                                              "generated_tokens": int(getattr(trainer, "mixrl_generated_tokens", 0))}))
+def save_run_state(trainer, folder: str | Path) -> None:
+    """Write mixrl's own counters (the rollout count) into a checkpoint folder. The trainer
+    calls it before TRL writes the checkpoint, so a checkpoint that looks complete (its
+    ``trainer_state.json`` exists) always has them, even when the run is killed right after."""
+    (Path(folder) / RUN_STATE_FILE).write_text(json.dumps({"rollouts": int(trainer.mixrl_rollouts),
+                                                          "generated_tokens": int(getattr(trainer, "mixrl_generated_tokens", 0))}))
 
 
 def load_run_state(trainer, checkpoint: str | Path) -> None:

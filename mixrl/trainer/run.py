@@ -28,7 +28,7 @@ from rich.console import Console
 
 from mixrl.config.rules import geometry
 from mixrl.errors import ConfigError, MixrlUserError, RewardError, RunInterrupted, TrainingDiverged
-from mixrl.trainer.resume import checkpoint_step, last_checkpoint, load_run_state, save_run_state, truncate_jsonl
+from mixrl.trainer.resume import checkpoint_step, last_checkpoint, load_run_state, truncate_jsonl
 
 FAILED = "FAILED"
 EVAL_BEFORE = "eval_before.json"
@@ -253,7 +253,7 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
     from transformers import set_seed
 
     from mixrl.trainer import build
-    from mixrl.trainer.callbacks import MetricsJsonlCallback, RichProgressCallback, RunStateCallback
+    from mixrl.trainer.callbacks import MetricsJsonlCallback, RichProgressCallback
     from mixrl.trainer.guards import CollapseWatch, DivergenceGuard
 
     t0, cpu0 = time.perf_counter(), time.process_time()
@@ -294,12 +294,11 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
     def save_now() -> str | None:  # a checkpoint of the current (finite) state, before the optimizer step
         if not _finite_params(trainer.model):
             return None
-        trainer._save_checkpoint(trainer.model, None)
-        save_run_state(trainer)
+        trainer._save_checkpoint(trainer.model, None)  # mixrl's counters and source state included
         ckpt = last_checkpoint(run_dir)
         return str(ckpt) if ckpt else None
 
-    callbacks = [metrics_cb, guard, DivergenceGuard(save=save_now), collapse, RunStateCallback(lambda: trainer)]
+    callbacks = [metrics_cb, guard, DivergenceGuard(save=save_now), collapse]
     if cfg.logger.progress:
         callbacks.append(RichProgressCallback(console, description=f"{cfg.algo.name} s{cfg.seed}"))
     if cfg.logger.report_to:  # the starting model's held-out results open the trackers' eval/* curves

@@ -264,7 +264,7 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     drops = [o[len(DROP):] for o in prepared if o.startswith(DROP)]
     final_ovs = group_ovs + [o for o in prepared if not o.startswith(DROP)]
     try:
-        raw = _compose_raw(final_ovs)
+        raw = base if final_ovs == group_ovs else _compose_raw(final_ovs)  # nothing to apply: no second compose
     except Exception as e:
         raise ConfigError(f"could not apply overrides: {str(e).strip().splitlines()[0]}") from None
     for key in drops:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mixrl.errors import ConfigError
-from mixrl.stats import TESTS, judge
+from mixrl.stats import AGREES, DISAGREES, TESTS, UNRESOLVED, judge
 
 STATS = ("final", "best", "drop", "rollouts_to", "tokens_to")
 _FIELDS = {"paper", "claim", "method", "baseline", "metric", "stat", "better", "test", "target"}
@@ -115,8 +115,30 @@ def judge_claims(claims: Sequence[Claim], groups: Mapping[str, Sequence[Any]]) -
             row.update(judge(a, b, better=c.better, test=c.test).as_dict())
             row["method_mean"] = sum(a) / len(a)
             row["baseline_mean"] = sum(b) / len(b)
+            if c.stat in ("rollouts_to", "tokens_to"):
+                _censor(row, c, groups)
         out.append(row)
     return out
+
+
+def _censor(row: dict, c: Claim, groups: Mapping[str, Sequence[Any]]) -> None:
+    """A run that never reached the target counts with its whole budget, a lower bound of the
+    true value. So a verdict that one side needs *fewer* rollouts (tokens) than the other
+    stands only when every run of that side reached the target; else it is not resolved."""
+    if row["verdict"] not in (AGREES, DISAGREES):
+        return
+    method_smaller = (row["verdict"] == AGREES) == (c.better == "lower")
+    side = c.method if method_smaller else c.baseline
+    runs = [r for r in groups.get(side, ()) if run_value(r, c) is not None]
+    missed = sum(1 for r in runs if _missed_target(r, c))
+    if missed:
+        row["verdict"] = UNRESOLVED
+        row["test"] = f"{row['test']}; censored: {side} did not reach the target in {missed}/{len(runs)} runs"
+
+
+def _missed_target(run, c: Claim) -> bool:
+    v = run.rollouts_to(c.metric, c.target) if c.stat == "rollouts_to" else run.tokens_to(c.metric, c.target)
+    return v is None
 
 
 def _f(v: float | None, big: bool = False) -> str:

@@ -97,3 +97,38 @@ def test_bad_claims_are_one_line_errors(bad, match):
     with pytest.raises(ConfigError, match=match) as e:
         parse_claim(bad, aliases={"a": "a/x", "b": "b/x"})
     assert "\n" not in str(e.value)
+
+
+def _runs_to_target(root: Path, recipe: str, steps_reached: list[int | None], budget_steps: int = 20) -> list:
+    """Runs of 100 rollouts per step that reach accuracy 0.3 at the given step (None: never)."""
+    out = []
+    for i, s in enumerate(steps_reached):
+        evals = [(k, 0.3 if s is not None and k >= s else 0.1) for k in range(2, budget_steps + 1, 2)]
+        out.append(load_run(make_run(root / f"{recipe.replace('/', '-')}{i}", recipe=recipe, seed=i, before={"accuracy": 0.1},
+                                     after={"accuracy": evals[-1][1]}, evals=evals, steps=budget_steps)))
+    return out
+
+
+def test_fewer_rollouts_verdict_needs_every_run_of_the_faster_side_to_reach_the_target(tmp_path):
+    """A run that never reaches the target counts at its budget (a lower bound): 'fewer
+    rollouts' can only be concluded for a side whose runs all reached it."""
+    from mixrl.claims import judge_claims
+
+    claim = parse_claim({"paper": "P", "claim": "c", "method": "m", "baseline": "b", "metric": "accuracy",
+                         "stat": "rollouts_to", "target": 0.3, "better": "lower"})
+    base = _runs_to_target(tmp_path / "b", "b/x", [18, 18, 20, 18, 20])  # 1,800-2,000 rollouts
+    # every method run reaches the target at step 4-6: agrees
+    fast = _runs_to_target(tmp_path / "f", "f/x", [4, 4, 6, 4, 6])
+    assert judge_claims([claim], {"m": fast, "b": base})[0]["verdict"] == AGREES
+    # the same, but one method run never reaches it (counted at its budget: a lower bound, here
+    # 10 steps = 1,000 rollouts, still below the baseline): not resolved, and the table says why
+    short = fast[:4] + _runs_to_target(tmp_path / "s", "s/x", [None], budget_steps=10)
+    row = judge_claims([claim], {"m": short, "b": base})[0]
+    assert row["method_values"][-1] == 1000.0 and row["verdict"] == UNRESOLVED
+    assert "censored: m did not reach the target in 1/5 runs" in row["test"]
+    # neither side reaches the target: the budgets decide nothing
+    never_m = _runs_to_target(tmp_path / "nm", "nm/x", [None] * 5, budget_steps=10)
+    never_b = _runs_to_target(tmp_path / "nb", "nb/x", [None] * 5, budget_steps=20)
+    assert judge_claims([claim], {"m": never_m, "b": never_b})[0]["verdict"] == UNRESOLVED
+    # the slower side may be censored: a method that needs more than the baseline still disagrees
+    assert judge_claims([claim], {"m": base, "b": fast})[0]["verdict"] == "disagrees"

@@ -16,6 +16,8 @@ one micro-batch, 32 new tokens; ``--set KEY=VALUE`` overrides any config value f
 ``chord``  ``MixrlGRPOTrainer`` for ``algo=chord`` (the grpo rollouts + expert rows trained with SFT).
 ``prefix`` ``algo=prefixrl``: every rollout continues from a prefix of the expert solution (``--only``).
 ``hint``   ``algo=guide``: failed groups are generated again with a hint (``--only``).
+``replay`` ``algo=remix``: replayed past rollouts trained beside the fresh ones (``--only``).
+``teacher`` ``algo=kdrl``: GRPO + a reverse KL to the built-in teacher, scored once per batch (``--only``).
 ``floor``  bare torch + transformers doing the same work: ``model.generate`` for the group,
            reward, group-normalised advantage, one forward + backward over prompt + completion
            with the same PPO-clip token-mean loss, gradient clipping, the same optimizer step.
@@ -65,10 +67,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 REPO = Path(__file__).resolve().parent.parent
-VARIANTS = ("trl", "grpo", "chord", "floor", "prefix", "hint")
+VARIANTS = ("trl", "grpo", "chord", "floor", "prefix", "hint", "replay", "teacher")
 DEFAULT_VARIANTS = ("trl", "grpo", "chord", "floor")
 #: variants that are a mixrl algo of another name
-ALGO = {"prefix": "prefixrl", "hint": "guide"}
+ALGO = {"prefix": "prefixrl", "hint": "guide", "replay": "remix", "teacher": "kdrl"}
 DESCRIPTIONS = {
     "trl": "plain trl.GRPOTrainer (loss_type=dapo)",
     "grpo": "mixrl algo=grpo (MixrlGRPOTrainer)",
@@ -76,6 +78,8 @@ DESCRIPTIONS = {
     "floor": "bare torch + transformers loop",
     "prefix": "mixrl algo=prefixrl (every rollout continues from a prefix of the expert solution)",
     "hint": "mixrl algo=guide (groups whose rollouts all fail are generated again with a hint)",
+    "replay": "mixrl algo=remix (replayed past rollouts beside the fresh ones; half the fresh rollouts per step)",
+    "teacher": "mixrl algo=kdrl (grpo + reverse KL to the built-in teacher, one teacher forward per batch)",
 }
 TARGET_OVERHEAD = 1.05
 
@@ -839,14 +843,16 @@ def ratios(rep: dict) -> dict:
                                 "tokens_ratio": (gt / ft) if gt and ft else None}
     if t and f:
         out["trl_vs_floor"] = {"step": paired_ratio(t, f)}
-    for name in ("prefix", "hint"):  # the cost over grpo against the extra tokens trained and generated
+    for name in ("prefix", "hint", "replay", "teacher"):  # the cost over grpo against the extra tokens trained and generated
         x = res.get(name)
         if x and g:
             gt = g.med("rollout_tokens")
             out[f"{name}_vs_grpo"] = {
                 "step": paired_ratio(x, g), "rollout": paired_ratio(x, g, "rollout_seconds"), "train": paired_ratio(x, g, "train_seconds"),
                 "trained_tokens_ratio": (x.med("rollout_tokens") / gt) if gt else None,
-                "generated_tokens_ratio": (x.generated_tokens / g.generated_tokens) if x.generated_tokens and g.generated_tokens else None,
+                # per step run: grpo runs extra profiling steps, so totals would not compare
+                "generated_tokens_ratio": ((x.generated_tokens / len(x.records)) / (g.generated_tokens / len(g.records))
+                                           if x.generated_tokens and g.generated_tokens and x.records and g.records else None),
             }
     return out
 
@@ -901,7 +907,8 @@ def ratio_lines(rep: dict) -> list[tuple[str, dict, str]]:
         lines.append(("(3) mixrl grpo / torch floor", d, f"rollout tokens grpo/floor {fmt(d['tokens_ratio'], '.3f')}"))
     if "trl_vs_floor" in r:
         lines.append(("    plain TRL / torch floor", r["trl_vs_floor"], ""))
-    for name, label in (("prefix", "(4) mixrl prefixrl / mixrl grpo"), ("hint", "(5) mixrl guide / mixrl grpo")):
+    for name, label in (("prefix", "(4) mixrl prefixrl / mixrl grpo"), ("hint", "(5) mixrl guide / mixrl grpo"),
+                        ("replay", "(6) mixrl remix / mixrl grpo"), ("teacher", "(7) mixrl kdrl / mixrl grpo")):
         if f"{name}_vs_grpo" in r:
             d = r[f"{name}_vs_grpo"]
             lines.append((label, d, f"trained tokens {fmt(d['trained_tokens_ratio'], '.3f')}; generated tokens (all steps) "

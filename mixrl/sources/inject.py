@@ -106,16 +106,7 @@ class AppendRows(Injection):
         self.ratio, self.rows = ratio, rows
 
     def extra_rows_per_step(self, rollouts_per_step: int, unit: int) -> int:
-        """A multiple of ``unit`` = processes x micro-batches, so every micro-batch of every
-        process holds the same number (0.2 with 256 rollouts gives 64, as in CHORD)."""
-        if self.rows is not None:
-            if int(self.rows) < 1 or int(self.rows) % unit:
-                raise ConfigError(
-                    f"algo.inject.rows={self.rows} must be a positive multiple of {unit} "
-                    f"(processes x micro-batches per step), e.g. {max(unit, round(int(self.rows) / unit) * unit)}"
-                )
-            return int(self.rows)
-        return max(unit, round(self.ratio * rollouts_per_step / (1.0 - self.ratio) / unit) * unit)
+        return appended_rows_per_step(self.ratio, self.rows, rollouts_per_step, unit)
 
     def sample(self, ctx: InjectContext) -> list[tuple]:
         rng = random.Random(hash((self.seed, ctx.process_index, ctx.global_step, ctx.micro_step)))
@@ -133,3 +124,17 @@ class AppendRows(Injection):
             out, prompt_ids, completion_ids, pad_id=ctx.tokenizer.pad_token_id,
             row_source=torch.full((n,), _code(self.source), dtype=torch.long),
         )
+
+
+def appended_rows_per_step(ratio: float, rows: int | None, rollouts_per_step: int, unit: int) -> int:
+    """Rows an appending injection adds per step (``rows``, else ``ratio`` of all rows): a
+    multiple of ``unit`` = processes x micro-batches, so every micro-batch of every process
+    holds the same number (0.2 with 256 rollouts gives 64, as in CHORD)."""
+    if rows is not None:
+        if int(rows) < 1 or int(rows) % unit:
+            raise ConfigError(
+                f"algo.inject.rows={rows} must be a positive multiple of {unit} "
+                f"(processes x micro-batches per step), e.g. {max(unit, round(int(rows) / unit) * unit)}"
+            )
+        return int(rows)
+    return max(unit, round(ratio * rollouts_per_step / (1.0 - ratio) / unit) * unit)

@@ -329,14 +329,9 @@ class ReplayAppend(_ReplayInjection):
         self.until_step = None if until_step is None else int(until_step)
 
     def extra_rows_per_step(self, rollouts_per_step: int, unit: int) -> int:
-        if self.rows is not None:
-            if int(self.rows) < 1 or int(self.rows) % unit:
-                raise ConfigError(
-                    f"algo.inject.rows={self.rows} must be a positive multiple of {unit} "
-                    f"(processes x micro-batches per step), e.g. {max(unit, round(int(self.rows) / unit) * unit)}"
-                )
-            return int(self.rows)
-        return max(unit, round(self.ratio * rollouts_per_step / (1.0 - self.ratio) / unit) * unit)
+        from mixrl.sources.inject import appended_rows_per_step
+
+        return appended_rows_per_step(self.ratio, self.rows, rollouts_per_step, unit)
 
     def after_advantages(self, ctx: InjectContext, inputs: list[dict], out: dict) -> dict:
         self._seed(ctx)

@@ -150,22 +150,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
         """Per-token log-probs of ``completion_ids[i]`` after ``prompt_ids[i]`` under the policy
         as it is now (the behaviour of a completion sampled in another context than the one
         it is trained in). No gradient."""
-        if not prompt_ids:
-            return []
-        from trl.trainer.utils import pad
-
-        dev = self.accelerator.device
-        pad_id = self.processing_class.pad_token_id
-        p = pad([torch.tensor(x) for x in prompt_ids], padding_value=pad_id, padding_side="left").to(dev)
-        pm = pad([torch.ones(len(x), dtype=torch.long) for x in prompt_ids], padding_value=0, padding_side="left").to(dev)
-        c = pad([torch.tensor(x) for x in completion_ids], padding_value=pad_id, padding_side="right").to(dev)
-        cm = pad([torch.ones(len(x), dtype=torch.long) for x in completion_ids], padding_value=0, padding_side="right").to(dev)
-        with torch.no_grad():
-            logps, _, _ = self._get_per_token_logps_and_entropies(
-                self.model, torch.cat([p, c], 1), torch.cat([pm, cm], 1), c.size(1),
-                batch_size=self.args.per_device_train_batch_size,
-            )
-        return [logps[i, : len(x)].float().tolist() for i, x in enumerate(completion_ids)]
+        return self._score_token_lists(_SELF, prompt_ids, completion_ids)
 
     def _injecting(self) -> bool:
         return bool(self.injections) and self.model.training and self._mixrl_batch_inputs is not None
@@ -436,7 +421,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
         dev = next(model.parameters()).device
         ids = torch.cat([prompt_ids, completion_ids], dim=1).to(dev)
         att = torch.cat([prompt_mask, completion_mask], dim=1).to(dev)
-        ctx = disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs) if is_policy else _nullcontext()
+        ctx = disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs) if is_policy else contextlib.nullcontext()
         with torch.no_grad(), ctx:
             lp, _, _ = self._get_per_token_logps_and_entropies(
                 model, ids, att, completion_ids.size(1), batch_size=self.args.per_device_train_batch_size
@@ -711,13 +696,6 @@ def _behaviour_known(token_source: torch.Tensor) -> torch.Tensor:
 
 _SELF = object()  # stands for the policy in the list of teacher models (OPSD's self-teacher)
 
-
-class _nullcontext:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _behaviour_is_policy(row_source: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test test-fast tiny docs clean
+.PHONY: install demo test test-fast test-other-cpu tiny docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,16 @@ test: install
 
 test-fast: install
 	$(BIN)/python -m pytest -m "not slow"
+
+# the exact-value tests (pins, hand-computed losses) again, under a CPU kernel set other than this
+# machine's best: a pin that only one kind of CPU reproduces fails here, on any machine
+test-other-cpu: install
+	@cap=$$($(BIN)/python scripts/other_cpu_kernels.py); \
+	if [ -z "$$cap" ]; then echo "test-other-cpu: this CPU has one kernel set only; nothing to compare"; exit 0; fi; \
+	got=$$(ATEN_CPU_CAPABILITY=$$cap $(BIN)/python -c "import torch; print(torch.backends.cpu.get_cpu_capability().lower())"); \
+	if [ "$$got" != "$$cap" ]; then echo "test-other-cpu: torch ignored ATEN_CPU_CAPABILITY=$$cap (runs $$got)"; exit 1; fi; \
+	echo "test-other-cpu: exact-value tests under ATEN_CPU_CAPABILITY=$$cap"; \
+	ATEN_CPU_CAPABILITY=$$cap $(BIN)/python -m pytest -m exact
 
 tiny: install
 	$(BIN)/mixrl model build-tiny

@@ -33,7 +33,9 @@ significant digits (float32 is exact at 9).
 ``trainer_pins.json``: ``{"meta": ..., "cases": {key: {"overrides": [...], "result": ...}}}``
 where ``result`` is ``harness.run_one_step(overrides, model_path, out_dir)`` on the tiny
 model warm-started for 10 steps (``mixrl.models.tiny.warm_start(dir, steps=10)``, which is
-bit-deterministic; its ``model.safetensors`` sha256 is in ``meta``).
+bit-deterministic on one machine but not across CPUs; its ``model.safetensors`` sha256 is in
+``meta``). That model, made on an avx2 CPU, is committed as ``tests/fixtures/pin-model`` (on an
+avx512 machine, ``ATEN_CPU_CAPABILITY=avx2`` rebuilds it bit for bit), and the trainer pins run on it.
 """
 
 from __future__ import annotations

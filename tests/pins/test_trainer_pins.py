@@ -1,7 +1,7 @@
-"""Trainer-level pins: one (or two) optimizer steps per case must reproduce, to 1e-6, what
-the code at commit 1f21884 did (``trainer_pins.json``, written by ``make_pins.py``).
+"""Trainer-level pins: one (or two) optimizer steps per case must reproduce what the code at
+commit 1f21884 did (``trainer_pins.json``, written by ``make_pins.py``), on any CPU.
 
-Each case runs ``harness.run_one_step(stored overrides, tiny model, tmp dir)``: the trainer
+Each case runs ``harness.run_one_step(stored overrides, pin model, tmp dir)``: the trainer
 built as ``mixrl.trainer.run.train`` builds it, fixed (unsampled) rollouts, 2 micro-batches
 of 8 rows (4 micro-batches over 2 steps with ``num_iterations=2``), and compares
 
@@ -10,10 +10,19 @@ of 8 rows (4 micro-batches over 2 steps with ``num_iterations=2``), and compares
   appear; pinned ones must not disappear or change),
 * the gradient before each optimizer step: L2 norm and 4 random projections.
 
-Tolerances: relative 1e-6 with an absolute floor of 1e-7 for losses, metrics and the
-gradient norm. A projection is a sum over ~660k gradient entries with random signs, so its
-natural scale is the gradient norm, not its own (possibly small) value: its absolute floor
-is 1e-7 x the pinned gradient norm (and at least 1e-7).
+The model is committed (``tests/fixtures/pin-model``, the 10-step warm start the pins were
+made with, bit for bit): a warm start computed at test time is deterministic on one machine
+but not across CPUs, whose SIMD kernels round differently.
+
+Tolerances hold across CPUs (x86-64 avx512 / avx2 / plain kernels, arm64) and still catch a
+change to a loss: ``|got - pinned| <= ABS + REL * |pinned|`` with REL = 1e-4, ABS = 1e-5. A
+gradient projection is a sum over ~660k entries with random signs, so its natural scale is
+the gradient norm: its absolute floor is ABS x max(1, pinned norm). Measured on one avx512
+machine under ``ATEN_CPU_CAPABILITY`` = avx2 (the kernels the pins were made with), avx512
+and default: the largest deviation used 11% of this tolerance (the second step of
+``algo=grpo|num_iterations=2``, an Adam step at lr 1e-3 that amplifies first-step rounding);
+first steps use under 3%. One-line changes to a loss that these tolerances catch are listed
+in ``MUTATIONS`` and exercised by ``test_pins_catch_a_one_line_loss_change`` (slow).
 """
 
 from __future__ import annotations
@@ -32,7 +41,8 @@ if str(HERE) not in sys.path:
 from harness import run_one_step  # noqa: E402
 
 PINS = json.loads((HERE / "trainer_pins.json").read_text())
-REL, ABS = 1e-6, 1e-7
+PIN_MODEL = HERE.parent / "fixtures" / "pin-model"
+REL, ABS = 1e-4, 1e-5
 
 #: config keys the off-policy sources refactor renamed (pinned overrides use the old ones)
 RENAMED = {"algo.mix.expert_rows": "algo.inject.rows", "algo.mix.experts_per_group": "algo.inject.per_group"}
@@ -46,12 +56,6 @@ CHANGED = {
     "luffy": {"loss/policy", "loss/offpolicy", "loss/entropy_bonus"},  # entropy_bonus: now H, was -c_ent H
     "sft": {"loss/policy", "mu", "clip_frac", "policy/ratio_mean", "policy/dual_clip_frac"},
 }
-#: Expert rows (CHORD's appended ones, LUFFY's in-group ones) now get a forward of their own, trimmed to their own width
-#: (so they cost their tokens, not the rollouts' padded width). That changes float32 rounding
-#: (~1e-7): the first optimizer step still matches to 1e-6, but a second step starts from
-#: weights an Adam update at lr 1e-3 moved by slightly different amounts, which it amplifies
-#: (measured: 3.3e-6 relative on one gradient projection). Second steps of such cases: 2e-5.
-PACKED_LATER_STEP_REL = 2e-5
 NO_EXPERT_TERMS = {"grpo", "dr_grpo", "gspo", "cispo", "topr", "sapo", "m2po", "bapo"}
 
 
@@ -72,58 +76,107 @@ def _changed(overrides: list[str]) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def pin_model(tiny_model_path) -> str:
-    """The tiny model the pins were made with (warm_start(dir, steps=10) is bit-deterministic)."""
-    digest = hashlib.sha256((Path(tiny_model_path) / "model.safetensors").read_bytes()).hexdigest()
-    assert digest == PINS["meta"]["model_sha256"], (
-        "the warm-started tiny model differs from the one the pins were made with "
-        "(mixrl/models/tiny.py or torch changed?): the trainer pins cannot be compared"
-    )
-    return tiny_model_path
+def pin_model() -> str:
+    """The committed model the pins were made with (sha256 in the pins' meta)."""
+    digest = hashlib.sha256((PIN_MODEL / "model.safetensors").read_bytes()).hexdigest()
+    assert digest == PINS["meta"]["model_sha256"], f"{PIN_MODEL} is not the model the pins were made with"
+    return str(PIN_MODEL)
 
 
-def _close(got: float, want: float, abs_: float = ABS, rel: float = REL) -> bool:
-    return got == pytest.approx(want, rel=rel, abs=abs_)
+def _close(got: float, want: float, abs_: float = ABS) -> bool:
+    return abs(got - want) <= abs_ + REL * abs(want)
 
 
-def _packed(overrides: list[str]) -> bool:
-    return any(o in ("algo=chord", "algo=mix", "algo=luffy") or o.startswith("recipe=chord/") for o in overrides)
-
-
-@pytest.mark.parametrize("key", list(PINS["cases"]))
-def test_trainer_pin(key, pin_model, tmp_path):
+def compare_to_pins(key: str, got: dict) -> list[str]:
+    """Every difference between ``got`` (a ``run_one_step`` result) and case ``key``'s pins
+    beyond the tolerances; empty when they agree."""
     case = PINS["cases"][key]
     want = case["result"]
-    got = run_one_step(_overrides(case["overrides"]), pin_model, tmp_path)
     changed = _changed(case["overrides"])
-    packed = _packed(case["overrides"])
-    per_step = len(want["losses"]) // max(want["steps"], 1)
-
-    def rel(step: int) -> float:
-        return PACKED_LATER_STEP_REL if packed and step > 0 else REL
-
-    assert got["steps"] == want["steps"]
-    assert len(got["losses"]) == len(want["losses"]), f"{len(got['losses'])} calls of _compute_loss, pinned {len(want['losses'])}"
-    bad = [f"micro-batch {i}: {g!r} != {w!r}" for i, (g, w) in enumerate(zip(got["losses"], want["losses"]))
-           if not _close(g, w, rel=rel(i // per_step))]
-    assert not bad, "losses: " + "; ".join(bad)
-
-    assert len(got["metrics"]) == len(want["metrics"])
-    bad = []
+    if got["steps"] != want["steps"]:
+        return [f"{got['steps']} optimizer steps, pinned {want['steps']}"]
+    if len(got["losses"]) != len(want["losses"]):
+        return [f"{len(got['losses'])} calls of _compute_loss, pinned {len(want['losses'])}"]
+    bad = [f"loss of micro-batch {i}: {g!r} != {w!r}" for i, (g, w) in enumerate(zip(got["losses"], want["losses"]))
+           if not _close(g, w)]
+    if len(got["metrics"]) != len(want["metrics"]):
+        return bad + [f"{len(got['metrics'])} logged steps, pinned {len(want['metrics'])}"]
     for i, (g, w) in enumerate(zip(got["metrics"], want["metrics"])):
         for k, v in w.items():
             if k in changed:
                 continue
             if k not in g:
                 bad.append(f"step row {i}: {k} missing")
-            elif not _close(g[k], v, rel=rel(i)):
+            elif not _close(g[k], v):
                 bad.append(f"step row {i}: {k} = {g[k]!r}, pinned {v!r}")
-    assert not bad, "metrics: " + "; ".join(bad)
-
-    assert len(got["grads"]) == len(want["grads"])
+    if len(got["grads"]) != len(want["grads"]):
+        return bad + [f"{len(got['grads'])} gradients, pinned {len(want['grads'])}"]
     for i, (g, w) in enumerate(zip(got["grads"], want["grads"])):
-        assert g["numel"] == w["numel"]
-        assert _close(g["norm"], w["norm"], rel=rel(i)), f"step {i}: grad norm {g['norm']!r}, pinned {w['norm']!r}"
-        floor = max(ABS, ABS * w["norm"])
-        bad = [f"{j}: {a!r} != {b!r}" for j, (a, b) in enumerate(zip(g["proj"], w["proj"])) if not _close(a, b, floor, rel(i))]
-        assert not bad, f"step {i}: grad projections " + "; ".join(bad)
+        if g["numel"] != w["numel"]:
+            bad.append(f"step {i}: {g['numel']} gradient entries, pinned {w['numel']}")
+            continue
+        if not _close(g["norm"], w["norm"]):
+            bad.append(f"step {i}: grad norm {g['norm']!r}, pinned {w['norm']!r}")
+        floor = ABS * max(1.0, w["norm"])
+        bad += [f"step {i}: grad projection {j}: {a!r} != {b!r}"
+                for j, (a, b) in enumerate(zip(g["proj"], w["proj"])) if not _close(a, b, floor)]
+    return bad
+
+
+@pytest.mark.parametrize("key", list(PINS["cases"]))
+def test_trainer_pin(key, pin_model, tmp_path):
+    got = run_one_step(_overrides(PINS["cases"][key]["overrides"]), pin_model, tmp_path)
+    bad = compare_to_pins(key, got)
+    assert not bad, f"{key}: " + "; ".join(bad[:8]) + (f" (+{len(bad) - 8} more)" if len(bad) > 8 else "")
+
+
+def _mutations():
+    """One-line changes to a loss, each as a patch of the function it edits, with the pin case
+    that exercises it. Each changes a result by far less than a typo would."""
+    import functools
+
+    from mixrl.core import advantages, policy_losses, token_weights
+
+    def luffy_gamma_plus(logp, gamma=0.1):  # f(p) = p / (p + gamma)  ->  p / (p + gamma + 1e-3)
+        p = logp.exp()
+        return p / (p + gamma + 1e-3)
+
+    def chord_phi_shifted(logp, *, cutoff=None):  # p (1 - p)  ->  p (1.001 - p)
+        p = logp.exp()
+        return token_weights._apply_cutoff(p * (1.001 - p), p, cutoff)
+
+    ppo_clip = policy_losses.ppo_clip
+
+    @functools.wraps(ppo_clip)  # keeps the signature the registry reads
+    def ppo_clip_high_plus(*args, clip_high=0.2, **kwargs):  # clip(r, 1 - eps_low, 1 + eps_high + 0.01)
+        return ppo_clip(*args, clip_high=clip_high + 0.01, **kwargs)
+
+    group_stats = advantages._group_stats
+
+    def biased_group_std(rewards, group_ids, include, unbiased=True):  # std over n - 1  ->  over n
+        return group_stats(rewards, group_ids, include, unbiased=False)
+
+    return {
+        "luffy shaping gamma + 1e-3": ("algo=luffy", (token_weights, "luffy_shaped_ratio", luffy_gamma_plus)),
+        "chord phi p(1.001 - p)": ("algo=chord", (token_weights.TOKEN_WEIGHTS._items, "chord_phi", chord_phi_shifted)),
+        "ppo clip_high + 0.01": ("algo=grpo|num_iterations=2",
+                                 (policy_losses.POLICY_LOSSES._items, "ppo_clip", ppo_clip_high_plus)),
+        "group std biased": ("algo=grpo", (advantages, "_group_stats", biased_group_std)),
+    }
+
+
+MUTATIONS = ["luffy shaping gamma + 1e-3", "chord phi p(1.001 - p)", "ppo clip_high + 0.01", "group std biased"]
+
+
+@pytest.mark.parametrize("name", MUTATIONS)
+def test_pins_catch_a_one_line_loss_change(name, pin_model, tmp_path, monkeypatch):
+    """The cross-CPU tolerances are loose enough for other kernels and tight enough for this:
+    each mutation is caught by the pin case that exercises it."""
+    key, (where, attr, fn) = _mutations()[name]
+    if isinstance(where, dict):  # a registry's entries
+        assert attr in where
+        monkeypatch.setitem(where, attr, fn)
+    else:
+        monkeypatch.setattr(where, attr, fn, raising=True)
+    got = run_one_step(_overrides(PINS["cases"][key]["overrides"]), pin_model, tmp_path)
+    assert compare_to_pins(key, got), f"the pins of {key} did not notice '{name}'"

@@ -7,6 +7,12 @@ equal rollout budget (the same steps x prompts x generations; SFT uses none). Th
 ``mixrl compare`` over all of them, with the claims judged over seeds, and a ``README.md``
 holding the command, commit, machine, grid time and the claims next to the measurements.
 Runs that already finished (their ``summary.json`` exists) are not trained again.
+
+The command writes to a fresh folder, ``runs/reproduce/SUITE-<UTC time>/``, unless ``--out``
+names one (the committed results under ``docs/results/`` change only when a user names them).
+The README describes exactly the runs in its folder: each method's recipe, seeds, steps and
+wall time, which of them this command trained, and how the grid differs from the suite's
+(fewer methods or seeds, extra overrides).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -57,9 +64,23 @@ def job_overrides(recipe: str, seed: int, runs_dir: Path, extra: Sequence[str]) 
     ]
 
 
+def default_out_dir(suite_name: str, now: datetime | None = None) -> Path:
+    """Where ``mixrl reproduce SUITE`` writes without ``--out``: a new folder per call."""
+    stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / "reproduce" / f"{suite_name}-{stamp}"
+
+
+@dataclass
+class GridResult:
+    """What :func:`run_grid` did: wall seconds, and the (recipe, seed) jobs it trained."""
+
+    seconds: float
+    trained: list[tuple[str, int]]
+
+
 def run_grid(runs_dir: Path, recipes: Sequence[str], seeds: Sequence[int], *, jobs: int = 2, extra: Sequence[str] = (),
-             log=print, name: str = "grid") -> float:
-    """Train every (recipe, seed) not done yet, ``jobs`` processes at a time; returns the seconds taken.
+             log=print, name: str = "grid") -> GridResult:
+    """Train every (recipe, seed) not done yet, ``jobs`` processes at a time.
     Every job's config is checked before any trains."""
     from mixrl.config.compose import compose_config
 
@@ -94,7 +115,7 @@ def run_grid(runs_dir: Path, recipes: Sequence[str], seeds: Sequence[int], *, jo
         codes = list(pool.map(run, todo))
     if any(codes):
         raise ConfigError(f"{sum(1 for c in codes if c)} {name} run(s) failed; see the .log files in {runs_dir}")
-    return time.time() - t0
+    return GridResult(time.time() - t0, todo)
 
 
 def reproduce_suite(suite, out_dir: Path, *, seeds: int | None = None, jobs: int | None = None, extra: Sequence[str] = (),
@@ -105,7 +126,7 @@ def reproduce_suite(suite, out_dir: Path, *, seeds: int | None = None, jobs: int
     from mixrl.compare import compare
     from mixrl.suites import Suite, load_suite
 
-    s = suite if isinstance(suite, Suite) else load_suite(suite)
+    s = full = suite if isinstance(suite, Suite) else load_suite(suite)
     if only:
         from mixrl.errors import did_you_mean
 
@@ -121,7 +142,7 @@ def reproduce_suite(suite, out_dir: Path, *, seeds: int | None = None, jobs: int
     out_dir = Path(out_dir)
     seed_list = list(range(n_seeds))
     overrides = [*s.overrides, *extra]
-    seconds = run_grid(out_dir / "runs", s.recipes, seed_list, jobs=n_jobs, extra=overrides, log=log, name=s.name)
+    grid = run_grid(out_dir / "runs", s.recipes, seed_list, jobs=n_jobs, extra=overrides, log=log, name=s.name)
     result = compare([out_dir / "runs"], out_dir, metric=s.metric, target=s.target, claims=s.claims, plots=plots)
     meta = {
         "suite": s.name,
@@ -130,12 +151,17 @@ def reproduce_suite(suite, out_dir: Path, *, seeds: int | None = None, jobs: int
         "commit": _commit(),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {_cpu_name()}",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "grid_seconds": round(seconds),
+        "grid_seconds": round(grid.seconds),
         "jobs": n_jobs,
         "methods": s.methods,
         "recipes": s.recipes,
         "seeds": seed_list,
         "overrides": overrides,
+        "extra_overrides": list(extra),
+        "suite_methods": len(full.methods),
+        "suite_seeds": full.seeds,
+        "trained_now": [run_name(r, seed) for r, seed in grid.trained],
+        "runs": runs_in_folder(out_dir / "runs", full),
     }
     meta["run_cpu_seconds"] = _cpu_total(out_dir / "runs", s.recipes, seed_list)
     (out_dir / "reproduce.json").write_text(json.dumps(meta, indent=2))
@@ -158,25 +184,74 @@ def _cpu_total(runs_dir: Path, recipes: Sequence[str], seeds: Sequence[int]) -> 
     return round(total)
 
 
+def runs_in_folder(runs_dir: Path, suite) -> list[dict]:
+    """One row per finished run under ``runs_dir`` (older runs included): label, recipe, seed,
+    optimizer steps and wall seconds from its ``summary.json``."""
+    from mixrl.compare import find_runs
+
+    rows = []
+    for path in find_runs([runs_dir]) if Path(runs_dir).is_dir() else []:
+        try:
+            summary = json.loads((path / "summary.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        recipe = summary.get("recipe") or path.name
+        rows.append({"run": path.name, "label": suite.label(recipe), "recipe": recipe, "seed": summary.get("seed"),
+                     "steps": summary.get("steps"), "wall_seconds": summary.get("wall_seconds")})
+    return rows
+
+
+def _by_method(runs: list[dict], trained_now: set[str]) -> list[dict]:
+    methods: dict[str, dict] = {}
+    for r in runs:
+        m = methods.setdefault(r["label"], {"label": r["label"], "recipe": r["recipe"], "seeds": [], "steps": set(),
+                                            "wall": 0.0, "now": 0})
+        m["seeds"].append(r["seed"])
+        m["steps"].add(r["steps"])
+        m["wall"] += float(r["wall_seconds"] or 0.0)
+        m["now"] += r["run"] in trained_now
+    return list(methods.values())
+
+
 def render_readme(suite, meta: dict, compare_md: str) -> str:
-    """The suite's README: provenance and setup, then compare.md's tables and the judged claims."""
-    lines = [
-        f"# {suite.title}", "",
+    """The suite's README: provenance, the runs in the folder (and how they differ from the
+    suite's full grid), then compare.md's tables and the judged claims."""
+    runs = meta.get("runs", [])
+    now = set(meta.get("trained_now", []))
+    methods = _by_method(runs, now)
+    n_full = meta.get("suite_methods", len(meta["methods"]))
+    full_seeds = meta.get("suite_seeds", len(meta["seeds"]))
+    extra = meta.get("extra_overrides", [])
+    partial = []
+    if len(methods) < n_full:
+        partial.append(f"{len(methods)} of the suite's {n_full} methods")
+    seeds_present = {r["seed"] for r in runs}
+    if len(seeds_present) < full_seeds:
+        partial.append(f"{len(seeds_present)} of its {full_seeds} seeds")
+    if extra:
+        partial.append("overrides beyond the suite's: " + ", ".join(f"`{o}`" for o in extra))
+    wall = sum(m["wall"] for m in methods)
+    lines = [f"# {suite.title}", ""]
+    if partial:
+        lines += [f"**Not the suite's full grid:** {'; '.join(partial)}. The title (and notes) describe the full suite; "
+                  "the tables below, only the runs listed here.", ""]
+    lines += [
         f"**Command:** `{meta['command']}`", "",
         f"- suite: `{suite.path.name if suite.path else suite.name}`",
         f"- commit: {meta['commit']}",
         f"- machine: {meta['machine']}",
         f"- date: {meta['date']}",
-        f"- grid time: {len(meta['recipes']) * len(meta['seeds'])} runs in {meta['grid_seconds']} s, {meta['jobs']} at a time"
-        + (" (one torch thread each)" if meta["jobs"] > 1 else "")
-        + "; runs found already done are not retrained and not counted"
-        + (f"; the runs' CPU time adds up to {meta['run_cpu_seconds']} s" if meta.get("run_cpu_seconds") else ""),
-        f"- seeds: {', '.join(map(str, meta['seeds']))}",
+        f"- runs in this folder: {len(runs)} ({len(now)} trained by this command in {meta['grid_seconds']} s, "
+        f"{meta['jobs']} at a time" + (", one torch thread each" if meta["jobs"] > 1 else "")
+        + f"; {len(runs) - len(now)} found already done); the runs' own wall times add up to {wall:.0f} s"
+        + (f", their CPU time to {meta['run_cpu_seconds']} s" if meta.get("run_cpu_seconds") else ""),
         "- overrides on every run: " + (", ".join(f"`{o}`" for o in meta["overrides"]) or "none"), "",
-        "| method | recipe |", "|---|---|",
-        *[f"| {label} | `{recipe}` |" for label, recipe in meta["methods"].items()], "",
+        "| method | recipe | seeds | steps | wall time (sum) | trained by this command |", "|---|---|---|---|---:|---:|",
+        *[f"| {m['label']} | `{m['recipe']}` | {', '.join(str(x) for x in sorted(m['seeds'], key=str))} | "
+          f"{', '.join(str(x) for x in sorted(m['steps'], key=str))} | {m['wall']:.0f} s | {m['now']} of {len(m['seeds'])} |"
+          for m in methods], "",
     ]
-    if suite.notes:
+    if suite.notes and not partial:
         lines += [suite.notes, ""]
     body = compare_md.split("\n", 1)[1] if compare_md.startswith("# ") else compare_md
     lines += ["## Measurements", body.lstrip("\n")]
@@ -189,12 +264,12 @@ def reproduce_toy(out_dir: Path, *, seeds: list[int], jobs: int = 2, extra: Sequ
     from mixrl.compare import compare
 
     out_dir = Path(out_dir)
-    seconds = run_grid(out_dir / "runs", recipes, seeds, jobs=jobs, extra=extra, log=log, name="toy")
+    grid = run_grid(out_dir / "runs", recipes, seeds, jobs=jobs, extra=extra, log=log, name="toy")
     result = compare([out_dir / "runs"], out_dir, metric="accuracy")
     meta = {
         "command": "mixrl reproduce toy", "commit": _commit(),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {_cpu_name()}",
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "grid_seconds": round(seconds),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "grid_seconds": round(grid.seconds),
         "recipes": list(recipes), "seeds": list(seeds),
     }
     (out_dir / "reproduce.json").write_text(json.dumps(meta, indent=2))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -109,7 +110,9 @@ def test_reproduce_suite_runs_compares_and_judges(tmp_path, fast_overrides):
     result = reproduce_suite(suite, out, extra=extra, log=lambda *_: None, plots=False)
     readme = (out / "README.md").read_text()
     assert readme.startswith("# Mini suite") and "**Command:**" in readme and "commit:" in readme
-    assert "| grpo | `grpo/arith-tiny` |" in readme and "## Claims" in readme and "GRPO beats SFT" in readme
+    assert "| grpo | `grpo/arith-tiny` | 0, 1 | 2 |" in readme and "## Claims" in readme and "GRPO beats SFT" in readme
+    assert "runs in this folder: 4 (4 trained by this command" in readme and "| 2 of 2 |" in readme
+    assert "**Not the suite's full grid:** overrides beyond the suite's: `trainer.max_steps=2`" in readme
     (claim,) = result["claims"]
     assert claim["n_a"] == claim["n_b"] == 2
     assert claim["verdict"] in ("agrees", "disagrees", "not resolved at this budget")
@@ -122,3 +125,74 @@ def test_reproduce_suite_runs_compares_and_judges(tmp_path, fast_overrides):
     assert len(list((out / "runs" / "eval_before_cache").glob("*.json"))) == 2
     sft = json.loads((out / "runs" / "sft-arith-tiny-s0" / "summary.json").read_text())
     assert sft["eval_before"] == summary["eval_before"]
+
+
+# --------------------------------------------------------------------------- where reproduce writes
+def test_reproduce_writes_a_fresh_folder_by_default_never_docs_results(tmp_path, monkeypatch):
+    """Without --out, `mixrl reproduce` writes under runs/reproduce/SUITE-<time>/ (committed results stay untouched)."""
+    from typer.testing import CliRunner
+
+    import mixrl.reproduce
+    from mixrl.cli.main import app
+
+    calls = []
+
+    def fake(suite, out_dir, **kw):
+        calls.append(Path(out_dir))
+        out_dir.mkdir(parents=True)
+        (out_dir / "compare.md").write_text("# table\n")
+        return {"compare": str(out_dir / "compare.md")}
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(mixrl.reproduce, "reproduce_suite", fake)
+    res = CliRunner().invoke(app, ["reproduce", "toy", "--only", "grpo", "--seeds", "1"])
+    assert res.exit_code == 0, res.output
+    (out,) = calls
+    assert out.parent == Path("runs/reproduce") and out.name.startswith("toy-") and "docs" not in out.parts
+    assert f"writing to {out}" in " ".join(res.output.split())
+    res = CliRunner().invoke(app, ["reproduce", "toy", "--out", "mine"])
+    assert res.exit_code == 0 and calls[-1] == Path("mine")
+
+
+def test_default_out_dir_is_stamped():
+    from datetime import datetime, timezone
+
+    from mixrl.reproduce import default_out_dir
+
+    when = datetime(2026, 11, 25, 9, 8, 7, tzinfo=timezone.utc)
+    assert default_out_dir("hard", when) == Path("runs/reproduce/hard-20261125-090807")
+
+
+def _meta(runs, now, extra=(), seeds=(0,)):
+    return {"command": "mixrl reproduce toy", "commit": "abc", "machine": "m", "date": "d", "grid_seconds": 12,
+            "jobs": 2, "methods": {"grpo": "grpo/arith-tiny"}, "seeds": list(seeds), "overrides": list(extra),
+            "extra_overrides": list(extra), "suite_methods": 7, "suite_seeds": 3, "trained_now": now, "runs": runs,
+            "run_cpu_seconds": 20}
+
+
+def test_readme_describes_the_runs_in_the_folder_and_how_the_grid_is_partial():
+    from mixrl.reproduce import render_readme
+    from mixrl.suites import load_suite
+
+    toy = load_suite("toy")
+    runs = [{"run": "grpo-arith-tiny-s0", "label": "grpo", "recipe": "grpo/arith-tiny", "seed": 0, "steps": 2, "wall_seconds": 7.4},
+            {"run": "sft-arith-tiny-s0", "label": "sft", "recipe": "sft/arith-tiny", "seed": 0, "steps": 2, "wall_seconds": 3.1}]
+    text = render_readme(toy, _meta(runs, ["grpo-arith-tiny-s0"], extra=["trainer.max_steps=2"]), "# compare\nbody")
+    assert ("**Not the suite's full grid:** 2 of the suite's 7 methods; 1 of its 3 seeds; "
+            "overrides beyond the suite's: `trainer.max_steps=2`") in text
+    assert "runs in this folder: 2 (1 trained by this command in 12 s" in text and "1 found already done" in text
+    assert "the runs' own wall times add up to 10 s" in text
+    assert "| grpo | `grpo/arith-tiny` | 0 | 2 | 7 s | 1 of 1 |" in text
+    assert "| sft | `sft/arith-tiny` | 0 | 2 | 3 s | 0 of 1 |" in text
+    assert "body" in text
+
+
+def test_readme_of_the_full_grid_has_no_partial_line():
+    from mixrl.reproduce import render_readme
+    from mixrl.suites import load_suite
+
+    toy = load_suite("toy")
+    runs = [{"run": f"{r.replace('/', '-')}-s{s}", "label": toy.label(r), "recipe": r, "seed": s, "steps": 60, "wall_seconds": 10}
+            for r in toy.recipes for s in range(3)]
+    text = render_readme(toy, _meta(runs, [r["run"] for r in runs], seeds=(0, 1, 2)), "# compare\nbody")
+    assert "Not the suite's full grid" not in text and "runs in this folder: 21 (21 trained" in text

@@ -267,7 +267,7 @@ app.command("eval")(eval_model)
 def reproduce(
     suite: str = typer.Argument(..., help="A suite of conf/suites/ (toy, hard) or a path to a suite .yaml."),
     overrides: Optional[List[str]] = typer.Argument(None, help="Overrides applied to every run, after the suite's, e.g. trainer.max_steps=30"),
-    out_dir: Optional[Path] = typer.Option(None, "--out", help="Where the runs, table, plots and README go (default docs/results/SUITE)."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Where the runs, table, plots and README go (default: a new runs/reproduce/SUITE-<time>/)."),
     seeds: Optional[int] = typer.Option(None, "--seeds", help="Seeds per method (0..N-1); default: the suite's."),
     jobs: Optional[int] = typer.Option(None, "--jobs", help="Training processes at a time (one torch thread each when > 1); default: the suite's."),
     plots: bool = typer.Option(True, "--plots/--no-plots", help="Write PNG plots (needs matplotlib)."),
@@ -276,13 +276,14 @@ def reproduce(
     """Run a suite: its recipes x seeds at the suite's budget, then compare them (table, plots,
     claims judged over seeds) and write a README with the command, commit and machine."""
     from mixrl.errors import ConfigError
-    from mixrl.reproduce import reproduce_suite
+    from mixrl.reproduce import default_out_dir, reproduce_suite
     from mixrl.suites import load_suite
 
     s = load_suite(suite)
     if seeds is not None and seeds < 1:
         raise ConfigError("--seeds must be >= 1 (use --seeds N with N >= 1)")
-    out_dir = out_dir or Path("docs/results") / s.name
+    out_dir = out_dir or default_out_dir(s.name)
+    err.print(f"writing to [bold]{out_dir}[/]")
     result = reproduce_suite(s, out_dir, seeds=seeds, jobs=jobs, extra=list(overrides or []), log=err.print, plots=plots,
                              only=[x.strip() for x in only.split(",") if x.strip()] if only else ())
     out.print(Path(result["compare"]).read_text())

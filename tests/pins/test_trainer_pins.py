@@ -22,7 +22,9 @@ machine under ``ATEN_CPU_CAPABILITY`` = avx2 (the kernels the pins were made wit
 and default: the largest deviation used 11% of this tolerance (the second step of
 ``algo=grpo|num_iterations=2``, an Adam step at lr 1e-3 that amplifies first-step rounding);
 first steps use under 3%. One-line changes to a loss that these tolerances catch are listed
-in ``MUTATIONS`` and exercised by ``test_pins_catch_a_one_line_loss_change`` (slow).
+in ``MUTATIONS`` and exercised by ``test_pins_catch_a_one_line_loss_change``; measured, their
+largest deviations are 9x (LUFFY's gamma + 1e-3), 11x (CHORD's phi = p(1.01 - p)), 26x (PPO
+clip_high + 0.01) and 1483x (biased group std) the tolerance.
 """
 
 from __future__ import annotations
@@ -141,9 +143,9 @@ def _mutations():
         p = logp.exp()
         return p / (p + gamma + 1e-3)
 
-    def chord_phi_shifted(logp, *, cutoff=None):  # p (1 - p)  ->  p (1.001 - p)
+    def chord_phi_shifted(logp, *, cutoff=None):  # p (1 - p)  ->  p (1.01 - p)
         p = logp.exp()
-        return token_weights._apply_cutoff(p * (1.001 - p), p, cutoff)
+        return token_weights._apply_cutoff(p * (1.01 - p), p, cutoff)
 
     ppo_clip = policy_losses.ppo_clip
 
@@ -158,14 +160,14 @@ def _mutations():
 
     return {
         "luffy shaping gamma + 1e-3": ("algo=luffy", (token_weights, "luffy_shaped_ratio", luffy_gamma_plus)),
-        "chord phi p(1.001 - p)": ("algo=chord", (token_weights.TOKEN_WEIGHTS._items, "chord_phi", chord_phi_shifted)),
+        "chord phi p(1.01 - p)": ("algo=chord", (token_weights.TOKEN_WEIGHTS._items, "chord_phi", chord_phi_shifted)),
         "ppo clip_high + 0.01": ("algo=grpo|num_iterations=2",
                                  (policy_losses.POLICY_LOSSES._items, "ppo_clip", ppo_clip_high_plus)),
         "group std biased": ("algo=grpo", (advantages, "_group_stats", biased_group_std)),
     }
 
 
-MUTATIONS = ["luffy shaping gamma + 1e-3", "chord phi p(1.001 - p)", "ppo clip_high + 0.01", "group std biased"]
+MUTATIONS = ["luffy shaping gamma + 1e-3", "chord phi p(1.01 - p)", "ppo clip_high + 0.01", "group std biased"]
 
 
 @pytest.mark.parametrize("name", MUTATIONS)

@@ -106,9 +106,11 @@ def opd_reward(x: TermInputs, *, lam: float = 1.0, loss: dict | None = None) -> 
     ``lam (log pi_T - log pi_ref) - (log pi_theta - log pi_ref)`` whose optimum
     ``pi_ref (pi_T / pi_ref)^lam`` lies beyond the teacher when lam > 1 (reward extrapolation). This
     term takes pi_ref = pi_old, the student at generation time: the KL part then has no gradient
-    on-policy and the update is lam times OPD's, so lam > 1 scales the step (which Adam's
-    normalisation and gradient clipping largely undo) rather than extrapolating. The
-    fixed-reference form needs a reference model's log-prob per token and is not implemented.
+    on-policy and the update is lam times OPD's, so lam > 1 scales the gradient rather than
+    extrapolating, and AdamW's per-parameter normalisation undoes that scale (measured on the tiny
+    model, 4 steps of ``algo=exopd``: lam = 1, 1.25 and 3 end within 2.2e-6 of each other in
+    weight norm, for an update of norm 0.096). The fixed-reference form needs a reference model's
+    log-prob per token and is not implemented.
     """
     from mixrl.core.policy_losses import POLICY_LOSSES
 

@@ -8,7 +8,8 @@ tests/conftest.py, one torch thread, a tiny model warm-started for 10 steps once
 and is classified automatically:
 
 * ``clean``: what must fail exits 2 with exactly one ``error:`` line, no traceback, and leaves
-  no new directory; what must work exits 0 (and passes the case's own check);
+  no new directory; what must work exits 0 (and passes the case's own check); where either is
+  right (a run_dir holding the user's files), exit 0 or such a refusal;
 * ``traceback``: a raw failure: a Python traceback, or a failure that is not one ``error:`` line
   (a usage box, several lines, an unexpected exit status);
 * ``silently wrong``: exit 0 where the command must fail, a result that is meaningless (0 training
@@ -213,7 +214,8 @@ def _summary(run: Path) -> dict:
 class Case:
     name: str
     group: str
-    expect: str  # "fail": must exit 2 cleanly; "ok": must exit 0; "fail_or_warn": exit 2, or exit 0 saying so
+    expect: str  # "fail": must exit 2 cleanly; "ok": must exit 0; "fail_or_warn": exit 2, or exit 0 saying so;
+    # "either": exit 0, or a clean refusal (exit 2, one line); the user's files untouched either way
     fn: Callable[[Ctx], None]
     ok_rcs: tuple = (2,)
 
@@ -405,7 +407,7 @@ def _reward_hang(ctx):
 
 
 # -- run directories
-@case("run-dir-with-users-FAILED-file", "run dirs", expect="ok")
+@case("run-dir-with-users-FAILED-file", "run dirs", expect="either")
 def _users_failed(ctx):
     """A folder of the user's that happens to hold a file named FAILED: training there must not delete it."""
     d = ctx.dir / "mine"
@@ -415,7 +417,7 @@ def _users_failed(ctx):
     ctx.probe(*ctx.train_args(f"run_dir={d}"))
 
 
-@case("run-dir-with-users-files", "run dirs", expect="ok")
+@case("run-dir-with-users-files", "run dirs", expect="either")
 def _users_files(ctx):
     d = ctx.dir / "mine"
     ctx.write("mine/notes.txt", "keep me\n")
@@ -647,6 +649,9 @@ def classify(c: Case, ctx: Ctx) -> Result:
             flags.append("traceback" if raw or not one_line else "silently wrong")
             if not raw and one_line:
                 r.note = "; ".join(filter(None, [r.note, "a valid command was refused"]))
+    elif c.expect == "either":
+        if p.rc != 0 and not (p.rc in c.ok_rcs and one_line):
+            flags.append("traceback")
     elif c.expect == "fail_or_warn":
         if p.rc == 0 and "warning" not in text.lower():
             flags.append("silently wrong")

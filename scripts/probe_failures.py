@@ -341,7 +341,7 @@ _data_case("data-200-identical-rows", lambda c: c.rows("same.jsonl", [ARITH[3]] 
 _data_case("data-too-small-for-a-step", lambda c: c.rows("tiny.jsonl", ARITH[:3]), check=_zero_steps)
 _data_case("data-all-empty-answers", lambda c: c.rows("noans.jsonl", [{"prompt": r["prompt"], "answer": ""} for r in ARITH]),
            expect="fail_or_warn")
-_data_case("data-eval-source-missing", lambda c: c.rows("ok.jsonl", ARITH), f"data.eval_source=/nonexistent/eval.jsonl")
+_data_case("data-eval-source-missing", lambda c: c.rows("ok.jsonl", ARITH), "data.eval_source=/nonexistent/eval.jsonl")
 
 
 # -- reward functions

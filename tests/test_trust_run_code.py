@@ -173,3 +173,18 @@ def test_a_launched_resume_passes_the_flag_to_its_processes(run, tmp_path, monke
     res = runner.invoke(app, ["train", f"resume={run}", "trainer.max_steps=3", "--trust-run-code"])
     assert res.exit_code == 0, res.output[-2000:]
     assert seen == [[f"resume={run}", "trainer.max_steps=3", "--trust-run-code"]]
+
+
+def test_run_code_reads_the_values_as_validation_would(tmp_path):
+    """A yaml string 'yes' is a true bool to OmegaConf; a user override of the section clears it;
+    an interpolation that does not resolve is left to validation (no traceback here)."""
+    from omegaconf import OmegaConf
+
+    from mixrl.config.trust import run_code
+
+    assert run_code(OmegaConf.create({"model": {"trust_remote_code": "yes"}}), tmp_path)
+    assert run_code(OmegaConf.create({"model": {"trust_remote_code": True}}), tmp_path, ["model"]) == []
+    assert run_code(OmegaConf.create({"model": {"trust_remote_code": False}}), tmp_path) == []
+    assert run_code(OmegaConf.create({"reward": {"name": "${oc.env:MIXRL_TEST_UNSET_VARIABLE}"}}), tmp_path) == []
+    assert run_code(OmegaConf.create({"reward": {"name": "exact", "extra": [{"name": "x/r.py:fn"}]}}), tmp_path) == [
+        f"reward.extra[0].name=x/r.py:fn (executes {Path.cwd() / 'x/r.py'})"]

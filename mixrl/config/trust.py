@@ -28,6 +28,13 @@ from omegaconf import DictConfig, OmegaConf
 from mixrl.errors import ConfigError
 
 TRUST_FLAG = "--trust-run-code"
+_TRUE = {"true", "yes", "y", "on", "1"}
+
+
+def _get(cfg: DictConfig, key: str, default=None):
+    """``cfg.key`` or ``default``; an interpolation that does not resolve is left to validation."""
+    value = OmegaConf.select(cfg, key, default=default, throw_on_resolution_failure=False)
+    return default if value is None else value
 
 
 def _set_by_user(key: str, user_keys: Iterable[str]) -> bool:
@@ -61,11 +68,11 @@ def run_code(saved: DictConfig, run_dir: str | Path, user_keys: Iterable[str] = 
 
     user_keys = list(user_keys)
     items: list[str] = []
-    plugins = list(OmegaConf.select(saved, "plugins", default=None) or [])
+    plugins = list(_get(saved, "plugins") or [])
     if plugins and not _set_by_user("plugins", user_keys):
         items.append(f"plugins={plugins} (imported)")
-    rewards = [("reward.name", OmegaConf.select(saved, "reward.name", default=None))]
-    extra = OmegaConf.select(saved, "reward.extra", default=None) or []
+    rewards = [("reward.name", _get(saved, "reward.name"))]
+    extra = _get(saved, "reward.extra") or []
     rewards += [(f"reward.extra[{i}].name", x.get("name") if isinstance(x, (dict, DictConfig)) else None) for i, x in enumerate(extra)]
     for key, name in rewards:
         if name is None or str(name) in REWARDS or _set_by_user(key.split("[")[0], user_keys):
@@ -77,10 +84,11 @@ def run_code(saved: DictConfig, run_dir: str | Path, user_keys: Iterable[str] = 
             items.append(f"{key}={spec} (executes {path if path.is_absolute() else Path.cwd() / path})")
         else:
             items.append(f"{key}={spec} (imports module {module!r})")
-    if OmegaConf.select(saved, "model.trust_remote_code", default=False) and not _set_by_user("model.trust_remote_code", user_keys):
+    remote = str(_get(saved, "model.trust_remote_code", False)).strip().lower() in _TRUE  # as OmegaConf reads a bool
+    if remote and not _set_by_user("model.trust_remote_code", user_keys):
         run = Path(run_dir)
         folders = [run / "model", *sorted((run / "trainer").glob("checkpoint-*"))]
-        model_path = OmegaConf.select(saved, "model.path", default=None)
+        model_path = _get(saved, "model.path")
         if model_path and Path(str(model_path)).is_dir():
             folders.append(Path(str(model_path)))
         files = _auto_map_files(folders)

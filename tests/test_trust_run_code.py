@@ -71,7 +71,7 @@ def test_eval_refuses_a_reward_file_the_run_names(run, tmp_path):
     _edit(run, lambda c: c["reward"].update(name=f"{reward}:fn", params={}))
     before, tmp_before = _listing(run), sorted(p.name for p in tmp_path.iterdir())
     line = _refused(runner.invoke(app, ["eval", str(run), "logger.progress=false"]))
-    assert f"reward.name={reward}:fn" in line and "reward=exact" in line
+    assert f"reward.name={reward}:fn (executes that file)" in line and "reward=exact" in line
     assert not marker.exists()
     assert _listing(run) == before and sorted(p.name for p in tmp_path.iterdir()) == tmp_before
 
@@ -187,4 +187,4 @@ def test_run_code_reads_the_values_as_validation_would(tmp_path):
     assert run_code(OmegaConf.create({"model": {"trust_remote_code": False}}), tmp_path) == []
     assert run_code(OmegaConf.create({"reward": {"name": "${oc.env:MIXRL_TEST_UNSET_VARIABLE}"}}), tmp_path) == []
     assert run_code(OmegaConf.create({"reward": {"name": "exact", "extra": [{"name": "x/r.py:fn"}]}}), tmp_path) == [
-        f"reward.extra[0].name=x/r.py:fn (executes {Path.cwd() / 'x/r.py'})"]
+        f"reward.extra[0].name=x/r.py:fn (executes {Path.cwd() / 'x/r.py'}: relative to the working directory)"]

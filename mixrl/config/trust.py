@@ -81,7 +81,8 @@ def run_code(saved: DictConfig, run_dir: str | Path, user_keys: Iterable[str] = 
         module = spec.rpartition(":")[0] if ":" in spec else spec
         if module.endswith(".py") or "/" in module:
             path = Path(module).expanduser()
-            items.append(f"{key}={spec} (executes {path if path.is_absolute() else Path.cwd() / path})")
+            items.append(f"{key}={spec} (executes that file)" if path.is_absolute()
+                         else f"{key}={spec} (executes {Path.cwd() / path}: relative to the working directory)")
         else:
             items.append(f"{key}={spec} (imports module {module!r})")
     remote = str(_get(saved, "model.trust_remote_code", False)).strip().lower() in _TRUE  # as OmegaConf reads a bool

@@ -326,7 +326,7 @@ def test_a_resumed_run_continues_with_the_same_buffer(fast_overrides, tmp_path):
     half = runner.invoke(app, ["train", *base, "trainer.max_steps=2", f"run_dir={tmp_path / 'half'}"])
     assert half.exit_code == 0, half.output[-2000:]
     resumed = runner.invoke(app, ["train", f"resume={tmp_path / 'half'}", "trainer.max_steps=4", "logger.progress=false",
-                                  "hardware.torch_threads=1"])
+                                  "hardware.torch_threads=1", "--trust-run-code"])  # the run names a reward file
     assert resumed.exit_code == 0, resumed.output[-2000:]
     a = _buffer(tmp_path / "full" / "trainer" / "checkpoint-4")
     b = _buffer(tmp_path / "half" / "trainer" / "checkpoint-4")

@@ -66,15 +66,21 @@ def eval_model(
         None, help="Hydra overrides selecting the held-out split and evaluation, e.g. data=gsm8k trainer.eval_size=500 trainer.eval_pass_k=4"
     ),
     out_file: Optional[Path] = typer.Option(None, "--out", help="Also write the results as JSON to this file."),
+    trust_run_code: bool = typer.Option(
+        False, "--trust-run-code",
+        help="Run the code the run's config.yaml names (plugins, a reward file or module, model.trust_remote_code); "
+             "without it such a run is refused.",
+    ),
 ):
     """Evaluate a saved model on its run's held-out split (greedy accuracy, per level, pass@k).
 
     Given a run directory (or its model/), the run's own config.yaml (data, reward, template,
-    held-out split) is used, with any overrides applied on top."""
+    held-out split) is used, with any overrides applied on top. Code that config names runs
+    only with --trust-run-code."""
     from mixrl.trainer.periodic_eval import eval_config, evaluate_saved_model, resolve_model_dir
 
     out, err = _consoles()
-    cfg, saved = eval_config(model_dir, list(overrides or []))  # a bad override fails before any model is loaded
+    cfg, saved = eval_config(model_dir, list(overrides or []), trust_run_code=trust_run_code)  # a bad override fails before any model is loaded
     resolve_model_dir(model_dir)
     err.print(f"config: {saved} (the run's own{', with the overrides' if overrides else ''})" if saved
               else "config: the defaults and the overrides (no config.yaml next to the model)", highlight=False, soft_wrap=True)

@@ -64,6 +64,11 @@ def _summary_table(summary: dict) -> Table:
 def train(
     overrides: Optional[List[str]] = OVERRIDES,
     multirun: bool = typer.Option(False, "-m", "--multirun", help="Sweep: one run per combination (seed=1,2,3)."),
+    trust_run_code: bool = typer.Option(
+        False, "--trust-run-code",
+        help="With resume=RUN_DIR: run the code the run's config.yaml names (plugins, a reward file or module, "
+             "model.trust_remote_code); without it such a run is refused.",
+    ),
 ):
     """Train. With no overrides: GRPO on the built-in arithmetic task with the tiny model (CPU, minutes)."""
     from mixrl.config.compose import compose_config, expand_sweeps
@@ -78,7 +83,7 @@ def train(
             from mixrl.errors import ConfigError
 
             raise ConfigError("resume=RUN_DIR continues one run; drop -m (multirun)")
-        cfgs = [resume_config(cfgs[0].resume, jobs[0])]
+        cfgs = [resume_config(cfgs[0].resume, jobs[0], trust_run_code=trust_run_code)]
     from mixrl.config.compose import check_world_size
 
     from mixrl.config.checks import check_environment
@@ -88,7 +93,9 @@ def train(
     from mixrl.launch import needs_launch
 
     if any(needs_launch(cfg) for cfg in cfgs):  # hardware asks for processes: start them through the launcher
-        raise typer.Exit(_launch_jobs(cfgs, jobs, overrides, multirun))
+        # the launched processes load the resumed run's config again: they need the user's consent too
+        launched = [[*job, "--trust-run-code"] for job in jobs] if trust_run_code and cfgs[0].resume else jobs
+        raise typer.Exit(_launch_jobs(cfgs, launched, overrides, multirun))
     for cfg in cfgs:
         check_world_size(cfg, launching=True)
     if multirun:

@@ -143,6 +143,8 @@ def advantage_nll(x: TermInputs, *, top_entropy: float | None = None) -> TermOut
 
     Parameters:
         top_entropy (None): share of the selected tokens (highest entropy first) that get a gradient; null = all.
+            k = ceil(top_entropy * n) of the n selected tokens are kept (at least 1); tokens tied with the
+            k-th entropy are kept too, so ties may keep more than k.
     """
     import torch
 
@@ -152,11 +154,15 @@ def advantage_nll(x: TermInputs, *, top_entropy: float | None = None) -> TermOut
         if not 0.0 < float(top_entropy) <= 1.0:
             raise ValueError(f"top_entropy must be in (0, 1], got {top_entropy}")
         h = x.entropies.detach()
+        if h.dtype in (torch.float16, torch.bfloat16):
+            h = h.float()  # topk of half precision is not on every device; float32 holds every half value exactly
         sel = h[x.mask]
         if sel.numel():
             k = max(1, math.ceil(float(top_entropy) * sel.numel()))
-            threshold = torch.topk(sel.float(), k).values.min()
-            keep = x.mask & (h >= threshold.to(h.dtype))
+            # the threshold is one of the entropies, in their own dtype: the k-th token always passes
+            # (a float32-rounded threshold of float64 entropies dropped it when rounding went up)
+            threshold = torch.topk(sel, k).values.min()
+            keep = x.mask & (h >= threshold)
     return TermOutput(-adv * keep.to(x.logp.dtype) * x.logp, {"advantage_nll/kept": float(keep.sum()) / max(float(x.mask.sum()), 1.0)})
 
 

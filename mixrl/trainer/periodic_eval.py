@@ -215,15 +215,20 @@ def load_saved_model(path: Path, cfg, dtype=None):
     return PeftModel.from_pretrained(model, str(path)).merge_and_unload()
 
 
-def eval_config(model_dir: str | Path, overrides: list[str]):
+def eval_config(model_dir: str | Path, overrides: list[str], *, trust_run_code: bool = False):
     """The config ``mixrl eval`` uses: the run's own ``config.yaml`` when ``model_dir`` is a
     run directory (or its ``model/``), with the command line's overrides applied on top
     (``group=option`` replaces that whole section); otherwise the overrides alone.
-    Returns ``(cfg, config_path or None)``."""
+    Returns ``(cfg, config_path or None)``.
+
+    Code the run's config names (plugins, a reward file or module, remote model code) is
+    refused unless ``trust_run_code`` (``--trust-run-code``) or the overrides replace it
+    (:mod:`mixrl.config.trust`); with it, the run's plugins are imported before validation."""
     from omegaconf import OmegaConf
 
-    from mixrl.config.compose import _parse, compose_config, expand_aliases, validate
+    from mixrl.config.compose import _parse, compose_config, expand_aliases, import_plugins, validate
     from mixrl.config.schema import GROUPS
+    from mixrl.config.trust import require_trust
 
     fresh = compose_config(list(overrides))  # a bad override fails here, before any model is loaded
     p = Path(model_dir)
@@ -231,12 +236,17 @@ def eval_config(model_dir: str | Path, overrides: list[str]):
     if saved_path is None:
         return fresh, None
     saved = OmegaConf.load(saved_path)
+    user_keys = []
     for ov in _parse(expand_aliases(list(overrides))):
         key = ov.key_or_group
+        user_keys.append(key)
         if key in GROUPS:
             saved[key] = fresh[key]
         else:
             OmegaConf.update(saved, key, OmegaConf.select(fresh, key), merge=False, force_add=True)
+    require_trust(saved, saved_path.parent, trusted=trust_run_code, what=f"eval {model_dir}", user_keys=user_keys,
+                  alternative=" (or override those keys, e.g. reward=exact)")
+    import_plugins(list(saved.get("plugins") or []))  # the run's own components (trusted, or named by the user)
     return validate(saved), saved_path
 
 

@@ -64,13 +64,16 @@ def _override_key(text: str) -> str:
     return text.lstrip("+~").partition("=")[0].strip()
 
 
-def resume_config(run_dir: str, overrides: list[str]) -> DictConfig:
+def resume_config(run_dir: str, overrides: list[str], *, trust_run_code: bool = False) -> DictConfig:
     """The config to resume ``run_dir`` with: its ``config.yaml`` plus the safe overrides.
 
-    Raises ``ConfigError`` (one line) when the directory is not a run, or an override would
-    change the objective, data or model of the run.
+    Raises ``ConfigError`` (one line) when the directory is not a run, an override would
+    change the objective, data or model of the run, or the run's config names code (plugins,
+    a reward file or module, remote model code) and ``trust_run_code`` is not set
+    (:mod:`mixrl.config.trust`): nothing of it is imported before that check.
     """
     from mixrl.config.compose import import_plugins, validate
+    from mixrl.config.trust import require_trust
 
     path = Path(run_dir)
     cfg_file = path / "config.yaml"
@@ -92,6 +95,7 @@ def resume_config(run_dir: str, overrides: list[str]) -> DictConfig:
         OmegaConf.update(saved, key.strip(), None if value in ("", "null") else value, merge=False)
     saved.resume = str(path)
     saved.run_dir = str(path)
+    require_trust(saved, path, trusted=trust_run_code, what=f"resume={run_dir}")
     import_plugins(list(saved.get("plugins") or []))  # the run's own components, before validation
     cfg = validate(saved)
     if cfg.algo.get("stages"):

@@ -150,3 +150,18 @@ def test_jsd_term_in_the_objective_ignores_unselected_nan():
 def test_jsd_beta_out_of_range_is_refused():
     with pytest.raises(ValueError, match="beta"):
         TERMS.get("teacher_jsd")(_x(torch.zeros(1, 1), torch.zeros(1, 1)), beta=1.5)
+
+
+def test_opd_reward_docstring_states_what_the_default_loss_computes():
+    """ExOPD's words and code agree: the default loss is reinforce, l_t = -A_t log p_t (no ratio),
+    not -A r. With a behaviour log-prob that differs from logp the two differ, so the value tells:
+    logp = -0.5, pi_old = -0.7, q = -1.5, lam = 1.25: A = 1.25 (-1.5 + 0.7) = -1.0;
+    -A log p = -0.5 (while -A r would be exp(0.2) = 1.22)."""
+    doc = TERMS.get("opd_reward").__doc__
+    assert "l_t = -A_t log p_t" in doc and "-A r," not in doc and "(-A r" not in doc
+    logp = torch.tensor([[-0.5]], requires_grad=True)
+    out = TERMS.get("opd_reward")(_x(logp, torch.tensor([[-1.5]]), behaviour=torch.tensor([[-0.7]])), lam=1.25)
+    assert out.metrics["opd/advantage"] == pytest.approx(-1.0)
+    assert out.per_token.item() == pytest.approx(-0.5)
+    out.per_token.sum().backward()
+    assert logp.grad.item() == pytest.approx(1.0)  # -A

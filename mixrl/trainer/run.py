@@ -53,6 +53,13 @@ def default_run_dir(cfg: DictConfig, root: str | Path = "runs") -> Path:
     return Path(root) / now.strftime("%Y-%m-%d") / f"{stamp}-{cfg.algo.name}-s{cfg.seed}"
 
 
+def config_text(cfg: DictConfig) -> str:
+    """What a run directory's ``config.yaml`` holds: the resolved config as YAML. Resume and
+    ``mixrl eval`` load it back and validate it; every shipped algo and recipe is
+    tested to survive the round trip (``tests/test_config_roundtrip.py``)."""
+    return OmegaConf.to_yaml(cfg, resolve=True)
+
+
 def prepare_run_dir(cfg: DictConfig, say=print) -> Path:
     """Create the run directory and write config.yaml (rank 0 only; other ranks share it).
 
@@ -62,7 +69,7 @@ def prepare_run_dir(cfg: DictConfig, say=print) -> Path:
         run_dir = Path(cfg.resume)
         if _rank() == 0:
             (run_dir / FAILED).unlink(missing_ok=True)
-            (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))  # e.g. a raised max_steps
+            (run_dir / "config.yaml").write_text(config_text(cfg))  # e.g. a raised max_steps
         return run_dir
     run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg)
     cfg.run_dir = str(run_dir)
@@ -72,7 +79,7 @@ def prepare_run_dir(cfg: DictConfig, say=print) -> Path:
     check_new_run_dir(run_dir, say)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        (run_dir / "config.yaml").write_text(config_text(cfg))
     except OSError as e:
         raise ConfigError(f"run_dir '{run_dir}' cannot be written ({e.strerror or e}); choose a writable run_dir") from None
     return run_dir

@@ -107,15 +107,16 @@ time.sleep(120)
 """
 
 
-def test_a_second_process_on_a_run_in_use_is_refused_and_changes_nothing(tmp_path):
-    d = _run_dir(tmp_path)
+@pytest.mark.parametrize("hardware", ["cpu", "cpu-2proc"])  # cpu-2proc: refused by the launcher, before launch/ is written
+def test_a_second_process_on_a_run_in_use_is_refused_and_changes_nothing(hardware, tmp_path):
+    d = _run_dir(tmp_path, [*RUN, f"hardware={hardware}"])
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(d)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         assert holder.stdout.readline().strip() == "locked"
         before = _snapshot(d)
         line = _one_line(runner.invoke(app, ["train", f"resume={d}", "trainer.max_steps=6", "hardware.torch_threads=1"]))
         assert f"is in use by another mixrl process (pid {holder.pid})" in line
-        assert _snapshot(d) == before
+        assert _snapshot(d) == before and not (d / "launch").exists()
     finally:
         holder.kill()
         holder.wait()

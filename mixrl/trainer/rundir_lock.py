@@ -5,7 +5,9 @@ left in place; it holds the holder's pid) from before it writes anything until i
 second ``mixrl train resume=RUN_DIR`` (or a new run with the same ``run_dir``) started
 meanwhile is refused with one line instead of writing the same metrics and checkpoints. The
 kernel drops the lock when the process dies, even under SIGKILL, so a killed run never
-leaves a stale lock behind. Only rank 0 of a multi-process run takes it.
+leaves a stale lock behind. Only rank 0 of a multi-process run takes it; a resume started
+through the launcher (:mod:`mixrl.launch`) takes it in the launching process, before it
+writes ``launch/``, and tells the processes it starts (``MIXRL_RUN_DIR_LOCK_HELD``) not to.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from pathlib import Path
 from mixrl.errors import ConfigError
 
 LOCK_FILE = ".mixrl.lock"
+#: set by the launcher for the processes it starts: the run directory whose lock it holds for them
+HELD_ENV = "MIXRL_RUN_DIR_LOCK_HELD"
 
 
 class RunDirLock:
@@ -26,6 +30,8 @@ class RunDirLock:
         self.fd: int | None = None
 
     def acquire(self, run_dir: str | Path) -> None:
+        if os.environ.get(HELD_ENV) == os.path.realpath(run_dir):
+            return  # the launcher that started this process holds it
         try:
             import fcntl
         except ImportError:  # not a POSIX system: no locking

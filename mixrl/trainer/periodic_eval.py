@@ -225,9 +225,10 @@ def eval_config(model_dir: str | Path, overrides: list[str]):
     from mixrl.config.compose import _parse, compose_config, expand_aliases, validate
     from mixrl.config.schema import GROUPS
 
-    fresh = compose_config(list(overrides))  # a bad override fails here, before any model is loaded
     p = Path(model_dir)
     saved_path = next((c / "config.yaml" for c in (p, p.parent) if (c / "config.yaml").is_file()), None)
+    if saved_path is None or overrides:
+        fresh = compose_config(list(overrides))  # a bad override fails here, before any model is loaded
     if saved_path is None:
         return fresh, None
     saved = OmegaConf.load(saved_path)

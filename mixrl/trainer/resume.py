@@ -200,10 +200,10 @@ def resume_config(run_dir: str, overrides: list[str], composed: DictConfig | Non
                 f"({where or key} is {_short(theirs)} in that run, {_short(mine)} with this {what}); start a new run "
                 f"instead (with resume only these may change: {', '.join(s.rstrip('.') for s in RESUME_SAFE if s != 'resume')})"
             )
-    for _, ov in parsed:
-        if _is_safe(ov.key_or_group):
-            OmegaConf.update(saved, ov.key_or_group, ov.value(), merge=False, force_add=True)
-    cfg = validate(saved)
+    safe = [ov for _, ov in parsed if _is_safe(ov.key_or_group)]
+    for ov in safe:
+        OmegaConf.update(saved, ov.key_or_group, ov.value(), merge=False, force_add=True)
+    cfg = validate(saved) if safe else run_cfg
     if cfg.algo.get("stages"):
         raise ConfigError(f"resume={run_dir}: staged algos ({cfg.algo.name}) cannot be resumed yet; start a new run")
     return cfg

@@ -72,6 +72,18 @@ def test_resume_accepts_overrides_equal_to_the_runs_own_values(tmp_path):
     assert cfg.trainer.max_steps == 9 and cfg.algo.coefs.mu == 0.3 and cfg.trainer.eval_size == 32  # safe key applied
 
 
+def test_the_runs_own_command_line_plus_resume_reaches_training(tmp_path, monkeypatch):
+    from mixrl.trainer import run
+
+    seen = []
+    monkeypatch.setattr(run, "train_stages", lambda cfg, stages, console=None: seen.append(cfg) or run.RunResult(Path(cfg.resume), {}))
+    d = _run_dir(tmp_path)
+    before = _snapshot(d)
+    res = runner.invoke(app, ["train", *RUN, f"resume={d}", "trainer.eval_size=32"])
+    assert len(seen) == 1 and seen[0].resume == str(d) and seen[0].algo.coefs.mu == 0.3, res.output[-2000:]
+    assert _snapshot(d) == before  # the checks wrote nothing
+
+
 def test_resume_accepts_the_runs_own_recipe(tmp_path):
     d = _run_dir(tmp_path, ["recipe=chord/arith-tiny"])
     cfg = resume_config(str(d), ["recipe=chord/arith-tiny", "trainer.max_steps=500"])

@@ -370,9 +370,14 @@ def _stop(proc: subprocess.Popen | None, sig=signal.SIGTERM, wait_s: float = 30.
         proc.wait()
 
 
-def run_plan(plan: LaunchPlan, say=print, *, new_run: bool = True) -> int:
-    """Write the plan's files, print the command, run it (and the vLLM server) and return its exit status."""
+def run_plan(plan: LaunchPlan, say=print, *, new_run: bool = True, lock_held: bool = False) -> int:
+    """Write the plan's files, print the command, run it (and the vLLM server) and return its exit status.
+    ``lock_held``: this process holds the run directory's lock for the launched processes
+    (:mod:`mixrl.trainer.rundir_lock`), which then do not take it themselves."""
+    from mixrl.trainer.rundir_lock import HELD_ENV
+
     launch_dir = write_plan(plan, new_run=new_run, say=say)
+    held = {HELD_ENV: os.path.realpath(plan.run_dir)} if lock_held else {}
     server = None
     if plan.server_argv is not None:
         say(f"starting the vLLM server: {plan.server_shell()}")
@@ -381,7 +386,7 @@ def run_plan(plan: LaunchPlan, say=print, *, new_run: bool = True) -> int:
                                   stderr=subprocess.STDOUT, start_new_session=True)
     say(f"launching: {plan.shell()}")
     say(f"(recorded in {launch_dir / 'command.sh'})")
-    proc = subprocess.Popen(plan.argv, env={**os.environ, **plan.env}, start_new_session=True)
+    proc = subprocess.Popen(plan.argv, env={**os.environ, **plan.env, **held}, start_new_session=True)
     try:
         rc = proc.wait()
     except KeyboardInterrupt:  # forward Ctrl-C: the processes save a checkpoint and stop
@@ -407,4 +412,12 @@ def launch(cfg: DictConfig, overrides: list[str], say=print) -> int:
 
         model_path = resolve_model_path(cfg, progress=False)
     plan = plan_launch(cfg, overrides, run_dir, model_path=model_path)
-    return run_plan(plan, say=say, new_run=not cfg.get("resume"))
+    from mixrl.trainer.rundir_lock import RunDirLock
+
+    lock = RunDirLock()
+    if cfg.get("resume") and int(cfg.hardware.machine_rank) == 0:
+        lock.acquire(run_dir)  # a resume of a run in use is refused before launch/ is rewritten
+    try:
+        return run_plan(plan, say=say, new_run=not cfg.get("resume"), lock_held=lock.fd is not None)
+    finally:
+        lock.release()

@@ -127,7 +127,10 @@ def test_sigint_saves_a_checkpoint_and_says_how_to_resume(fast_overrides, tmp_pa
 
 
 def test_resume_refuses_overrides_that_change_the_run(tmp_path):
-    (tmp_path / "config.yaml").write_text("seed: 0\n")
+    from mixrl.config.compose import compose_config
+    from mixrl.trainer.run import config_text
+
+    (tmp_path / "config.yaml").write_text(config_text(compose_config([])))
     res = runner.invoke(app, ["train", f"resume={tmp_path}", "algo.loss.clip_high=0.3"])
     assert res.exit_code == 2
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]

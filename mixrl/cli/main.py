@@ -75,15 +75,20 @@ def train(
 
     overrides = list(overrides or [])
     jobs = expand_sweeps(overrides) if multirun else [overrides]
-    cfgs = [compose_config(job) for job in jobs]  # validate every job before loading any model
-    if any(cfg.resume for cfg in cfgs):
-        from mixrl.trainer.resume import resume_config
+    from mixrl.config.compose import _parse
+
+    resume = [ov.value() for ov in _parse(list(overrides)) if ov.key_or_group == "resume"]
+    if resume and resume[-1]:  # the run's own config, with the overrides checked against it
+        from mixrl.trainer.resume import resume_checkpoint, resume_config
 
         if multirun:
             from mixrl.errors import ConfigError
 
             raise ConfigError("resume=RUN_DIR continues one run; drop -m (multirun)")
-        cfgs = [resume_config(cfgs[0].resume, jobs[0], trust_run_code=trust_run_code)]
+        cfgs = [resume_config(str(resume[-1]), jobs[0], trust_run_code=trust_run_code)]
+        resume_checkpoint(cfgs[0])  # something to continue from: checked before anything is written
+    else:
+        cfgs = [compose_config(job) for job in jobs]  # validate every job before loading any model
     from mixrl.config.compose import check_world_size
 
     from mixrl.config.checks import check_environment

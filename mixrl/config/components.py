@@ -90,7 +90,10 @@ def component_param_names(section: str, name: str | None) -> set[str] | None:
 
 
 def _type_ok(value: Any, annotation: Any) -> tuple[bool, str]:
-    """Loose check of a config value against a simple annotation (given as text or type)."""
+    """Loose check of a config value against a simple annotation (given as text or type).
+    A parameter without an annotation takes any value (it checks its own)."""
+    if annotation is inspect.Parameter.empty:
+        return (True, "any")
     text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
     text = text.replace("typing.", "").replace("Optional[", "").replace("]", " | None")
     allowed = {t.strip() for t in text.split("|")}
@@ -145,7 +148,7 @@ def _validate_section(cfg: DictConfig, section: str) -> None:
             )
         value = node[key]
         ok, expected = _type_ok(value, params[key].annotation)
-        if not ok:
+        if not ok and not (value is None and params[key].default is None):  # null: the parameter's own default
             raise ConfigError(f"wrong type for '{section}.{key}': got {value!r}, expected {expected}")
     with _open(node):
         for key, p in params.items():

@@ -15,9 +15,13 @@ pinned by ``tests/test_trl_contract.py``):
 * ``_calculate_rewards``: keeps the gathered reward matrix of the generation batch.
 * ``_compute_loss``: one forward per kind of row (each trimmed to its own completion
   width), then ``mixrl.core.compute_objective``; a controller may set knobs first.
-* ``_save_checkpoint`` / ``_load_optimizer_and_scheduler``: controller and source state
-  travel with checkpoints (an injection with ``state_in_file``, e.g. a replay buffer, in a
-  ``torch.save`` file of its own per process).
+* ``_save_checkpoint`` / ``_load_optimizer_and_scheduler``: everything a resumed run needs to
+  continue exactly travels with checkpoints: controller and source state (an injection with
+  ``state_in_file``, e.g. a replay buffer, in a ``torch.save`` file of its own per process),
+  TRL's micro-batch counter ``_step`` (the injections' seeded draws read it, and TRL decides
+  from it when to generate), and per process (``mixrl_generation_rank<r>.pt``) the lagged
+  weight snapshots of ``staleness`` and, when a checkpoint falls inside a generation batch
+  (``num_iterations > 1``), TRL's buffered batch and its token counts.
 
 A teacher (:mod:`mixrl.sources.teacher`) is loaded here (frozen, with TRL's fused LM head at
 the run's temperature, like TRL's reference model) and used through three generic callables
@@ -58,6 +62,7 @@ OVERRIDDEN = (
     "_load_optimizer_and_scheduler",
 )
 STATE_FILE = "mixrl_state.json"
+GENERATION_FILE = "mixrl_generation_rank{rank}.pt"  # per process: lag snapshots, a buffered generation batch
 
 
 class MixrlGRPOTrainer(GRPOTrainer):
@@ -95,6 +100,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
         self._mixrl_rewards_per_func: torch.Tensor | None = None
         self._mixrl_normalisers: dict[str, tuple[float, float]] | None = None
         self._entropy_window: list[float] = []  # step_end controllers: entropies of the step's micro-batches
+        self._mixrl_step_begin: tuple[int, int] = (-1, 0)  # (global_step, TRL's _step) when the running optimizer step began
         super().__init__(*args, **kwargs)
         self.teacher = teacher
         self._teacher_models: list = self._load_teachers(teacher) if teacher is not None else []
@@ -570,6 +576,10 @@ class MixrlGRPOTrainer(GRPOTrainer):
         from mixrl.trainer.resume import save_run_state
 
         folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        generation = self._generation_state()
+        if generation:  # every process saves its own
+            os.makedirs(folder, exist_ok=True)
+            torch.save(generation, os.path.join(folder, GENERATION_FILE.format(rank=self.accelerator.process_index)))
         if self.args.should_save:
             os.makedirs(folder, exist_ok=True)
             save_run_state(self, folder)
@@ -589,8 +599,52 @@ class MixrlGRPOTrainer(GRPOTrainer):
                     torch.save(inj.state_dict(), os.path.join(folder, f"mixrl_injection{i}_rank{rank}.pt"))
         super()._save_checkpoint(model, trial)
 
+    def micro_step_at_checkpoint(self) -> int:
+        """TRL's micro-batch counter ``_step`` as of the end of optimizer step ``global_step``
+        (what a run resumed from a checkpoint of this step must continue from). A checkpoint
+        written inside the next step (the divergence guard saves before the optimizer step)
+        gives the value at that step's start."""
+        step, begin = self._mixrl_step_begin
+        return begin if step == int(self.state.global_step) else int(self._step)
+
+    def _generation_state(self) -> dict:
+        """This process's generation state that a checkpoint must carry (empty: none): the
+        lagged weight snapshots (``staleness``), and TRL's buffered generation batch with its
+        token counts when the checkpoint falls between two generations (``num_iterations > 1``)."""
+        state: dict = {}
+        if self.staleness > 0:
+            state["lag_snapshots"] = {int(k): v for k, v in self._lag_snapshots.items()}
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        if self.micro_step_at_checkpoint() % generate_every and self._buffered_inputs is not None:
+            state["buffered_inputs"] = self._buffered_inputs
+            state["normalisers"] = {k: list(v) for k, v in (self._mixrl_normalisers or {}).items()}
+        return state
+
+    def _load_generation_state(self, checkpoint: str) -> None:
+        path = os.path.join(checkpoint, GENERATION_FILE.format(rank=self.accelerator.process_index))
+        if not os.path.exists(path):
+            if self.staleness > 0 and int(self.state.global_step) > 0:
+                from mixrl.errors import ConfigError
+
+                raise ConfigError(f"resume: {path} is missing (the lagged weights of trainer.staleness); resume with the "
+                                  "same hardware.num_processes, or start a new run")
+            return
+        state = torch.load(path, weights_only=True, map_location="cpu")
+        if "lag_snapshots" in state:
+            self._lag_snapshots = {int(k): v for k, v in state["lag_snapshots"].items()}
+        if "buffered_inputs" in state:
+            device = self.accelerator.device
+            self._buffered_inputs = [{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in b.items()}
+                                     for b in state["buffered_inputs"]]
+            self._mixrl_normalisers = {k: tuple(v) for k, v in state["normalisers"].items()}
+
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint:
+            from mixrl.trainer.resume import load_micro_step
+
+            self._step = load_micro_step(checkpoint, default=int(self.state.global_step) * int(self.args.gradient_accumulation_steps))
+            self._load_generation_state(checkpoint)
         path = os.path.join(checkpoint, STATE_FILE) if checkpoint else None
         if path and os.path.exists(path):
             with open(path) as f:
@@ -649,8 +703,10 @@ class MixrlGRPOTrainer(GRPOTrainer):
         return self._step % generate_every < self.args.steps_per_generation
 
     def _compute_loss(self, model, inputs):
-        logps, entropies = self._forward_by_row_kind(model, inputs)
         mode = "train" if self.model.training else "eval"
+        if mode == "train" and self._mixrl_step_begin[0] != self.state.global_step:
+            self._mixrl_step_begin = (int(self.state.global_step), int(self._step))
+        logps, entropies = self._forward_by_row_kind(model, inputs)
         if mode == "train":
             self._controller_step_start(logps, inputs)
             if self.injections and self._first_pass():

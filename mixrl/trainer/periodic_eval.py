@@ -230,9 +230,10 @@ def eval_config(model_dir: str | Path, overrides: list[str], *, trust_run_code: 
     from mixrl.config.schema import GROUPS
     from mixrl.config.trust import require_trust
 
-    fresh = compose_config(list(overrides))  # a bad override fails here, before any model is loaded
     p = Path(model_dir)
     saved_path = next((c / "config.yaml" for c in (p, p.parent) if (c / "config.yaml").is_file()), None)
+    if saved_path is None or overrides:
+        fresh = compose_config(list(overrides))  # a bad override fails here, before any model is loaded
     if saved_path is None:
         return fresh, None
     saved = OmegaConf.load(saved_path)

@@ -9,7 +9,8 @@ Run directory layout::
     model/           final model and tokenizer (Hugging Face format)
     summary.json     accuracy before/after, wall-clock, steps, paths
     FAILED           only if the run failed: the one-line reason (a rerun with the same
-                     run_dir replaces the directory; resume=RUN_DIR continues it)
+                     run_dir removes the files mixrl wrote there, nothing else; resume=RUN_DIR continues it)
+    .mixrl.lock      held (flock) by the process writing the run: a second one is refused
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -53,45 +55,104 @@ def default_run_dir(cfg: DictConfig, root: str | Path = "runs") -> Path:
     return Path(root) / now.strftime("%Y-%m-%d") / f"{stamp}-{cfg.algo.name}-s{cfg.seed}"
 
 
-def prepare_run_dir(cfg: DictConfig, say=print) -> Path:
+def config_text(cfg: DictConfig) -> str:
+    """What a run directory's ``config.yaml`` holds: the resolved config as YAML. Resume and
+    ``mixrl eval`` load it back and validate it; every shipped algo and recipe is
+    tested to survive the round trip (``tests/test_config_roundtrip.py``)."""
+    return OmegaConf.to_yaml(cfg, resolve=True)
+
+
+def prepare_run_dir(cfg: DictConfig, say=print, lock=None) -> Path:
     """Create the run directory and write config.yaml (rank 0 only; other ranks share it).
 
-    A resumed run (``cfg.resume``) reuses its directory. A directory marked ``FAILED`` is
-    replaced (with a note); any other non-empty directory is refused."""
+    ``lock`` (a :class:`~mixrl.trainer.rundir_lock.RunDirLock`) is taken before anything is
+    written. A resumed run (``cfg.resume``) reuses its directory: once the lock is held and its
+    checkpoint checked, its ``FAILED`` marker goes and ``config.yaml`` is rewritten only when a
+    resume override changed it (e.g. a raised max_steps). A new run may use a missing or empty
+    directory, or one marked ``FAILED`` that holds only what mixrl writes (those files are
+    removed, nothing else: see :func:`check_new_run_dir`)."""
     if cfg.get("resume"):
         run_dir = Path(cfg.resume)
         if _rank() == 0:
+            from mixrl.trainer.resume import resume_checkpoint
+
+            if lock is not None:
+                lock.acquire(run_dir)
+            resume_checkpoint(cfg)  # nothing left to train: refused before anything changes
+            text = config_text(cfg)
             (run_dir / FAILED).unlink(missing_ok=True)
-            (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))  # e.g. a raised max_steps
+            if (run_dir / "config.yaml").read_text() != text:
+                (run_dir / "config.yaml").write_text(text)
         return run_dir
     run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg)
     cfg.run_dir = str(run_dir)
     if _rank() != 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         return run_dir
-    check_new_run_dir(run_dir, say)
+    replace = check_new_run_dir(run_dir, say)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        if lock is not None:
+            lock.acquire(run_dir)
+        if replace:
+            clear_failed_run(run_dir, say)
+        (run_dir / "config.yaml").write_text(config_text(cfg))
     except OSError as e:
         raise ConfigError(f"run_dir '{run_dir}' cannot be written ({e.strerror or e}); choose a writable run_dir") from None
     return run_dir
 
 
-def check_new_run_dir(run_dir: Path, say=print) -> None:
-    """A new run may use ``run_dir`` if it is missing, empty, holds only the launcher's
-    ``launch/`` folder (:mod:`mixrl.launch`), or is marked ``FAILED`` (then it is replaced,
-    with a note); any other non-empty directory is refused (ConfigError)."""
+#: what mixrl writes at the top of a run directory (``stage<i>-<name>/``: a staged run's stages)
+MIXRL_ENTRIES = frozenset({"config.yaml", "metrics.jsonl", "eval.jsonl", EVAL_BEFORE, "summary.json", FAILED,
+                           "trainer", "model", "model-merged", "launch", ".mixrl.lock"})
+_STAGE_DIR = re.compile(r"^stage\d+-[\w.-]+$")
+#: kept when a failed run is replaced: the lock the new run holds and the launcher's files of this launch
+_KEPT = ("launch", ".mixrl.lock")
+
+
+def written_by_mixrl(path: Path) -> bool:
+    """Is this top-level entry of a run directory one that mixrl writes?"""
+    return path.name in MIXRL_ENTRIES or (path.is_dir() and bool(_STAGE_DIR.match(path.name)))
+
+
+def check_new_run_dir(run_dir: Path, say=print) -> bool:
+    """May a new run use ``run_dir``? Reads only. Yes (False returned) when it is missing,
+    empty, or holds only the launcher's ``launch/`` folder (:mod:`mixrl.launch`) and mixrl's
+    lock file; yes with a replacement (True returned: :func:`clear_failed_run` once the lock
+    is held) when it is marked ``FAILED`` and holds nothing but what mixrl writes. Any other
+    non-empty directory is refused (ConfigError); a failed run beside files of someone else's
+    too, naming the first of them: mixrl never deletes what it did not write."""
     run_dir = Path(run_dir)
-    if not run_dir.exists() or not any(p.name != "launch" for p in run_dir.iterdir()):
-        return
+    if not run_dir.exists() or all(p.name in _KEPT for p in run_dir.iterdir()):
+        return False
     failed = run_dir / FAILED
     if failed.is_file():
-        say(f"replacing run_dir {run_dir}: it is marked FAILED ({failed.read_text().strip()})")
-        shutil.rmtree(run_dir)
-        return
+        foreign = sorted(p.name for p in run_dir.iterdir() if not written_by_mixrl(p))
+        if foreign:
+            more = f" (and {len(foreign) - 1} more)" if len(foreign) > 1 else ""
+            raise ConfigError(
+                f"run_dir '{run_dir}' holds a failed run and '{foreign[0]}'{more}, which mixrl did not write; "
+                "move that out of the directory or choose another run_dir"
+            )
+        return True
     hint = f", or continue it with resume={run_dir}" if last_checkpoint(run_dir) else ""
     raise ConfigError(f"run_dir '{run_dir}' already exists and is not empty; choose another run_dir{hint}")
+
+
+def clear_failed_run(run_dir: Path, say=print) -> None:
+    """Remove a failed run's files (only those :func:`written_by_mixrl`; the directory, the
+    lock and this launch's ``launch/`` stay), with a note."""
+    run_dir = Path(run_dir)
+    failed = run_dir / FAILED
+    reason = failed.read_text().strip() if failed.is_file() else "?"
+    say(f"replacing run_dir {run_dir}: it is marked FAILED ({reason})")
+    for p in run_dir.iterdir():
+        if p.name in _KEPT or not written_by_mixrl(p):
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
 
 
 def mark_failed(run_dir: Path, reason: str) -> None:
@@ -189,22 +250,6 @@ def describe_heldout(info: dict) -> str:
     return describe(info)
 
 
-def _resume_point(cfg: DictConfig, run_dir: Path) -> Path:
-    ckpt = last_checkpoint(run_dir)
-    if ckpt is None:
-        raise ConfigError(
-            f"resume={run_dir}: no checkpoint under {run_dir / 'trainer'} to continue from; "
-            "start a new run (checkpoints are written every trainer.save_steps steps)"
-        )
-    step = checkpoint_step(ckpt)
-    if step >= int(cfg.trainer.max_steps):
-        raise ConfigError(
-            f"resume={run_dir}: its last checkpoint is step {step} and trainer.max_steps={cfg.trainer.max_steps}; "
-            f"nothing left to train (set trainer.max_steps above {step} to extend it)"
-        )
-    return ckpt
-
-
 def _last_checkpoint_note(run_dir: Path) -> str:
     ckpt = last_checkpoint(run_dir)
     return f"last checkpoint: step {checkpoint_step(ckpt)} (resume={run_dir})" if ckpt else "no checkpoint was saved"
@@ -227,8 +272,16 @@ def train(cfg: DictConfig, console: Console | None = None, *, before: dict | Non
 
     console = console or Console(stderr=True)
     quiet_libraries()
-    run_dir = prepare_run_dir(cfg, say=lambda text: console.print(text, soft_wrap=True, highlight=False))
-    resume_from = _resume_point(cfg, run_dir) if cfg.get("resume") else None
+    from mixrl.trainer.resume import resume_checkpoint
+    from mixrl.trainer.rundir_lock import RunDirLock
+
+    lock = RunDirLock()  # held until the run ends: a second process on this run_dir is refused
+    try:
+        run_dir = prepare_run_dir(cfg, say=lambda text: console.print(text, soft_wrap=True, highlight=False), lock=lock)
+        resume_from = resume_checkpoint(cfg) if cfg.get("resume") else None
+    except BaseException:
+        lock.release()
+        raise
     guard = InterruptGuard(say=console.print).install()
     try:
         return _train(cfg, console, run_dir, guard, resume_from, before)
@@ -247,6 +300,7 @@ def train(cfg: DictConfig, console: Console | None = None, *, before: dict | Non
         raise
     finally:
         guard.restore()
+        lock.release()
 
 
 def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before: dict | None) -> RunResult:

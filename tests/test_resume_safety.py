@@ -1,0 +1,183 @@
+"""What ``resume=`` and a reused ``run_dir`` may touch (no training: refusals happen before
+any model loads).
+
+* a resume with overrides equal to the run's own values is accepted, a real change refused
+  with one line naming the key and both values;
+* a refused resume changes nothing in the run directory (listing and file hashes before and after);
+* two processes on one run directory: the second is refused (an exclusive lock held for the run);
+* a run directory marked FAILED is cleared of mixrl's files only, and refused when it also
+  holds a file mixrl did not write.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from mixrl.cli.main import app
+from mixrl.config.compose import compose_config
+from mixrl.errors import ConfigError
+from mixrl.trainer.resume import resume_config, same_value
+from mixrl.trainer.run import config_text
+
+runner = CliRunner()
+ROOT = Path(__file__).resolve().parents[1]
+RUN = ["algo=chord", "algo.mu=0.3", "trainer.eval_size=32", "trainer.learning_rate=1e-6", "trainer.max_steps=4"]
+
+
+def _run_dir(tmp_path: Path, overrides=RUN, step: int = 2, failed: bool = True) -> Path:
+    """A run directory as a killed run leaves it: config.yaml, a checkpoint, metrics, FAILED."""
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "config.yaml").write_text(config_text(compose_config([*overrides, f"run_dir={d}"])))
+    ckpt = d / "trainer" / f"checkpoint-{step}"
+    ckpt.mkdir(parents=True)
+    (ckpt / "trainer_state.json").write_text("{}")
+    (d / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+    if failed:
+        (d / "FAILED").write_text("killed\n")
+    return d
+
+
+def _snapshot(d: Path) -> dict[str, str]:
+    """Every entry under ``d`` with the sha256 of each file's bytes (folders: 'dir')."""
+    return {str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            for p in sorted(d.rglob("*"))}
+
+
+def _one_line(res, code: int = 2) -> str:
+    assert res.exit_code == code, res.output[-2000:]
+    assert "Traceback" not in res.output
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, res.stderr
+    return lines[0]
+
+
+# --------------------------------------------------------------------------- identical values
+def test_values_compare_by_value_with_types_kept_apart():
+    assert same_value(64, 64.0) and same_value(1e-6, 0.000001) and same_value([0.0, 0.9], [0, 0.9])
+    assert not same_value(True, 1) and not same_value(None, 0) and not same_value("64", 64)
+    assert same_value({"a": [1, {"b": 2}]}, {"a": [1.0, {"b": 2.0}]}) and not same_value({"a": 1}, {"a": 1, "b": 2})
+
+
+def test_resume_accepts_overrides_equal_to_the_runs_own_values(tmp_path):
+    d = _run_dir(tmp_path)
+    cfg = resume_config(str(d), [f"resume={d}", "algo=chord", "algo.mu=0.30", "trainer.eval_size=32",
+                                 "trainer.learning_rate=0.000001", "trainer.max_steps=9"])
+    assert cfg.trainer.max_steps == 9 and cfg.algo.coefs.mu == 0.3 and cfg.trainer.eval_size == 32  # safe key applied
+
+
+def test_the_runs_own_command_line_plus_resume_reaches_training(tmp_path, monkeypatch):
+    from mixrl.trainer import run
+
+    seen = []
+    monkeypatch.setattr(run, "train_stages", lambda cfg, stages, console=None: seen.append(cfg) or run.RunResult(Path(cfg.resume), {}))
+    d = _run_dir(tmp_path)
+    before = _snapshot(d)
+    res = runner.invoke(app, ["train", *RUN, f"resume={d}", "trainer.eval_size=32"])
+    assert len(seen) == 1 and seen[0].resume == str(d) and seen[0].algo.coefs.mu == 0.3, res.output[-2000:]
+    assert _snapshot(d) == before  # the checks wrote nothing
+
+
+def test_resume_accepts_the_runs_own_recipe(tmp_path):
+    d = _run_dir(tmp_path, ["recipe=chord/arith-tiny"])
+    cfg = resume_config(str(d), ["recipe=chord/arith-tiny", "trainer.max_steps=500"])
+    assert cfg.trainer.max_steps == 500 and cfg.recipe_info.name == "chord/arith-tiny"
+
+
+@pytest.mark.parametrize("override, words", [
+    ("algo.mu=0.5", "algo.coefs.mu is 0.3 in that run, 0.5 with this value"),
+    ("algo=chord", "algo.coefs.mu is 0.3 in that run"),  # the group's defaults, not the run's mu
+    ("trainer.eval_size=32 trainer.eval_size=64", "trainer.eval_size is 32 in that run, 64 with this value"),  # last wins
+    ("trainer.eval_size=64", "trainer.eval_size is 32 in that run, 64 with this value"),
+    ("recipe=chord/arith-tiny", "in that run"),
+    ("algo.loss.clip_high=0.3", "algo.loss.clip_high"),
+    ("trainer.max_steps=2", "nothing left to train"),  # a safe key, but the checkpoint is step 2
+])
+def test_a_refused_resume_changes_nothing_in_the_run_directory(override, words, tmp_path):
+    d = _run_dir(tmp_path)
+    before = _snapshot(d)
+    line = _one_line(runner.invoke(app, ["train", f"resume={d}", "hardware.torch_threads=1", *override.split()]))
+    assert words in line, line
+    if "nothing left" not in words:
+        assert f"'{override.split()[-1]}' would change what is trained" in line
+    assert _snapshot(d) == before  # FAILED and config.yaml included
+
+
+# --------------------------------------------------------------------------- one process per run
+HOLD = """
+import sys, time
+from mixrl.trainer.rundir_lock import RunDirLock
+RunDirLock().acquire(sys.argv[1])
+print("locked", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("hardware", ["cpu", "cpu-2proc"])  # cpu-2proc: refused by the launcher, before launch/ is written
+def test_a_second_process_on_a_run_in_use_is_refused_and_changes_nothing(hardware, tmp_path):
+    d = _run_dir(tmp_path, [*RUN, f"hardware={hardware}"])
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(d)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        before = _snapshot(d)
+        line = _one_line(runner.invoke(app, ["train", f"resume={d}", "trainer.max_steps=6", "hardware.torch_threads=1"]))
+        assert f"is in use by another mixrl process (pid {holder.pid})" in line
+        assert _snapshot(d) == before and not (d / "launch").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_training_holds_the_lock_until_the_run_ends(tmp_path, monkeypatch):
+    from mixrl.trainer import run
+    from mixrl.trainer.rundir_lock import RunDirLock
+
+    seen = {}
+
+    def fake_train(cfg, console, run_dir, guard, resume_from, before):
+        with pytest.raises(ConfigError, match="in use by another mixrl process"):
+            RunDirLock().acquire(run_dir)
+        seen["resume_from"] = resume_from
+        return run.RunResult(run_dir)
+
+    monkeypatch.setattr(run, "_train", fake_train)
+    d = _run_dir(tmp_path)
+    cfg = resume_config(str(d), ["trainer.max_steps=6"])
+    run.train(cfg)
+    assert seen["resume_from"].name == "checkpoint-2"
+    assert not (d / "FAILED").exists()  # the resumed run is no longer a failed one
+    lock = RunDirLock()
+    lock.acquire(d)  # released when the run ended
+    lock.release()
+
+
+# --------------------------------------------------------------------------- a FAILED run_dir
+def test_a_failed_run_dir_with_a_users_file_is_refused_and_left_as_it_is(tmp_path):
+    d = _run_dir(tmp_path)
+    (d / "notes.txt").write_text("my notes\n")
+    before = _snapshot(d)
+    line = _one_line(runner.invoke(app, ["train", f"run_dir={d}", "logger.progress=false", "hardware.torch_threads=1"]))
+    assert "'notes.txt'" in line and "did not write" in line and "choose another run_dir" in line
+    assert _snapshot(d) == before and (d / "notes.txt").read_text() == "my notes\n"
+
+
+def test_a_failed_run_dir_loses_only_mixrls_files(tmp_path):
+    from mixrl.trainer.run import check_new_run_dir, clear_failed_run
+    from mixrl.trainer.rundir_lock import LOCK_FILE
+
+    d = _run_dir(tmp_path)
+    (d / "model").mkdir()
+    (d / "model" / "model.safetensors").write_bytes(b"x")
+    (d / LOCK_FILE).write_text("")
+    notes = []
+    assert check_new_run_dir(d, notes.append) is True and not notes  # reads only
+    assert (d / "FAILED").exists()
+    clear_failed_run(d, notes.append)
+    assert d.is_dir() and sorted(p.name for p in d.iterdir()) == [LOCK_FILE]
+    assert len(notes) == 1 and "marked FAILED (killed)" in notes[0]

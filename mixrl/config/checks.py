@@ -16,6 +16,7 @@ Three moments, three functions:
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,68 @@ LOGGER_PACKAGES = {"wandb": ("wandb", "wandb"), "tensorboard": ("tensorboard", "
 
 
 # --------------------------------------------------------------------------- config values
+#: valid ranges of the run's numeric settings (a component's own parameters declare theirs
+#: where they are defined, see mixrl.core.registry); read by :func:`check_settings`
+SETTING_BOUNDS: dict[str, tuple[str, str]] = {
+    "seed": ("[0, 4294967295]", "numpy and torch seeds are 32-bit unsigned"),
+    "trainer.learning_rate": ("> 0", "the optimizer step size"),
+    "trainer.weight_decay": (">= 0", "a negative decay grows the weights"),
+    "trainer.max_grad_norm": ("> 0", "the gradient is clipped to this norm"),
+    "trainer.adam_beta1": ("[0, 1)", "an exponential moving-average factor"),
+    "trainer.adam_beta2": ("[0, 1)", "an exponential moving-average factor"),
+    "trainer.warmup_steps": (">= 0", "steps"),
+    "trainer.num_iterations": (">= 1", "optimisation passes over each generation batch"),
+    "trainer.temperature": ("> 0", "rollouts are sampled"),
+    "trainer.top_p": ("(0, 1]", "a probability mass"),
+    "trainer.logging_steps": (">= 1", "steps"),
+    "trainer.save_steps": (">= 0", "steps; 0 saves no periodic checkpoint"),
+    "trainer.save_total_limit": (">= 0", "checkpoints kept"),
+    "trainer.eval_every": (">= 0", "steps; 0 evaluates before and after training only"),
+    "trainer.eval_size": (">= 0", "held-out problems"),
+    "trainer.eval_pass_k": (">= 0", "samples per problem"),
+    "trainer.eval_samples": (">= 0", "samples per problem"),
+    "trainer.eval_batch_size": (">= 1", "rows per batch"),
+    "data.train_size": (">= 1", "rows of the built-in task"),
+    "reward.weight": (">= 0", "a negative weight trains against the reward"),
+    "hardware.torch_threads": (">= 1", "threads"),
+    "hardware.main_process_port": ("[1, 65535]", "a TCP port"),
+    "hardware.vllm_gpu_memory_utilization": ("(0, 1]", "a share of the GPU's memory"),
+    "hardware.vllm_server_gpu_memory_utilization": ("(0, 1]", "a share of the GPU's memory"),
+}
+
+
+def check_settings(cfg: DictConfig) -> None:
+    """Every numeric setting of :data:`SETTING_BOUNDS` inside its range, and no NaN or
+    infinite number anywhere in the config; raises ConfigError naming the key and the range."""
+    from omegaconf import OmegaConf
+
+    from mixrl.core.registry import format_value, parse_bound
+
+    for key, spec in SETTING_BOUNDS.items():
+        value = OmegaConf.select(cfg, key, default=None)
+        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        bound = parse_bound(spec)
+        if not bound.contains(value):
+            what = "is out of range" if math.isfinite(float(value)) else "is not a finite number"
+            raise ConfigError(f"{key}={format_value(value)} {what}: it must be {bound} ({bound.why}); "
+                              f"set {key} to a value {bound}")
+    bad = _non_finite(OmegaConf.to_container(cfg, resolve=True))
+    if bad is not None:
+        raise ConfigError(f"{bad[0]}={bad[1]} is not a finite number; set a finite value")
+
+
+def _non_finite(node: Any, prefix: str = "") -> tuple[str, float] | None:
+    if isinstance(node, float) and not math.isfinite(node):
+        return prefix, node
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for k, v in items:
+        hit = _non_finite(v, f"{prefix}.{k}" if prefix and isinstance(k, str) else f"{prefix}[{k}]" if prefix else str(k))
+        if hit is not None:
+            return hit
+    return None
+
+
 def validate_run(cfg: DictConfig) -> None:
     """Reject values that no run can use; raises ConfigError (one line)."""
     from mixrl.launch import validate_hardware

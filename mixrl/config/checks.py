@@ -151,11 +151,20 @@ def check_environment(cfg: DictConfig) -> None:
         return  # the run directory exists and is checked by the resume itself
     if cfg.run_dir:
         run_dir = Path(cfg.run_dir)
-        where, ok = _writable_ancestor(run_dir)
+        try:
+            where, ok = _writable_ancestor(run_dir)
+        except OSError as e:  # e.g. a name longer than the file system allows
+            raise ConfigError(f"run_dir '{_short_path(run_dir)}' cannot be used ({e.strerror or e}); choose a shorter run_dir "
+                              "(each folder name at most 255 bytes on most file systems)") from None
         if not ok:
             raise ConfigError(
                 f"run_dir '{run_dir}' cannot be written ({where} is not a writable directory); choose a writable run_dir"
             )
+
+
+def _short_path(path: Path, width: int = 80) -> str:
+    text = str(path)
+    return text if len(text) <= width else text[: width // 2] + "..." + text[-width // 4:]
 
 
 # --------------------------------------------------------------------------- data, tokenizer, rewards
@@ -262,6 +271,26 @@ def check_training_data(cfg: DictConfig, tokenizer, train_ds, reward_funcs: list
             raise DataError(f"{e} (checked before training on the first training rows, the reference answer as the completion)") from None
         if len(out) != len(rows):
             raise DataError(f"reward {getattr(fn, '__name__', fn)!r} returned {len(out)} values for {len(rows)} completions")
+
+
+def check_train_size(cfg: DictConfig, train_ds, heldout: dict) -> None:
+    """Enough training rows for one optimizer step: TRL's sampler draws
+    ``trainer.prompts_per_step`` distinct rows per step and drops an incomplete batch, so
+    fewer rows would train 0 steps and "succeed". Raises DataError naming the sizes."""
+    n, need = len(train_ds), int(cfg.trainer.prompts_per_step)
+    if n >= need:
+        return
+    read = heldout.get("n_read")
+    if read is not None:  # the split rule: rows sharing a prompt with a held-out row leave training too
+        where = (f"{read} rows read, {heldout['n_eval']} held out for evaluation and {read - heldout['n_eval'] - n} more "
+                 f"dropped because their prompt is a held-out prompt (duplicates), {n} left")
+    else:
+        where = f"{n} training rows"
+    raise DataError(
+        f"the training data is too small for one step: {where}, but one step needs trainer.prompts_per_step={need} "
+        "distinct rows; add rows (or remove duplicates), lower trainer.prompts_per_step, or hold out fewer rows "
+        "(trainer.eval_size, or data.eval_source for a separate file)"
+    )
 
 
 def _reference_completion(row: dict) -> Any:

@@ -216,22 +216,79 @@ def _finite_params(model) -> bool:
     return all(bool(torch.isfinite(p).all()) for p in model.parameters())
 
 
-def train(cfg: DictConfig, console: Console | None = None, *, before: dict | None = None) -> RunResult:
-    """Train one config end to end; returns the run directory and summary. ``before``:
-    held-out results already measured for the starting model (skips that evaluation).
+@dataclass
+class RunInputs:
+    """What a run reads, loaded and checked before its run directory is created."""
 
-    ``cfg.resume`` set: continue that run from its last checkpoint (see
-    :mod:`mixrl.trainer.resume`). A failure after the run directory exists writes the
-    ``FAILED`` marker; SIGINT / SIGTERM save a checkpoint and raise :class:`RunInterrupted`."""
+    model_path: str
+    tokenizer: object
+    train_ds: object
+    eval_rows: list
+    heldout: dict
+    reward_funcs: list
+    reward_weights: list | None
+
+
+def prepare_inputs(cfg: DictConfig, console: Console) -> RunInputs:
+    """Resolve the model, load the tokenizer, the training and held-out rows and the reward
+    functions, and check them together (:func:`mixrl.config.checks.check_training_data`,
+    :func:`mixrl.config.checks.check_train_size`) before anything of the run is created: a
+    bad data file, reward or model path fails here, with one line, and leaves no run
+    directory behind. The tiny model's extended vocabulary (a cache, not the run) is built here too."""
+    from transformers import set_seed
+
+    from mixrl.config.checks import check_train_size, check_training_data, row_texts
+    from mixrl.trainer import build
+
+    _set_threads(cfg)
+    set_seed(int(cfg.seed))
+    model_path = build.resolve_model_path(cfg, progress=cfg.logger.progress)
+    tokenizer = build.load_tokenizer(model_path, cfg)
+    train_ds, eval_rows, heldout = heldout_rows(cfg)
+    check_train_size(cfg, train_ds, heldout)
+    reward_funcs, reward_weights = build.build_reward_funcs(cfg)
+    new_chars = build.tiny_missing_characters(cfg, model_path, tokenizer, row_texts(train_ds) + row_texts(eval_rows))
+    if new_chars:  # the tiny model learns the data's characters: check with its extended tokenizer
+        from mixrl.models.tiny_vocab import extend_tokenizer
+
+        tokenizer = extend_tokenizer(tokenizer, new_chars)
+    check_training_data(cfg, tokenizer, train_ds, reward_funcs, model_path)  # before the model loads
+    if _rank() == 0:
+        console.print(describe_heldout(heldout), soft_wrap=True, highlight=False)
+    if new_chars:
+        model_path, tokenizer = build.extend_tiny(
+            cfg, model_path, new_chars, say=lambda text: console.print(text, soft_wrap=True, highlight=False)
+        )
+    return RunInputs(model_path, tokenizer, train_ds, eval_rows, heldout, reward_funcs, reward_weights)
+
+
+def train(cfg: DictConfig, console: Console | None = None, *, before: dict | None = None,
+          inputs: RunInputs | None = None) -> RunResult:
+    """Train one config end to end; returns the run directory and summary. ``before``:
+    held-out results already measured for the starting model (skips that evaluation);
+    ``inputs``: already prepared by :func:`prepare_inputs`.
+
+    Every check runs before the run directory is created (:func:`prepare_inputs`), so a
+    failed start leaves nothing behind. ``cfg.resume`` set: continue that run from its last
+    checkpoint (see :mod:`mixrl.trainer.resume`). A failure after the run directory exists
+    writes the ``FAILED`` marker; SIGINT / SIGTERM save a checkpoint and raise :class:`RunInterrupted`."""
     from mixrl.trainer.guards import InterruptGuard
 
     console = console or Console(stderr=True)
     quiet_libraries()
-    run_dir = prepare_run_dir(cfg, say=lambda text: console.print(text, soft_wrap=True, highlight=False))
-    resume_from = _resume_point(cfg, run_dir) if cfg.get("resume") else None
-    guard = InterruptGuard(say=console.print).install()
+    guard = InterruptGuard(say=console.print).install()  # a signal during the checks stops them too
     try:
-        return _train(cfg, console, run_dir, guard, resume_from, before)
+        resume_from = _resume_point(cfg, Path(cfg.resume)) if cfg.get("resume") else None
+        if inputs is None:
+            inputs = prepare_inputs(cfg, console)
+        if guard.signum is not None:
+            raise RunInterrupted(f"{guard.name} before training started; nothing was created")
+        run_dir = prepare_run_dir(cfg, say=lambda text: console.print(text, soft_wrap=True, highlight=False))
+    except BaseException:
+        guard.restore()
+        raise
+    try:
+        return _train(cfg, console, run_dir, guard, resume_from, before, inputs)
     except RunInterrupted as e:
         if last_checkpoint(run_dir) is None:
             mark_failed(run_dir, str(e))
@@ -249,17 +306,13 @@ def train(cfg: DictConfig, console: Console | None = None, *, before: dict | Non
         guard.restore()
 
 
-def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before: dict | None) -> RunResult:
-    from transformers import set_seed
-
+def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before: dict | None, inputs: RunInputs) -> RunResult:
     from mixrl.trainer import build
     from mixrl.trainer.callbacks import MetricsJsonlCallback, RichProgressCallback
     from mixrl.trainer.guards import CollapseWatch, DivergenceGuard
 
     t0, cpu0 = time.perf_counter(), time.process_time()
     geom = geometry(cfg)
-    _set_threads(cfg)
-    set_seed(int(cfg.seed))
     start_step = 0
     if resume_from is not None:
         start_step = checkpoint_step(resume_from)
@@ -270,24 +323,8 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
         if before is None and (run_dir / EVAL_BEFORE).is_file():
             before = json.loads((run_dir / EVAL_BEFORE).read_text())
         console.print(f"resuming {run_dir} from step {start_step} ({resume_from.name})")
-    model_path = build.resolve_model_path(cfg, progress=cfg.logger.progress)
-    tokenizer = build.load_tokenizer(model_path, cfg)
-    train_ds, eval_rows, heldout = heldout_rows(cfg)
-    if _rank() == 0:
-        console.print(describe_heldout(heldout), soft_wrap=True, highlight=False)
-    reward_funcs, reward_weights = build.build_reward_funcs(cfg)
-    from mixrl.config.checks import check_training_data, row_texts
-
-    new_chars = build.tiny_missing_characters(cfg, model_path, tokenizer, row_texts(train_ds) + row_texts(eval_rows))
-    if new_chars:  # the tiny model learns the data's characters: check with its extended tokenizer
-        from mixrl.models.tiny_vocab import extend_tokenizer
-
-        tokenizer = extend_tokenizer(tokenizer, new_chars)
-    check_training_data(cfg, tokenizer, train_ds, reward_funcs, model_path)  # before the model loads
-    if new_chars:
-        model_path, tokenizer = build.extend_tiny(
-            cfg, model_path, new_chars, say=lambda text: console.print(text, soft_wrap=True, highlight=False)
-        )
+    model_path, tokenizer, train_ds, eval_rows = inputs.model_path, inputs.tokenizer, inputs.train_ds, inputs.eval_rows
+    heldout, reward_funcs, reward_weights = inputs.heldout, inputs.reward_funcs, inputs.reward_weights
     metrics_cb = MetricsJsonlCallback(run_dir / "metrics.jsonl")
     collapse = CollapseWatch(warn=lambda text: console.print(f"[yellow]{text}[/]", highlight=False, soft_wrap=True))
 
@@ -403,6 +440,9 @@ def train_stages(cfg: DictConfig, stages: list[tuple[str, DictConfig]], console:
         return train(cfg, console)
     console = console or Console(stderr=True)
     t0 = time.perf_counter()
+    first_cfg = stages[0][1]
+    first_cfg.seed = cfg.seed
+    first_inputs = prepare_inputs(first_cfg, console)  # the first stage's data, reward and model, before any folder
     outer = prepare_run_dir(cfg)
     results, before, offset = [], None, 0
     combined = outer / "metrics.jsonl"
@@ -412,7 +452,7 @@ def train_stages(cfg: DictConfig, stages: list[tuple[str, DictConfig]], console:
         if results:
             scfg.model.path = results[-1].summary["model_dir"]
         console.print(f"[bold]stage {i + 1}/{len(stages)}: {name}[/] (algo={scfg.algo.name}, {scfg.trainer.max_steps} steps)")
-        result = train(scfg, console, before=before)
+        result = train(scfg, console, before=before, inputs=first_inputs if i == 0 else None)
         before = result.summary["eval_after"]
         with combined.open("a") as f, (result.run_dir / "metrics.jsonl").open() as rows:
             for line in rows:

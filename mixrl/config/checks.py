@@ -23,7 +23,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from mixrl.errors import ConfigError, DataError, MixrlUserError
+from mixrl.errors import ConfigError, DataError, MixrlUserError, RunStopped
 
 #: logger name -> (python package, pyproject extra)
 LOGGER_PACKAGES = {"wandb": ("wandb", "wandb"), "tensorboard": ("tensorboard", "tensorboard")}
@@ -53,6 +53,7 @@ SETTING_BOUNDS: dict[str, tuple[str, str]] = {
     "trainer.eval_batch_size": (">= 1", "rows per batch"),
     "data.train_size": (">= 1", "rows of the built-in task"),
     "reward.weight": (">= 0", "a negative weight trains against the reward"),
+    "reward.timeout_s": ("> 0", "seconds one reward call may take; null for no limit"),
     "hardware.torch_threads": (">= 1", "threads"),
     "hardware.main_process_port": ("[1, 65535]", "a TCP port"),
     "hardware.vllm_gpu_memory_utilization": ("(0, 1]", "a share of the GPU's memory"),
@@ -258,19 +259,47 @@ def check_training_data(cfg: DictConfig, tokenizer, train_ds, reward_funcs: list
                     "drop or shorten long prompts, or lower trainer.max_completion_length"
                 )
 
+    _check_answers(cfg, train_ds, reward_funcs)
     rows = [train_ds[i] for i in range(min(2, len(train_ds)))]
     if not rows:
         return
     kwargs = {k: [r[k] for r in rows] for k in rows[0] if k != "prompt"}
     completions = [_reference_completion(r) for r in rows]
+    scored = [False] * len(rows)
     for fn in reward_funcs:
         try:
             out = fn(prompts=[r["prompt"] for r in rows], completions=completions, completion_ids=[[] for _ in rows],
                      trainer_state=None, **kwargs)
-        except MixrlUserError as e:  # CheckedReward: raised, or not one finite number per completion
+        except RunStopped:  # SIGINT / SIGTERM while the reward ran
+            raise
+        except MixrlUserError as e:  # CheckedReward: raised, timed out, or not one finite number per completion
             raise DataError(f"{e} (checked before training on the first training rows, the reference answer as the completion)") from None
         if len(out) != len(rows):
             raise DataError(f"reward {getattr(fn, '__name__', fn)!r} returned {len(out)} values for {len(rows)} completions")
+        scored = [a or v is not None for a, v in zip(scored, out)]
+    if not any(scored):  # None = "not applicable"; for every row and function, no rollout would ever be scored
+        names = ", ".join(repr(getattr(fn, "spec", getattr(fn, "__name__", fn))) for fn in reward_funcs)
+        raise DataError(
+            f"reward {names} returned None (no score) for every checked training row, even with the reference answer as "
+            "the completion, so training would learn nothing; return a float for the rows it scores "
+            "(None only for rows it does not apply to)"
+        )
+
+
+def _check_answers(cfg: DictConfig, train_ds, reward_funcs: list) -> None:
+    """The built-in rewards score a completion against the row's answer: an answer column
+    that is empty on every row would leave every rollout unscored. Raises DataError."""
+    from mixrl.rewards.builtin import AnswerReward
+
+    columns = {getattr(getattr(fn, "fn", fn), "answer_column", None) for fn in reward_funcs
+               if isinstance(getattr(fn, "fn", fn), AnswerReward)}
+    for column in sorted(c for c in columns if c):
+        if column in train_ds.column_names and not any(v is not None and str(v).strip() for v in train_ds[column]):
+            raise DataError(
+                f"every training row's answer (column {column!r}, from data.answer_column={cfg.data.answer_column!r}) is "
+                f"empty, and reward {cfg.reward.name!r} scores completions against it; fill the answers or point "
+                "data.answer_column at the column that holds them"
+            )
 
 
 def check_train_size(cfg: DictConfig, train_ds, heldout: dict) -> None:

@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from mixrl.config.rules import geometry
-from mixrl.errors import ConfigError, MixrlUserError, RewardError, RunInterrupted, TrainingDiverged
+from mixrl.errors import ConfigError, MixrlUserError, RewardError, RunInterrupted, TrainingDiverged, storage_error
 from mixrl.trainer.resume import checkpoint_step, last_checkpoint, load_run_state, truncate_jsonl
 
 FAILED = "FAILED"
@@ -74,7 +74,7 @@ def prepare_run_dir(cfg: DictConfig, say=print) -> Path:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     except OSError as e:
-        raise ConfigError(f"run_dir '{run_dir}' cannot be written ({e.strerror or e}); choose a writable run_dir") from None
+        raise storage_error(e) or ConfigError(f"run_dir '{run_dir}' cannot be written ({e.strerror or e}); choose a writable run_dir") from None
     return run_dir
 
 
@@ -299,6 +299,10 @@ def train(cfg: DictConfig, console: Console | None = None, *, before: dict | Non
             mark_failed(run_dir, msg)
         raise RunInterrupted(msg) from None
     except BaseException as e:
+        storage = storage_error(e) if isinstance(e, Exception) else None
+        if storage is not None:  # disk full, read-only folder: one line naming the file (FAILED too, if it can be written)
+            mark_failed(run_dir, str(storage))
+            raise storage from None
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         mark_failed(run_dir, reason if isinstance(e, MixrlUserError) else f"{type(e).__name__}: {reason}")
         raise
@@ -307,6 +311,7 @@ def train(cfg: DictConfig, console: Console | None = None, *, before: dict | Non
 
 
 def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before: dict | None, inputs: RunInputs) -> RunResult:
+    from mixrl.rewards.deadline import RewardInterrupted, RewardTooSlow
     from mixrl.trainer import build
     from mixrl.trainer.callbacks import MetricsJsonlCallback, RichProgressCallback
     from mixrl.trainer.guards import CollapseWatch, DivergenceGuard
@@ -376,7 +381,15 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
             f"(generation failed: {text.splitlines()[0]}); {likely_cause(float(cfg.trainer.learning_rate))}; "
             f"{_last_checkpoint_note(run_dir)}"
         ) from None
+    except RewardInterrupted as e:  # SIGINT / SIGTERM stopped a reward call (it may have hung): save and stop
+        saved = save_now() if trainer.state.global_step > 0 else None
+        raise RunInterrupted(
+            f"{e} at step {trainer.state.global_step + 1}: "
+            + (f"checkpoint saved in {saved}; continue with: mixrl train resume={run_dir}" if saved else _last_checkpoint_note(run_dir))
+        ) from None
     except RewardError as e:
+        if isinstance(e, RewardTooSlow) and trainer.state.global_step > 0:
+            save_now()  # the weights of the last finished step, to continue from once the reward is fixed
         raise RewardError(f"{e}; stopped at step {trainer.state.global_step}, {_last_checkpoint_note(run_dir)}") from None
     if guard.signum is not None:
         ckpt = last_checkpoint(run_dir)
@@ -391,6 +404,9 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
 
         log_heldout(trainer, after)
     collapse.final_check(before.get("accuracy"), after.get("accuracy"), float(cfg.trainer.learning_rate))
+    if metrics_cb.rows and all(r.get("reward_mean", r.get("reward")) is None for r in metrics_cb.rows):
+        collapse._emit("unscored", "warning: no rollout got a reward at any step (every reward function returned None): "
+                                   "the run learned nothing from rewards; check the reward function and data.answer_column")
 
     model_dir = run_dir / "model"
     if trainer.accelerator.is_main_process:

@@ -245,7 +245,6 @@ def prepare_inputs(cfg: DictConfig, console: Console) -> RunInputs:
     model_path = build.resolve_model_path(cfg, progress=cfg.logger.progress)
     tokenizer = build.load_tokenizer(model_path, cfg)
     train_ds, eval_rows, heldout = heldout_rows(cfg)
-    check_train_size(cfg, train_ds, heldout)
     reward_funcs, reward_weights = build.build_reward_funcs(cfg)
     new_chars = build.tiny_missing_characters(cfg, model_path, tokenizer, row_texts(train_ds) + row_texts(eval_rows))
     if new_chars:  # the tiny model learns the data's characters: check with its extended tokenizer
@@ -253,6 +252,7 @@ def prepare_inputs(cfg: DictConfig, console: Console) -> RunInputs:
 
         tokenizer = extend_tokenizer(tokenizer, new_chars)
     check_training_data(cfg, tokenizer, train_ds, reward_funcs, model_path)  # before the model loads
+    check_train_size(cfg, train_ds, heldout)
     if _rank() == 0:
         console.print(describe_heldout(heldout), soft_wrap=True, highlight=False)
     if new_chars:

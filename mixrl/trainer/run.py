@@ -262,6 +262,17 @@ def prepare_inputs(cfg: DictConfig, console: Console) -> RunInputs:
     return RunInputs(model_path, tokenizer, train_ds, eval_rows, heldout, reward_funcs, reward_weights)
 
 
+def _refuse_occupied_run_dir(cfg: DictConfig, console: Console) -> None:
+    """A new run's ``run_dir`` that is already in use is refused before anything is loaded.
+    Only the refusal: a directory marked FAILED is left to :func:`prepare_run_dir`, after the
+    inputs passed their checks, so a refused start changes nothing."""
+    if cfg.get("resume") or not cfg.run_dir or _rank() != 0:
+        return
+    run_dir = Path(cfg.run_dir)
+    if not (run_dir / FAILED).is_file():
+        check_new_run_dir(run_dir, say=lambda text: console.print(text, soft_wrap=True, highlight=False))
+
+
 def train(cfg: DictConfig, console: Console | None = None, *, before: dict | None = None,
           inputs: RunInputs | None = None) -> RunResult:
     """Train one config end to end; returns the run directory and summary. ``before``:
@@ -279,6 +290,7 @@ def train(cfg: DictConfig, console: Console | None = None, *, before: dict | Non
     guard = InterruptGuard(say=console.print).install()  # a signal during the checks stops them too
     try:
         resume_from = _resume_point(cfg, Path(cfg.resume)) if cfg.get("resume") else None
+        _refuse_occupied_run_dir(cfg, console)  # cheap, so before the inputs load
         if inputs is None:
             inputs = prepare_inputs(cfg, console)
         if guard.signum is not None:

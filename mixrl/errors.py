@@ -78,6 +78,9 @@ def storage_error(exc: BaseException) -> StorageError | None:
             what, fix = _STORAGE[code]
             where = getattr(e, "filename", None) if isinstance(e, OSError) else None
             return StorageError(f"could not write {where or 'a file of the run'}: {what}; {fix}")
+        if "file write failed" in str(e):  # torch.save's stream writer drops the errno
+            return StorageError("could not write a checkpoint file (torch.save: file write failed): the disk is probably "
+                                "full; free space on the run directory's disk or choose a run_dir on another disk")
         e = e.__cause__ or e.__context__
     return None
 

@@ -333,3 +333,35 @@ def test_sigterm_during_the_pre_training_check_creates_nothing(tiny_model_path, 
     errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1 and "SIGTERM while reward" in errors[0], err[-2000:]
     assert listing(work) == []
+
+
+def test_an_unwritable_run_dir_at_creation_is_one_line(tiny_model_path, tmp_path, monkeypatch, no_model):
+    """A read-only folder (simulated: root writes through chmod) when the run directory is
+    made: one line naming the file, exit 2; a raw PermissionError anywhere in train is too."""
+    import mixrl.trainer.run as run
+
+    target = tmp_path / "run" / "config.yaml"
+
+    def denied(cfg, say=print):
+        raise PermissionError(errno.EACCES, "Permission denied", str(target))
+
+    monkeypatch.setattr(run, "prepare_run_dir", denied)
+    line = one_line(runner.invoke(app, ["train", *FAST, f"model.path={tiny_model_path}", f"run_dir={tmp_path / 'run'}"]))
+    assert line == f"error: could not write {target}: permission denied; make the run directory writable (chmod u+w) or choose another run_dir"
+
+
+def test_storage_error_reads_wrapped_and_torch_write_failures():
+    from mixrl.errors import storage_error
+
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device", "/data/run/trainer/checkpoint-2/optimizer.pt")
+        except OSError as inner:
+            raise RuntimeError("saving failed") from inner
+    except RuntimeError as outer:
+        err = storage_error(outer)
+    assert str(err).startswith("could not write /data/run/trainer/checkpoint-2/optimizer.pt: the disk is full")
+    torch_err = RuntimeError("[enforce fail at inline_container.cc:603] . PytorchStreamWriter failed writing file data/0: file write failed")
+    assert "the disk is probably full" in str(storage_error(torch_err))
+    assert storage_error(ValueError("unrelated")) is None
+    assert storage_error(OSError(errno.ENOENT, "No such file or directory")) is None

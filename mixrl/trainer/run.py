@@ -227,6 +227,8 @@ class RunInputs:
     heldout: dict
     reward_funcs: list
     reward_weights: list | None
+    seconds: float = 0.0  # wall-clock and CPU time of the preparation (part of the run's setup time)
+    cpu_seconds: float = 0.0
 
 
 def prepare_inputs(cfg: DictConfig, console: Console) -> RunInputs:
@@ -240,6 +242,7 @@ def prepare_inputs(cfg: DictConfig, console: Console) -> RunInputs:
     from mixrl.config.checks import check_train_size, check_training_data, row_texts
     from mixrl.trainer import build
 
+    t0, cpu0 = time.perf_counter(), time.process_time()
     _set_threads(cfg)
     set_seed(int(cfg.seed))
     model_path = build.resolve_model_path(cfg, progress=cfg.logger.progress)
@@ -259,7 +262,8 @@ def prepare_inputs(cfg: DictConfig, console: Console) -> RunInputs:
         model_path, tokenizer = build.extend_tiny(
             cfg, model_path, new_chars, say=lambda text: console.print(text, soft_wrap=True, highlight=False)
         )
-    return RunInputs(model_path, tokenizer, train_ds, eval_rows, heldout, reward_funcs, reward_weights)
+    return RunInputs(model_path, tokenizer, train_ds, eval_rows, heldout, reward_funcs, reward_weights,
+                     time.perf_counter() - t0, time.process_time() - cpu0)
 
 
 def _refuse_occupied_run_dir(cfg: DictConfig, console: Console) -> None:
@@ -328,7 +332,7 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
     from mixrl.trainer.callbacks import MetricsJsonlCallback, RichProgressCallback
     from mixrl.trainer.guards import CollapseWatch, DivergenceGuard
 
-    t0, cpu0 = time.perf_counter(), time.process_time()
+    t0, cpu0 = time.perf_counter() - inputs.seconds, time.process_time() - inputs.cpu_seconds  # setup includes the inputs
     geom = geometry(cfg)
     start_step = 0
     if resume_from is not None:

@@ -294,6 +294,8 @@ def _check_answers(cfg: DictConfig, train_ds, reward_funcs: list) -> None:
     that is empty on every row would leave every rollout unscored. Raises DataError."""
     from mixrl.rewards.builtin import AnswerReward
 
+    if len(train_ds) == 0:
+        return  # no rows at all: check_train_size says so with the sizes
     columns = {getattr(getattr(fn, "fn", fn), "answer_column", None) for fn in reward_funcs
                if isinstance(getattr(fn, "fn", fn), AnswerReward)}
     for column in sorted(c for c in columns if c):

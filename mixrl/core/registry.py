@@ -141,7 +141,7 @@ class Registry:
                 raise ValueError(f"{self.kind} '{name}' is registered twice")
             self._items[name] = fn
             self._bounds[name] = parsed
-            unknown = set(parsed) - set(self.params(name))
+            unknown = set(parsed) - set(self.params(name)) if parsed else set()  # (signatures read only when needed)
             if unknown:
                 raise ValueError(f"{self.kind} '{name}': bounds for unknown parameter(s) {', '.join(sorted(unknown))}")
             return fn

@@ -8,6 +8,7 @@ The CLI prints it without a traceback and exits with code 2.
 from __future__ import annotations
 
 import difflib
+import errno
 from collections.abc import Iterable
 
 
@@ -45,6 +46,43 @@ class RunInterrupted(RunStopped):
     """SIGINT / SIGTERM: a checkpoint was saved (if any step had finished) and the run stopped."""
 
     exit_code = 130
+
+
+class StorageError(MixrlUserError):
+    """A file of the run could not be written: the disk is full, or the folder is read-only."""
+
+
+#: errno -> (what happened, the fix); the errors a user's machine causes, not mixrl
+_STORAGE = {
+    errno.ENOSPC: ("the disk is full", "free space on that disk or choose a run_dir on another disk"),
+    errno.EDQUOT: ("the disk quota is exceeded", "free space or choose a run_dir on another disk"),
+    errno.EROFS: ("the file system is read-only", "choose a writable run_dir"),
+    errno.EACCES: ("permission denied", "make the run directory writable (chmod u+w) or choose another run_dir"),
+    errno.EPERM: ("permission denied", "make the run directory writable (chmod u+w) or choose another run_dir"),
+    errno.ENAMETOOLONG: ("the file name is too long", "choose a shorter run_dir (folder names at most 255 bytes)"),
+}
+
+
+def storage_error(exc: BaseException) -> StorageError | None:
+    """The one-line :class:`StorageError` for a write that failed because of the machine (disk
+    full, read-only folder, permission, name too long), found anywhere in ``exc``'s chain
+    (a library may wrap the ``OSError``); None for anything else."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        code = getattr(e, "errno", None) if isinstance(e, OSError) else None
+        if code is None and "No space left on device" in str(e):
+            code = errno.ENOSPC
+        if code in _STORAGE:
+            what, fix = _STORAGE[code]
+            where = getattr(e, "filename", None) if isinstance(e, OSError) else None
+            return StorageError(f"could not write {where or 'a file of the run'}: {what}; {fix}")
+        if "file write failed" in str(e):  # torch.save's stream writer drops the errno
+            return StorageError("could not write a checkpoint file (torch.save: file write failed): the disk is probably "
+                                "full; free space on the run directory's disk or choose a run_dir on another disk")
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def did_you_mean(word: str, choices: Iterable[str], n: int = 3) -> str:

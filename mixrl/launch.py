@@ -403,9 +403,17 @@ def run_plan(plan: LaunchPlan, say=print, *, new_run: bool = True, lock_held: bo
 
 
 def launch(cfg: DictConfig, overrides: list[str], say=print) -> int:
-    """Check this machine, plan, record and run one launched ``mixrl train``; returns its exit status."""
+    """Check this machine, the run's data, reward and model (as ``mixrl train`` does in one
+    process: :func:`mixrl.trainer.run.prepare_inputs`), then plan, record and run one launched
+    ``mixrl train``; returns its exit status. Nothing is created before the checks pass."""
     check_launch_environment(cfg)
     run_dir = launch_run_dir(cfg)
+    from rich.console import Console
+
+    from mixrl.trainer.run import prepare_inputs, quiet_libraries
+
+    quiet_libraries()
+    prepare_inputs(cfg, Console(stderr=True))
     model_path = None
     if starts_vllm_server(cfg):
         from mixrl.trainer.build import resolve_model_path

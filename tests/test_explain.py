@@ -324,7 +324,7 @@ def _edited(overrides, **algo):
         (["+algo.terms.sft={name: nll, tokens: [expert]}"], {}, "trains on 'expert' tokens, but nothing puts them in the batch"),
         (["+algo.controller.name=entropic", "algo.entropy_coef=0.01"], {}, "would overwrite algo.entropy_coef"),
         (["+algo.controller.name=bapo", "+algo.controller.low_min=0.95"], {}, "algo.controller (bapo)"),
-        (["algo.loss.clip_high=-0.1"], {}, "algo.loss.clip_high must be >= 0"),
+        (["algo.loss.clip_high=-0.1"], {}, "algo.loss.clip_high=-0.1 is out of range: policy loss 'ppo_clip' needs clip_high >= 0"),
     ],
 )
 def test_contradictions_raise_one_line(overrides, edits, message):

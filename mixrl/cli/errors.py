@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from mixrl.errors import MixrlUserError
+from mixrl.errors import MixrlUserError, storage_error
 
 
 def user_errors(fn):
@@ -26,5 +26,11 @@ def user_errors(fn):
         except KeyboardInterrupt:
             Console(stderr=True).print("[yellow]interrupted[/]")
             raise typer.Exit(code=130) from None
+        except (OSError, RuntimeError) as e:  # a disk full or read-only folder: the machine's, one line
+            err = storage_error(e)
+            if err is None:
+                raise
+            Console(stderr=True).print(f"[bold red]error:[/] {escape(str(err))}", highlight=False, soft_wrap=True)
+            raise typer.Exit(code=err.exit_code) from None
 
     return wrapper

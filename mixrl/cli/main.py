@@ -51,9 +51,11 @@ def _summary_table(summary: dict) -> Table:
         b, a = before.get(key), after.get(key)
         table.add_row(key, f"{b:.3f}" if b is not None else "-", f"[bold]{a:.3f}[/]" if a is not None else "-")
     final = summary.get("final_metrics", {})
+    reward = final.get("reward_mean")
+    reward_text = f"{reward:.3f}" if isinstance(reward, (int, float)) else "none (no rollout was scored)"
     table.caption = (
-        f"{summary['steps']} steps, {summary['rollouts']} rollouts, {int(after.get('n', 0))} held-out problems; "
-        f"reward (last step) {final.get('reward_mean', float('nan')):.3f}; wall-clock {summary['wall_seconds']:.0f}s "
+        f"{summary['steps']} steps, {summary['rollouts']} rollouts, {int(after.get('n') or 0)} held-out problems; "
+        f"reward (last step) {reward_text}; wall-clock {summary['wall_seconds']:.0f}s "
         f"(setup {summary['setup_seconds']:.0f}s, train {summary['train_seconds']:.0f}s)"
     )
     return table
@@ -131,7 +133,8 @@ def train(
             table.add_column(col)
         for i, r in enumerate(results):
             s = r.summary
-            table.add_row(str(i), " ".join(jobs[i]), f"{s['accuracy_before']:.3f}", f"{s['accuracy_after']:.3f}", str(r.run_dir))
+            acc = [f"{a:.3f}" if isinstance(a, (int, float)) else "-" for a in (s.get("accuracy_before"), s.get("accuracy_after"))]
+            table.add_row(str(i), " ".join(jobs[i]), *acc, str(r.run_dir))
         out.print(table)
 
 

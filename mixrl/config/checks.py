@@ -16,19 +16,86 @@ Three moments, three functions:
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 
-from mixrl.errors import ConfigError, DataError, MixrlUserError
+from mixrl.errors import ConfigError, DataError, MixrlUserError, RunStopped
 
 #: logger name -> (python package, pyproject extra)
 LOGGER_PACKAGES = {"wandb": ("wandb", "wandb"), "tensorboard": ("tensorboard", "tensorboard")}
 
 
 # --------------------------------------------------------------------------- config values
+#: valid ranges of the run's numeric settings (a component's own parameters declare theirs
+#: where they are defined, see mixrl.core.registry); read by :func:`check_settings`
+SETTING_BOUNDS: dict[str, tuple[str, str]] = {
+    "seed": ("[0, 4294967295]", "numpy and torch seeds are 32-bit unsigned"),
+    "trainer.learning_rate": ("> 0", "the optimizer step size"),
+    "trainer.weight_decay": (">= 0", "a negative decay grows the weights"),
+    "trainer.max_grad_norm": ("> 0", "the gradient is clipped to this norm"),
+    "trainer.adam_beta1": ("[0, 1)", "an exponential moving-average factor"),
+    "trainer.adam_beta2": ("[0, 1)", "an exponential moving-average factor"),
+    "trainer.warmup_steps": (">= 0", "steps"),
+    "trainer.num_iterations": (">= 1", "optimisation passes over each generation batch"),
+    "trainer.temperature": ("> 0", "rollouts are sampled"),
+    "trainer.top_p": ("(0, 1]", "a probability mass"),
+    "trainer.logging_steps": (">= 1", "steps"),
+    "trainer.save_steps": (">= 0", "steps; 0 saves no periodic checkpoint"),
+    "trainer.save_total_limit": (">= 0", "checkpoints kept"),
+    "trainer.eval_every": (">= 0", "steps; 0 evaluates before and after training only"),
+    "trainer.eval_size": (">= 0", "held-out problems"),
+    "trainer.eval_pass_k": (">= 0", "samples per problem"),
+    "trainer.eval_samples": (">= 0", "samples per problem"),
+    "trainer.eval_batch_size": (">= 1", "rows per batch"),
+    "data.train_size": (">= 1", "rows of the built-in task"),
+    "reward.weight": (">= 0", "a negative weight trains against the reward"),
+    "reward.timeout_s": ("> 0", "seconds one reward call may take; null for no limit"),
+    "model.lora.r": (">= 1", "the rank of the low-rank update"),
+    "model.lora.alpha": ("> 0", "the update is scaled by alpha / r"),
+    "model.lora.dropout": ("[0, 1)", "a dropout probability"),
+    "hardware.torch_threads": (">= 1", "threads"),
+    "hardware.main_process_port": ("[1, 65535]", "a TCP port"),
+    "hardware.vllm_gpu_memory_utilization": ("(0, 1]", "a share of the GPU's memory"),
+    "hardware.vllm_server_gpu_memory_utilization": ("(0, 1]", "a share of the GPU's memory"),
+}
+
+
+def check_settings(cfg: DictConfig) -> None:
+    """Every numeric setting of :data:`SETTING_BOUNDS` inside its range, and no NaN or
+    infinite number anywhere in the config; raises ConfigError naming the key and the range."""
+    from omegaconf import OmegaConf
+
+    from mixrl.core.registry import format_value, parse_bound
+
+    for key, spec in SETTING_BOUNDS.items():
+        value = OmegaConf.select(cfg, key, default=None)
+        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        bound = parse_bound(spec)
+        if not bound.contains(value):
+            what = "is out of range" if math.isfinite(float(value)) else "is not a finite number"
+            raise ConfigError(f"{key}={format_value(value)} {what}: it must be {bound} ({bound.why}); "
+                              f"set {key} to a value {bound}")
+    bad = _non_finite(OmegaConf.to_container(cfg, resolve=True))
+    if bad is not None:
+        raise ConfigError(f"{bad[0]}={bad[1]} is not a finite number; set a finite value")
+
+
+def _non_finite(node: Any, prefix: str = "") -> tuple[str, float] | None:
+    if isinstance(node, float) and not math.isfinite(node):
+        return prefix, node
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for k, v in items:
+        hit = _non_finite(v, f"{prefix}.{k}" if prefix and isinstance(k, str) else f"{prefix}[{k}]" if prefix else str(k))
+        if hit is not None:
+            return hit
+    return None
+
+
 def validate_run(cfg: DictConfig) -> None:
     """Reject values that no run can use; raises ConfigError (one line)."""
     from mixrl.launch import validate_hardware
@@ -88,11 +155,20 @@ def check_environment(cfg: DictConfig) -> None:
         return  # the run directory exists and is checked by the resume itself
     if cfg.run_dir:
         run_dir = Path(cfg.run_dir)
-        where, ok = _writable_ancestor(run_dir)
+        try:
+            where, ok = _writable_ancestor(run_dir)
+        except OSError as e:  # e.g. a name longer than the file system allows
+            raise ConfigError(f"run_dir '{_short_path(run_dir)}' cannot be used ({e.strerror or e}); choose a shorter run_dir "
+                              "(each folder name at most 255 bytes on most file systems)") from None
         if not ok:
             raise ConfigError(
                 f"run_dir '{run_dir}' cannot be written ({where} is not a writable directory); choose a writable run_dir"
             )
+
+
+def _short_path(path: Path, width: int = 80) -> str:
+    text = str(path)
+    return text if len(text) <= width else text[: width // 2] + "..." + text[-width // 4:]
 
 
 # --------------------------------------------------------------------------- data, tokenizer, rewards
@@ -186,19 +262,69 @@ def check_training_data(cfg: DictConfig, tokenizer, train_ds, reward_funcs: list
                     "drop or shorten long prompts, or lower trainer.max_completion_length"
                 )
 
+    _check_answers(cfg, train_ds, reward_funcs)
     rows = [train_ds[i] for i in range(min(2, len(train_ds)))]
     if not rows:
         return
     kwargs = {k: [r[k] for r in rows] for k in rows[0] if k != "prompt"}
     completions = [_reference_completion(r) for r in rows]
+    scored = [False] * len(rows)
     for fn in reward_funcs:
         try:
             out = fn(prompts=[r["prompt"] for r in rows], completions=completions, completion_ids=[[] for _ in rows],
                      trainer_state=None, **kwargs)
-        except MixrlUserError as e:  # CheckedReward: raised, or not one finite number per completion
+        except RunStopped:  # SIGINT / SIGTERM while the reward ran
+            raise
+        except MixrlUserError as e:  # CheckedReward: raised, timed out, or not one finite number per completion
             raise DataError(f"{e} (checked before training on the first training rows, the reference answer as the completion)") from None
         if len(out) != len(rows):
             raise DataError(f"reward {getattr(fn, '__name__', fn)!r} returned {len(out)} values for {len(rows)} completions")
+        scored = [a or v is not None for a, v in zip(scored, out)]
+    if not any(scored):  # None = "not applicable"; for every row and function, no rollout would ever be scored
+        names = ", ".join(repr(getattr(fn, "spec", getattr(fn, "__name__", fn))) for fn in reward_funcs)
+        raise DataError(
+            f"reward {names} returned None (no score) for every checked training row, even with the reference answer as "
+            "the completion, so training would learn nothing; return a float for the rows it scores "
+            "(None only for rows it does not apply to)"
+        )
+
+
+def _check_answers(cfg: DictConfig, train_ds, reward_funcs: list) -> None:
+    """The built-in rewards score a completion against the row's answer: an answer column
+    that is empty on every row would leave every rollout unscored. Raises DataError."""
+    from mixrl.rewards.builtin import AnswerReward
+
+    if len(train_ds) == 0:
+        return  # no rows at all: check_train_size says so with the sizes
+    columns = {getattr(getattr(fn, "fn", fn), "answer_column", None) for fn in reward_funcs
+               if isinstance(getattr(fn, "fn", fn), AnswerReward)}
+    for column in sorted(c for c in columns if c):
+        if column in train_ds.column_names and not any(v is not None and str(v).strip() for v in train_ds[column]):
+            raise DataError(
+                f"every training row's answer (column {column!r}, from data.answer_column={cfg.data.answer_column!r}) is "
+                f"empty, and reward {cfg.reward.name!r} scores completions against it; fill the answers or point "
+                "data.answer_column at the column that holds them"
+            )
+
+
+def check_train_size(cfg: DictConfig, train_ds, heldout: dict) -> None:
+    """Enough training rows for one optimizer step: TRL's sampler draws
+    ``trainer.prompts_per_step`` distinct rows per step and drops an incomplete batch, so
+    fewer rows would train 0 steps and "succeed". Raises DataError naming the sizes."""
+    n, need = len(train_ds), int(cfg.trainer.prompts_per_step)
+    if n >= need:
+        return
+    read = heldout.get("n_read")
+    if read is not None:  # the split rule: rows sharing a prompt with a held-out row leave training too
+        where = (f"{read} rows read, {heldout['n_eval']} held out for evaluation and {read - heldout['n_eval'] - n} more "
+                 f"dropped because their prompt is a held-out prompt (duplicates), {n} left")
+    else:
+        where = f"{n} training rows"
+    raise DataError(
+        f"the training data is too small for one step: {where}, but one step needs trainer.prompts_per_step={need} "
+        "distinct rows; add rows (or remove duplicates), lower trainer.prompts_per_step, or hold out fewer rows "
+        "(trainer.eval_size, or data.eval_source for a separate file)"
+    )
 
 
 def _reference_completion(row: dict) -> Any:

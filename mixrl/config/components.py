@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import fnmatch
 import inspect
+import math
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -150,6 +151,9 @@ def _validate_section(cfg: DictConfig, section: str) -> None:
         ok, expected = _type_ok(value, params[key].annotation)
         if not ok and not (value is None and params[key].default is None):  # null: the parameter's own default
             raise ConfigError(f"wrong type for '{section}.{key}': got {value!r}, expected {expected}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{section}.{key}={value} is not a finite number; set a finite {expected}")
+    reg.check_ranges(name, {k: node[k] for k in node.keys() if k != "name" and k not in shared}, where=section)
     with _open(node):
         for key, p in params.items():
             if key not in node and p.default is not inspect.Parameter.empty and _pattern(f"{section}.{key}") is None:

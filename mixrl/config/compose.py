@@ -345,6 +345,9 @@ def validate(raw: DictConfig) -> DictConfig:
     from mixrl.config.rules import validate_rules
 
     try:
+        from mixrl.config.checks import check_settings
+
+        check_settings(cfg)
         validate_components(cfg)
         validate_rules(cfg)
         from mixrl.config.checks import validate_run

@@ -103,6 +103,7 @@ class RewardConfig:
     params: dict = field(default_factory=dict)
     weight: float = 1.0
     extra: list = field(default_factory=list)  # more reward functions: [{name, weight, params}]
+    timeout_s: Optional[float] = 600.0  # wall-clock limit of one reward call (a batch of completions); null: none
 
 
 @dataclass

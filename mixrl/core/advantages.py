@@ -75,7 +75,7 @@ def _normalise(r, count, mean, std, eps):
     return torch.where(count >= 1, adv, torch.zeros_like(adv))
 
 
-@ADVANTAGES.register("grpo")
+@ADVANTAGES.register("grpo", bounds={"eps": ("> 0", "(r - mean) / (std + eps) divides by zero for equal rewards when eps = 0")})
 def grpo(
     rewards: Tensor,
     group_ids: Tensor,
@@ -177,7 +177,7 @@ def reinforce_baseline(
     return torch.where(count >= 1, r - mean, torch.zeros_like(r))
 
 
-@ADVANTAGES.register("batch_norm")
+@ADVANTAGES.register("batch_norm", bounds={"eps": ("> 0", "(r - mean) / (std + eps) divides by zero for equal rewards when eps = 0")})
 def batch_norm(
     rewards: Tensor,
     group_ids: Tensor,

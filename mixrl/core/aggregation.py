@@ -41,7 +41,7 @@ def _row_stats(per_token_loss: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Te
     return loss.sum(-1), tokens, nonempty
 
 
-@AGGREGATIONS.register("token-mean")
+@AGGREGATIONS.register("token-mean", bounds={"max_len": (">= 1", "a length in tokens")})
 def token_mean(
     per_token_loss: Tensor,
     mask: Tensor,
@@ -67,7 +67,7 @@ def token_mean(
     return total / _denominator(m.sum().to(per_token_loss.dtype), num_items)
 
 
-@AGGREGATIONS.register("seq-mean-token-mean")
+@AGGREGATIONS.register("seq-mean-token-mean", bounds={"max_len": (">= 1", "a length in tokens")})
 def seq_mean_token_mean(
     per_token_loss: Tensor,
     mask: Tensor,
@@ -94,7 +94,7 @@ def seq_mean_token_mean(
     return row_mean.sum() / _denominator(nonempty.sum(), num_items)
 
 
-@AGGREGATIONS.register("seq-mean-token-sum")
+@AGGREGATIONS.register("seq-mean-token-sum", bounds={"max_len": (">= 1", "a length in tokens")})
 def seq_mean_token_sum(
     per_token_loss: Tensor,
     mask: Tensor,
@@ -119,7 +119,7 @@ def seq_mean_token_sum(
     return row_sum.sum() / _denominator(nonempty.sum(), num_items)
 
 
-@AGGREGATIONS.register("seq-mean-token-sum-norm")
+@AGGREGATIONS.register("seq-mean-token-sum-norm", bounds={"max_len": (">= 1", "a length in tokens")})
 def seq_mean_token_sum_norm(
     per_token_loss: Tensor,
     mask: Tensor,

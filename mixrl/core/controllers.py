@@ -32,7 +32,12 @@ from mixrl.core.registry import Registry
 CONTROLLERS = Registry("controller")
 
 
-@CONTROLLERS.register("bapo")
+@CONTROLLERS.register("bapo", bounds={
+    "rho0": ("[0, 1]", "a share of the loss contribution"),
+    "low_min": ("(0, 1]", "a lower ratio bound c_low <= 1"), "low_max": ("(0, 1]", "a lower ratio bound c_low <= 1"),
+    "high_min": (">= 1", "an upper ratio bound c_high >= 1"), "high_max": (">= 1", "an upper ratio bound c_high >= 1"),
+    "step_low": (">= 0", "bounds are only raised"), "step_high": (">= 0", "bounds are only raised"),
+})
 class BapoClipController:
     """BAPO adaptive clipping: per step, widen PPO's clip bounds until positive-advantage
     tokens carry at least ``rho0`` of the loss contribution.
@@ -208,7 +213,12 @@ def _n_steps(start: float, stop: float, step: float) -> int:
     return int(math.floor((stop - start) / step + 1e-9))
 
 
-@CONTROLLERS.register("entropic")
+@CONTROLLERS.register("entropic", bounds={
+    "target": (">= 0", "an entropy in nats, which is >= 0"),
+    "kp": (">= 0", "a negative gain pushes the entropy away from its target"),
+    "ki": (">= 0", "a negative gain pushes the entropy away from its target"),
+    "integral_limit": (">= 0", "a clamp on |I|"),
+})
 class EntropicController:
     """EntroPIC-style PI controller on the policy entropy.
 

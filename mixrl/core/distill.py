@@ -64,7 +64,10 @@ def jsd_per_token(logp: Tensor, teacher_logp: Tensor, beta: float, ratio_cap: fl
     return _with_grad(value, (1.0 - beta) * (lp - log_m), logp)
 
 
-@TERMS.register("teacher_jsd")
+@TERMS.register("teacher_jsd", bounds={
+    "beta": ("[0, 1]", "the mixture m = (1 - beta) p + beta q is a distribution only for beta in [0, 1]"),
+    "ratio_cap": ("> 0", "a cap on the importance weight q / p, which is > 0"),
+})
 def teacher_jsd(x: TermInputs, *, beta: float = 0.5, ratio_cap: float | None = None) -> TermOutput:
     """Generalised JSD to a teacher on student-sampled tokens (beta = 0: forward KL, 1: reverse KL).
 
@@ -83,7 +86,7 @@ def teacher_jsd(x: TermInputs, *, beta: float = 0.5, ratio_cap: float | None = N
 teacher_jsd.needs = ("teacher_logp",)
 
 
-@TERMS.register("opd_reward")
+@TERMS.register("opd_reward", bounds={"lam": ("> 0", "A = lam (log q - log pi_old): lam < 0 pushes away from the teacher, 0 gives no signal")})
 def opd_reward(x: TermInputs, *, lam: float = 1.0, loss: dict | None = None) -> TermOutput:
     """On-policy distillation as a dense per-token advantage in a policy loss (OPD; G-OPD / ExOPD).
 

@@ -110,12 +110,14 @@ def _render_entry(registry: Registry, name: str) -> list[str]:
     params = registry.params(name)
     descriptions = _param_docs(obj)
     if params:
-        lines += ["| parameter | type | default | meaning |", "|---|---|---|---|"]
+        bounds = registry.bounds(name)
+        lines += ["| parameter | type | default | valid range | meaning |", "|---|---|---|---|---|"]
         for pname, p in params.items():
             default = "—" if p.default is inspect.Parameter.empty else f"`{p.default!r}`"
             desc = descriptions.get(pname, "").replace("|", "\\|")
             kind = _annotation(p.annotation).replace("|", "\\|")
-            lines.append(f"| `{pname}` | `{kind}` | {default} | {desc} |")
+            valid = f"`{bounds[pname]}`" if pname in bounds else ""
+            lines.append(f"| `{pname}` | `{kind}` | {default} | {valid} | {desc} |")
     else:
         lines.append("No parameters.")
     lines.append("")

@@ -65,7 +65,11 @@ def _ratio_metrics(ratio: Tensor, mask: Tensor) -> dict[str, Tensor]:
     return {"ratio_mean": masked_mean(ratio.detach(), mask)}
 
 
-@POLICY_LOSSES.register("ppo_clip")
+@POLICY_LOSSES.register("ppo_clip", bounds={
+    "clip_low": ("[0, 1]", "the ratio is clipped below at 1 - clip_low, a probability ratio is >= 0"),
+    "clip_high": (">= 0", "the ratio is clipped above at 1 + clip_high"),
+    "dual_clip_c": ("> 1", "the dual clip bounds -A r by -c A for A < 0; c <= 1 would cut below the clipped surrogate"),
+})
 def ppo_clip(
     logp: Tensor,
     old_logp: Tensor,
@@ -113,7 +117,7 @@ def ppo_clip(
     return _finish(loss, clipped, mask, metrics)
 
 
-@POLICY_LOSSES.register("reinforce")
+@POLICY_LOSSES.register("reinforce", bounds={"tis_cap": (">= 1", "a truncated importance weight min(r, cap) below 1 would down-weight on-policy tokens")})
 def reinforce(
     logp: Tensor,
     old_logp: Tensor,
@@ -200,7 +204,10 @@ def topr(
     return _finish(loss, clipped, mask, _ratio_metrics(ratio, mask))
 
 
-@POLICY_LOSSES.register("cispo")
+@POLICY_LOSSES.register("cispo", bounds={
+    "clip_low": ("[0, 1]", "the IS weight is clipped below at 1 - clip_low, a ratio is >= 0"),
+    "clip_high": (">= 0", "the IS weight is clipped above at 1 + clip_high"),
+})
 def cispo(
     logp: Tensor,
     old_logp: Tensor,
@@ -236,7 +243,10 @@ def cispo(
     return _finish(loss, clipped, mask, _ratio_metrics(ratio, mask))
 
 
-@POLICY_LOSSES.register("gspo")
+@POLICY_LOSSES.register("gspo", bounds={
+    "clip_low": ("[0, 1]", "the sequence ratio is clipped below at 1 - clip_low"),
+    "clip_high": (">= 0", "the sequence ratio is clipped above at 1 + clip_high"),
+})
 def gspo(
     logp: Tensor,
     old_logp: Tensor,
@@ -282,7 +292,10 @@ def gspo(
     return _finish(loss, clipped, mask, metrics)
 
 
-@POLICY_LOSSES.register("sapo")
+@POLICY_LOSSES.register("sapo", bounds={
+    "tau_pos": ("> 0", "the gate is (4 / tau) sigmoid(tau (r - 1)): tau <= 0 divides by zero or inverts it"),
+    "tau_neg": ("> 0", "the gate is (4 / tau) sigmoid(tau (r - 1)): tau <= 0 divides by zero or inverts it"),
+})
 def sapo(
     logp: Tensor,
     old_logp: Tensor,
@@ -346,7 +359,7 @@ def m2_keep_mask(log_r: Tensor, mask: Tensor, budget: float) -> Tensor:
     return keep_flat.reshape(m.shape)
 
 
-@POLICY_LOSSES.register("m2po")
+@POLICY_LOSSES.register("m2po", bounds={"m2_budget": (">= 0", "a budget on the mean squared log-ratio, which is >= 0")})
 def m2po(
     logp: Tensor,
     old_logp: Tensor,

@@ -13,13 +13,22 @@ parameters), a ``Paper:`` line where it comes from. :meth:`Registry.declaration`
 them and :meth:`Registry.formula` fills the placeholders with a config's values;
 ``mixrl explain`` and ``docs/components.md`` print nothing else about a component, so a
 new one shows up in both without editing either.
+
+A component declares the valid *range* of each numeric parameter next to its formula, as
+``bounds=`` of :meth:`Registry.register` (e.g. ``{"gamma": "> 0"}``, ``{"mu": "[0, 1]"}``),
+derived from what the formula does with it. :meth:`Registry.check_ranges` is the one check
+that reads them: config validation (``mixrl train``, ``explain``, ``config show``) calls it
+for every component section, so a value outside the range is refused with the range in the
+message, before anything runs.
 """
 
 from __future__ import annotations
 
 import inspect
+import math
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from mixrl.errors import ConfigError, did_you_mean
@@ -49,6 +58,63 @@ class ComponentParamError(ConfigError, TypeError):
         return str(self.args[0]) if self.args else ""
 
 
+@dataclass(frozen=True)
+class Bound:
+    """The valid range of one numeric parameter: ``lo``/``hi`` (None: unbounded), each end
+    open or closed; ``why`` says what goes wrong outside it. Written as text
+    (:func:`parse_bound`): ``"> 0"``, ``">= 1"``, ``"< 1"``, ``"[0, 1]"``, ``"(0, 1]"``."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    why: str = ""
+
+    def contains(self, value: float) -> bool:
+        v = float(value)
+        if not math.isfinite(v):
+            return False
+        if self.lo is not None and (v < self.lo or (self.lo_open and v == self.lo)):
+            return False
+        if self.hi is not None and (v > self.hi or (self.hi_open and v == self.hi)):
+            return False
+        return True
+
+    def __str__(self) -> str:
+        if self.lo is not None and self.hi is not None:
+            return f"in {'(' if self.lo_open else '['}{format_value(self.lo)}, {format_value(self.hi)}{')' if self.hi_open else ']'}"
+        if self.lo is not None:
+            return f"{'>' if self.lo_open else '>='} {format_value(self.lo)}"
+        if self.hi is not None:
+            return f"{'<' if self.hi_open else '<='} {format_value(self.hi)}"
+        return "finite"
+
+
+_INTERVAL = re.compile(r"^([\[(])\s*([^,]+?)\s*,\s*([^\])]+?)\s*([\])])$")
+_COMPARE = re.compile(r"^(>=|>|<=|<)\s*(\S+)$")
+
+
+def parse_bound(spec: str | tuple[str, str] | Bound) -> Bound:
+    """A :class:`Bound` from ``"> 0"``, ``"[0, 1)"``... or ``(text, why)``."""
+    if isinstance(spec, Bound):
+        return spec
+    text, why = (spec, "") if isinstance(spec, str) else spec
+    text = text.strip()
+    m = _INTERVAL.match(text)
+    if m:
+        lo, hi = float(m.group(2)), float(m.group(3))
+        if lo > hi:
+            raise ValueError(f"bound {text!r}: lower end above upper end")
+        return Bound(lo, hi, m.group(1) == "(", m.group(4) == ")", why)
+    m = _COMPARE.match(text)
+    if m:
+        op, x = m.group(1), float(m.group(2))
+        if op.startswith(">"):
+            return Bound(lo=x, lo_open=op == ">", why=why)
+        return Bound(hi=x, hi_open=op == "<", why=why)
+    raise ValueError(f"bound {text!r}: write '> x', '>= x', '< x', '<= x' or an interval '[a, b]', '(a, b]'")
+
+
 class Registry:
     """A named collection of components of one kind (e.g. ``"policy loss"``).
 
@@ -61,14 +127,23 @@ class Registry:
         self.kind = kind
         self.runtime = tuple(runtime)
         self._items: dict[str, Callable[..., Any]] = {}
+        self._bounds: dict[str, dict[str, Bound]] = {}
 
-    def register(self, name: str):
-        """Decorator: register ``fn`` under ``name``; returns ``fn`` unchanged."""
+    def register(self, name: str, *, bounds: Mapping[str, Any] | None = None):
+        """Decorator: register ``fn`` under ``name``; returns ``fn`` unchanged.
+
+        ``bounds``: ``{param: range}`` for numeric config parameters (see :func:`parse_bound`;
+        a ``(range, why)`` pair adds the reason); each must name a parameter of ``fn``."""
+        parsed = {k: parse_bound(v) for k, v in (bounds or {}).items()}
 
         def deco(fn):
             if name in self._items and self._items[name] is not fn:
                 raise ValueError(f"{self.kind} '{name}' is registered twice")
             self._items[name] = fn
+            self._bounds[name] = parsed
+            unknown = set(parsed) - set(self.params(name)) if parsed else set()  # (signatures read only when needed)
+            if unknown:
+                raise ValueError(f"{self.kind} '{name}': bounds for unknown parameter(s) {', '.join(sorted(unknown))}")
             return fn
 
         return deco
@@ -107,6 +182,38 @@ class Registry:
     def defaults(self, name: str) -> dict[str, Any]:
         """``{param: default}`` for the config parameters of a component."""
         return {k: p.default for k, p in self.params(name).items()}
+
+    def bounds(self, name: str) -> dict[str, Bound]:
+        """``{param: Bound}``: the declared valid ranges of a component's parameters."""
+        self.get(name)
+        return dict(self._bounds.get(name, {}))
+
+    def range_violation(self, name: str, params: Mapping[str, Any]) -> tuple[str, Any, Bound] | None:
+        """The first ``(param, value, bound)`` of ``params`` outside its declared range (a
+        NaN or infinite number is outside every range), or None. Values that are not plain
+        numbers (None, a schedule, a list) are left to the component."""
+        for key, bound in self.bounds(name).items():
+            value = params.get(key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            if not bound.contains(value):
+                return key, value, bound
+        return None
+
+    def check_ranges(self, name: str, params: Mapping[str, Any], where: str | None = None) -> None:
+        """Raise :class:`ComponentParamError` (one line: the key, its value, the range and
+        why) for the first parameter outside its declared range."""
+        bad = self.range_violation(name, params)
+        if bad is None:
+            return
+        key, value, bound = bad
+        path = f"{where}.{key}" if where else key
+        why = f" ({bound.why})" if bound.why else ""
+        what = "is out of range" if math.isfinite(float(value)) else "is not a finite number"
+        raise ComponentParamError(
+            f"{path}={format_value(value)} {what}: {self.kind} '{name}' needs {key} {bound}{why}; "
+            f"set {path} to a value {bound}"
+        )
 
     def declaration(self, name: str) -> dict[str, str | None]:
         """What a component declares in its docstring: ``summary`` (its first sentence),
@@ -208,7 +315,9 @@ def format_value(value: Any) -> str:
     if isinstance(value, bool) or value is None:
         return str(value)
     if isinstance(value, float):
-        if value == int(value) and abs(value) < 1e6:
+        if not math.isfinite(value):
+            return str(value)
+        if value == int(value) and abs(value) < 1e16:
             return str(int(value))
         return f"{value:.6g}"
     if isinstance(value, Mapping) and "name" in value:

@@ -37,7 +37,7 @@ def constant(step: int, *, value: float = 0.0) -> float:
     return float(value)
 
 
-@SCHEDULES.register("linear")
+@SCHEDULES.register("linear", bounds={"steps": (">= 0", "a number of steps")})
 def linear(step: int, *, start: float = 0.0, end: float = 1.0, steps: int = 100) -> float:
     """Linear ramp: ``start + (end - start) * min(step / steps, 1)``; ``end`` after ``steps``.
 
@@ -59,7 +59,7 @@ def linear(step: int, *, start: float = 0.0, end: float = 1.0, steps: int = 100)
     return float(start + (end - start) * step / steps)
 
 
-@SCHEDULES.register("cosine")
+@SCHEDULES.register("cosine", bounds={"warmup": (">= 0", "a number of steps"), "decay": (">= 0", "a number of steps")})
 def cosine(
     step: int,
     *,
@@ -94,7 +94,7 @@ def cosine(
     return float(valley + (peak - valley) * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
-@SCHEDULES.register("step")
+@SCHEDULES.register("step", bounds={"switch_step": (">= 0", "a step number")})
 def step_schedule(
     step: int, *, switch_step: int = 0, before: float = 0.0, after: float = 1.0
 ) -> float:

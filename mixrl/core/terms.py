@@ -116,7 +116,7 @@ def nll(x: TermInputs, *, token_weight: dict | None = None) -> TermOutput:
     return TermOutput(-weight * x.logp)
 
 
-@TERMS.register("shaped")
+@TERMS.register("shaped", bounds={"gamma": ("> 0", "-A p / (p + gamma): gamma < 0 inverts the gradient (and divides by zero at p = -gamma), gamma = 0 removes it")})
 def shaped(x: TermInputs, *, gamma: float = 0.1) -> TermOutput:
     """LUFFY's policy shaping on off-policy tokens: the ratio is replaced by f(p), no clip.
 
@@ -132,7 +132,7 @@ def shaped(x: TermInputs, *, gamma: float = 0.1) -> TermOutput:
     return TermOutput(-adv * luffy_shaped_ratio(x.logp, gamma=gamma))
 
 
-@TERMS.register("advantage_nll")
+@TERMS.register("advantage_nll", bounds={"top_entropy": ("(0, 1]", "a share of the selected tokens")})
 def advantage_nll(x: TermInputs, *, top_entropy: float | None = None) -> TermOutput:
     """Advantage-weighted log-likelihood on written tokens (their behaviour probability is
     unknown, so no ratio: it is taken as 1, unclipped); optionally only on the selected
@@ -226,7 +226,7 @@ def teacher_kl(x: TermInputs, *, estimator: str = "k2") -> TermOutput:
 teacher_kl.needs = ("teacher_logp",)
 
 
-@TERMS.register("kl_convex")
+@TERMS.register("kl_convex", bounds={"lam": ("[0, 1]", "the weight of a convex combination")})
 def kl_convex(x: TermInputs, *, lam: float = 0.5, estimator: str = "k3") -> TermOutput:
     """ReMix's KL-Convex policy constraint: a convex combination of the KL to the base
     (reference) model and the KL to the precedent policy, the one each token was sampled by.

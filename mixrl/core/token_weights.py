@@ -25,7 +25,7 @@ def _apply_cutoff(weight: Tensor, p: Tensor, cutoff: float | None) -> Tensor:
     return weight.detach()
 
 
-@TOKEN_WEIGHTS.register("one")
+@TOKEN_WEIGHTS.register("one", bounds={"cutoff": ("[0, 1]", "a probability")})
 def one(logp: Tensor, *, cutoff: float | None = None) -> Tensor:
     """Uniform weight: ``w = 1`` (plain SFT, ``-log p``).
 
@@ -42,7 +42,7 @@ def one(logp: Tensor, *, cutoff: float | None = None) -> Tensor:
     return _apply_cutoff(torch.ones_like(logp), logp.exp(), cutoff)
 
 
-@TOKEN_WEIGHTS.register("p")
+@TOKEN_WEIGHTS.register("p", bounds={"cutoff": ("[0, 1]", "a probability")})
 def prob(logp: Tensor, *, cutoff: float | None = None) -> Tensor:
     """Probability weight (IS-SFT): ``w = sg(p)``; loss ``-sg(p) log p``.
 
@@ -58,7 +58,7 @@ def prob(logp: Tensor, *, cutoff: float | None = None) -> Tensor:
     return _apply_cutoff(p, p, cutoff)
 
 
-@TOKEN_WEIGHTS.register("chord_phi")
+@TOKEN_WEIGHTS.register("chord_phi", bounds={"cutoff": ("[0, 1]", "a probability")})
 def chord_phi(logp: Tensor, *, cutoff: float | None = None) -> Tensor:
     """CHORD-phi: ``w = sg(p (1 - p))``, peaks at p = 0.5 with value 1/4.
 
@@ -76,7 +76,10 @@ def chord_phi(logp: Tensor, *, cutoff: float | None = None) -> Tensor:
     return _apply_cutoff(p * (1.0 - p), p, cutoff)
 
 
-@TOKEN_WEIGHTS.register("luffy")
+@TOKEN_WEIGHTS.register("luffy", bounds={
+    "cutoff": ("[0, 1]", "a probability"),
+    "gamma": ("> 0", "w = p / (p + gamma): gamma < 0 makes it negative or infinite, 0 makes it the constant 1"),
+})
 def luffy(logp: Tensor, *, cutoff: float | None = None, gamma: float = 0.1) -> Tensor:
     """LUFFY shaping as a detached weight: ``w = sg(p / (p + gamma))``.
 

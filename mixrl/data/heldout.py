@@ -58,7 +58,7 @@ def separate_heldout(train_ds, eval_rows: list[dict], eval_size: int, source: st
     held_keys = {train_keys[i] for i in held}
     rest = [i for i in range(n_train) if train_keys[i] not in held_keys]
     eval_rows = [{k: v for k, v in train_ds[i].items() if k != "expert"} for i in held]
-    info = {"rule": "split", "source": source, "how": RULE_TEXT, "n_eval": len(held), "n_train": len(rest),
+    info = {"rule": "split", "source": source, "how": RULE_TEXT, "n_eval": len(held), "n_train": len(rest), "n_read": n_train,
             "heldout_indices": held}
     return train_ds.select(rest), eval_rows, info
 

@@ -493,6 +493,9 @@ def _read_files(files: list[Path], src: str, split: str, config_prefix: str, *, 
     if blank:
         logger.warning("skipping %d empty file(s) of %s: %s", len(blank), src, ", ".join(map(str, blank)))
         files = [f for f in files if f not in blank]
+    if builder in ("json", "csv"):
+        for f in files:
+            _check_utf8(f, config_prefix)
     try:
         ds = datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train" + (piece if slice_only else ""))
     except Exception as e:  # noqa: BLE001 - every parser error becomes one DataError line
@@ -514,6 +517,20 @@ def _read_files(files: list[Path], src: str, split: str, config_prefix: str, *, 
             except Exception as e:  # noqa: BLE001
                 raise DataError(f"could not read the {field!r} list of {src}: {_first_line(e)}; check the file") from e
     return ds
+
+
+def _check_utf8(path: Path, config_prefix: str) -> None:
+    """Text data files must be UTF-8: the Arrow reader accepts other bytes and fails later,
+    deep inside training, with a traceback. Raises DataError naming the line and the byte."""
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(
+                    f"data file {path}, line {lineno}: byte {raw[e.start:e.start + 1]!r} at column {e.start + 1} is not UTF-8 "
+                    f"text; re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8) or fix that row of {config_prefix}.source"
+                ) from None
 
 
 def _is_blank(path: Path) -> bool:

@@ -96,6 +96,11 @@ def build_reward(name_or_path: str, **params: Any) -> RewardFn:
     return CheckedReward(_ensure_name(obj, name), name)
 
 
+#: the largest reward magnitude accepted: TRL keeps rewards in float32 and squares their
+#: deviations for the group std, which overflows to inf past sqrt(3.4e38) ~ 1.8e19
+MAX_REWARD = 1e18
+
+
 class CheckedReward:
     """A reward function that checks its own output: one finite number (or None, TRL's
     "not applicable") per completion. A raise or a wrong value becomes a one-line
@@ -103,16 +108,28 @@ class CheckedReward:
     row is found by re-calling the function one row at a time). Picklable when the wrapped
     function is; ``__name__`` is the wrapped function's (TRL names metrics after it)."""
 
-    def __init__(self, fn: RewardFn, spec: str):
+    def __init__(self, fn: RewardFn, spec: str, timeout_s: float | None = None):
         self.fn = fn
         self.spec = spec
+        self.timeout_s = timeout_s  # reward.timeout_s: wall-clock limit per call (mixrl.rewards.deadline)
         self.__name__ = getattr(fn, "__name__", None) or spec
 
     def __call__(self, *args: Any, **kwargs: Any) -> list:
+        from mixrl.rewards.deadline import RewardInterrupted, RewardSignal, RewardTimeout, RewardTooSlow, deadline
+
         prompts = kwargs.get("prompts", args[0] if args else None)
         completions = kwargs.get("completions", args[1] if len(args) > 1 else None)
         try:
-            out = self.fn(*args, **kwargs)
+            with deadline(self.timeout_s):
+                out = self.fn(*args, **kwargs)
+        except RewardTimeout:
+            n = len(completions) if completions is not None else "?"
+            raise RewardTooSlow(
+                f"reward {self.spec!r} did not return within reward.timeout_s={self.timeout_s:g} s (a batch of {n} "
+                "completions); make it faster or raise reward.timeout_s"
+            ) from None
+        except RewardSignal as e:
+            raise RewardInterrupted(f"{e.args[0]} while reward {self.spec!r} was running") from None
         except MixrlUserError:  # already one line (e.g. a missing answer column)
             raise
         except Exception as e:  # noqa: BLE001 - the user's function: report it on one line
@@ -149,6 +166,11 @@ class CheckedReward:
                 raise RewardError(
                     f"reward {self.spec!r} returned {float(v)}{self._where(i, prompts)}; "
                     "a reward must be a finite float (or None to skip the row)"
+                )
+            if abs(float(v)) > MAX_REWARD:
+                raise RewardError(
+                    f"reward {self.spec!r} returned {float(v):g}{self._where(i, prompts)}; rewards beyond +-{MAX_REWARD:g} "
+                    "overflow the trainer's float32 group statistics (std, advantages); scale the reward down"
                 )
 
     def _failing_row(self, args: tuple, kwargs: dict, completions: Any) -> int | None:

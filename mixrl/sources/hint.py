@@ -49,7 +49,10 @@ def with_hint(prompt, hint: str, template: str):
     return msgs
 
 
-@INJECTIONS.register("hint")
+@INJECTIONS.register("hint", bounds={
+    "max_success": ("[0, 1)", "a group success rate at or below it is hinted; 1 would hint every group"),
+    "per_group": (">= 1", "slots of a group generated again"),
+})
 class HintOnFailure(Injection):
     """Failed groups generated again with a hint (Guide, GHPO; POPE with ``placement: prefix``).
 

@@ -25,7 +25,7 @@ def _global_slots(ctx: InjectContext, n_local: int) -> list[int]:
     return [(start + i) % ctx.num_generations for i in range(n_local)]
 
 
-@INJECTIONS.register("group_replace")
+@INJECTIONS.register("group_replace", bounds={"per_group": (">= 1", "slots of each group that hold an expert completion")})
 class GroupReplace(Injection):
     """LUFFY's mixed groups: the last ``per_group`` rollouts of each group are replaced by
     the source's completions of the same prompt (``source.for_prompt(row)``) before rewards
@@ -85,7 +85,10 @@ class ReplaceAll(GroupReplace):
             source.missing = "skip"  # SFT trains on expert rows only
 
 
-@INJECTIONS.register("append_rows")
+@INJECTIONS.register("append_rows", bounds={
+    "ratio": ("(0, 1)", "the share of appended rows among all rows of a step"),
+    "rows": (">= 1", "appended rows per step"),
+})
 class AppendRows(Injection):
     """CHORD's auxiliary rows: after advantages are computed, append rows of the source's
     material (other prompts, ``source.sample(rng, n)`` with a seeded generator; advantage 0)

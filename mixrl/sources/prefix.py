@@ -111,7 +111,7 @@ def solution_ids(ctx: InjectContext, text: str) -> list[int]:
     return list(ctx.tokenizer(text=text, add_special_tokens=False)["input_ids"])
 
 
-@INJECTIONS.register("prefix")
+@INJECTIONS.register("prefix", bounds={"per_group": (">= 0", "prefixed slots of each group")})
 class PrefixCondition(Injection):
     """Rollouts continue from a prefix of the source's solution to the same prompt.
 

@@ -186,7 +186,7 @@ def _rng_from(state: list) -> tuple:
     return (int(version), tuple(int(x) for x in internal), gauss)
 
 
-@SOURCES.register("replay")
+@SOURCES.register("replay", bounds={"capacity": (">= 1", "rollouts the buffer holds"), "max_age": (">= 0", "steps")})
 class ReplaySource(Source):
     """The policy's own past rollouts, each with the per-token log-probs it was sampled with.
 
@@ -300,7 +300,11 @@ class _ReplayInjection(Injection):
         self._seeded = True  # the generator state came with the checkpoint
 
 
-@INJECTIONS.register("replay_append")
+@INJECTIONS.register("replay_append", bounds={
+    "ratio": ("(0, 1)", "the share of replayed rows among all rows of a step"),
+    "rows": (">= 1", "replayed rows per step"),
+    "min_age": (">= 0", "steps"), "until_step": (">= 0", "a step number"),
+})
 class ReplayAppend(_ReplayInjection):
     """ReMix's mix-policy batch: beside each step's fresh rollouts, append rows replayed from
     the buffer (other prompts, earlier steps), with the advantage they were scored with; they
@@ -354,7 +358,10 @@ class ReplayAppend(_ReplayInjection):
         )
 
 
-@INJECTIONS.register("replay_fill")
+@INJECTIONS.register("replay_fill", bounds={
+    "per_group": (">= 1", "slots of a group filled from the buffer"),
+    "min_age": (">= 0", "steps"), "revisit": ("[0, 1]", "a probability"),
+})
 class ReplayFill(_ReplayInjection):
     """Refill groups with no learning signal from the buffer: when every fresh rollout of a
     prompt got the same reward (``fill: same_reward``; RePO-replay, the ms-swift ask) or

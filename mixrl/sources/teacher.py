@@ -177,7 +177,10 @@ def combine_logps(logps: list[torch.Tensor], how: str = "mixture") -> torch.Tens
 
 
 # --------------------------------------------------------------------------- AMPO
-@INJECTIONS.register("refill_failed")
+@INJECTIONS.register("refill_failed", bounds={
+    "per_group": (">= 1", "rollouts of a failed group replaced"),
+    "candidates": (">= 1", "completions each teacher samples"),
+})
 class RefillFailed(Injection):
     """AMPO's guidance on demand: when every rollout of a group fails, the teacher(s) generate
     candidates for the prompt; the correct ones (reward >= ``threshold``) that the student

@@ -137,7 +137,9 @@ def build_reward_funcs(cfg: DictConfig) -> tuple[list, list[float]]:
     specs += [dict(_plain(x)) for x in cfg.reward.extra]
     funcs, weights = [], []
     for s in specs:
-        funcs.append(build_reward(s["name"], **(s.get("params") or {})))
+        fn = build_reward(s["name"], **(s.get("params") or {}))
+        fn.timeout_s = cfg.reward.get("timeout_s")  # reward.timeout_s: the wall-clock limit of each call
+        funcs.append(fn)
         weights.append(float(s.get("weight", 1.0)))
     return funcs, weights
 

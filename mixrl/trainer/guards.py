@@ -1,7 +1,8 @@
 """Run health: interrupts, divergence and collapse.
 
 * :class:`InterruptGuard`: the first SIGINT / SIGTERM asks the trainer to finish the current
-  optimizer step, save a checkpoint and stop (a second one quits at once).
+  optimizer step, save a checkpoint and stop (a second one quits at once); during a reward
+  call (which may hang) it stops the call at once (:mod:`mixrl.rewards.deadline`).
 * :class:`DivergenceGuard`: a non-finite gradient (checked before the optimizer step, so
   the weights are still the last finite ones and are saved as a checkpoint) or a
   non-finite logged loss stops the run with :class:`mixrl.errors.TrainingDiverged`.
@@ -61,6 +62,11 @@ class InterruptGuard(TrainerCallback):
             self.restore()
             raise KeyboardInterrupt
         self.signum = signum
+        from mixrl.rewards.deadline import RewardSignal, in_reward_call
+
+        if in_reward_call():  # a reward may never return: stop it now (the run saves a checkpoint)
+            self.say(f"{self.name}: stopping the running reward function, saving a checkpoint, then stopping")
+            raise RewardSignal(self.name)
         self.say(f"{signal.Signals(signum).name}: saving a checkpoint after this step, then stopping (again to quit now)")
 
     @property

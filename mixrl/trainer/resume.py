@@ -35,6 +35,7 @@ RESUME_SAFE = (
     "trainer.eval_batch_size",
     "logger.",
     "hardware.torch_threads",
+    "reward.timeout_s",
     "resume",
 )
 

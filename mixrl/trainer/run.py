@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from mixrl.config.rules import geometry
-from mixrl.errors import ConfigError, MixrlUserError, RewardError, RunInterrupted, TrainingDiverged
+from mixrl.errors import ConfigError, MixrlUserError, RewardError, RunInterrupted, TrainingDiverged, storage_error
 from mixrl.trainer.resume import checkpoint_step, last_checkpoint, load_run_state, truncate_jsonl
 
 FAILED = "FAILED"
@@ -98,7 +98,7 @@ def prepare_run_dir(cfg: DictConfig, say=print, lock=None) -> Path:
             clear_failed_run(run_dir, say)
         (run_dir / "config.yaml").write_text(config_text(cfg))
     except OSError as e:
-        raise ConfigError(f"run_dir '{run_dir}' cannot be written ({e.strerror or e}); choose a writable run_dir") from None
+        raise storage_error(e) or ConfigError(f"run_dir '{run_dir}' cannot be written ({e.strerror or e}); choose a writable run_dir") from None
     return run_dir
 
 
@@ -261,13 +261,77 @@ def _finite_params(model) -> bool:
     return all(bool(torch.isfinite(p).all()) for p in model.parameters())
 
 
-def train(cfg: DictConfig, console: Console | None = None, *, before: dict | None = None) -> RunResult:
-    """Train one config end to end; returns the run directory and summary. ``before``:
-    held-out results already measured for the starting model (skips that evaluation).
+@dataclass
+class RunInputs:
+    """What a run reads, loaded and checked before its run directory is created."""
 
-    ``cfg.resume`` set: continue that run from its last checkpoint (see
-    :mod:`mixrl.trainer.resume`). A failure after the run directory exists writes the
-    ``FAILED`` marker; SIGINT / SIGTERM save a checkpoint and raise :class:`RunInterrupted`."""
+    model_path: str
+    tokenizer: object
+    train_ds: object
+    eval_rows: list
+    heldout: dict
+    reward_funcs: list
+    reward_weights: list | None
+    seconds: float = 0.0  # wall-clock and CPU time of the preparation (part of the run's setup time)
+    cpu_seconds: float = 0.0
+
+
+def prepare_inputs(cfg: DictConfig, console: Console) -> RunInputs:
+    """Resolve the model, load the tokenizer, the training and held-out rows and the reward
+    functions, and check them together (:func:`mixrl.config.checks.check_training_data`,
+    :func:`mixrl.config.checks.check_train_size`) before anything of the run is created: a
+    bad data file, reward or model path fails here, with one line, and leaves no run
+    directory behind. The tiny model's extended vocabulary (a cache, not the run) is built here too."""
+    from transformers import set_seed
+
+    from mixrl.config.checks import check_train_size, check_training_data, row_texts
+    from mixrl.trainer import build
+
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    _set_threads(cfg)
+    set_seed(int(cfg.seed))
+    model_path = build.resolve_model_path(cfg, progress=cfg.logger.progress)
+    tokenizer = build.load_tokenizer(model_path, cfg)
+    train_ds, eval_rows, heldout = heldout_rows(cfg)
+    reward_funcs, reward_weights = build.build_reward_funcs(cfg)
+    new_chars = build.tiny_missing_characters(cfg, model_path, tokenizer, row_texts(train_ds) + row_texts(eval_rows))
+    if new_chars:  # the tiny model learns the data's characters: check with its extended tokenizer
+        from mixrl.models.tiny_vocab import extend_tokenizer
+
+        tokenizer = extend_tokenizer(tokenizer, new_chars)
+    check_training_data(cfg, tokenizer, train_ds, reward_funcs, model_path)  # before the model loads
+    check_train_size(cfg, train_ds, heldout)
+    if _rank() == 0:
+        console.print(describe_heldout(heldout), soft_wrap=True, highlight=False)
+    if new_chars:
+        model_path, tokenizer = build.extend_tiny(
+            cfg, model_path, new_chars, say=lambda text: console.print(text, soft_wrap=True, highlight=False)
+        )
+    return RunInputs(model_path, tokenizer, train_ds, eval_rows, heldout, reward_funcs, reward_weights,
+                     time.perf_counter() - t0, time.process_time() - cpu0)
+
+
+def _refuse_occupied_run_dir(cfg: DictConfig, console: Console) -> None:
+    """A new run's ``run_dir`` that is already in use is refused before anything is loaded.
+    Only the refusal: a directory marked FAILED is left to :func:`prepare_run_dir`, after the
+    inputs passed their checks, so a refused start changes nothing."""
+    if cfg.get("resume") or not cfg.run_dir or _rank() != 0:
+        return
+    run_dir = Path(cfg.run_dir)
+    if not (run_dir / FAILED).is_file():
+        check_new_run_dir(run_dir, say=lambda text: console.print(text, soft_wrap=True, highlight=False))
+
+
+def train(cfg: DictConfig, console: Console | None = None, *, before: dict | None = None,
+          inputs: RunInputs | None = None) -> RunResult:
+    """Train one config end to end; returns the run directory and summary. ``before``:
+    held-out results already measured for the starting model (skips that evaluation);
+    ``inputs``: already prepared by :func:`prepare_inputs`.
+
+    Every check runs before the run directory is created (:func:`prepare_inputs`), so a
+    failed start leaves nothing behind. ``cfg.resume`` set: continue that run from its last
+    checkpoint (see :mod:`mixrl.trainer.resume`). A failure after the run directory exists
+    writes the ``FAILED`` marker; SIGINT / SIGTERM save a checkpoint and raise :class:`RunInterrupted`."""
     from mixrl.trainer.guards import InterruptGuard
 
     console = console or Console(stderr=True)
@@ -275,16 +339,22 @@ def train(cfg: DictConfig, console: Console | None = None, *, before: dict | Non
     from mixrl.trainer.resume import resume_checkpoint
     from mixrl.trainer.rundir_lock import RunDirLock
 
-    lock = RunDirLock()  # held until the run ends: a second process on this run_dir is refused
+    lock = RunDirLock()  # taken by prepare_run_dir, held until the run ends: a second process on this run_dir is refused
+    guard = InterruptGuard(say=console.print).install()  # a signal during the checks stops them too
     try:
-        run_dir = prepare_run_dir(cfg, say=lambda text: console.print(text, soft_wrap=True, highlight=False), lock=lock)
         resume_from = resume_checkpoint(cfg) if cfg.get("resume") else None
+        _refuse_occupied_run_dir(cfg, console)  # cheap, so before the inputs load
+        if inputs is None:
+            inputs = prepare_inputs(cfg, console)
+        if guard.signum is not None:
+            raise RunInterrupted(f"{guard.name} before training started; nothing was created")
+        run_dir = prepare_run_dir(cfg, say=lambda text: console.print(text, soft_wrap=True, highlight=False), lock=lock)
     except BaseException:
+        guard.restore()
         lock.release()
         raise
-    guard = InterruptGuard(say=console.print).install()
     try:
-        return _train(cfg, console, run_dir, guard, resume_from, before)
+        return _train(cfg, console, run_dir, guard, resume_from, before, inputs)
     except RunInterrupted as e:
         if last_checkpoint(run_dir) is None:
             mark_failed(run_dir, str(e))
@@ -295,6 +365,10 @@ def train(cfg: DictConfig, console: Console | None = None, *, before: dict | Non
             mark_failed(run_dir, msg)
         raise RunInterrupted(msg) from None
     except BaseException as e:
+        storage = storage_error(e) if isinstance(e, Exception) else None
+        if storage is not None:  # disk full, read-only folder: one line naming the file (FAILED too, if it can be written)
+            mark_failed(run_dir, str(storage))
+            raise storage from None
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         mark_failed(run_dir, reason if isinstance(e, MixrlUserError) else f"{type(e).__name__}: {reason}")
         raise
@@ -303,17 +377,14 @@ def train(cfg: DictConfig, console: Console | None = None, *, before: dict | Non
         lock.release()
 
 
-def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before: dict | None) -> RunResult:
-    from transformers import set_seed
-
+def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before: dict | None, inputs: RunInputs) -> RunResult:
+    from mixrl.rewards.deadline import RewardInterrupted, RewardTooSlow
     from mixrl.trainer import build
     from mixrl.trainer.callbacks import MetricsJsonlCallback, RichProgressCallback
     from mixrl.trainer.guards import CollapseWatch, DivergenceGuard
 
-    t0, cpu0 = time.perf_counter(), time.process_time()
+    t0, cpu0 = time.perf_counter() - inputs.seconds, time.process_time() - inputs.cpu_seconds  # setup includes the inputs
     geom = geometry(cfg)
-    _set_threads(cfg)
-    set_seed(int(cfg.seed))
     start_step = 0
     if resume_from is not None:
         start_step = checkpoint_step(resume_from)
@@ -324,24 +395,8 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
         if before is None and (run_dir / EVAL_BEFORE).is_file():
             before = json.loads((run_dir / EVAL_BEFORE).read_text())
         console.print(f"resuming {run_dir} from step {start_step} ({resume_from.name})")
-    model_path = build.resolve_model_path(cfg, progress=cfg.logger.progress)
-    tokenizer = build.load_tokenizer(model_path, cfg)
-    train_ds, eval_rows, heldout = heldout_rows(cfg)
-    if _rank() == 0:
-        console.print(describe_heldout(heldout), soft_wrap=True, highlight=False)
-    reward_funcs, reward_weights = build.build_reward_funcs(cfg)
-    from mixrl.config.checks import check_training_data, row_texts
-
-    new_chars = build.tiny_missing_characters(cfg, model_path, tokenizer, row_texts(train_ds) + row_texts(eval_rows))
-    if new_chars:  # the tiny model learns the data's characters: check with its extended tokenizer
-        from mixrl.models.tiny_vocab import extend_tokenizer
-
-        tokenizer = extend_tokenizer(tokenizer, new_chars)
-    check_training_data(cfg, tokenizer, train_ds, reward_funcs, model_path)  # before the model loads
-    if new_chars:
-        model_path, tokenizer = build.extend_tiny(
-            cfg, model_path, new_chars, say=lambda text: console.print(text, soft_wrap=True, highlight=False)
-        )
+    model_path, tokenizer, train_ds, eval_rows = inputs.model_path, inputs.tokenizer, inputs.train_ds, inputs.eval_rows
+    heldout, reward_funcs, reward_weights = inputs.heldout, inputs.reward_funcs, inputs.reward_weights
     metrics_cb = MetricsJsonlCallback(run_dir / "metrics.jsonl")
     collapse = CollapseWatch(warn=lambda text: console.print(f"[yellow]{text}[/]", highlight=False, soft_wrap=True))
 
@@ -393,7 +448,15 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
             f"(generation failed: {text.splitlines()[0]}); {likely_cause(float(cfg.trainer.learning_rate))}; "
             f"{_last_checkpoint_note(run_dir)}"
         ) from None
+    except RewardInterrupted as e:  # SIGINT / SIGTERM stopped a reward call (it may have hung): save and stop
+        saved = save_now() if trainer.state.global_step > 0 else None
+        raise RunInterrupted(
+            f"{e} at step {trainer.state.global_step + 1}: "
+            + (f"checkpoint saved in {saved}; continue with: mixrl train resume={run_dir}" if saved else _last_checkpoint_note(run_dir))
+        ) from None
     except RewardError as e:
+        if isinstance(e, RewardTooSlow) and trainer.state.global_step > 0:
+            save_now()  # the weights of the last finished step, to continue from once the reward is fixed
         raise RewardError(f"{e}; stopped at step {trainer.state.global_step}, {_last_checkpoint_note(run_dir)}") from None
     if guard.signum is not None:
         ckpt = last_checkpoint(run_dir)
@@ -408,6 +471,9 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
 
         log_heldout(trainer, after)
     collapse.final_check(before.get("accuracy"), after.get("accuracy"), float(cfg.trainer.learning_rate))
+    if metrics_cb.rows and all(r.get("reward_mean", r.get("reward")) is None for r in metrics_cb.rows):
+        collapse._emit("unscored", "warning: no rollout got a reward at any step (every reward function returned None): "
+                                   "the run learned nothing from rewards; check the reward function and data.answer_column")
 
     model_dir = run_dir / "model"
     if trainer.accelerator.is_main_process:
@@ -457,6 +523,9 @@ def train_stages(cfg: DictConfig, stages: list[tuple[str, DictConfig]], console:
         return train(cfg, console)
     console = console or Console(stderr=True)
     t0 = time.perf_counter()
+    first_cfg = stages[0][1]
+    first_cfg.seed = cfg.seed
+    first_inputs = prepare_inputs(first_cfg, console)  # the first stage's data, reward and model, before any folder
     outer = prepare_run_dir(cfg)
     results, before, offset = [], None, 0
     combined = outer / "metrics.jsonl"
@@ -466,7 +535,7 @@ def train_stages(cfg: DictConfig, stages: list[tuple[str, DictConfig]], console:
         if results:
             scfg.model.path = results[-1].summary["model_dir"]
         console.print(f"[bold]stage {i + 1}/{len(stages)}: {name}[/] (algo={scfg.algo.name}, {scfg.trainer.max_steps} steps)")
-        result = train(scfg, console, before=before)
+        result = train(scfg, console, before=before, inputs=first_inputs if i == 0 else None)
         before = result.summary["eval_after"]
         with combined.open("a") as f, (result.run_dir / "metrics.jsonl").open() as rows:
             for line in rows:

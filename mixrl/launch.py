@@ -411,21 +411,20 @@ def launch(cfg: DictConfig, overrides: list[str], say=print) -> int:
     from rich.console import Console
 
     from mixrl.trainer.run import prepare_inputs, quiet_libraries
-
-    quiet_libraries()
-    prepare_inputs(cfg, Console(stderr=True))
-    model_path = None
-    if starts_vllm_server(cfg):
-        from mixrl.trainer.build import resolve_model_path
-
-        model_path = resolve_model_path(cfg, progress=False)
-    plan = plan_launch(cfg, overrides, run_dir, model_path=model_path)
     from mixrl.trainer.rundir_lock import RunDirLock
 
     lock = RunDirLock()
     if cfg.get("resume") and int(cfg.hardware.machine_rank) == 0:
-        lock.acquire(run_dir)  # a resume of a run in use is refused before launch/ is rewritten
+        lock.acquire(run_dir)  # a resume of a run in use is refused before anything loads or launch/ is rewritten
     try:
+        quiet_libraries()
+        prepare_inputs(cfg, Console(stderr=True))
+        model_path = None
+        if starts_vllm_server(cfg):
+            from mixrl.trainer.build import resolve_model_path
+
+            model_path = resolve_model_path(cfg, progress=False)
+        plan = plan_launch(cfg, overrides, run_dir, model_path=model_path)
         return run_plan(plan, say=say, new_run=not cfg.get("resume"), lock_held=lock.fd is not None)
     finally:
         lock.release()

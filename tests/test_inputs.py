@@ -347,7 +347,7 @@ def test_an_unwritable_run_dir_at_creation_is_one_line(tiny_model_path, tmp_path
 
     target = tmp_path / "run" / "config.yaml"
 
-    def denied(cfg, say=print):
+    def denied(cfg, say=print, lock=None):
         raise PermissionError(errno.EACCES, "Permission denied", str(target))
 
     monkeypatch.setattr(run, "prepare_run_dir", denied)

@@ -140,7 +140,7 @@ def test_training_holds_the_lock_until_the_run_ends(tmp_path, monkeypatch):
 
     seen = {}
 
-    def fake_train(cfg, console, run_dir, guard, resume_from, before):
+    def fake_train(cfg, console, run_dir, guard, resume_from, before, inputs):
         with pytest.raises(ConfigError, match="in use by another mixrl process"):
             RunDirLock().acquire(run_dir)
         seen["resume_from"] = resume_from

@@ -313,13 +313,12 @@ def prepare_inputs(cfg: DictConfig, console: Console) -> RunInputs:
 
 def _refuse_occupied_run_dir(cfg: DictConfig, console: Console) -> None:
     """A new run's ``run_dir`` that is already in use is refused before anything is loaded.
-    Only the refusal: a directory marked FAILED is left to :func:`prepare_run_dir`, after the
-    inputs passed their checks, so a refused start changes nothing."""
+    Only the refusal (:func:`check_new_run_dir` reads only): the files of a run marked FAILED are
+    removed by :func:`prepare_run_dir`, after the inputs passed their checks, so a refused start
+    changes nothing."""
     if cfg.get("resume") or not cfg.run_dir or _rank() != 0:
         return
-    run_dir = Path(cfg.run_dir)
-    if not (run_dir / FAILED).is_file():
-        check_new_run_dir(run_dir, say=lambda text: console.print(text, soft_wrap=True, highlight=False))
+    check_new_run_dir(Path(cfg.run_dir), say=lambda text: console.print(text, soft_wrap=True, highlight=False))
 
 
 def train(cfg: DictConfig, console: Console | None = None, *, before: dict | None = None,
@@ -337,11 +336,14 @@ def train(cfg: DictConfig, console: Console | None = None, *, before: dict | Non
     console = console or Console(stderr=True)
     quiet_libraries()
     from mixrl.trainer.resume import resume_checkpoint
-    from mixrl.trainer.rundir_lock import RunDirLock
+    from mixrl.trainer.rundir_lock import LOCK_FILE, RunDirLock
 
     lock = RunDirLock()  # taken by prepare_run_dir, held until the run ends: a second process on this run_dir is refused
     guard = InterruptGuard(say=console.print).install()  # a signal during the checks stops them too
     try:
+        used = Path(cfg.resume) if cfg.get("resume") else Path(cfg.run_dir) if cfg.run_dir else None
+        if used is not None and _rank() == 0 and (used / LOCK_FILE).is_file():
+            lock.acquire(used)  # a directory mixrl ran in: a second process is refused before anything loads
         resume_from = resume_checkpoint(cfg) if cfg.get("resume") else None
         _refuse_occupied_run_dir(cfg, console)  # cheap, so before the inputs load
         if inputs is None:

@@ -30,6 +30,8 @@ class RunDirLock:
         self.fd: int | None = None
 
     def acquire(self, run_dir: str | Path) -> None:
+        if self.fd is not None:
+            return  # held already (taken early, before the run's inputs were loaded)
         if os.environ.get(HELD_ENV) == os.path.realpath(run_dir):
             return  # the launcher that started this process holds it
         try:

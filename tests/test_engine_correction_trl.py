@@ -98,12 +98,14 @@ def _mixrl(cfg, out_dir: Path):
 
     from mixrl.config.objective import build_objective
     from mixrl.trainer import build
+    from mixrl.trainer.callbacks import MetricsJsonlCallback
 
     model_path = build.resolve_model_path(cfg, progress=False)
     funcs, weights = build.build_reward_funcs(cfg)
     trainer = build.build_trainer(
         cfg, model_path=model_path, tokenizer=build.load_tokenizer(model_path, cfg), train_ds=build.load_train_rows(cfg),
-        reward_funcs=funcs, reward_weights=weights, run_dir=out_dir, callbacks=[],
+        reward_funcs=funcs, reward_weights=weights, run_dir=out_dir,
+        callbacks=[MetricsJsonlCallback(out_dir / "metrics.jsonl")],  # as mixrl train writes it
     )
     # the objective mixrl builds when vLLM generates (the trainer was built with vLLM off)
     vllm_cfg = OmegaConf.merge(cfg, {"hardware": {"use_vllm": True}})
@@ -180,6 +182,12 @@ def test_mixrl_grpo_equals_trl_with_engine_logprobs(tiny_model_path, tmp_path, m
     assert _last(mix_log, "engine/logp_diff/mean") == pytest.approx(_last(trl_log, "sampling/sampling_logp_difference/mean"), abs=1e-6)
     assert _last(mix_log, "engine/logp_diff/max") == pytest.approx(_last(trl_log, "sampling/sampling_logp_difference/max"), abs=1e-6)
     assert _last(mix_log, "engine/ratio/min") <= _last(mix_log, "engine/ratio/median") <= _last(mix_log, "engine/ratio/max")
+    # ... and reach metrics.jsonl (the trackers get the same log dict)
+    import json
+
+    row = json.loads((tmp_path / "mixrl" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert row["engine/logp_diff/mean"] == pytest.approx(_last(mix_log, "engine/logp_diff/mean"))
+    assert {"engine/ratio/p05", "engine/ratio/p95"} <= set(row)
 
     if mode == "sequence_mask":  # the comparison can fail: without the correction mixrl trains something else
         off = _cfg(tiny_model_path, tmp_path / "run_off", ["algo.engine_correction.enabled=false"])

@@ -238,8 +238,8 @@ def _check_engine_correction(cfg: DictConfig) -> None:
     try:
         check_bounds(str(node.mode), c_min, c_max)
     except ValueError as e:
-        raise ConfigError(f"algo.engine_correction: {e}; e.g. algo.engine_correction.mode=sequence_mask "
-                          "algo.engine_correction.c_max=3 (TRL's defaults), or algo.engine_correction.enabled=false") from None
+        raise ConfigError(f"algo.engine_correction: {e}; TRL's defaults are mode=sequence_mask c_min=null c_max=3 "
+                          "(algo.engine_correction.enabled=false turns the correction off)") from None
 
 
 def _injection_provenances(cfg: DictConfig, source_name: str, inject_name: str) -> tuple[set[str], set[str]]:

@@ -33,8 +33,8 @@ from torch import Tensor
 
 MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 FORMULA = (
-    "w = {how}(rho, C_min={c_min}, C_max={c_max}) with rho = exp({what}(log pi_old - log pi_engine)), "
-    "no gradient; multiplies the policy term's per-token loss on rollout tokens"
+    "w = {how} with rho = exp({what}){level}, no gradient; "
+    "multiplies the per-token policy loss of the tokens the policy sampled"
 )
 
 
@@ -52,9 +52,11 @@ class EngineCorrection:
     def formula(self) -> str:
         """The correction as one line, with its values (``mixrl explain``)."""
         level, how = self.mode.split("_")
-        what = "sum_t " if level == "sequence" else ""
-        how = "clamp" if how == "truncate" else "mask_outside"
-        return f"{self.mode}: " + FORMULA.format(how=how, what=what, c_min=_fmt(self.c_min), c_max=_fmt(self.c_max))
+        lo, hi = _fmt(self.c_min), _fmt(self.c_max)
+        how = f"clamp(rho, C_min={lo}, C_max={hi})" if how == "truncate" else f"rho if C_min={lo} <= rho <= C_max={hi}, else 0"
+        what = "sum_t (log pi_old - log pi_engine)" if level == "sequence" else "log pi_old - log pi_engine"
+        where = " per row (one weight for all its tokens)" if level == "sequence" else " per token"
+        return f"{self.mode}: " + FORMULA.format(how=how, what=what, level=where)
 
 
 def _fmt(x: float | None) -> str:

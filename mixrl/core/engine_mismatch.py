@@ -64,7 +64,8 @@ def _fmt(x: float | None) -> str:
 
 
 def check_bounds(mode: str, c_min: float | None, c_max: float | None) -> None:
-    """``ValueError`` (one line) for an unknown mode or bounds TRL would refuse."""
+    """``ValueError`` (one line) for an unknown mode, bounds TRL refuses (C_min >= C_max, no bound
+    in a truncate mode) or a negative or infinite bound (no ratio exp(.) > 0 needs one)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     if c_min is None and c_max is None and mode.endswith("_truncate"):

@@ -119,7 +119,22 @@ def test_objective_weights_the_policy_term_only_on_policy_tokens():
     # no engine log-probs (vLLM off): nothing changes
     same, _ = compute_objective(_objective(corr), **kw)
     assert float(same) == float(without)
-    # a non-policy token of a masked row keeps weight 1 (the expert token at [1, 2] is padding here anyway)
     grad_w = torch.autograd.grad(with_w, logp)[0]
     grad_0 = torch.autograd.grad(compute_objective(_objective(None), engine_logp=ENG, **kw)[0], logp)[0]
     assert not torch.allclose(grad_w, grad_0)
+
+
+def test_tokens_the_policy_did_not_sample_keep_weight_one():
+    from mixrl.core.objective import _engine_weight
+
+    src = torch.tensor([[prov.ON_POLICY] * 3, [prov.ON_POLICY, prov.EXPERT, prov.EXPERT]])
+    valid = torch.ones(2, 3, dtype=torch.bool)
+    old = torch.tensor([[-1.0, -1.0, -1.0], [-1.0, -1.0, -1.0]], dtype=torch.float64)
+    eng = torch.tensor([[-1.5, -1.5, -1.5], [-1.5, -9.0, -9.0]], dtype=torch.float64)  # expert tokens: huge "ratio"
+    w = _engine_weight(EngineCorrection("token_truncate", None, 3.0), old, eng, valid, src)
+    torch.testing.assert_close(w, torch.tensor([[math.exp(0.5)] * 3, [math.exp(0.5), 1.0, 1.0]], dtype=torch.float64))
+    # sequence level: the expert tokens do not enter row 1's sum either
+    w = _engine_weight(EngineCorrection("sequence_truncate", None, 100.0), old, eng, valid, src)
+    torch.testing.assert_close(w, torch.tensor([[math.exp(1.5)] * 3, [math.exp(0.5), 1.0, 1.0]], dtype=torch.float64))
+    assert _engine_weight(None, old, eng, valid, src) is None
+    assert _engine_weight(EngineCorrection(), old, None, valid, src) is None

@@ -58,6 +58,11 @@ def _summary_table(summary: dict) -> Table:
         f"reward (last step) {reward_text}; wall-clock {summary['wall_seconds']:.0f}s "
         f"(setup {summary['setup_seconds']:.0f}s, train {summary['train_seconds']:.0f}s)"
     )
+    from mixrl.trainer.callbacks import engine_mismatch_text
+
+    engine = engine_mismatch_text(final)
+    if engine is not None:
+        table.caption += f"; vLLM vs trainer log-probs (last step): {engine}"
     return table
 
 

@@ -73,7 +73,22 @@ def build_objective(cfg: DictConfig) -> Objective:
     if _entropy_term_needed(cfg):
         coefs["entropy_coef"] = plain(a.entropy_coef)
         terms.append(TermSpec("entropy_bonus", "entropy", ("on_policy",), None, "-entropy_coef", "token-mean", {}, {}))
-    return Objective(terms, coefs)
+    return Objective(terms, coefs, engine_correction=build_engine_correction(cfg))
+
+
+def build_engine_correction(cfg: DictConfig):
+    """The engine-mismatch correction of ``algo.engine_correction`` when vLLM generates
+    (``hardware.use_vllm``) and it is enabled; None otherwise. ``ValueError`` for bad bounds."""
+    from mixrl.core.engine_mismatch import EngineCorrection
+
+    node = cfg.algo.get("engine_correction")
+    if node is None or not bool(node.enabled) or not bool(cfg.hardware.use_vllm):
+        return None
+    return EngineCorrection(
+        mode=str(node.mode),
+        c_min=None if node.c_min is None else float(node.c_min),
+        c_max=None if node.c_max is None else float(node.c_max),
+    )
 
 
 def _entropy_term_needed(cfg: DictConfig) -> bool:
@@ -146,6 +161,7 @@ def check_objective(cfg: DictConfig) -> list[str]:
     if not algo.get("terms"):
         raise ConfigError(f"algo={algo.name} has no terms (algo.terms); add at least one, e.g. "
                           "algo.terms.policy={name: policy, tokens: [on_policy]}")
+    _check_engine_correction(cfg)
     try:
         objective = build_objective(cfg)
     except (ValueError, TypeError, KeyError) as e:
@@ -207,6 +223,23 @@ def check_objective(cfg: DictConfig) -> list[str]:
         _check_controller(cfg, ctrl_name, controller, objective)
     notes += _notes(cfg, objective)
     return notes
+
+
+def _check_engine_correction(cfg: DictConfig) -> None:
+    """``algo.engine_correction``: a known mode and bounds TRL accepts (checked with vLLM off
+    too, so a config fails here rather than on the GPU machine)."""
+    from mixrl.core.engine_mismatch import check_bounds
+
+    node = cfg.algo.get("engine_correction")
+    if node is None:
+        return
+    c_min = None if node.c_min is None else float(node.c_min)
+    c_max = None if node.c_max is None else float(node.c_max)
+    try:
+        check_bounds(str(node.mode), c_min, c_max)
+    except ValueError as e:
+        raise ConfigError(f"algo.engine_correction: {e}; TRL's defaults are mode=sequence_mask c_min=null c_max=3 "
+                          "(algo.engine_correction.enabled=false turns the correction off)") from None
 
 
 def _injection_provenances(cfg: DictConfig, source_name: str, inject_name: str) -> tuple[set[str], set[str]]:

@@ -144,6 +144,19 @@ class LoggerConfig:
 
 
 @dataclass
+class EngineCorrectionConfig:
+    """The engine-mismatch correction (``mixrl.core.engine_mismatch``), applied whenever an
+    inference engine generates (``hardware.use_vllm=true``); TRL's defaults. ``enabled=false``
+    trains without it. ``mode``: token_truncate | token_mask | sequence_truncate | sequence_mask;
+    ``c_min``/``c_max``: the bounds C_min, C_max (null: that side unbounded)."""
+
+    enabled: bool = True
+    mode: str = "sequence_mask"
+    c_min: Optional[float] = None
+    c_max: Optional[float] = 3.0
+
+
+@dataclass
 class AlgoConfig:
     """The objective. ``loss``, ``aggregation``, ``advantage``, ``inject``, each term and
     ``controller`` are components: a ``name`` plus that component's parameters.
@@ -166,6 +179,7 @@ class AlgoConfig:
     terms: dict = field(default_factory=dict)  # label -> term; every algo lists its own
     controller: Optional[dict] = None  # {name: bapo|entropic, ...}: sets clip bounds / entropy coef each step
     stages: list = field(default_factory=list)  # sequential stages (sft_then_rl)
+    engine_correction: EngineCorrectionConfig = field(default_factory=EngineCorrectionConfig)  # when vLLM generates
 
 
 @dataclass

@@ -19,6 +19,14 @@ mu_t nll_phi(expert); LUFFY = policy(on_policy) + shaped(expert), both normalise
 on_policy + expert; SFT = nll(expert). KL and entropy regularisers are terms on on-policy
 tokens. Tokens a term selects must have what it needs: a ratio needs a known behaviour
 probability (see :mod:`mixrl.core.provenance`), so no ratio is ever taken against a silent 0.
+
+Engine-mismatch correction (``Objective.engine_correction``, set when an inference engine
+such as vLLM generates): the per-token loss of every term that declares ``engine_corrected``
+(the policy term) is multiplied, on the tokens the policy sampled, by the weight ``w`` of
+:mod:`mixrl.core.engine_mismatch` between the trainer's ``old_logp`` and the engine's
+``engine_logp``, before aggregation, as TRL's ``GRPOTrainer`` does::
+
+    l_k,t  <-  w_t * l_k,t      (w_t = 1 on tokens the engine did not sample)
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import torch
 
 from mixrl.core import provenance as prov
 from mixrl.core._tensor import masked_mean, zero_masked
+from mixrl.core.engine_mismatch import EngineCorrection, engine_mismatch_weight
 
 
 @dataclass
@@ -57,6 +66,8 @@ class Objective:
 
     terms: list[TermSpec]
     coefs: dict[str, Any] = field(default_factory=dict)
+    #: the engine-mismatch correction (None: none; set only when an inference engine generates)
+    engine_correction: EngineCorrection | None = None
 
     def populations(self) -> list[tuple[str, ...]]:
         """The distinct token populations the terms normalise over (trainer counts them)."""
@@ -128,6 +139,7 @@ def compute_objective(
     behaviour_logp: torch.Tensor | None = None,
     ref_logp: torch.Tensor | None = None,
     teacher_logp: torch.Tensor | None = None,
+    engine_logp: torch.Tensor | None = None,
     entropies: torch.Tensor | None = None,
     step: int = 0,
     normalisers: Mapping[str, tuple[float, float]] | None = None,
@@ -138,7 +150,10 @@ def compute_objective(
     ``token_source`` [B, T]: provenance codes (default: every token on-policy).
     ``old_logp``: the policy's log-probs at generation time (default ``sg(logp)``): the
     behaviour of ``policy`` provenances. ``behaviour_logp``: recorded log-probs of ``stored``
-    provenances (NaN where not recorded). ``normalisers[population_key] = (tokens, rows)``:
+    provenances (NaN where not recorded). ``engine_logp``: the log-probs the inference engine
+    reported when it sampled each token (NaN where it sampled none); with
+    ``objective.engine_correction`` they weight the engine-corrected terms (module docstring).
+    ``normalisers[population_key] = (tokens, rows)``:
     the effective counts each population divides by; without them, this micro-batch's own
     counts. ``knobs``: controller values for this step: ``loss.<param>`` for the policy loss,
     any other name for a coefficient.
@@ -158,6 +173,7 @@ def compute_objective(
     counts = {k: (normalisers[k] if normalisers else _counts(m)) for k, m in pop_masks.items()}
     total = torch.zeros((), dtype=logp.dtype, device=logp.device)
     metrics: dict[str, float] = {}
+    engine_w = _engine_weight(objective.engine_correction, old_logp, engine_logp, valid, token_source)
     for term in objective.terms:
         sel = valid & prov.select(token_source, term.tokens)
         x = TermInputs(
@@ -173,6 +189,8 @@ def compute_objective(
         if getattr(TERMS.get(term.kind), "needs_behaviour", False) and bool(sel.any()):
             _check_behaviour(term, behaviour, sel, token_source)
         out = TERMS.get(term.kind)(x, **term.params)
+        if engine_w is not None and getattr(TERMS.get(term.kind), "engine_corrected", False):
+            out.per_token = out.per_token * engine_w
         key = population_key(term.population)
         tokens, rows = counts[key]
         num_items = max(rows if uses_rows(term.aggregation) else tokens, 1.0)
@@ -201,6 +219,23 @@ def compute_objective(
         metrics[f"{name}/row_frac"] = float(sel.any(-1).float().mean()) if logp.shape[0] else 0.0
     metrics["loss/total"] = float(total.detach())
     return total, metrics
+
+
+def _engine_weight(
+    correction: EngineCorrection | None,
+    old_logp: torch.Tensor,
+    engine_logp: torch.Tensor | None,
+    valid: torch.Tensor,
+    token_source: torch.Tensor,
+) -> torch.Tensor | None:
+    """[B, T] engine-mismatch weight on the tokens the policy sampled (behaviour ``policy``),
+    1 elsewhere; None without a correction or engine log-probs."""
+    if correction is None or engine_logp is None:
+        return None
+    policy_codes = [prov.code(n) for n in prov.provenance_names() if prov.provenance(n).behaviour == "policy"]
+    sampled = valid & torch.isin(token_source, torch.tensor(policy_codes, dtype=token_source.dtype, device=token_source.device))
+    w = engine_mismatch_weight(old_logp, engine_logp, sampled, mode=correction.mode, c_min=correction.c_min, c_max=correction.c_max)
+    return torch.where(sampled, w.expand_as(old_logp), torch.ones_like(old_logp))
 
 
 def _behaviour(token_source: torch.Tensor, old_logp: torch.Tensor, stored: torch.Tensor | None) -> torch.Tensor:

@@ -16,7 +16,10 @@ Attributes a term function may declare (read by config validation and ``mixrl ex
 
 * ``needs_behaviour = True``: it takes a ratio, so every provenance it selects must have a
   known behaviour probability (see :mod:`mixrl.core.provenance`);
-* ``needs = ("ref_logp",)`` / ``("teacher_logp",)``: per-token inputs it reads.
+* ``needs = ("ref_logp",)`` / ``("teacher_logp",)``: per-token inputs it reads;
+* ``engine_corrected = True``: when an inference engine generates, the objective multiplies
+  its per-token loss on policy-sampled tokens by the engine-mismatch weight
+  (:mod:`mixrl.core.engine_mismatch`), as TRL multiplies its policy loss.
 """
 
 from __future__ import annotations
@@ -97,6 +100,7 @@ def ratio_stats(logp: Tensor, behaviour_logp: Tensor, mask: Tensor) -> dict[str,
 
 
 policy.needs_behaviour = True
+policy.engine_corrected = True
 
 
 @TERMS.register("nll")

@@ -132,6 +132,8 @@ def _term_rows(cfg: DictConfig, term) -> list[tuple[str, str]]:
         f"{term.kind} term on {' + '.join(term.tokens)} tokens, weight {_weight_text(cfg, term)}; "
         f"{term.aggregation} over {_population_text(term)}"
     )
+    if objective(cfg).engine_correction is not None and getattr(TERMS.get(term.kind), "engine_corrected", False):
+        head += "; per-token loss times the engine-mismatch weight w_t on policy-sampled tokens (engine, below)"
     rows = [(term.label, head), ("", f"  {term.kind}: {TERMS.formula(term.kind, term.params)}")]
     for key, value in term.params.items():
         found = _nested(term, key) if isinstance(value, dict) and value.get("name") else None
@@ -247,6 +249,18 @@ def _provenance_row(cfg: DictConfig) -> str:
     )
 
 
+def _engine_row(cfg: DictConfig) -> str | None:
+    """The engine-mismatch correction when vLLM generates (None when it does not)."""
+    if not bool(cfg.hardware.use_vllm):
+        return None
+    correction = objective(cfg).engine_correction
+    if correction is None:
+        return ("vLLM generates; its sampling log-probs differ slightly from the trainer's and this run does not "
+                "correct for it (algo.engine_correction.enabled=false)")
+    return (f"vLLM generates; {correction.formula()} (algo.engine_correction; TRL's vLLM importance-sampling "
+            "correction; metrics engine/*)")
+
+
 def explain_lines(cfg: DictConfig) -> list[tuple[str, str]]:
     """``(label, text)`` rows: each term (with the formulas of its components), each
     coefficient, the advantage, injection, source, controller, tokens and batch geometry.
@@ -265,6 +279,9 @@ def explain_lines(cfg: DictConfig) -> list[tuple[str, str]]:
     if teacher is not None:
         rows.append(("teacher.source", teacher))
     rows.append(("controller", _controller_row(cfg)))
+    engine = _engine_row(cfg)
+    if engine is not None:
+        rows.append(("engine", engine))
     rows.append(("tokens", _provenance_row(cfg)))
     rows.append(("batch", geometry(cfg).describe()))
     k = int(cfg.trainer.get("staleness", 0) or 0)

@@ -7,6 +7,10 @@ adds, and every injection keeps consistent:
 * ``token_source`` [B, T] long: each completion token's provenance code;
 * ``behaviour_logp`` [B, T] float: log-prob recorded when the token was sampled, for
   ``stored`` provenances; NaN where none was recorded (never a silent 0);
+* ``sampling_per_token_logps`` [B, T] float (TRL's, when vLLM generates): the log-prob the
+  inference engine reported when it sampled each token; NaN where it sampled none (prefix
+  tokens, written or appended rows). The engine-mismatch correction reads it
+  (:mod:`mixrl.core.engine_mismatch`);
 * ``group_id`` [B] long: the global index of the row's group; -1 for rows in no group;
 * ``teacher_logp`` [B, T] float (optional): a teacher's log-prob of each token, NaN where unknown;
 * ``mixrl_reward``, ``mixrl_group_mean``, ``mixrl_group_std`` [B] float: the row's reward and its

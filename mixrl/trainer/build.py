@@ -195,6 +195,9 @@ def grpo_args(cfg: DictConfig, run_dir: Path, geom: Geometry | None = None):
         vllm_enable_sleep_mode=bool(hw.vllm_enable_sleep_mode),
         vllm_server_host=str(hw.vllm_server_host),
         vllm_server_port=int(hw.vllm_server_port),
+        # mixrl applies the correction itself (algo.engine_correction, mixrl.core.engine_mismatch); TRL's
+        # flag makes it compute the trainer's old log-probs of vLLM rollouts, which the weight needs
+        **_engine_correction_args(cfg),
         deepspeed=hw.deepspeed,
         disable_tqdm=True,
         model_init_kwargs={"dtype": dtype, "trust_remote_code": bool(cfg.model.trust_remote_code)}
@@ -203,6 +206,17 @@ def grpo_args(cfg: DictConfig, run_dir: Path, geom: Geometry | None = None):
         remove_unused_columns=False,
         shuffle_dataset=True,
     )
+
+
+def _engine_correction_args(cfg: DictConfig) -> dict:
+    """TRL's ``vllm_importance_sampling_*`` arguments from ``algo.engine_correction``."""
+    node = cfg.algo.engine_correction
+    return {
+        "vllm_importance_sampling_correction": bool(node.enabled),
+        "vllm_importance_sampling_mode": str(node.mode),
+        "vllm_importance_sampling_clip_min": None if node.c_min is None else float(node.c_min),
+        "vllm_importance_sampling_clip_max": None if node.c_max is None else float(node.c_max),
+    }
 
 
 def _needs_ref_logp(cfg: DictConfig) -> bool:

@@ -19,6 +19,20 @@ RENAMES = {
 }
 
 
+def engine_mismatch_text(logs: dict) -> str | None:
+    """The engine-mismatch metrics of a logged step in a few words (None without them):
+    ``|dlogp| 0.012, 3% masked`` (``engine/*``, :func:`mixrl.core.engine_mismatch.mismatch_metrics`)."""
+    mean = logs.get("engine/logp_diff/mean")
+    if mean is None:
+        return None
+    text = f"|dlogp| {mean:.3g}"
+    for key in ("masked", "truncated"):
+        frac = logs.get(f"engine/{key}_frac")
+        if frac is not None:
+            text += f", {100 * frac:.0f}% {key}"
+    return text
+
+
 def _clean(value):
     if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
         return None
@@ -93,6 +107,9 @@ class RichProgressCallback(TrainerCallback):
             parts.append(f"acc {logs['accuracy']:.2f}")
         if logs.get("mu") is not None:
             parts.append(f"mu {logs['mu']:.2f}")
+        engine = engine_mismatch_text(logs)
+        if engine is not None:
+            parts.append(f"vLLM {engine}")
         if parts:
             self.last = "  ".join(parts)
             self.progress.update(self.task, info=self.last)

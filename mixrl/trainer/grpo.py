@@ -14,7 +14,11 @@ pinned by ``tests/test_trl_contract.py``):
   before they are scored); skips generation when an injection writes every completion.
 * ``_calculate_rewards``: keeps the gathered reward matrix of the generation batch.
 * ``_compute_loss``: one forward per kind of row (each trimmed to its own completion
-  width), then ``mixrl.core.compute_objective``; a controller may set knobs first.
+  width), then ``mixrl.core.compute_objective``; a controller may set knobs first. TRL's own
+  ``importance_sampling_ratio`` is not read: when vLLM generates, the objective's
+  engine-mismatch correction (``algo.engine_correction``) recomputes it from the engine's
+  log-probs (``sampling_per_token_logps``) and the trainer's (``old_per_token_logps``), and
+  ``engine/*`` metrics describe the mismatch once per generation batch.
 * ``_save_checkpoint`` / ``_load_optimizer_and_scheduler``: everything a resumed run needs to
   continue exactly travels with checkpoints: controller and source state (an injection with
   ``state_in_file``, e.g. a replay buffer, in a ``torch.save`` file of its own per process),
@@ -239,6 +243,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
         if lagged:
             self._metrics[mode]["staleness"].append(float(self._lag_used))
         self._add_provenance(out)
+        self._log_engine_mismatch(out, mode)
         rpf = self._mixrl_rewards_per_func
         rewards = (rpf * self.reward_weights.to(device).unsqueeze(0)).nansum(dim=1)
         ctx = self._inject_context()
@@ -299,6 +304,20 @@ class MixrlGRPOTrainer(GRPOTrainer):
             self._log_injection_metrics(mode)
         self._mixrl_normalisers = self._global_counts(out)
         return out
+
+    def _log_engine_mismatch(self, out: dict, mode: str) -> None:
+        """``engine/*`` metrics (:func:`mixrl.core.engine_mismatch.mismatch_metrics`) of this
+        process's generation batch, on the tokens the policy sampled, when the engine reported
+        log-probs (vLLM) and TRL computed the trainer's (the correction is enabled)."""
+        engine, old = out.get("sampling_per_token_logps"), out.get("old_per_token_logps")
+        if engine is None or old is None:
+            return
+        from mixrl.core.engine_mismatch import EngineCorrection, mismatch_metrics
+
+        c = self.objective.engine_correction or EngineCorrection()
+        sampled = out["completion_mask"].bool() & _behaviour_is_policy(out["token_source"])
+        for key, value in mismatch_metrics(old, engine, sampled, mode=c.mode, c_min=c.c_min, c_max=c.c_max).items():
+            self._metrics[mode][key].append(value)
 
     def _guided(self, n_local: int, device) -> torch.Tensor:
         """Per global row: 0 free rollout, 1 continued from a prefix, 2 generated with a hint."""
@@ -727,6 +746,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
             behaviour_logp=inputs.get("behaviour_logp"),
             ref_logp=inputs.get("ref_per_token_logps"),
             teacher_logp=inputs.get("teacher_logp"),
+            engine_logp=inputs.get("sampling_per_token_logps"),  # what vLLM reported when it sampled each token
             entropies=entropies,
             step=self.state.global_step,
             normalisers=self._mixrl_normalisers if mode == "train" else None,

@@ -36,7 +36,7 @@ SETTING_BOUNDS: dict[str, tuple[str, str]] = {
     "seed": ("[0, 4294967295]", "numpy and torch seeds are 32-bit unsigned"),
     "trainer.learning_rate": ("> 0", "the optimizer step size"),
     "trainer.weight_decay": (">= 0", "a negative decay grows the weights"),
-    "trainer.max_grad_norm": ("> 0", "the gradient is clipped to this norm"),
+    "trainer.max_grad_norm": (">= 0", "the gradient is clipped to this norm; 0 turns clipping off"),
     "trainer.adam_beta1": ("[0, 1)", "an exponential moving-average factor"),
     "trainer.adam_beta2": ("[0, 1)", "an exponential moving-average factor"),
     "trainer.warmup_steps": (">= 0", "steps"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import errno
+import re
 from collections.abc import Iterable
 
 
@@ -60,7 +61,11 @@ _STORAGE = {
     errno.EACCES: ("permission denied", "make the run directory writable (chmod u+w) or choose another run_dir"),
     errno.EPERM: ("permission denied", "make the run directory writable (chmod u+w) or choose another run_dir"),
     errno.ENAMETOOLONG: ("the file name is too long", "choose a shorter run_dir (folder names at most 255 bytes)"),
+    errno.EFBIG: ("the file is larger than this machine allows (a file-size limit or a full file system)",
+                  "raise the file-size limit (ulimit -f) or choose a run_dir on another disk"),
 }
+#: how Rust libraries (safetensors, tokenizers) report an OS error in their message
+_OS_ERROR_TEXT = re.compile(r"\(os error (\d+)\)")
 
 
 def storage_error(exc: BaseException) -> StorageError | None:
@@ -74,6 +79,8 @@ def storage_error(exc: BaseException) -> StorageError | None:
         code = getattr(e, "errno", None) if isinstance(e, OSError) else None
         if code is None and "No space left on device" in str(e):
             code = errno.ENOSPC
+        if code is None and (m := _OS_ERROR_TEXT.search(str(e))):  # e.g. SafetensorError "I/O error: ... (os error 27)"
+            code = int(m.group(1))
         if code in _STORAGE:
             what, fix = _STORAGE[code]
             where = getattr(e, "filename", None) if isinstance(e, OSError) else None

@@ -16,7 +16,8 @@ and is classified automatically:
   steps, weights that differ after a resume), code from a run directory executed without being
   asked, a valid command refused, or a process that hangs past SIGTERM;
 * ``data lost``: a file the user owned (data, reward file, someone's run) deleted or changed;
-* ``orphan``: a failed start that left a new directory behind.
+* ``orphan``: a failed start that left a new directory behind (a case that fails after
+  training started must instead leave its run directory marked ``FAILED``).
 
 A case may raise several flags; its class is the first of data lost, silently wrong,
 traceback, orphan, clean. Usage::
@@ -218,14 +219,17 @@ class Case:
     # "either": exit 0, or a clean refusal (exit 2, one line); the user's files untouched either way
     fn: Callable[[Ctx], None]
     ok_rcs: tuple = (2,)
+    #: the failure comes after training started: the run directory stays, marked FAILED with the
+    #: one-line reason (not an orphan of a failed start)
+    after_start: bool = False
 
 
 CASES: list[Case] = []
 
 
-def case(name: str, group: str, expect: str = "fail", ok_rcs: tuple = (2,)):
+def case(name: str, group: str, expect: str = "fail", ok_rcs: tuple = (2,), after_start: bool = False):
     def deco(fn):
-        CASES.append(Case(name, group, expect, fn, ok_rcs))
+        CASES.append(Case(name, group, expect, fn, ok_rcs, after_start))
         return fn
     return deco
 
@@ -305,7 +309,7 @@ def _ro_parent(ctx):
     ro.chmod(0o755)
 
 
-@case("disk-full-while-saving", "machine")
+@case("disk-full-while-saving", "machine", after_start=True)
 def _disk_full(ctx):
     """RLIMIT_FSIZE of 1 MB (SIGXFSZ ignored): writes past it fail as on a full disk; the model (2.6 MB) cannot be saved."""
     import resource
@@ -664,7 +668,12 @@ def classify(c: Case, ctx: Ctx) -> Result:
             r.note = "; ".join(filter(None, [r.note, "exit 0 where it must fail"]))
         elif raw or not (p.rc in c.ok_rcs and one_line):
             flags.append("traceback")
-    if p.rc not in (0, None) and ctx.new_dirs:
+    if c.after_start and p.rc not in (0, None):
+        failed = [Path(d) / "FAILED" for d in ctx.new_dirs if (Path(d) / "FAILED").is_file()]
+        if not failed:
+            flags.append("silently wrong")
+            r.note = "; ".join(filter(None, [r.note, "failed after training started but no run directory says FAILED"]))
+    elif p.rc not in (0, None) and ctx.new_dirs:
         flags.append("orphan")
         tops = sorted({str(Path(d).relative_to(ctx.dir)).split("/")[0] for d in ctx.new_dirs})
         r.note = "; ".join(filter(None, [r.note, "left " + ", ".join(tops)]))

@@ -370,3 +370,25 @@ def test_storage_error_reads_wrapped_and_torch_write_failures():
     assert "the disk is probably full" in str(storage_error(torch_err))
     assert storage_error(ValueError("unrelated")) is None
     assert storage_error(OSError(errno.ENOENT, "No such file or directory")) is None
+
+
+def test_a_missing_teacher_folder_creates_nothing(tiny_model_path, tmp_path, no_model):
+    """The teacher is resolved with the other inputs, before the run directory (the probe found an orphan)."""
+    run = tmp_path / "run"
+    line = one_line(runner.invoke(app, ["train", *FAST, f"model.path={tiny_model_path}", "algo=opd", "teacher=model",
+                                        "teacher.source.models=[/nonexistent/teacher]", f"run_dir={run}"]))
+    assert "'/nonexistent/teacher' is not a directory" in line
+    assert not run.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_rust_wrapped_os_errors_are_storage_errors():
+    """safetensors reports the OS error only in its text: '(os error 27)' is EFBIG (a file-size limit), 28 ENOSPC."""
+    from mixrl.errors import storage_error
+
+    class SafetensorError(Exception):
+        pass
+
+    big = storage_error(SafetensorError("Error while serializing: I/O error: File too large (os error 27)"))
+    assert big is not None and "larger than this machine allows" in str(big) and "ulimit -f" in str(big)
+    assert "the disk is full" in str(storage_error(SafetensorError("I/O error: No space left (os error 28)")))
+    assert storage_error(SafetensorError("Error while deserializing header: invalid header length")) is None

@@ -181,3 +181,36 @@ def test_a_failed_run_dir_loses_only_mixrls_files(tmp_path):
     clear_failed_run(d, notes.append)
     assert d.is_dir() and sorted(p.name for p in d.iterdir()) == [LOCK_FILE]
     assert len(notes) == 1 and "marked FAILED (killed)" in notes[0]
+
+
+# --------------------------------------------------------------------------- a corrupt checkpoint
+@pytest.mark.parametrize("name, data", [
+    ("model.safetensors", b"\x00\x01garbage"),           # header length beyond the file
+    ("optimizer.pt", b"PK\x03\x04 truncated zip"),        # torch.save file cut short: no zip directory
+    ("trainer_state.json", b'{"global_step": 2,'),       # torn JSON
+])
+def test_a_corrupt_checkpoint_is_refused_before_anything_changes(tmp_path, name, data):
+    """resume= on a checkpoint with an unreadable file: one line naming the file and the fix, exit 2,
+    the run directory unchanged (before: a raw SafetensorError from deep inside the Trainer)."""
+    d = _run_dir(tmp_path)
+    (d / "trainer" / "checkpoint-2" / name).write_bytes(data)
+    before = _snapshot(d)
+    line = _one_line(runner.invoke(app, ["train", f"resume={d}", "trainer.max_steps=6"]))
+    assert f"checkpoint-2/{name} is unreadable" in line and "delete" in line and "start a new run" in line
+    assert _snapshot(d) == before
+
+
+def test_a_readable_checkpoint_passes_the_check(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from mixrl.trainer.resume import unreadable_checkpoint_file
+
+    ckpt = tmp_path / "checkpoint-1"
+    ckpt.mkdir()
+    save_file({"w": torch.ones(3)}, str(ckpt / "model.safetensors"))
+    torch.save({"state": 1}, ckpt / "optimizer.pt")
+    (ckpt / "trainer_state.json").write_text('{"global_step": 1}')
+    assert unreadable_checkpoint_file(ckpt) is None
+    (ckpt / "optimizer.pt").write_bytes((ckpt / "optimizer.pt").read_bytes()[:-30])  # cut: the zip directory is gone
+    assert unreadable_checkpoint_file(ckpt)[0] == "optimizer.pt"

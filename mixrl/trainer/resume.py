@@ -232,7 +232,40 @@ def resume_checkpoint(cfg: DictConfig) -> Path:
             f"resume={run_dir}: its last checkpoint is step {step} and trainer.max_steps={cfg.trainer.max_steps}; "
             f"nothing left to train (set trainer.max_steps above {step} to extend it)"
         )
+    bad = unreadable_checkpoint_file(ckpt)
+    if bad is not None:
+        name, reason = bad
+        raise ConfigError(
+            f"resume={run_dir}: {ckpt.name}/{name} is unreadable ({reason}); delete {ckpt} to resume from the "
+            "checkpoint before it (if one is kept), or start a new run"
+        )
     return ckpt
+
+
+def unreadable_checkpoint_file(ckpt: Path) -> tuple[str, str] | None:
+    """The first file of checkpoint ``ckpt`` that cannot be read, as ``(name, reason)``; None when
+    all can. Cheap, so it runs before anything of a resume is written: a safetensors file's header
+    (its tensors' offsets must fit the file), a torch.save file's zip directory (at its end, so a
+    truncated file fails), a JSON file's text. Bit flips inside tensor data are not detected."""
+    import json
+    import zipfile
+
+    for f in sorted(p for p in Path(ckpt).rglob("*") if p.is_file()):
+        name = str(f.relative_to(ckpt))
+        try:
+            if f.suffix == ".safetensors":
+                from safetensors import safe_open
+
+                with safe_open(str(f), framework="pt") as st:
+                    list(st.keys())
+            elif f.suffix in (".pt", ".pth", ".bin"):
+                with zipfile.ZipFile(f) as z:
+                    z.namelist()
+            elif f.suffix == ".json":
+                json.loads(f.read_text())
+        except Exception as e:  # noqa: BLE001 - any failure to parse is the answer
+            return name, f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else 'cannot be parsed'}"[:160]
+    return None
 
 
 def truncate_jsonl(path: str | Path, last_step: int) -> int:

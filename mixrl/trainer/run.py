@@ -301,6 +301,12 @@ def prepare_inputs(cfg: DictConfig, console: Console) -> RunInputs:
         tokenizer = extend_tokenizer(tokenizer, new_chars)
     check_training_data(cfg, tokenizer, train_ds, reward_funcs, model_path)  # before the model loads
     check_train_size(cfg, train_ds, heldout)
+    from mixrl.config.objective import build_teacher
+
+    teacher = build_teacher(cfg)
+    if teacher is not None:  # a missing teacher folder or another vocabulary fails here, not after the run directory exists
+        teacher.resolve(progress=bool(cfg.logger.progress))
+        teacher.check_tokenizer(tokenizer)
     if _rank() == 0:
         console.print(describe_heldout(heldout), soft_wrap=True, highlight=False)
     if new_chars:

@@ -3,6 +3,7 @@ reward functions, objective, TRL arguments and the trainer."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -246,20 +247,33 @@ def build_trainer(cfg: DictConfig, *, model_path: str, tokenizer, train_ds, rewa
         teacher.resolve(progress=bool(cfg.logger.progress))
         teacher.check_tokenizer(tokenizer)
         train_ds = teacher.prepare(train_ds, cfg.data)
-    trainer = MixrlGRPOTrainer(
-        model=model_path,
-        reward_funcs=reward_funcs,
-        args=args,
-        train_dataset=train_ds,
-        processing_class=tokenizer,
-        peft_config=peft_config(cfg),
-        callbacks=callbacks,
-        objective=build_objective(cfg),
-        advantage=advantage_spec(cfg),
-        injections=[injection],
-        controller=build_controller(cfg),
-        teacher=teacher,
-        staleness=int(cfg.trainer.get("staleness", 0) or 0),
-    )
+    with _colocated_engine(cfg, model_path):
+        trainer = MixrlGRPOTrainer(
+            model=model_path,
+            reward_funcs=reward_funcs,
+            args=args,
+            train_dataset=train_ds,
+            processing_class=tokenizer,
+            peft_config=peft_config(cfg),
+            callbacks=callbacks,
+            objective=build_objective(cfg),
+            advantage=advantage_spec(cfg),
+            injections=[injection],
+            controller=build_controller(cfg),
+            teacher=teacher,
+            staleness=int(cfg.trainer.get("staleness", 0) or 0),
+        )
+    tol = cfg.hardware.get("vllm_sync_tolerance", None)
+    trainer.vllm_sync_tolerance = None if tol is None else float(tol)  # checked after every weight sync (engine_sync)
     trainer.remove_callback(PrinterCallback)  # mixrl prints its own progress and summary
     return trainer
+
+
+def _colocated_engine(cfg: DictConfig, model_path: str):
+    """On CPU, TRL's colocated vLLM engine in the trainer's dtype (mixrl.vllm_cpu); else nothing."""
+    hw = cfg.hardware
+    if not (hw.use_vllm and hw.device == "cpu" and hw.vllm_mode == "colocate"):
+        return contextlib.nullcontext()
+    from mixrl.vllm_cpu import colocated_engine_dtype, engine_dtype
+
+    return colocated_engine_dtype(engine_dtype(str(cfg.model.dtype), model_path))

@@ -1,0 +1,94 @@
+"""vLLM's CPU build made able to take new weights every step (a vLLM general plugin).
+
+Training with vLLM generation pushes the trained weights into the engine after every
+optimizer step (TRL: ``load_weights`` in colocate mode, ``update_named_params`` through the
+server in server mode). On GPUs the engine's linear layers read their ``weight`` parameter at
+every call, so the new values are used at once. vLLM's CPU build (0.30) does not: after the
+checkpoint loads, ``UnquantizedLinearMethod.process_weights_after_loading`` repacks every linear
+weight for oneDNN (or AMX) and *replaces* the parameter by an empty one, losing its
+``weight_loader``; the next ``load_weights`` then fails with ``AttributeError: 'Parameter'
+object has no attribute 'weight_loader'``. The (tied) output projection keeps its parameter but
+multiplies by a packed copy made at load time, so a sync would leave it silently stale.
+
+:func:`register` (declared in pyproject as a ``vllm.general_plugins`` entry point, which vLLM
+runs in every one of its processes: the trainer's in colocate mode, the server's API, engine
+and worker processes in server mode) replaces, on the CPU platform only, those two
+``process_weights_after_loading`` methods by ones that keep the parameter and multiply with
+``torch.nn.functional.linear`` on its live value. The price is vLLM's slower generic GEMM on
+CPU (no prepacked oneDNN weights), which only CPU runs pay. Nothing changes on GPUs.
+``MIXRL_VLLM_CPU_PACKED_WEIGHTS=1`` turns the plugin off (vLLM's packed, non-reloadable weights).
+
+mixrl also checks after every sync that the engine's log-probs agree with the trainer's
+(mixrl.trainer.engine_sync), so a build where this patch no longer takes fails loudly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+#: set on the patched methods, so that tests and a second registration can see the patch in place
+PATCHED = "_mixrl_reloadable_on_cpu"
+
+
+def register() -> None:
+    """vLLM general-plugin entry point: patch the CPU platform's weight packing (no-op elsewhere)."""
+    if os.environ.get("MIXRL_VLLM_CPU_PACKED_WEIGHTS") == "1":
+        return
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    import torch.nn.functional as F
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    def keep_weight(self, layer) -> None:
+        # vLLM's CPU GEMM dispatch calls layer.cpu_linear(x, layer.weight, bias): with the plain
+        # linear the live parameter is used, and the parameter (with its weight_loader) stays
+        layer.cpu_linear = F.linear
+
+    setattr(keep_weight, PATCHED, True)
+    for cls in (UnquantizedLinearMethod, UnquantizedEmbeddingMethod):
+        if not getattr(cls.process_weights_after_loading, PATCHED, False):
+            cls.process_weights_after_loading = keep_weight
+
+
+def patched() -> bool:
+    """True when :func:`register` has patched vLLM in this process (CPU platform only)."""
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+
+    return bool(getattr(UnquantizedLinearMethod.process_weights_after_loading, PATCHED, False))
+
+
+def engine_dtype(model_dtype: str, model_path: str) -> str:
+    """The dtype a CPU vLLM engine must run in to sample from the trainer's exact policy: the
+    trainer's (``model.dtype``, or the checkpoint's own when it is ``auto``, float32 when the
+    checkpoint names none). vLLM's own ``auto`` would run a float32 checkpoint in bfloat16."""
+    if model_dtype and model_dtype != "auto":
+        return str(model_dtype)
+    from transformers import AutoConfig
+
+    dtype = getattr(AutoConfig.from_pretrained(model_path), "dtype", None)
+    return str(dtype).removeprefix("torch.") if dtype is not None else "float32"
+
+
+@contextlib.contextmanager
+def colocated_engine_dtype(dtype: str):
+    """While TRL builds its colocated ``vllm.LLM`` (inside ``GRPOTrainer.__init__``), give it
+    ``dtype``: TRL 1.16 passes none, and vLLM's ``auto`` downcasts float32 checkpoints to
+    bfloat16, which on CPU (where the trainer runs float32) makes the engine sample from a
+    perturbed policy. Restores TRL's module afterwards."""
+    from trl.generation import vllm_generation
+
+    original = vllm_generation.LLM
+
+    def llm(*args, **kwargs):
+        kwargs.setdefault("dtype", dtype)
+        return original(*args, **kwargs)
+
+    vllm_generation.LLM = llm
+    try:
+        yield
+    finally:
+        vllm_generation.LLM = original

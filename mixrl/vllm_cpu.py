@@ -14,7 +14,8 @@ multiplies by a packed copy made at load time, so a sync would leave it silently
 runs in every one of its processes: the trainer's in colocate mode, the server's API, engine
 and worker processes in server mode) replaces, on the CPU platform only, those two
 ``process_weights_after_loading`` methods by ones that keep the parameter and multiply with
-``torch.nn.functional.linear`` on its live value. The price is vLLM's slower generic GEMM on
+``torch.nn.functional.linear`` on its live value, and registers the ``mixrl_file`` weight-transfer
+backend that server mode on CPU needs (:mod:`mixrl.vllm_file_transfer`). The price is vLLM's slower generic GEMM on
 CPU (no prepacked oneDNN weights), which only CPU runs pay. Nothing changes on GPUs.
 ``MIXRL_VLLM_CPU_PACKED_WEIGHTS=1`` turns the plugin off (vLLM's packed, non-reloadable weights).
 
@@ -52,6 +53,10 @@ def register() -> None:
     for cls in (UnquantizedLinearMethod, UnquantizedEmbeddingMethod):
         if not getattr(cls.process_weights_after_loading, PATCHED, False):
             cls.process_weights_after_loading = keep_weight
+
+    from mixrl.vllm_file_transfer import register_engine
+
+    register_engine()  # server mode on CPU: weights come through files (mixrl.vllm_file_transfer)
 
 
 def patched() -> bool:

@@ -263,17 +263,41 @@ def build_trainer(cfg: DictConfig, *, model_path: str, tokenizer, train_ds, rewa
             teacher=teacher,
             staleness=int(cfg.trainer.get("staleness", 0) or 0),
         )
-    tol = cfg.hardware.get("vllm_sync_tolerance", None)
-    trainer.vllm_sync_tolerance = None if tol is None else float(tol)  # checked after every weight sync (engine_sync)
+    trainer.vllm_sync_tolerance = _sync_tolerance(cfg, model_path)  # checked after every weight sync (engine_sync)
     trainer.remove_callback(PrinterCallback)  # mixrl prints its own progress and summary
     return trainer
 
 
-def _colocated_engine(cfg: DictConfig, model_path: str):
-    """On CPU, TRL's colocated vLLM engine in the trainer's dtype (mixrl.vllm_cpu); else nothing."""
+def _cpu_colocated(cfg: DictConfig) -> bool:
     hw = cfg.hardware
-    if not (hw.use_vllm and hw.device == "cpu" and hw.vllm_mode == "colocate"):
+    return bool(hw.use_vllm) and hw.device == "cpu" and hw.vllm_mode == "colocate"
+
+
+def _colocated_engine(cfg: DictConfig, model_path: str):
+    """On CPU, TRL's colocated vLLM engine in the trainer's dtype (mixrl.vllm_cpu), and TRL's
+    server client syncing weights through files (mixrl.vllm_file_transfer); else nothing."""
+    hw = cfg.hardware
+    if hw.use_vllm and hw.device == "cpu" and hw.vllm_mode == "server":
+        from mixrl.vllm_file_transfer import install_client
+
+        install_client()
+    if not _cpu_colocated(cfg):
         return contextlib.nullcontext()
     from mixrl.vllm_cpu import colocated_engine_dtype, engine_dtype
 
     return colocated_engine_dtype(engine_dtype(str(cfg.model.dtype), model_path))
+
+
+def _sync_tolerance(cfg: DictConfig, model_path: str) -> float:
+    """``hardware.vllm_sync_tolerance``, or its default for this device and engine dtype."""
+    from mixrl.trainer.engine_sync import default_tolerance
+
+    tol = cfg.hardware.get("vllm_sync_tolerance", None)
+    if tol is not None:
+        return float(tol)
+    dtype = None
+    if _cpu_colocated(cfg):
+        from mixrl.vllm_cpu import engine_dtype
+
+        dtype = engine_dtype(str(cfg.model.dtype), model_path)
+    return default_tolerance(str(cfg.hardware.device), dtype)

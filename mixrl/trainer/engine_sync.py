@@ -11,8 +11,9 @@ leaves vLLM sampling from older weights, and the disagreement grows with every s
 
 :func:`check` measures the disagreement on the tokens the policy sampled (rows and tokens of
 source ``on_policy``: not the prefix tokens of a guided rollout, not an injected source's rows)
-of every training generation batch, logs ``vllm_sync/logp_diff_mean`` and ``/logp_diff_max``,
-and raises :class:`EngineSyncError` when the mean absolute difference per token exceeds
+of every training generation batch (a batch with no such token, e.g. every group regenerated
+with a hint in the prompt, is not checked), logs ``vllm_sync/logp_diff_mean`` and
+``/logp_diff_max``, and raises :class:`EngineSyncError` when the mean absolute difference per token exceeds
 ``hardware.vllm_sync_tolerance`` (null: :func:`default_tolerance`; ``inf``: logged only).
 
 Measured on CPU (vLLM 0.30 CPU build, the tiny model, float32 on both sides, colocate): mean

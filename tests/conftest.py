@@ -30,6 +30,13 @@ def pytest_collection_modifyitems(config, items):
             continue
         if top in EXACT_DIRS:
             item.add_marker(pytest.mark.exact)
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:  # `make test-vllm` runs these in .venv-vllm
+        skip = pytest.mark.skip(reason="vLLM is not installed (make test-vllm installs its CPU build in .venv-vllm)")
+        for item in items:
+            if "vllm" in item.keywords:
+                item.add_marker(skip)
 
 #: overrides that make a training run take seconds: used by every smoke test
 FAST = [

@@ -132,6 +132,10 @@ class HardwareConfig:
     vllm_server_host: str = "127.0.0.1"
     vllm_server_port: int = 8000
     vllm_server_gpu_memory_utilization: float = 0.9  # server mode: the server's GPUs hold only vLLM
+    # after every weight sync, vLLM's log-probs of the tokens it sampled vs the trainer's: the mean
+    # |Δ log p| per token above which the run stops (a sync that did not take); null: 1e-3 on CPU
+    # (engine and trainer in float32), 0.05 on GPUs; inf: measured and logged only
+    vllm_sync_tolerance: Optional[float] = None
 
 
 @dataclass

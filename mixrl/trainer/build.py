@@ -3,6 +3,7 @@ reward functions, objective, TRL arguments and the trainer."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -262,20 +263,57 @@ def build_trainer(cfg: DictConfig, *, model_path: str, tokenizer, train_ds, rewa
         teacher.resolve(progress=bool(cfg.logger.progress))
         teacher.check_tokenizer(tokenizer)
         train_ds = teacher.prepare(train_ds, cfg.data)
-    trainer = MixrlGRPOTrainer(
-        model=model_path,
-        reward_funcs=reward_funcs,
-        args=args,
-        train_dataset=train_ds,
-        processing_class=tokenizer,
-        peft_config=peft_config(cfg),
-        callbacks=callbacks,
-        objective=build_objective(cfg),
-        advantage=advantage_spec(cfg),
-        injections=[injection],
-        controller=build_controller(cfg),
-        teacher=teacher,
-        staleness=int(cfg.trainer.get("staleness", 0) or 0),
-    )
+    with _colocated_engine(cfg, model_path):
+        trainer = MixrlGRPOTrainer(
+            model=model_path,
+            reward_funcs=reward_funcs,
+            args=args,
+            train_dataset=train_ds,
+            processing_class=tokenizer,
+            peft_config=peft_config(cfg),
+            callbacks=callbacks,
+            objective=build_objective(cfg),
+            advantage=advantage_spec(cfg),
+            injections=[injection],
+            controller=build_controller(cfg),
+            teacher=teacher,
+            staleness=int(cfg.trainer.get("staleness", 0) or 0),
+        )
+    trainer.vllm_sync_tolerance = _sync_tolerance(cfg, model_path)  # checked after every weight sync (engine_sync)
     trainer.remove_callback(PrinterCallback)  # mixrl prints its own progress and summary
     return trainer
+
+
+def _cpu_colocated(cfg: DictConfig) -> bool:
+    hw = cfg.hardware
+    return bool(hw.use_vllm) and hw.device == "cpu" and hw.vllm_mode == "colocate"
+
+
+def _colocated_engine(cfg: DictConfig, model_path: str):
+    """On CPU, TRL's colocated vLLM engine in the trainer's dtype (mixrl.vllm_cpu), and TRL's
+    server client syncing weights through files (mixrl.vllm_file_transfer); else nothing."""
+    hw = cfg.hardware
+    if hw.use_vllm and hw.device == "cpu" and hw.vllm_mode == "server":
+        from mixrl.vllm_file_transfer import install_client
+
+        install_client()
+    if not _cpu_colocated(cfg):
+        return contextlib.nullcontext()
+    from mixrl.vllm_cpu import colocated_engine_dtype, engine_dtype
+
+    return colocated_engine_dtype(engine_dtype(str(cfg.model.dtype), model_path))
+
+
+def _sync_tolerance(cfg: DictConfig, model_path: str) -> float:
+    """``hardware.vllm_sync_tolerance``, or its default for this device and engine dtype."""
+    from mixrl.trainer.engine_sync import default_tolerance
+
+    tol = cfg.hardware.get("vllm_sync_tolerance", None)
+    if tol is not None:
+        return float(tol)
+    dtype = None
+    if _cpu_colocated(cfg):
+        from mixrl.vllm_cpu import engine_dtype
+
+        dtype = engine_dtype(str(cfg.model.dtype), model_path)
+    return default_tolerance(str(cfg.hardware.device), dtype)

@@ -56,6 +56,7 @@ from mixrl.core import provenance as prov
 from mixrl.core.objective import Objective, compute_objective, population_key
 from mixrl.sources.base import InjectContext, Rollouts
 from mixrl.sources.rows import splice_prefixes
+from mixrl.trainer import engine_sync
 
 OVERRIDDEN = (
     "_generate_single_turn",
@@ -78,6 +79,9 @@ class MixrlGRPOTrainer(GRPOTrainer):
         injections: ``mixrl.sources`` injections (each holding its source), called in order.
         controller: an optional ``mixrl.core.CONTROLLERS`` instance.
     """
+
+    #: mean |Δ log p| between vLLM and the trainer above which a weight sync is broken (mixrl.trainer.engine_sync)
+    vllm_sync_tolerance: float | None = engine_sync.DEFAULT_TOLERANCE
 
     def __init__(
         self,
@@ -244,6 +248,8 @@ class MixrlGRPOTrainer(GRPOTrainer):
             self._metrics[mode]["staleness"].append(float(self._lag_used))
         self._add_provenance(out)
         self._log_engine_mismatch(out, mode)
+        if training and self.use_vllm:  # vLLM sampled this batch with the weights the trainer holds now (synced)
+            engine_sync.check(self, out, mode)
         rpf = self._mixrl_rewards_per_func
         rewards = (rpf * self.reward_weights.to(device).unsqueeze(0)).nansum(dim=1)
         ctx = self._inject_context()

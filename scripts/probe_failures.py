@@ -49,18 +49,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-#: the FAST overrides of tests/conftest.py: a training run takes seconds
-FAST = [
-    "trainer.max_steps=2",
-    "trainer.prompts_per_step=4",
-    "algo.num_generations=4",
-    "trainer.micro_batch_size=8",
-    "trainer.eval_size=8",
-    "trainer.max_completion_length=24",
-    "data.train_size=64",
-    "logger.progress=false",
-    "hardware.torch_threads=1",
-]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from conftest import FAST  # noqa: E402  the overrides that make a training run take seconds (the tests' own)
+
 CLASSES = ("clean", "traceback", "silently wrong", "data lost", "orphan")
 PRIORITY = ("data lost", "silently wrong", "traceback", "orphan")
 TRACEBACK = "Traceback (most recent call last)"

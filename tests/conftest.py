@@ -52,6 +52,15 @@ FAST = [
 ]
 
 
+class ModelLoaded(AssertionError):
+    """Raised by :func:`fail_model_loading`: a test of a refusal loaded a model first."""
+
+
+def fail_model_loading(*args, **kwargs):
+    """Patched over model loading by tests whose refusals must come before any model loads."""
+    raise ModelLoaded("a model was loaded before the error was reported")
+
+
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory) -> str:
     """A tiny model warm-started for 10 steps (seconds), saved in HF format."""

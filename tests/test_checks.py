@@ -14,17 +14,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from conftest import ModelLoaded, fail_model_loading
 from mixrl.cli.main import app
 
 runner = CliRunner()
-
-
-class ModelLoaded(AssertionError):
-    pass
-
-
-def _boom(*args, **kwargs):
-    raise ModelLoaded("a model was loaded before the error was reported")
 
 
 @pytest.fixture
@@ -33,8 +26,8 @@ def no_model(monkeypatch):
 
     import mixrl.trainer.run as run
 
-    monkeypatch.setattr(run, "train_stages", _boom)
-    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", _boom)
+    monkeypatch.setattr(run, "train_stages", fail_model_loading)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", fail_model_loading)
 
 
 @pytest.fixture
@@ -43,8 +36,8 @@ def no_trainer(monkeypatch):
 
     from mixrl.trainer.grpo import MixrlGRPOTrainer
 
-    monkeypatch.setattr(MixrlGRPOTrainer, "__init__", _boom)
-    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", _boom)
+    monkeypatch.setattr(MixrlGRPOTrainer, "__init__", fail_model_loading)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", fail_model_loading)
 
 
 def one_line_error(args: list[str]) -> str:

@@ -23,19 +23,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from conftest import FAST
+from conftest import FAST, ModelLoaded, fail_model_loading
 from mixrl.cli.main import app
 
 runner = CliRunner()
 CASES = Path(__file__).parent / "fixtures" / "reward_cases.py"
-
-
-class ModelLoaded(AssertionError):
-    pass
-
-
-def _boom(*args, **kwargs):
-    raise ModelLoaded("a model was loaded before the error was reported")
 
 
 @pytest.fixture
@@ -43,7 +35,7 @@ def no_model(monkeypatch):
     """Loading the policy model fails the test: every refusal here comes before it."""
     import transformers
 
-    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", _boom)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", fail_model_loading)
 
 
 def listing(root: Path) -> list[str]:
@@ -125,7 +117,7 @@ def test_failed_launched_start_creates_nothing(tiny_model_path, tmp_path, monkey
     """hardware=cpu-2proc: the launcher checks the data before writing RUN_DIR/launch/."""
     import mixrl.launch as launch
 
-    monkeypatch.setattr(launch.subprocess, "Popen", _boom)  # no process may start
+    monkeypatch.setattr(launch.subprocess, "Popen", fail_model_loading)  # no process may start
     monkeypatch.chdir(tmp_path)
     line = one_line(runner.invoke(app, ["train", *FAST, f"model.path={tiny_model_path}", "hardware=cpu-2proc",
                                         f"reward.name={CASES}:string_reward"]))
@@ -297,20 +289,25 @@ def _env(marker: Path) -> dict:
             "PYTHONPATH": str(Path(__file__).parent.parent)}
 
 
+def _sigterm_when_hanging(proc, marker: Path, settle: float = 0.0) -> tuple[str, float]:
+    """Once the reward hangs (``marker`` exists), SIGTERM ``proc``; its stderr and the seconds it took to exit."""
+    try:
+        _wait_for(marker, proc)
+        time.sleep(settle)
+        t0 = time.time()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=10)
+        return err, time.time() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def test_sigterm_stops_a_hung_reward_within_seconds_with_a_checkpoint(fast_overrides, tmp_path):
     marker = tmp_path / "hanging"
     proc = _mixrl([*fast_overrides, "trainer.max_steps=3", "trainer.save_steps=0", f"reward.name={CASES}:hang_in_training"],
                   _env(marker), tmp_path)
-    try:
-        _wait_for(marker, proc)
-        time.sleep(0.5)
-        t0 = time.time()
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=10)
-        elapsed = time.time() - t0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    err, elapsed = _sigterm_when_hanging(proc, marker, settle=0.5)
     assert elapsed < 10
     assert proc.returncode == 130, err[-2000:]
     assert "Traceback" not in err
@@ -325,15 +322,7 @@ def test_sigterm_during_the_pre_training_check_creates_nothing(tiny_model_path, 
     marker, work = tmp_path / "hanging", tmp_path / "work"
     work.mkdir()
     proc = _mixrl([*FAST, f"model.path={tiny_model_path}", f"reward.name={CASES}:hang_always"], _env(marker), work)
-    try:
-        _wait_for(marker, proc)
-        t0 = time.time()
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=10)
-        elapsed = time.time() - t0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    err, elapsed = _sigterm_when_hanging(proc, marker)
     assert elapsed < 10 and proc.returncode == 130, err[-2000:]
     errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1 and "SIGTERM while reward" in errors[0], err[-2000:]

@@ -419,3 +419,83 @@ def test_a_teacher_with_other_merges_or_vocabulary_is_refused_in_one_line(bpe, t
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", fail_model_loading)
     with pytest.raises(ConfigError, match="merges"):
         _trainer(bpe, ["algo=kdrl", f"teacher.source.models=[{other}]"], tmp_path)
+
+
+def test_in_group_replay_fills_a_group_with_the_stored_ids_and_logps(bpe, tmp_path, monkeypatch):
+    """RePO-replay: step 0 half succeeds (stored), step 1 every rollout fails, so the last two
+    slots of each group are refilled in place with stored successes of the same prompt: their
+    exact ids, under the same prompt ids, with the log-probs they were sampled with."""
+    trainer = _trainer(bpe, ["algo=repo_replay", "algo.inject.revisit=0"], tmp_path)
+    tok = trainer.processing_class
+    phase = {"right": True}
+    _script(monkeypatch, tok, right=lambda i, guided: phase["right"] and i % 2 == 0)
+    inputs = _batch(trainer)
+    first = trainer._generate_and_score_completions(inputs)
+    trainer._compute_loss(trainer.model, first)  # records the rollouts
+    stored = {(tuple(p), tuple(c)) for p, c in zip(*_rows(first))}
+    phase["right"] = False
+    trainer.state.global_step = 1
+    out = trainer._generate_and_score_completions(inputs)
+    prompts, comps = _rows(out)
+    filled = [i for i in range(len(comps)) if int(out["row_source"][i]) == REPLAY]
+    assert filled == [i for i in range(len(comps)) if i % GEN >= GEN - 2]  # the last two slots of each group
+    for i in filled:
+        answer = int(inputs[i]["answer"])
+        assert comps[i] == _spelled(tok, answer) + [tok.eos_token_id]  # a stored success, ids as sampled
+        assert (tuple(prompts[i]), tuple(comps[i])) in stored and prompts[i] == _chat_ids(tok, inputs[i]["prompt"])
+        _assert_mask_is(out, i, len(comps[i]))
+        assert bool((out["token_source"][i, : len(comps[i])] == REPLAY).all())
+        assert torch.allclose(out["behaviour_logp"][i, : len(comps[i])],
+                              _direct_logps(trainer.model, prompts[i], comps[i]), atol=1e-5)
+
+
+def test_teacher_written_rows_keep_the_teachers_ids_and_its_logps(bpe, tmp_path, monkeypatch):
+    """AMPO: every group fails, the teacher's correct candidates (one spelled as the tokenizer
+    would, one not) replace the last two slots: the row is the candidate's ids under the chat
+    prompt's ids, its behaviour log-probs the teacher's forward of exactly those ids."""
+    trainer = _trainer(bpe, ["algo=ampo", f"teacher.source.models=[{bpe.teacher}]"], tmp_path)
+    tok = trainer.processing_class
+    _script(monkeypatch, tok, right=lambda i, guided: False)
+    asked = []
+
+    def sample(model, prompt_ids, n):
+        asked.append(list(prompt_ids))
+        a = sum(int(d) for d in re.findall(r"user\n([\d+]+)=", tok.decode(prompt_ids))[-1].split("+"))
+        return [_spelled(tok, a) + [tok.eos_token_id], _ids(tok, f"{a} #### {a}") + [tok.eos_token_id]][:n]
+
+    trainer._sample = sample
+    inputs = _batch(trainer)
+    out = trainer._generate_and_score_completions(inputs)
+    prompts, comps = _rows(out)
+    from transformers import AutoModelForCausalLM
+
+    teacher = AutoModelForCausalLM.from_pretrained(bpe.teacher).eval()
+    code = prov.code("teacher")
+    written = [i for i in range(len(comps)) if int(out["row_source"][i]) == code]
+    assert written == [i for i in range(len(comps)) if i % GEN >= GEN - 2]
+    assert asked == [_chat_ids(tok, inputs[0]["prompt"]), _chat_ids(tok, inputs[GEN]["prompt"])]
+    for i in written:
+        a = int(inputs[i]["answer"])
+        assert comps[i] in (_spelled(tok, a) + [tok.eos_token_id], _ids(tok, f"{a} #### {a}") + [tok.eos_token_id])
+        assert prompts[i] == _chat_ids(tok, inputs[i]["prompt"])
+        _assert_mask_is(out, i, len(comps[i]))
+        assert bool((out["token_source"][i, : len(comps[i])] == code).all())
+        assert torch.allclose(out["behaviour_logp"][i, : len(comps[i])], _direct_logps(teacher, prompts[i], comps[i]), atol=1e-4)
+    assert {tuple(comps[i]) for i in written[:2]} == {tuple(_spelled(tok, int(inputs[0]["answer"])) + [tok.eos_token_id]),
+                                                     tuple(_ids(tok, f"{inputs[0]['answer']} #### {inputs[0]['answer']}") + [tok.eos_token_id])}
+
+
+def test_a_privileged_self_teacher_scores_the_students_ids_under_its_own_chat_prompt(bpe, tmp_path, monkeypatch):
+    """OPSD: the solution is text in the teacher's user turn (its prompt is re-rendered by the
+    chat template); the completion it scores is the student's ids, unchanged."""
+    trainer = _trainer(bpe, ["algo=opsd"], tmp_path)
+    tok = trainer.processing_class
+    _script(monkeypatch, tok)
+    inputs = _batch(trainer)
+    out = trainer._generate_and_score_completions(inputs)
+    _, comps = _rows(out)
+    for i, row in enumerate(inputs):
+        teacher_prompt = trainer.teacher.teacher_prompt(row)
+        assert row["expert"][0] in teacher_prompt[-1]["content"]
+        expect = _direct_logps(trainer.model, _chat_ids(tok, teacher_prompt), comps[i])
+        assert torch.allclose(out["teacher_logp"][i, : len(comps[i])], expect, atol=1e-5)

@@ -214,14 +214,20 @@ def test_expert_tokens_are_exactly_the_demonstrations_ids(bpe, tmp_path, monkeyp
 
 
 # ----------------------------------------------------------------------------- prefixes
-def test_prefix_is_a_cut_of_the_demonstrations_ids_where_a_character_cut_splits_a_token(bpe, tmp_path, monkeypatch):
-    """PrefixRL with a fixed fraction 0.75 of the solution's *tokens*: 0.75 of its characters
-    falls inside " ####" for these rows (a text cut there re-tokenizes otherwise); the prefix
-    is the first round(0.75 L) ids of the demonstration, the policy continues from exactly
-    prompt ids + prefix ids, and the trained row, its behaviour log-probs and its loss follow."""
+@pytest.mark.parametrize("algo", ["prefixrl", "prefix_rft"])
+def test_prefix_is_a_cut_of_the_demonstrations_ids_where_a_character_cut_splits_a_token(bpe, tmp_path, monkeypatch, algo):
+    """A fixed fraction 0.75 of the solution's *tokens*: 0.75 of its characters falls inside
+    " ####" for these rows (a text cut there re-tokenizes otherwise); the prefix is the first
+    round(0.75 L) ids of the demonstration, the policy continues from exactly prompt ids +
+    prefix ids, and the trained row, its behaviour log-probs and its loss follow: PrefixRL's
+    loss reaches exactly the sampled tokens, Prefix-RFT's (its prefix term on every prefix
+    token) exactly the prefix and the sampled tokens, never padding."""
     f = 0.75
-    trainer = _trainer(bpe, ["algo=prefixrl", "algo.inject.per_group=2", "algo.inject.sample=fixed",
-                             f"algo.inject.fraction={f}", "trainer.num_iterations=2"], tmp_path)  # TRL computes old log-probs
+    over = [f"algo={algo}", "algo.inject.per_group=2", "algo.inject.sample=fixed", f"algo.inject.fraction={f}",
+            "trainer.num_iterations=2"]  # TRL computes old log-probs
+    if algo == "prefix_rft":
+        over.append("algo.terms.prefix.top_entropy=null")
+    trainer = _trainer(bpe, over, tmp_path)
     tok = trainer.processing_class
     asked = _script(monkeypatch, tok)
     inputs = _batch(trainer)
@@ -264,8 +270,10 @@ def test_prefix_is_a_cut_of_the_demonstrations_ids_where_a_character_cut_splits_
 
     trainer._forward_by_row_kind = leaf
     trainer._compute_loss(trainer.model, out).backward()
-    sampled_mask = out["completion_mask"].bool() & (ts == prov.ON_POLICY)
-    assert torch.equal(captured["logp"].grad != 0, sampled_mask)
+    trained = out["completion_mask"].bool()
+    if algo == "prefixrl":
+        trained = trained & (ts == prov.ON_POLICY)
+    assert bool((ts == PREFIX).any()) and torch.equal(captured["logp"].grad != 0, trained)
 
 
 # ----------------------------------------------------------------------------- hints

@@ -49,6 +49,18 @@ def with_hint(prompt, hint: str, template: str):
     return msgs
 
 
+def text_boundary(tokenizer, ids: list[int], n: int, text: str) -> int:
+    """The largest cut ``m <= n`` of a solution's token ids whose decoded text is a prefix of the
+    solution ``text`` (``n`` when none is within 3 tokens). A byte-level BPE token may hold
+    part of a character (``"3×4"`` is ``3``, two byte tokens of ``×``, ``4``): cut between
+    them, the decoded hint would end in U+FFFD instead of the solution's character. A
+    character is at most 4 bytes, so at most 3 tokens are given back."""
+    for m in range(n, max(n - 4, 0), -1):
+        if text.startswith(tokenizer.decode(ids[:m], skip_special_tokens=True)):
+            return m
+    return n
+
+
 @INJECTIONS.register("hint", bounds={
     "max_success": ("[0, 1)", "a group success rate at or below it is hinted; 1 would hint every group"),
     "per_group": (">= 1", "slots of a group generated again"),
@@ -123,8 +135,11 @@ class HintOnFailure(Injection):
         sols = self.source.for_prompt(row) if self.source is not None else []
         if not sols:
             return None
-        ids = solution_ids(ctx, sols[slot % len(sols)])
+        text = sols[slot % len(sols)]
+        ids = solution_ids(ctx, text)
         n = max(1, min(round(fraction * len(ids)), len(ids), ctx.max_completion_length - 1))
+        if self.placement == "prompt":  # the hint is text in the prompt: end it where a character ends
+            n = text_boundary(ctx.tokenizer, ids, n, text)
         ids = ids[:n]
         return ctx.tokenizer.decode(ids, skip_special_tokens=True), ids
 
@@ -163,17 +178,17 @@ class HintOnFailure(Injection):
                 else:
                     gen_prompts.append(list(rollouts.prompt_ids[i]) + h[1])
             new_ids, new_lp = ctx.generate(gen_prompts)  # every process calls it, even with no target
-            if self.placement == "prefix":
-                new_ids, new_lp, _ = splice_prefixes(new_ids, new_lp, hints, max_len=ctx.max_completion_length,
-                                                     prefix_code=PREFIX, continuation_code=prov.ON_POLICY)
+            spliced_sources = [None] * len(new_ids)
+            if self.placement == "prefix":  # on token ids: the hint's ids, then exactly what the policy sampled
+                new_ids, new_lp, spliced_sources = splice_prefixes(new_ids, new_lp, hints, max_len=ctx.max_completion_length,
+                                                                   prefix_code=PREFIX, continuation_code=prov.ON_POLICY)
             for j, i in enumerate(targets):
                 rollouts.discarded_tokens.append(self._sampled_len(rollouts, i))
                 rollouts.completion_ids[i] = list(new_ids[j])
                 if rollouts.logprobs is not None:
                     rollouts.logprobs[i] = list(new_lp[j]) if new_lp is not None else [None] * len(new_ids[j])
                 hinted[i] = (gen_prompts[j], hints[j])
-                rollouts.token_source[i] = [PREFIX] * len(hints[j]) + [prov.ON_POLICY] * (len(new_ids[j]) - len(hints[j])) \
-                    if self.placement == "prefix" else None
+                rollouts.token_source[i] = spliced_sources[j]  # prefix codes as spliced (a hint cut to max length too)
             ok = self._ok(ctx.score(inputs, rollouts.completion_ids))
             failed = self._failed_groups(ok, G) & first_failed
         self._finish(ctx, rollouts, hinted)

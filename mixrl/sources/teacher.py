@@ -19,8 +19,9 @@ folders (several allowed), ``builtin:tiny-teacher`` (built on first use, cached 
 model) or ``self``: the policy being trained, usually with ``privileged`` context inserted in
 its prompt (OPSD: the expert solution or the final answer), which needs no second model.
 
-Teacher and student must share a tokenizer (same vocabulary); cross-tokenizer distillation
-is out of scope and refused with a one-line error.
+Teacher and student must share a tokenizer (vocabulary, BPE merges, special tokens,
+normalizer and pre-tokenizer: :func:`tokenizer_parts`); cross-tokenizer distillation is out
+of scope and refused with a one-line error before training.
 """
 
 from __future__ import annotations
@@ -108,10 +109,16 @@ class TeacherSource(Source):
         return out
 
     def check_tokenizer(self, tokenizer) -> None:
-        """One-line :class:`ConfigError` when a teacher's vocabulary differs from the student's."""
+        """One-line :class:`ConfigError` when a teacher tokenizes otherwise than the student.
+
+        The teacher scores (and AMPO's teacher writes) the student's token ids, so each id must
+        mean the same bytes to both *and* the same text must split into the same ids: with a
+        byte-level BPE tokenizer two vocabularies can be equal while their merges, added
+        tokens or pre-tokenizer differ, and the teacher would then score token sequences it
+        never produces. :func:`tokenizer_parts` lists what is compared."""
         from transformers import AutoTokenizer
 
-        vocab = tokenizer.get_vocab()
+        mine = tokenizer_parts(tokenizer)
         for m, path in zip(self.models, self.paths or self.resolve()):
             if path == SELF:
                 continue
@@ -119,15 +126,22 @@ class TeacherSource(Source):
                 tok = AutoTokenizer.from_pretrained(path)
             except OSError as e:
                 raise ConfigError(f"could not load the tokenizer of teacher '{m}' (offline?): {str(e).splitlines()[0]}") from None
-            other = tok.get_vocab()
-            if other != vocab:
-                only_t = len(set(other) - set(vocab))
-                only_s = len(set(vocab) - set(other))
-                raise ConfigError(
-                    f"teacher '{m}' has another tokenizer than the student ({len(other)} vs {len(vocab)} tokens; "
-                    f"{only_t} only in the teacher's, {only_s} only in the student's); cross-tokenizer distillation "
-                    "is not supported: use a teacher of the student's family"
-                )
+            theirs = tokenizer_parts(tok)
+            differ = [k for k in mine if k in theirs and mine[k] != theirs[k]] + sorted(set(mine) ^ set(theirs))
+            if not differ:
+                continue
+            detail = ""
+            if "vocabulary" in differ:
+                a, b = mine["vocabulary"], theirs["vocabulary"]
+                detail = (f" ({len(b)} vs {len(a)} tokens; {len(set(b) - set(a))} only in the teacher's, "
+                          f"{len(set(a) - set(b))} only in the student's)")
+            elif "merges" in differ and "merges" in mine and "merges" in theirs:
+                detail = f" ({len(theirs['merges'])} vs {len(mine['merges'])} merges)"
+            raise ConfigError(
+                f"teacher '{m}' has another tokenizer than the student: its {', '.join(differ)} differ{detail}; "
+                "the teacher scores the student's token ids, so cross-tokenizer distillation is not supported: "
+                "use a teacher of the student's family (the same tokenizer)"
+            )
 
     def prepare(self, train_ds, data_cfg):
         if self.privileged == "expert" and "expert" not in train_ds.column_names:
@@ -163,6 +177,34 @@ class TeacherSource(Source):
                 m["content"] = self.template.format(prompt=m["content"], privileged=ctx)
                 break
         return messages
+
+
+def tokenizer_parts(tokenizer) -> dict[str, Any]:
+    """What decides how a tokenizer turns text into ids, part by part: the vocabulary (token ->
+    id), the BPE merges in their order, the added tokens (id, text, special or not), the BPE
+    model's other settings, the normalizer and the pre-tokenizer (a fast tokenizer's
+    ``tokenizer.json``); a slow tokenizer gives its vocabulary and special tokens only. Which
+    token is eos is not compared: it is a generation setting (Qwen2.5's base and instruct models
+    share one tokenizer with different eos tokens), and the student's is used everywhere."""
+    import json
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        specials = sorted((int(tokenizer.convert_tokens_to_ids(t)), str(t)) for t in tokenizer.all_special_tokens)
+        return {"vocabulary": dict(tokenizer.get_vocab()), "special tokens": specials}
+    spec = json.loads(backend.to_str())
+    model = dict(spec.get("model") or {})
+    vocab, merges = model.pop("vocab", None), model.pop("merges", None)
+    parts: dict[str, Any] = {
+        "vocabulary": dict(vocab) if isinstance(vocab, dict) else dict(tokenizer.get_vocab()),
+        "added tokens": sorted((int(t["id"]), t["content"], bool(t.get("special"))) for t in spec.get("added_tokens") or []),
+        "model settings": model,
+        "normalizer": spec.get("normalizer"),
+        "pre-tokenizer": spec.get("pre_tokenizer"),
+    }
+    if merges is not None:  # ["a b", ...] (older files) or [["a", "b"], ...]: the same merges either way
+        parts["merges"] = [tuple(x.split(" ", 1)) if isinstance(x, str) else tuple(x) for x in merges]
+    return parts
 
 
 def combine_logps(logps: list[torch.Tensor], how: str = "mixture") -> torch.Tensor:

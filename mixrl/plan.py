@@ -39,10 +39,11 @@ plus the rows an injection appends to it, e.g. CHORD's expert rows):
   with ``i = 5.3 h`` holds more.)
 * the LM head: TRL 1.16 attaches a fused, chunked LM head to the policy, the reference model
   (and mixrl to every teacher), so the ``[b, s, V]`` logits and their log-softmax are never
-  built: per-token log-probs and entropies come from ``min(tokens, 4096) x 32768`` tiles with
-  an online log-sum-exp. What it holds (``lm_head_bytes``): the scored hidden states
+  built: per-token log-probs and entropies come from ``min(tokens, 4096) x min(V, 32768)`` tiles
+  with an online log-sum-exp (TRL allocates the tile 32768 wide; :mod:`mixrl.trainer.lm_head`
+  narrows it to a smaller vocabulary). What it holds (``lm_head_bytes``): the scored hidden states
   ``T h p`` (``T`` = ``b C`` on CUDA, where only completion tokens are scored; ``b (s - 1)`` on
-  CPU), one tile ``4096 x 32768 x p`` (CPU: + float32 temporaries of the tile), and in backward the
+  CPU), one tile ``min(T, 4096) x min(V, 32768) x p`` (CPU: + float32 temporaries of the tile), and in backward the
   float32 gradient accumulators ``T h 4`` and ``V h 4`` (+ its cast, ``V h p``). The plan prints
   the log-softmax it replaces, ``T V (p + 4)``, for comparison.
 * generation: transformers ``generate`` holds the KV cache of the whole generation batch of a
@@ -178,7 +179,7 @@ def default_prompt_tokens(cfg: DictConfig) -> int:
 
 #: TRL 1.16's fused LM head (``trl.trainer.utils.add_fused_lm_head``): tokens per projection tile
 #: (``trl.kernels.chunked_logprob.TOKEN_CHUNK_SIZE``) and tile width in vocabulary entries
-#: (``trl.trainer.utils._CHUNKED_LOGPROB_CHUNK_SIZE``; the buffer is this wide even when the vocabulary is smaller)
+#: (``trl.trainer.utils._CHUNKED_LOGPROB_CHUNK_SIZE``; mixrl.trainer.lm_head narrows it to a smaller vocabulary)
 LM_HEAD_TILE_TOKENS = 4096
 LM_HEAD_TILE_VOCAB = 32768
 
@@ -206,13 +207,14 @@ def activation_bytes(shape: ModelShape, p: int, tokens: int, checkpointing: bool
 def lm_head_bytes(shape: ModelShape, p: int, tokens: int, *, compact: bool, trainable: bool = True) -> dict:
     """What TRL's fused LM head holds for ``tokens`` scored positions (never the ``[tokens, V]``
     logits): the hidden states it saves for backward (``tokens h p``), one projection tile
-    ``min(tokens, 4096) x 32768`` in the compute dtype, and in backward the float32 accumulators
+    ``min(tokens, 4096) x min(V, 32768)`` in the compute dtype (the width fitted by
+    :mod:`mixrl.trainer.lm_head`), and in backward the float32 accumulators
     of the hidden-state gradient (``tokens h 4``) and of the LM-head weight gradient (``V h 4``,
     cast to ``p`` at the end: ``+ V h p``). Without Triton (CPU) the tile is folded by torch ops,
     about 6 float32 temporaries of the tile's ``min(V, 32768)`` used columns."""
     h, V = shape.hidden, shape.vocab
     n = min(tokens, LM_HEAD_TILE_TOKENS)
-    tile = n * LM_HEAD_TILE_VOCAB * p
+    tile = n * min(V, LM_HEAD_TILE_VOCAB) * p  # mixrl.trainer.lm_head fits the width to the vocabulary
     fold = 0 if compact else 6 * n * min(V, LM_HEAD_TILE_VOCAB) * 4
     weight_grad = V * h * (4 + p) if trainable else 0
     return {"tokens": tokens, "saved": tokens * h * p, "tile": tile + fold, "grad": tokens * h * 4 + weight_grad,

@@ -156,3 +156,35 @@ def test_entropy_without_gradient_and_short_completions(keep):
         lp0, h0 = _plain(_model().double(), ids, att, keep)
         lp1, h1 = _policy_path(model, ids, att, keep)
     assert (lp1.double() - lp0).abs().max() < 1e-6 and (h1.double() - h0).abs().max() < 1e-6
+
+
+def test_tile_width_fitted_to_a_small_vocabulary(monkeypatch):
+    """TRL allocates its tile 32768 entries wide whatever the vocabulary; the trainer narrows it
+    to the vocabulary (``mixrl.trainer.lm_head``): same values, a far smaller largest allocation."""
+    import trl.trainer.utils as trl_utils
+
+    from mixrl.trainer.grpo import MixrlGRPOTrainer
+    from mixrl.trainer.lm_head import TRL_TILE_VOCAB, fit_tile_to_vocab
+
+    assert "fit_tile_to_vocab(" in inspect.getsource(MixrlGRPOTrainer.__init__)
+    monkeypatch.setattr(trl_utils, "_CHUNKED_LOGPROB_CHUNK_SIZE", TRL_TILE_VOCAB)
+    ids, att, keep = _batch()
+    model = _model()
+
+    def fused():
+        lp, ent = _policy_path(model, ids, att, keep)
+        (lp.sum() + ent.sum()).backward()
+        return lp.detach(), ent.detach()
+
+    wide = _largest_allocation(fused)
+    lp_wide, ent_wide = fused()
+    assert wide >= ids.shape[0] * (ids.shape[1] - 1) * TRL_TILE_VOCAB * 4  # the 32768-wide float32 tile
+    assert fit_tile_to_vocab([model]) == V == trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE
+    narrow = _largest_allocation(fused)
+    lp, ent = fused()
+    assert narrow * 10 < wide
+    assert torch.equal(lp, lp_wide) and torch.equal(ent, ent_wide)
+    print(f"largest allocation: TRL's 32768-wide tile {wide:,} B, fitted to V={V}: {narrow:,} B")
+    big = _model()
+    big.lm_head = torch.nn.Linear(H, 50_000, bias=False)
+    assert fit_tile_to_vocab([big]) == TRL_TILE_VOCAB  # never wider than TRL's

@@ -75,7 +75,7 @@ def test_estimate_by_hand_for_each_strategy():
     a = 2 * (4 * h + p * h) + p * (h + 2 * kv) + 2 * p * h + 4 * p * i + 4 * 12
     assert ddp["activations"] == s * b * (L * h * p + a + 4 * h + p * h)  # gradient checkpointing on
     T = b * C  # CUDA: the fused head scores the completion tokens only
-    assert ddp["lm_head"] == T * h * p + 4096 * 32768 * p + T * h * 4 + V * h * (4 + p)
+    assert ddp["lm_head"] == T * h * p + 4096 * 32768 * p + T * h * 4 + V * h * (4 + p)  # V > 32768: full-width tile
     assert ddp["plain_log_softmax"] == T * V * (p + 4) > 2 * ddp["lm_head"]
     rows = 32 * 8 // W
     assert ddp["generation"] == 2 * L * kv * p * s * rows

@@ -22,7 +22,8 @@ count in RSS at all, while the allocator peak counts it). On CUDA it is
 ``torch.cuda.max_memory_allocated`` over the step.
 
 Planned: :func:`mixrl.plan.estimate` for the same config (per process, CPU path: the fused LM
-head scores every position), with its parts, so each can be checked against the measurement.
+head scores every position) and the prompt width the step really had (the longest tokenized
+prompt, chat template included), with its parts, so each can be checked against the measurement.
 """
 
 from __future__ import annotations
@@ -114,15 +115,24 @@ def measure(name: str, overrides: list[str], steps: int, device: str, out_dir: P
 
     trainer = build_mixrl_trainer(cfg, out_dir / name, [Probe()])
     box["trainer"] = trainer
+    generate = trainer._generate_and_score_completions
+
+    def widest_prompt(inputs):  # the padded prompt width the step trained on (tokenizer and chat template included)
+        out = generate(inputs)
+        box["prompt_tokens"] = max(box.get("prompt_tokens", 0), int(out["prompt_ids"].shape[1]))
+        return out
+
+    trainer._generate_and_score_completions = widest_prompt
     trainer.train()
     shape = model_shape(cfg) if not str(cfg.model.path).startswith("builtin:") else _built_shape(trainer)
-    plan = estimate(cfg, shape, prompt_tokens=default_prompt_tokens(cfg))
+    plan = estimate(cfg, shape, prompt_tokens=box.get("prompt_tokens") or default_prompt_tokens(cfg))
     return {
         "variant": name, "algo": str(cfg.algo.name), "model": str(cfg.model.path),
         "measured_peak": box["resident"] + box["transient"], "resident": box["resident"], "transient": box["transient"],
         "planned_peak": plan["peak"], "planned": {k: plan.get(k, 0.0) for k in PLAN_PARTS},
         "planned_phases": {"training": plan["train_phase"], "generation": plan["generation_phase"]},
         "rows_per_micro_batch": plan["rows_per_micro_batch"], "seq_tokens": plan["seq_tokens"],
+        "prompt_tokens": box.get("prompt_tokens"),
     }
 
 

@@ -30,13 +30,13 @@ plus the rows an injection appends to it, e.g. CHORD's expert rows):
 * sharded strategies (zero3/fsdp) hold the unit they compute unsharded: two decoder layers
   (the current one and the prefetched next) and the LM head, ``(2 N_layer + V h) p``.
 * activations per micro-batch, from what a Qwen2 decoder layer saves for backward per token,
-  ``a = 2 (4 h + p h) + p (h + 2 kv) + 2 p h + 4 p i`` (the float32 RMSNorm input copies and
+  ``a = 2 (4 h + p h) + p (h + 2 kv) + 2 p h + 4 p i + 4 heads`` (the float32 RMSNorm input copies and
   outputs, q/k/v after RoPE, the attention output and o_proj input, the SwiGLU gate/up/act/product,
-  SDPA's log-sum-exp, ``4`` per head; no ``s^2`` term; checked against autograd's saved-tensor
+  SDPA's float32 log-sum-exp; no ``s^2`` term; checked against autograd's saved-tensor
   hooks by the tests). With gradient checkpointing the input of every layer, ``L s b h p``, plus
-  one layer recomputed, ``s b a``; without, ``L s b a``; plus the final norm, ``s b (4 h + p h)``. (Korthikanti et al., "Reducing Activation Recomputation in
-  Large Transformer Models", count ``34 s b h`` per layer for GPT's 4h GeLU MLP; Qwen2's SwiGLU
-  with ``i = 5.3 h`` holds more.)
+  one layer recomputed, ``s b a``; without, ``L s b a``; plus the final norm, ``s b (4 h + p h)``.
+  (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models", count
+  ``34 s b h`` per layer for GPT's 4h GeLU MLP; Qwen2's SwiGLU with ``i = 5.3 h`` holds more.)
 * the LM head: TRL 1.16 attaches a fused, chunked LM head to the policy, the reference model
   (and mixrl to every teacher), so the ``[b, s, V]`` logits and their log-softmax are never
   built: per-token log-probs and entropies come from ``min(tokens, 4096) x min(V, 32768)`` tiles

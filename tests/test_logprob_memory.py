@@ -188,3 +188,7 @@ def test_tile_width_fitted_to_a_small_vocabulary(monkeypatch):
     big = _model()
     big.lm_head = torch.nn.Linear(H, 50_000, bias=False)
     assert fit_tile_to_vocab([big]) == TRL_TILE_VOCAB  # never wider than TRL's
+    zero3 = _model()
+    zero3.lm_head.weight = torch.nn.Parameter(torch.empty(0))  # how DeepSpeed ZeRO-3 leaves a partitioned parameter
+    zero3.lm_head.weight.ds_shape = torch.Size([500, H])
+    assert fit_tile_to_vocab([zero3]) == 500

@@ -28,8 +28,10 @@ def fit_tile_to_vocab(models) -> int:
     vocab = 0
     for m in models:
         emb = m.get_output_embeddings() if hasattr(m, "get_output_embeddings") else None
-        if emb is not None and getattr(emb, "weight", None) is not None:
-            vocab = max(vocab, int(emb.weight.shape[0]))
+        weight = getattr(emb, "weight", None) if emb is not None else None
+        if weight is not None:  # DeepSpeed ZeRO-3 partitions the parameter: its full shape is ds_shape
+            shape = getattr(weight, "ds_shape", None) or weight.shape
+            vocab = max(vocab, int(shape[0]) if len(shape) else 0)
     if vocab:
         trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE = min(TRL_TILE_VOCAB, vocab)
     return int(trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE)

@@ -8,34 +8,58 @@ the geometry and command.
 
 How the estimate is computed (bytes per GPU; ``N`` parameters, ``p`` bytes per parameter of
 ``model.dtype`` (bf16: 2, fp32: 4), ``W`` training processes, ``L`` layers, ``h`` hidden size,
-``V`` vocabulary, ``kv`` = KV heads x head dim, ``s`` = prompt tokens (``--prompt-tokens``, default
-512; the built-in task's longest prompt for ``builtin:arith``) +
-``trainer.max_completion_length``, ``b`` = ``trainer.micro_batch_size``):
+``i`` MLP size, ``V`` vocabulary, ``kv`` = KV heads x head dim, ``s`` = prompt tokens
+(``--prompt-tokens``, default 512; the built-in task's longest prompt for ``builtin:arith``) +
+``C`` = ``trainer.max_completion_length``, ``b`` = rows of one micro-batch: ``trainer.micro_batch_size``
+plus the rows an injection appends to it, e.g. CHORD's expert rows):
 
 * parameters ``N``: embeddings ``V h`` (+ ``V h`` for an untied LM head) + per layer attention
   ``h (h + 2 kv) + h h`` (+ q/k/v biases for Qwen2) + MLP ``3 h i`` + two RMSNorms; checked
   against the published totals of the known models by ``tests/test_plan.py``.
-* weights ``N p`` (``strategy`` zero3/fsdp: ``N p / W``; zero3 + offload: 0, streamed from
-  CPU); a frozen reference model (``algo.kl.coef`` > 0) adds the same again.
-* gradients ``N p`` (zero2/zero3/fsdp: ``/ W``; fsdp + offload: 0).
-* optimizer state (AdamW): DDP/FSDP keep two moments in the parameters' dtype, ``2 N p``
-  (fsdp: ``/ W``); DeepSpeed keeps fp32 master weights and moments, ``12 N / W`` (offload: 0 on
+* weights ``N p`` (zero3/fsdp: ``/ W``; offload: 0, streamed from CPU). FSDP2 under accelerate's
+  bf16 mixed precision keeps float32 master weights of the trainable parameters (4 bytes each),
+  so its weights, gradients and AdamW moments are float32. A frozen reference model
+  (``algo.kl.coef`` > 0) adds ``N p`` (sharded: ``/ W``); teacher models (``teacher=model``) are
+  loaded whole on every GPU in their dtype.
+* gradients ``N p`` (zero2/zero3/fsdp: ``/ W``; fsdp + offload: 0). DDP adds its reducer's
+  gradient buckets, ``N p`` more (accelerate's default ``gradient_as_bucket_view=False``).
+* optimizer state (AdamW): DDP keeps two moments in the parameters' dtype, ``2 N p``; FSDP
+  ``2 N 4 / W``; DeepSpeed keeps fp32 master weights and moments, ``12 N / W`` (offload: 0 on
   the GPU). LoRA (``model.lora.enabled``): gradients and optimizer state of the adapter only,
   ``r (d_in + d_out)`` per adapted linear layer.
-* activations per micro-batch: with gradient checkpointing one layer input per layer kept,
-  ``L s b h p``, plus one layer recomputed, ``34 s b h`` bytes (Korthikanti et al., "Reducing
-  Activation Recomputation in Large Transformer Models", arXiv:2205.05198, with fused
-  attention so no ``s^2`` term); without checkpointing ``34 s b h L``. Plus the logits and their
-  fp32 log-softmax, ``s b V (p + 4)`` (TRL computes per-token log-probabilities from them).
+* sharded strategies (zero3/fsdp) hold the unit they compute unsharded: two decoder layers
+  (the current one and the prefetched next) and the LM head, ``(2 N_layer + V h) p``.
+* activations per micro-batch, from what a Qwen2 decoder layer saves for backward per token,
+  ``a = 2 (4 h + p h) + p (h + 2 kv) + 2 p h + 4 p i + 4 heads`` (the float32 RMSNorm input copies and
+  outputs, q/k/v after RoPE, the attention output and o_proj input, the SwiGLU gate/up/act/product,
+  SDPA's float32 log-sum-exp; no ``s^2`` term; checked against autograd's saved-tensor
+  hooks by the tests). With gradient checkpointing the input of every layer, ``L s b h p``, plus
+  one layer recomputed, ``s b a``; without, ``L s b a``; plus the final norm, ``s b (4 h + p h)``.
+  (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models", count
+  ``34 s b h`` per layer for GPT's 4h GeLU MLP; Qwen2's SwiGLU with ``i = 5.3 h`` holds more.)
+* the LM head: TRL 1.16 attaches a fused, chunked LM head to the policy, the reference model
+  (and mixrl to every teacher), so the ``[b, s, V]`` logits and their log-softmax are never
+  built: per-token log-probs and entropies come from ``min(tokens, 4096) x min(V, 32768)`` tiles
+  with an online log-sum-exp (TRL allocates the tile 32768 wide; :mod:`mixrl.trainer.lm_head`
+  narrows it to a smaller vocabulary). What it holds (``lm_head_bytes``): the scored hidden states
+  ``T h p`` (``T`` = ``b C`` on CUDA, where only completion tokens are scored; ``b (s - 1)`` on
+  CPU), one tile ``min(T, 4096) x min(V, 32768) x p`` (CPU: + float32 temporaries of the tile), and in backward the
+  float32 gradient accumulators ``T h 4`` and ``V h 4`` (+ its cast, ``V h p``). The plan prints
+  the log-softmax it replaces, ``T V (p + 4)``, for comparison.
 * generation: transformers ``generate`` holds the KV cache of the whole generation batch of a
   process, ``2 L kv s rows p`` (rows = rollouts per process per step), while the gradients are
-  freed; vLLM colocated takes ``vllm_gpu_memory_utilization`` of the GPU for its weights copy
-  and KV cache; the KV share (what remains after its weights) is also given in tokens, against
-  the tokens one step generates on that GPU. In server mode the server GPUs are reported apart.
+  freed (ZeRO-3 gathers every parameter for it); vLLM colocated takes
+  ``vllm_gpu_memory_utilization`` of the GPU for its weights copy and KV cache (the KV share is
+  also given in tokens, against the tokens one step generates on that GPU); with
+  ``vllm_enable_sleep_mode`` TRL puts the engine to sleep (level 2: weights and KV cache freed)
+  after every generation, so the share only counts while generating. In server mode the server
+  GPUs are reported apart.
 
-Peak per training GPU = weights + optimizer + reference + max(gradients + activations,
-generation KV cache) + the vLLM share when colocated. It ignores the CUDA context (~1 GB),
-allocator fragmentation and communication buffers: keep ~10 % headroom.
+Peak per training GPU = the larger of two phases, both with weights + optimizer + reference +
+teachers + DDP buckets + gathered units: training (+ gradients + activations + LM head, + the
+vLLM share unless it sleeps) and generation (+ KV cache or vLLM share). It ignores the CUDA
+context (~1 GB), allocator fragmentation and communication buffers (DeepSpeed's bucket sizes
+are ``auto``, ``h^2`` elements): a plan fits when its peak leaves 10 % of the GPU free.
 """
 
 from __future__ import annotations
@@ -45,7 +69,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 GB = 1024**3
 
@@ -57,6 +81,9 @@ KNOWN_MODELS: dict[str, dict] = {
     "Qwen/Qwen2.5-Math-7B": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
                                  num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False, model_type="qwen2",
                                  max_position_embeddings=4096),
+    "Qwen/Qwen2.5-Math-7B-Instruct": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                                          num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False, model_type="qwen2",
+                                          max_position_embeddings=4096),
     "Qwen/Qwen2.5-Math-1.5B": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                                    num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, model_type="qwen2",
                                    max_position_embeddings=4096),
@@ -150,6 +177,66 @@ def default_prompt_tokens(cfg: DictConfig) -> int:
     return 512
 
 
+#: TRL 1.16's fused LM head (``trl.trainer.utils.add_fused_lm_head``): tokens per projection tile
+#: (``trl.kernels.chunked_logprob.TOKEN_CHUNK_SIZE``) and tile width in vocabulary entries
+#: (``trl.trainer.utils._CHUNKED_LOGPROB_CHUNK_SIZE``; mixrl.trainer.lm_head narrows it to a smaller vocabulary)
+LM_HEAD_TILE_TOKENS = 4096
+LM_HEAD_TILE_VOCAB = 32768
+
+
+def layer_activation_bytes(shape: ModelShape, p: int) -> int:
+    """Bytes one decoder layer keeps for backward per token (Qwen2: RMSNorm in float32, SDPA,
+    SwiGLU MLP, no dropout): per RMSNorm its float32 input copy and its output, ``4 h + p h``
+    (twice); the q/k/v outputs after RoPE, ``p (h + 2 kv)``; the attention output and the
+    o_proj input, ``2 p h``; gate, up, silu(gate) and their product, ``4 p i``; SDPA's float32
+    log-sum-exp, ``4`` per head. Checked against what autograd saves
+    (``torch.autograd.graph.saved_tensors_hooks``) by ``tests/test_plan.py``."""
+    h, kv, i = shape.hidden, shape.kv_dim, shape.intermediate
+    return 2 * (4 * h + p * h) + p * (h + 2 * kv) + 2 * p * h + 4 * p * i + 4 * shape.heads
+
+
+def activation_bytes(shape: ModelShape, p: int, tokens: int, checkpointing: bool) -> int:
+    """Bytes the backbone keeps for backward over ``tokens`` tokens: every layer's
+    (:func:`layer_activation_bytes`), or with gradient checkpointing each layer's input plus one
+    layer recomputed; plus the final RMSNorm's ``4 h + p h``."""
+    a, h, L = layer_activation_bytes(shape, p), shape.hidden, shape.layers
+    per_token = (L * h * p + a) if checkpointing else L * a
+    return tokens * (per_token + 4 * h + p * h)
+
+
+def lm_head_bytes(shape: ModelShape, p: int, tokens: int, *, compact: bool, trainable: bool = True) -> dict:
+    """What TRL's fused LM head holds for ``tokens`` scored positions (never the ``[tokens, V]``
+    logits): the hidden states it saves for backward (``tokens h p``), one projection tile
+    ``min(tokens, 4096) x min(V, 32768)`` in the compute dtype (the width fitted by
+    :mod:`mixrl.trainer.lm_head`), and in backward the float32 accumulators
+    of the hidden-state gradient (``tokens h 4``) and of the LM-head weight gradient (``V h 4``,
+    cast to ``p`` at the end: ``+ V h p``). Without Triton (CPU) the tile is folded by torch ops,
+    about 6 float32 temporaries of the tile's ``min(V, 32768)`` used columns."""
+    h, V = shape.hidden, shape.vocab
+    n = min(tokens, LM_HEAD_TILE_TOKENS)
+    tile = n * min(V, LM_HEAD_TILE_VOCAB) * p  # mixrl.trainer.lm_head fits the width to the vocabulary
+    fold = 0 if compact else 6 * n * min(V, LM_HEAD_TILE_VOCAB) * 4
+    weight_grad = V * h * (4 + p) if trainable else 0
+    return {"tokens": tokens, "saved": tokens * h * p, "tile": tile + fold, "grad": tokens * h * 4 + weight_grad,
+            "total": tokens * h * p + tile + fold + tokens * h * 4 + weight_grad}
+
+
+def teacher_shapes(cfg: DictConfig) -> list[ModelShape | None]:
+    """The shapes of the teacher models a config loads (``self`` loads none)."""
+    source = cfg.get("teacher", {}).get("source", {}) or {}
+    if source.get("name") != "teacher":
+        return []
+    shapes = []
+    for path in source.get("models") or []:
+        path = str(path)
+        if path == "self":
+            continue
+        if path == "builtin:tiny-teacher":
+            path = "builtin:tiny"
+        shapes.append(model_shape(OmegaConf.create({"model": {"path": path}})))
+    return shapes
+
+
 def estimate(cfg: DictConfig, shape: ModelShape, *, prompt_tokens: int = 512) -> dict:
     """Per-GPU bytes of each part (see the module docstring) for ``cfg`` and ``shape``."""
     from mixrl.config.rules import geometry
@@ -164,31 +251,53 @@ def estimate(cfg: DictConfig, shape: ModelShape, *, prompt_tokens: int = 512) ->
     lora = (cfg.model.lora or {}).get("enabled", False)
     n_train = shape.lora_params(int(cfg.model.lora.get("r", 16))) if lora else N
     sharded = strategy in ("zero3", "fsdp")
-    weights = 0.0 if (strategy == "zero3" and offload) or (strategy == "fsdp" and offload) else N * p / (W if sharded else 1)
-    grads = 0.0 if strategy == "fsdp" and offload else n_train * p / (W if strategy != "ddp" else 1)
+    # FSDP2 under accelerate's mixed precision upcasts the trainable parameters to float32 master
+    # weights (accelerate.utils.fsdp_utils.fsdp2_prepare_model); compute gathers them in bf16
+    pm = 4 if strategy == "fsdp" and bool(hw.bf16) else p
+    weights = 0.0 if (strategy == "zero3" and offload) or (strategy == "fsdp" and offload) else (
+        ((N - n_train) * p + n_train * pm) / (W if sharded else 1))
+    grads = 0.0 if strategy == "fsdp" and offload else n_train * pm / (W if strategy != "ddp" else 1)
+    # DDP's reducer keeps its own gradient buckets (accelerate's default gradient_as_bucket_view=False)
+    buckets = n_train * p if strategy == "ddp" and W > 1 else 0.0
     if strategy in ("zero2", "zero3"):
         optim = 0.0 if offload else 12 * n_train / W
     elif strategy == "fsdp":
-        optim = 0.0 if offload else 2 * n_train * p / W
+        optim = 0.0 if offload else 2 * n_train * pm / W
     else:
         optim = 2 * n_train * p
-    reference = weights if float(cfg.algo.kl.coef) > 0 and not lora else 0.0
-    s, b, h, L = prompt_tokens + int(t.max_completion_length), geom.micro_batch_size, shape.hidden, shape.layers
-    if hw.gradient_checkpointing:
-        acts = L * s * b * h * p + 34 * s * b * h
-    else:
-        acts = 34 * s * b * h * L
-    logits = s * b * shape.vocab * (p + 4)
+    reference = (0.0 if offload and sharded else N * p / (W if sharded else 1)) if float(cfg.algo.kl.coef) > 0 and not lora else 0.0
+    teachers = 0.0
+    teacher_unknown = 0
+    for ts in teacher_shapes(cfg):
+        if ts is None:
+            teacher_unknown += 1
+            continue
+        t_dtype = str(cfg.teacher.source.get("dtype", "auto"))
+        teachers += ts.params() * (p if t_dtype == "auto" else DTYPE_BYTES.get(t_dtype, 4))
+    # sharded strategies gather one unit at a time (+ the next, prefetched) and the LM head whole
+    layer_params = (N - shape.vocab * shape.hidden * (1 if shape.tied else 2)) / max(shape.layers, 1)
+    gathered = (2 * layer_params + shape.vocab * shape.hidden) * p if sharded else 0.0
+    C = int(t.max_completion_length)
+    s = prompt_tokens + C
+    appended = geom.expert_rows_per_process // max(geom.grad_accum, 1)
+    b, h, L = geom.micro_batch_size + appended, shape.hidden, shape.layers
+    a_layer = layer_activation_bytes(shape, p)
+    acts = activation_bytes(shape, p, s * b, bool(hw.gradient_checkpointing))
+    compact = hw.device == "cuda"  # TRL scores only the completion tokens where Triton runs (CUDA)
+    head = lm_head_bytes(shape, p, b * (C if compact else s - 1), compact=compact, trainable=not lora)
     kv_token = 2 * L * shape.kv_dim * p  # bytes of KV cache per token
     gpu = gpu_memory_gb(cfg)
     out = {
-        "params": N, "trainable_params": n_train, "seq_tokens": s, "world_size": W,
-        "weights": weights, "gradients": grads, "optimizer": optim, "reference": reference,
-        "activations": acts, "logits": logits, "gpu_gb": gpu,
+        "params": N, "trainable_params": n_train, "seq_tokens": s, "world_size": W, "rows_per_micro_batch": b,
+        "weights": weights, "gradients": grads, "ddp_buckets": buckets, "optimizer": optim, "reference": reference,
+        "teachers": teachers, "teachers_unknown": teacher_unknown, "gathered": gathered,
+        "activations": acts, "layer_activation_bytes": a_layer, "lm_head": head["total"], "lm_head_parts": head,
+        "plain_log_softmax": head["tokens"] * shape.vocab * (p + 4), "gpu_gb": gpu,
     }
     rows = geom.rows_per_process + geom.expert_rows_per_process
     step_tokens = geom.rows_per_process * s  # tokens one step generates + attends on this GPU
-    if hw.use_vllm and hw.vllm_mode == "colocate" and gpu:
+    colocated = bool(hw.use_vllm and hw.vllm_mode == "colocate" and gpu)
+    if colocated:
         share = float(hw.vllm_gpu_memory_utilization) * gpu * GB
         vllm_weights = N * 2 / int(hw.vllm_tensor_parallel_size)
         out.update(vllm_share=share, vllm_weights=vllm_weights, vllm_kv=max(share - vllm_weights, 0.0),
@@ -197,6 +306,10 @@ def estimate(cfg: DictConfig, shape: ModelShape, *, prompt_tokens: int = 512) ->
     else:
         out["generation"] = 0.0 if hw.use_vllm else kv_token * s * geom.rows_per_process
         out["vllm_share"] = 0.0
+    # ZeRO-3 gathers every parameter for transformers generate (TRL's ds3_gather_for_generation)
+    gen_gather = N * p * (1 - 1 / W) if strategy == "zero3" and not hw.use_vllm and not offload else 0.0
+    if strategy == "zero3" and not hw.use_vllm and offload:
+        gen_gather = N * p
     if hw.use_vllm and hw.vllm_mode == "server" and gpu:
         tp = int(hw.vllm_tensor_parallel_size)
         share = float(hw.vllm_server_gpu_memory_utilization) * gpu * GB
@@ -206,8 +319,19 @@ def estimate(cfg: DictConfig, shape: ModelShape, *, prompt_tokens: int = 512) ->
                    server_copies=int(hw.vllm_server_gpus) // tp if int(hw.vllm_server_gpus) else None,
                    step_tokens_all=geom.rollouts_per_step * s)
     out["rows_per_process"] = rows
-    out["peak"] = weights + optim + reference + max(grads + acts + logits, out["generation"]) + out["vllm_share"]
+    held = weights + optim + reference + teachers + buckets
+    # vLLM's sleep mode (level 2) frees its weights and KV cache after every generation
+    sleeps = colocated and bool(hw.get("vllm_enable_sleep_mode", False))
+    out["vllm_sleeps"] = sleeps
+    out["train_phase"] = held + grads + gathered + acts + head["total"] + (0.0 if sleeps else out["vllm_share"])
+    out["generation_phase"] = held + gathered + gen_gather + out["generation"] + out["vllm_share"]
+    out["peak"] = max(out["train_phase"], out["generation_phase"])
     return out
+
+
+def fits(e: dict) -> bool:
+    """Does the estimate leave 10 % of the GPU free (CUDA context, fragmentation)? True on CPU."""
+    return e["gpu_gb"] is None or e["peak"] <= 0.9 * e["gpu_gb"] * GB
 
 
 def _gb(x: float) -> str:
@@ -243,20 +367,32 @@ def render_plan(cfg: DictConfig, overrides: list[str], *, prompt_tokens: int | N
                   f"  optimizer state       {_gb(e['optimizer'])}"]
         if e["reference"]:
             lines.append(f"  reference model       {_gb(e['reference'])}  (algo.kl.coef > 0)")
-        lines += [f"  activations           {_gb(e['activations'])}  (micro-batch {geom.micro_batch_size} x {e['seq_tokens']} tokens"
+        lh = e["lm_head_parts"]
+        if e["ddp_buckets"]:
+            lines.append(f"  DDP gradient buckets  {_gb(e['ddp_buckets'])}  (the reducer's copy of the gradients)")
+        if e["teachers"] or e["teachers_unknown"]:
+            lines.append(f"  teacher model(s)      {_gb(e['teachers'])}  (frozen, whole on every GPU"
+                         + (f"; {e['teachers_unknown']} of unknown shape not counted" if e["teachers_unknown"] else "") + ")")
+        if e["gathered"]:
+            lines.append(f"  gathered for compute  {_gb(e['gathered'])}  (two decoder layers + the LM head unsharded at a time)")
+        lines += [f"  activations           {_gb(e['activations'])}  (micro-batch {e['rows_per_micro_batch']} rows x {e['seq_tokens']} tokens"
                   f" = {prompt_tokens} prompt + {cfg.trainer.max_completion_length} completion; "
                   f"gradient checkpointing {'on' if hw.gradient_checkpointing else 'off'})",
-                  f"  logits + log-softmax  {_gb(e['logits'])}"]
+                  f"  LM head (fused)       {_gb(e['lm_head'])}  (TRL's chunked head over {lh['tokens']:,} scored tokens: "
+                  f"saved hidden {_gb(lh['saved'])} + tile {_gb(lh['tile'])} + fp32 gradient accumulators {_gb(lh['grad'])}; "
+                  f"the full-vocabulary log-softmax, never built, would take {_gb(e['plain_log_softmax'])})"]
         if e.get("vllm_share"):
             lines.append(f"  vLLM colocated        {_gb(e['vllm_share'])}  (vllm_gpu_memory_utilization {hw.vllm_gpu_memory_utilization}: "
                          f"weights {_gb(e['vllm_weights'])} + KV cache {_gb(e['vllm_kv'])} = {e['vllm_kv_tokens']:,} tokens; "
-                         f"one step generates up to {e['step_tokens']:,} tokens on this GPU)")
+                         f"one step generates up to {e['step_tokens']:,} tokens on this GPU; "
+                         + ("sleep mode: freed while training)" if e["vllm_sleeps"] else "held while training: no sleep mode)"))
         elif not hw.use_vllm:
             lines.append(f"  generation KV cache   {_gb(e['generation'])}  (transformers generate, {geom.rows_per_process} rows at once)")
+        lines.append(f"  phases                training {_gb(e['train_phase'])}, generation {_gb(e['generation_phase'])}")
         verdict = ""
         if e["gpu_gb"]:
             gpu = e["gpu_gb"] * GB
-            verdict = (f"  -> fits a {e['gpu_gb']:.0f} GB GPU ({e['peak'] / gpu:.0%})" if e["peak"] <= 0.9 * gpu
+            verdict = (f"  -> fits a {e['gpu_gb']:.0f} GB GPU ({e['peak'] / gpu:.0%})" if fits(e)
                        else f"  -> does NOT fit a {e['gpu_gb']:.0f} GB GPU with 10% headroom ({e['peak'] / gpu:.0%}): "
                             "lower trainer.micro_batch_size, use hardware.strategy=zero3/fsdp or offload")
         lines += [f"  peak                  {_gb(e['peak'])}{verdict}"]

@@ -59,21 +59,104 @@ def test_estimate_by_hand_for_each_strategy():
     shape = model_shape(compose_config(base))
     N, W, p = shape.params(), 8, 2
     ddp = estimate(compose_config(base), shape, prompt_tokens=256)
-    assert (ddp["weights"], ddp["gradients"], ddp["optimizer"]) == (N * p, N * p, 2 * N * p)
+    assert (ddp["weights"], ddp["gradients"], ddp["optimizer"], ddp["ddp_buckets"]) == (N * p, N * p, 2 * N * p, N * p)
     z2 = estimate(compose_config([*base, "hardware.strategy=zero2"]), shape, prompt_tokens=256)
-    assert (z2["weights"], z2["gradients"], z2["optimizer"]) == (N * p, N * p / W, 12 * N / W)
+    assert (z2["weights"], z2["gradients"], z2["optimizer"], z2["ddp_buckets"]) == (N * p, N * p / W, 12 * N / W, 0)
     z3 = estimate(compose_config([*base, "hardware.strategy=zero3"]), shape, prompt_tokens=256)
     assert (z3["weights"], z3["gradients"], z3["optimizer"]) == (N * p / W, N * p / W, 12 * N / W)
     z3o = estimate(compose_config([*base, "hardware.strategy=zero3", "hardware.offload=true"]), shape, prompt_tokens=256)
     assert (z3o["weights"], z3o["optimizer"]) == (0.0, 0.0)
     fsdp = estimate(compose_config([*base, "hardware.strategy=fsdp"]), shape, prompt_tokens=256)
-    assert (fsdp["weights"], fsdp["gradients"], fsdp["optimizer"]) == (N * p / W, N * p / W, 2 * N * p / W)
-    s, b, h, L = 256 + 1024, 4, 1536, 28
-    assert ddp["activations"] == L * s * b * h * p + 34 * s * b * h  # gradient checkpointing on
-    assert ddp["logits"] == s * b * 151936 * (p + 4)
+    # accelerate's FSDP2 keeps float32 master weights under bf16 mixed precision
+    assert (fsdp["weights"], fsdp["gradients"], fsdp["optimizer"]) == (N * 4 / W, N * 4 / W, 2 * N * 4 / W)
+    h, V, L, i, kv = 1536, 151936, 28, 8960, 2 * 128
+    assert fsdp["gathered"] == (2 * (N - V * h) / L + V * h) * p  # tied embeddings: one V h
+    s, b, C = 256 + 1024, 4, 1024
+    a = 2 * (4 * h + p * h) + p * (h + 2 * kv) + 2 * p * h + 4 * p * i + 4 * 12
+    assert ddp["activations"] == s * b * (L * h * p + a + 4 * h + p * h)  # gradient checkpointing on
+    T = b * C  # CUDA: the fused head scores the completion tokens only
+    assert ddp["lm_head"] == T * h * p + 4096 * 32768 * p + T * h * 4 + V * h * (4 + p)  # V > 32768: full-width tile
+    assert ddp["plain_log_softmax"] == T * V * (p + 4) > 2 * ddp["lm_head"]
     rows = 32 * 8 // W
-    assert ddp["generation"] == 2 * L * (2 * 128) * p * s * rows  # KV heads 2 x head dim 128
-    assert ddp["peak"] == ddp["weights"] + ddp["optimizer"] + max(ddp["gradients"] + ddp["activations"] + ddp["logits"], ddp["generation"])
+    assert ddp["generation"] == 2 * L * kv * p * s * rows
+    held = ddp["weights"] + ddp["optimizer"] + ddp["ddp_buckets"]
+    assert ddp["train_phase"] == held + ddp["gradients"] + ddp["activations"] + ddp["lm_head"]
+    assert ddp["peak"] == max(ddp["train_phase"], held + ddp["generation"])
+
+
+def test_lm_head_constants_are_trls():
+    """The plan's LM-head tile is TRL's: a TRL upgrade that changes it fails here."""
+    from trl.kernels import chunked_logprob
+    from trl.trainer import utils as trl_utils
+
+    from mixrl.plan import LM_HEAD_TILE_TOKENS, LM_HEAD_TILE_VOCAB
+
+    assert chunked_logprob.TOKEN_CHUNK_SIZE == LM_HEAD_TILE_TOKENS
+    assert trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE == LM_HEAD_TILE_VOCAB
+
+
+@pytest.mark.parametrize("dims", [(64, 176, 2, 4, 2), (96, 352, 2, 6, 2)])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_activation_formula_matches_what_autograd_saves(dims, dtype):
+    """The activation estimate against the bytes a Qwen2 backbone really keeps for backward
+    (every saved tensor's storage counted once, parameters excluded), without checkpointing."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from mixrl.plan import activation_bytes
+
+    h, i, L, heads, kv_heads = dims
+    conf = dict(vocab_size=300, hidden_size=h, intermediate_size=i, num_hidden_layers=L, num_attention_heads=heads,
+                num_key_value_heads=kv_heads, max_position_embeddings=128, model_type="qwen2", tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(attn_implementation="sdpa", **conf)).to(getattr(torch, dtype)).train()
+    params = {q.untyped_storage().data_ptr() for q in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    ids = torch.randint(0, 300, (8, 64))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model.model(input_ids=ids, use_cache=False)
+    p = 2 if dtype == "bfloat16" else 4
+    planned = activation_bytes(_shape(conf, "t"), p, ids.numel(), checkpointing=False)
+    assert sum(saved.values()) == pytest.approx(planned, rel=0.1)
+
+
+def test_every_shipped_gpu_recipe_fits_its_gpus():
+    """``mixrl plan`` says every shipped GPU recipe fits its hardware with 10 % headroom."""
+    from mixrl.plan import fits
+
+    for recipe in GPU_RECIPES:
+        cfg = compose_config([f"recipe={recipe}"])
+        e = estimate(cfg, model_shape(cfg))
+        assert e["gpu_gb"] == 80 and fits(e), f"{recipe}: {e['peak'] / GB:.1f} GB"
+
+
+def test_the_fit_check_can_fail():
+    """The same check refuses an over-large setting: the 7B CHORD recipe under DDP, or with 32-row micro-batches."""
+    from mixrl.plan import fits
+
+    for extra in (["hardware=gpu-8x80g-vllm"], ["trainer.micro_batch_size=32"]):
+        cfg = compose_config(["recipe=chord/qwen2.5-7b-openr1", *extra])
+        e = estimate(cfg, model_shape(cfg))
+        assert not fits(e), extra
+    out = CliRunner().invoke(app, ["plan", "recipe=chord/qwen2.5-7b-openr1", "hardware=gpu-8x80g-vllm"]).output
+    assert "does NOT fit a 80 GB GPU" in out
+
+
+def test_sleep_mode_and_teachers():
+    """vLLM's share counts while training only without sleep mode; a teacher model's weights count."""
+    on = estimate(cfg := compose_config(["recipe=luffy/qwen2.5-math-7b-openr1"]), model_shape(cfg))
+    off = estimate(cfg := compose_config(["recipe=luffy/qwen2.5-math-7b-openr1", "hardware.vllm_enable_sleep_mode=false"]),
+                   model_shape(cfg))
+    assert on["vllm_sleeps"] and not off["vllm_sleeps"]
+    assert off["train_phase"] - on["train_phase"] == pytest.approx(0.3 * 80 * GB)
+    kd = estimate(cfg := compose_config(["recipe=kdrl/qwen2.5-math-1.5b-openr1"]), model_shape(cfg))
+    assert kd["teachers"] == _shape(KNOWN_MODELS["Qwen/Qwen2.5-Math-7B-Instruct"], "t").params() * 2
 
 
 def test_vllm_colocate_share_and_lora():
@@ -82,6 +165,8 @@ def test_vllm_colocate_share_and_lora():
     e = estimate(cfg, shape)
     assert e["vllm_share"] == pytest.approx(0.3 * 80 * GB) and e["vllm_weights"] == shape.params() * 2
     assert e["vllm_kv_tokens"] == int((0.3 * 80 * GB - shape.params() * 2) // (2 * 28 * 512 * 2))
-    lora = estimate(compose_config(["recipe=chord/qwen2.5-7b-openr1", "model.lora.enabled=true", "model.lora.r=8"]), shape)
+    lora = estimate(compose_config(["recipe=chord/qwen2.5-7b-openr1", "hardware=gpu-8x80g-vllm", "model.lora.enabled=true",
+                                    "model.lora.r=8"]), shape)
     assert lora["trainable_params"] == shape.lora_params(8) < shape.params() / 100
-    assert lora["optimizer"] == 2 * shape.lora_params(8) * 2
+    assert lora["optimizer"] == 2 * shape.lora_params(8) * 2  # DDP: two bf16 moments of the adapter
+    assert lora["lm_head"] < e["lm_head"]  # the LM head's weight gradient is not accumulated (frozen)

@@ -27,6 +27,10 @@ pinned by ``tests/test_trl_contract.py``):
   weight snapshots of ``staleness`` and, when a checkpoint falls inside a generation batch
   (``num_iterations > 1``), TRL's buffered batch and its token counts.
 
+Per-token log-probs and entropies (policy, reference, teachers) come from TRL's fused, chunked
+LM head, which never builds the ``[tokens, V]`` logits; its tile width is fitted to the
+vocabulary (:mod:`mixrl.trainer.lm_head`).
+
 A teacher (:mod:`mixrl.sources.teacher`) is loaded here (frozen, with TRL's fused LM head at
 the run's temperature, like TRL's reference model) and used through three generic callables
 of the :class:`InjectContext` (``score_tokens``, ``generate_with``, ``rewards``); its log-probs of
@@ -112,6 +116,9 @@ class MixrlGRPOTrainer(GRPOTrainer):
         super().__init__(*args, **kwargs)
         self.teacher = teacher
         self._teacher_models: list = self._load_teachers(teacher) if teacher is not None else []
+        from mixrl.trainer.lm_head import fit_tile_to_vocab
+
+        fit_tile_to_vocab([self.accelerator.unwrap_model(self.model), *(m for m in self._teacher_models if m is not _SELF)])
         from mixrl.core.terms import term_needs
 
         self._teacher_tokens = tuple(sorted({p for t in objective.terms if "teacher_logp" in term_needs(t.kind) for p in t.tokens}))

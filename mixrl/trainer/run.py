@@ -484,8 +484,11 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
                                    "the run learned nothing from rewards; check the reward function and data.answer_column")
 
     model_dir = run_dir / "model"
-    if trainer.accelerator.is_main_process:
+    if trainer.is_fsdp_enabled:  # every process joins the gather of the full state dict; rank 0 writes it
         trainer.save_model(str(model_dir))
+    elif trainer.accelerator.is_main_process:
+        trainer.save_model(str(model_dir))
+    if trainer.accelerator.is_main_process:
         tokenizer.save_pretrained(str(model_dir))
     summary = {
         "run_dir": str(run_dir),

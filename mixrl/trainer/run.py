@@ -514,6 +514,8 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
         "model_dir": str(model_dir),
         "machine": f"{platform.machine()} {os.cpu_count()} cpu",
     }
+    if trainer.is_fsdp_enabled:
+        summary["sharding"] = _sharding(trainer)
     if trainer.accelerator.is_main_process:
         from mixrl.trainer.publish import MERGED_DIR, save_merged, write_model_card
 
@@ -524,6 +526,15 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
         write_model_card(model_dir, cfg, summary, base_model=str(cfg.model.path))
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return RunResult(run_dir, summary)
+
+
+def _sharding(trainer) -> dict:
+    """What FSDP sharded: the model's parameters and the share this process holds (its shards
+    of every sharded parameter; rank 0's in ``summary.json``)."""
+    params = list(trainer.model.parameters())
+    local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in params)
+    return {"strategy": "fsdp", "processes": int(trainer.accelerator.num_processes),
+            "parameters": sum(p.numel() for p in params), "parameters_this_process": int(local)}
 
 
 def train_stages(cfg: DictConfig, stages: list[tuple[str, DictConfig]], console: Console | None = None) -> RunResult:

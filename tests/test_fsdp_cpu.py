@@ -46,7 +46,9 @@ def _env() -> dict:
 
 def _mixrl(args: list[str], log: Path) -> tuple[int | str, float]:
     """``mixrl train ARGS`` in its own process group: (exit status or "hung", seconds). A run past
-    TIMEOUT_S (a collective some process never joins) is killed with its launched processes."""
+    TIMEOUT_S (a collective some process never joins) gets Ctrl-C, which the launcher forwards to
+    torchrun and torchrun to its workers (each in a session of its own, out of reach of a kill of
+    this group); measured: a hung FSDP run is gone ~35 s later. Then whatever is left of the group is killed."""
     t0 = time.perf_counter()
     with open(log, "w") as f:
         proc = subprocess.Popen([sys.executable, "-m", "mixrl.cli.main", "train", *args], cwd=ROOT, env=_env(),
@@ -54,9 +56,9 @@ def _mixrl(args: list[str], log: Path) -> tuple[int | str, float]:
     try:
         rc: int | str = proc.wait(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGTERM)
+        proc.send_signal(signal.SIGINT)
         try:
-            proc.wait(timeout=20)
+            proc.wait(timeout=90)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()

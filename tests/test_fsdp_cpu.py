@@ -139,3 +139,43 @@ def test_fsdp_two_processes_uneven_hints_save_load_and_resume(gloo, fsdp_model, 
     diff = {k: float((resumed[k] - uninterrupted[k]).abs().max()) for k in uninterrupted}
     assert max(diff.values()) == 0.0, f"resumed step 3 differs from the uninterrupted one: {diff}"
     print(f"FSDP CPU: train {first_s:.1f} s, resume {resume_s:.1f} s")
+
+
+def test_a_sharded_policy_gets_one_forward_per_micro_batch(tiny_model_path, tmp_path):
+    """Rows of two kinds (rollouts and expert rows): one process forwards each kind separately
+    (each trimmed to its own width), a sharded policy forwards the micro-batch once, since the
+    kinds differ between processes and every forward needs every process. Same log-probs."""
+    from mixrl.config.compose import compose_config
+    from mixrl.core import provenance as prov
+    from mixrl.trainer import build
+
+    cfg = compose_config(["algo=chord", f"model.path={tiny_model_path}", f"run_dir={tmp_path / 'run'}", "trainer.save_steps=0",
+                          "logger.progress=false", "hardware.torch_threads=1", "trainer.eval_size=0", "data.train_size=16"])
+    path = build.resolve_model_path(cfg, progress=False)
+    tok = build.load_tokenizer(path, cfg)
+    funcs, weights = build.build_reward_funcs(cfg)
+    trainer = build.build_trainer(cfg, model_path=path, tokenizer=tok, train_ds=build.load_train_rows(cfg),
+                                  reward_funcs=funcs, reward_weights=weights, run_dir=tmp_path / "run", callbacks=[])
+    g = torch.Generator().manual_seed(0)
+    ids = lambda *shape: torch.randint(3, len(tok), shape, generator=g)  # noqa: E731
+    c_mask = torch.ones(4, 6, dtype=torch.long)
+    c_mask[2:, 3:] = 0  # the expert rows are shorter
+    inputs = {"prompt_ids": ids(4, 5), "prompt_mask": torch.ones(4, 5, dtype=torch.long), "completion_ids": ids(4, 6),
+              "completion_mask": c_mask, "row_source": torch.tensor([prov.ON_POLICY] * 2 + [prov.code("expert")] * 2)}
+    widths = []
+    forward = trainer._get_per_token_logps_and_entropies
+
+    def counted(model, input_ids, attention_mask, logits_to_keep, **kw):
+        widths.append(int(logits_to_keep))
+        return forward(model, input_ids, attention_mask, logits_to_keep, **kw)
+
+    trainer._get_per_token_logps_and_entropies = counted
+    with torch.no_grad():
+        alone, _ = trainer._forward_by_row_kind(trainer.model, inputs)
+        assert sorted(widths) == [3, 6]
+        widths.clear()
+        trainer._forwards_collective = lambda: True
+        sharded, _ = trainer._forward_by_row_kind(trainer.model, inputs)
+    assert widths == [6]
+    m = c_mask.bool()
+    assert torch.allclose(alone[m], sharded[m], atol=1e-5), (alone[m] - sharded[m]).abs().max()

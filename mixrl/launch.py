@@ -7,7 +7,8 @@ beside training (``hardware.vllm_mode=server`` with ``hardware.vllm_server_gpus`
 it re-invokes ``python -m mixrl.cli.main train`` with the same overrides (plus the run
 directory it chose) under a launcher:
 
-* ``device=cpu``: ``python -m torch.distributed.run`` (gloo; DeepSpeed and FSDP need GPUs);
+* ``device=cpu``: ``python -m torch.distributed.run`` (gloo; DDP, or FSDP2 with ``strategy=fsdp``:
+  :mod:`mixrl.trainer.fsdp`; DeepSpeed needs GPUs);
 * ``device=cuda``: ``python -m accelerate.commands.launch --config_file RUN_DIR/launch/accelerate.yaml``
   with a generated accelerate config (``MULTI_GPU`` for DDP, ``DEEPSPEED`` with a generated
   ``deepspeed.json`` for ZeRO-2/3, ``FSDP`` for FSDP2), the same files as TRL's
@@ -76,11 +77,14 @@ def validate_hardware(cfg: DictConfig) -> None:
     hw = cfg.hardware
     if hw.strategy not in STRATEGIES:
         raise ConfigError(f"hardware.strategy={hw.strategy!r} is not one of {', '.join(STRATEGIES)}; e.g. hardware.strategy=zero3")
-    if hw.device == "cpu" and hw.strategy != "ddp":
+    if hw.device == "cpu" and hw.strategy in ("zero2", "zero3"):
         raise ConfigError(
-            f"hardware.strategy={hw.strategy} needs CUDA GPUs (DeepSpeed/FSDP); on CPU use hardware.strategy=ddp "
-            "(e.g. hardware=cpu-2proc)"
+            f"hardware.strategy={hw.strategy} needs CUDA GPUs (DeepSpeed); on CPU use hardware.strategy=ddp or fsdp "
+            "(e.g. hardware=cpu-2proc or hardware=cpu-2proc-fsdp)"
         )
+    if hw.device == "cpu" and hw.strategy == "fsdp" and hw.offload:
+        raise ConfigError("hardware.offload=true moves FSDP's parameters to CPU memory, where a CPU run keeps them already; "
+                          "set hardware.offload=false")
     if hw.offload and hw.strategy == "ddp":
         raise ConfigError("hardware.offload=true needs a sharding strategy; set hardware.strategy=zero2, zero3 or fsdp")
     if hw.vllm_mode not in VLLM_MODES:
@@ -251,15 +255,9 @@ def accelerate_config(cfg: DictConfig, deepspeed_file: str | None = None) -> dic
         out.pop("mixed_precision")  # with a config file, precision is its "auto" fields (filled from bf16)
     else:  # fsdp: FSDP2, as TRL's fsdp2.yaml
         out["distributed_type"] = "FSDP"
-        out["fsdp_config"] = {
-            "fsdp_activation_checkpointing": False,
-            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-            "fsdp_cpu_ram_efficient_loading": True,
-            "fsdp_offload_params": bool(hw.offload),
-            "fsdp_reshard_after_forward": True,
-            "fsdp_state_dict_type": "FULL_STATE_DICT",  # model/ is a plain transformers folder
-            "fsdp_version": 2,
-        }
+        from mixrl.trainer.fsdp import fsdp_config
+
+        out["fsdp_config"] = fsdp_config(cfg)  # FULL_STATE_DICT: model/ is a plain transformers folder
     return out
 
 

@@ -96,6 +96,32 @@ def test_groups_straddling_processes_use_the_global_slot():
     assert [s == TEACHER for s in out.row_source] == [False, True, False, False, False, True]
 
 
+def test_the_student_scores_every_failed_group_in_one_call_made_even_with_none():
+    """Under a sharded policy (FSDP, ZeRO-3) each forward needs every process, so the policy is
+    asked once per batch on every process: the candidates of all failed groups together (here
+    two groups, 2 correct candidates each), and with an empty list where no group failed."""
+    calls = []
+    cands = {"A": [(5, 0), (6, 0)], "B": []}
+    student = {(5, 0): [-2.0, -2.0], (6, 0): [-0.1, -0.1]}
+    ctx, _ = _ctx(lambda c: 1.0 if c in student else 0.0, cands, student)
+    score = ctx.score_tokens
+
+    def counted(model, prompts, comps):
+        if model == "policy":
+            calls.append([tuple(c) for c in comps])
+        return score(model, prompts, comps)
+
+    ctx.score_tokens = counted
+    rollouts = Rollouts([[3]] * 8, None, [prov.ON_POLICY] * 8)
+    out = RefillFailed(per_group=1, candidates=2).after_generation(ctx, [{"prompt": "p0"}] * 4 + [{"prompt": "p1"}] * 4, rollouts)
+    assert calls == [[(5, 0), (6, 0), (5, 0), (6, 0)]]
+    assert out.completion_ids[3] == out.completion_ids[7] == [6, 0]  # each group still gets its best-understood candidate
+    calls.clear()
+    solved = Rollouts([[5, 0]] * 8, None, [prov.ON_POLICY] * 8)
+    out = RefillFailed(per_group=1, candidates=2).after_generation(ctx, [{"prompt": "p0"}] * 8, solved)
+    assert calls == [[]] and out.row_source == [prov.ON_POLICY] * 8
+
+
 def test_per_group_must_leave_a_rollout():
     from mixrl.config.rules import geometry
     from mixrl.config.compose import compose_config

@@ -61,6 +61,25 @@ def test_cpu_2proc_composes_and_needs_a_launch():
     assert not needs_launch(_cfg(), environ={})  # one process: trains in place
 
 
+def test_cpu_2proc_fsdp_gives_the_trainer_the_gpu_options_fsdp2_settings(tmp_path):
+    """``hardware=cpu-2proc-fsdp``: torchrun (gloo) starts the processes, and the trainer gets
+    FSDP2 as transformers' fsdp / fsdp_config arguments, the settings ``gpu-8x80g-fsdp`` writes
+    into its accelerate config (run end to end: tests/test_fsdp_cpu.py)."""
+    from mixrl.trainer.build import grpo_args
+
+    cfg = _cfg("hardware=cpu-2proc-fsdp")
+    assert world_size(cfg) == 2 and needs_launch(cfg, environ={}) and cfg.hardware.strategy == "fsdp"
+    plan = plan_launch(cfg, ["hardware=cpu-2proc-fsdp"], tmp_path / "r", python="python")
+    assert plan.argv[:4] == ["python", "-m", "torch.distributed.run", "--nproc_per_node=2"] and "accelerate.yaml" not in plan.files
+    plugin = grpo_args(cfg, tmp_path).fsdp_plugin_args
+    gpu = accelerate_config(_cfg("hardware=gpu-8x80g-fsdp"))["fsdp_config"]
+    assert plugin["fsdp_version"] == gpu["fsdp_version"] == 2
+    assert plugin["state_dict_type"] == gpu["fsdp_state_dict_type"] == "FULL_STATE_DICT"
+    assert plugin["auto_wrap_policy"] == gpu["fsdp_auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
+    assert plugin["reshard_after_forward"] is gpu["fsdp_reshard_after_forward"] is True
+    assert grpo_args(_cfg("hardware=cpu-2proc"), tmp_path).fsdp_plugin_args is None  # DDP stays DDP
+
+
 def test_cpu_plan_multi_node_flags(tmp_path):
     cfg = _cfg("hardware=cpu-2proc", "hardware.num_machines=2", "hardware.machine_rank=1",
                "hardware.main_process_ip=10.0.0.7", "hardware.main_process_port=29600")
@@ -180,6 +199,8 @@ def test_hardware_options_are_refused_where_they_cannot_run():
         _cfg("hardware=cpu-2proc", "hardware.strategy=zero3")
     with pytest.raises(ConfigError, match="strategy"):
         _cfg("hardware.strategy=zero4")
+    with pytest.raises(ConfigError, match="offload"):
+        _cfg("hardware=cpu-2proc-fsdp", "hardware.offload=true")
     with pytest.raises(ConfigError, match="offload"):
         _cfg("hardware=gpu-8x80g", "hardware.offload=true")
     with pytest.raises(ConfigError, match="vllm_tensor_parallel_size"):

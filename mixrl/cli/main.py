@@ -130,6 +130,7 @@ def train(
             continue  # under torchrun only rank 0 reports
         out.print(_summary_table(result.summary))
         out.print(f"run directory: [bold]{result.run_dir}[/]")
+    _close_process_group()
     if int(os.environ.get("RANK", "0")) != 0:
         return
     if multirun:
@@ -141,6 +142,17 @@ def train(
             acc = [f"{a:.3f}" if isinstance(a, (int, float)) else "-" for a in (s.get("accuracy_before"), s.get("accuracy_after"))]
             table.add_row(str(i), " ".join(jobs[i]), *acc, str(r.run_dir))
         out.print(table)
+
+
+def _close_process_group() -> None:
+    """Under a launcher: every process waits until rank 0 has written the run, then the process
+    group closes. (A gloo process left to the interpreter's exit while its peer still works
+    may abort: seen with FSDP on CPU, 'terminate called without an active exception'.)"""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def _launch_jobs(cfgs, jobs, overrides, multirun: bool) -> int:

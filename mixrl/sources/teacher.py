@@ -275,14 +275,18 @@ class RefillFailed(Injection):
         failed = best < self.threshold
         stats = {"failed_groups": float(failed.sum()), "refilled_rows": 0.0, "candidates": 0.0, "correct_candidates": 0.0}
         rng = random.Random(hash((self.seed, ctx.process_index, ctx.global_step, ctx.micro_step)))
-        picked: dict[int, list] = {}  # local row of the group's first slot to fill -> chosen candidates
+        targets = []  # (local row, group, index among the group's refilled slots)
         for i in range(n):
             g, slot = (start + i) // G, (start + i) % G
             j = slot - (G - self.per_group)
-            if j < 0 or not bool(failed[g]):
-                continue
-            if g not in picked:
-                picked[g] = self._choose(ctx, inputs[i], rng, stats)
+            if j >= 0 and bool(failed[g]):
+                targets.append((i, g, j))
+        first_row: dict[int, int] = {}
+        for i, g, _ in targets:
+            first_row.setdefault(g, i)
+        pools = {g: self._candidates(ctx, inputs[i], stats) for g, i in first_row.items()}
+        picked = self._select(ctx, pools, rng)
+        for i, g, j in targets:
             chosen = picked[g]
             if j >= len(chosen):
                 continue
@@ -296,8 +300,9 @@ class RefillFailed(Injection):
         self.last = stats
         return rollouts
 
-    def _choose(self, ctx: InjectContext, row: dict, rng, stats: dict) -> list[tuple[list[int], list[float]]]:
-        """The correct teacher candidates for ``row``'s prompt, best first, with their behaviour log-probs."""
+    def _candidates(self, ctx: InjectContext, row: dict, stats: dict) -> tuple[list[int], list[tuple[list[int], list[float]]]]:
+        """``(prompt ids, correct teacher candidates with their behaviour log-probs)`` for ``row``'s
+        prompt, in the teachers' order. Only the teachers run here (their forwards are local)."""
         prompt_ids = ctx.tokenize_prompts([row["prompt"]])[0]
         cands: list[list[int]] = []
         behaviour: list[list[float]] = []
@@ -310,19 +315,32 @@ class RefillFailed(Injection):
             behaviour += ctx.score_tokens(teacher, [prompt_ids] * len(ids), ids)
         stats["candidates"] += len(cands)
         if not cands:
-            return []
+            return prompt_ids, []
         ok = ctx.rewards([row] * len(cands), cands).float() >= self.threshold
-        keep = [k for k in range(len(cands)) if bool(ok[k])]
+        keep = [(cands[k], behaviour[k]) for k in range(len(cands)) if bool(ok[k])]
         stats["correct_candidates"] += len(keep)
-        if not keep:
-            return []
+        return prompt_ids, keep
+
+    def _select(self, ctx: InjectContext, pools: dict, rng) -> dict[int, list[tuple[list[int], list[float]]]]:
+        """Each failed group's candidates, best first, at most ``per_group``. ``likelihood`` scores
+        the candidates of all groups in one call of the policy, made by every process even with
+        none: under a sharded policy each forward needs every process (a call per group would
+        leave a process with fewer failed groups behind)."""
         if self.select == "likelihood":
-            student = ctx.score_tokens(ctx.policy, [prompt_ids] * len(keep), [cands[k] for k in keep])
-            score = {k: comprehension(lp) for k, lp in zip(keep, student)}
-            keep.sort(key=lambda k: -score[k])
-        elif self.select == "random":
-            rng.shuffle(keep)
-        return [(cands[k], behaviour[k]) for k in keep[: self.per_group]]
+            flat = [(g, c) for g, (_, keep) in pools.items() for c in keep]
+            student = ctx.score_tokens(ctx.policy, [pools[g][0] for g, _ in flat], [c[0] for _, c in flat])
+            score = [comprehension(lp) for lp in student]
+            out: dict[int, list] = {g: [] for g in pools}
+            for (g, c), sc in sorted(zip(flat, score), key=lambda x: -x[1]):  # stable: ties keep the teachers' order
+                out[g].append(c)
+            return {g: v[: self.per_group] for g, v in out.items()}
+        result = {}
+        for g, (_, keep) in pools.items():
+            keep = list(keep)
+            if self.select == "random":
+                rng.shuffle(keep)
+            result[g] = keep[: self.per_group]
+        return result
 
     def metrics(self) -> dict[str, float]:
         return {f"ampo/{k}": v for k, v in self.last.items()}

@@ -14,6 +14,7 @@ from mixrl.config.objective import component as _component
 from mixrl.config.objective import plain as _plain
 from mixrl.config.rules import Geometry, geometry
 from mixrl.errors import ConfigError, DataError
+from mixrl.trainer import fsdp
 
 BUILTIN = "builtin:"
 
@@ -206,6 +207,7 @@ def grpo_args(cfg: DictConfig, run_dir: Path, geom: Geometry | None = None):
         dataloader_num_workers=0,
         remove_unused_columns=False,
         shuffle_dataset=True,
+        **fsdp.training_args(cfg),  # FSDP on CPU: transformers' fsdp / fsdp_config (GPUs: the launch's accelerate config)
     )
 
 

@@ -150,8 +150,12 @@ class MixrlGRPOTrainer(GRPOTrainer):
     def _mixrl_generate(self, prompt_ids: list[list[int]]):
         """One completion per prompt, sampled by the policy (TRL's own generation path, so
         vLLM, sampling settings and EOS handling are the rollouts'). A process with no
-        prompt skips the call unless vLLM server mode gathers prompts over processes."""
+        prompt skips the call unless vLLM server mode gathers prompts over processes, or the
+        policy is sharded (:meth:`_forwards_collective`): then it generates from a one-token
+        dummy prompt and drops the result, so that it joins every forward of the others."""
         if not prompt_ids and not (self.use_vllm and getattr(self.args, "vllm_mode", "") == "server"):
+            if self._forwards_collective():
+                super()._generate_single_turn([[self._dummy_token()]], None, {}, 1)
             return [], None
         return super()._generate_single_turn([list(p) for p in prompt_ids], None, {}, 1)
 
@@ -428,6 +432,43 @@ class MixrlGRPOTrainer(GRPOTrainer):
         t = (totals / float(self.accelerator.num_processes)).tolist()
         return {population_key(p): (t[2 * i], t[2 * i + 1]) for i, p in enumerate(pops)}
 
+    # ------------------------------------------------------------------ sharded forwards
+    def _forwards_collective(self) -> bool:
+        """Does every forward of the policy need every process? Under FSDP and DeepSpeed ZeRO-3
+        each forward gathers the sharded parameters from all processes, so a forward that one
+        process runs and another skips (the behaviour forward of hinted rows, a self-teacher
+        scoring some rows, AMPO's student scoring) leaves it waiting forever. DDP's forward is local."""
+        return self.accelerator.num_processes > 1 and (self._dist.is_fsdp or self._dist.is_zero3)
+
+    def _forward_deficit(self, mine: int) -> int:
+        """Before ``mine`` no-grad policy forwards: how many dummy ones this process must add so
+        that every process runs as many as the busiest (one all_reduce, before any of them, so
+        that the processes' collectives stay in the same order). 0 without sharding."""
+        if not self._forwards_collective():
+            return 0
+        import torch.distributed as dist
+
+        most = torch.tensor([int(mine)], dtype=torch.long, device=self.accelerator.device)
+        dist.all_reduce(most, op=dist.ReduceOp.MAX)
+        return int(most) - int(mine)
+
+    def _dummy_token(self) -> int:
+        tok = self.processing_class
+        return int(tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
+
+    def _dummy_forwards(self, n: int) -> None:
+        """``n`` no-grad forwards of the policy on one token (their output unused)."""
+        if n <= 0:
+            return
+        ids = torch.full((1, 1), self._dummy_token(), dtype=torch.long, device=self.accelerator.device)
+        with torch.no_grad():
+            for _ in range(n):
+                self.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
+
+    def _join_forwards(self, mine: int) -> None:
+        """A call site some processes skip: join the busiest process's forwards with dummy ones."""
+        self._dummy_forwards(self._forward_deficit(mine))
+
     # ------------------------------------------------------------------ teachers
     def _load_teachers(self, teacher) -> list:
         """The teacher models, frozen, on their device and dtype, with TRL's fused LM head at the
@@ -459,11 +500,12 @@ class MixrlGRPOTrainer(GRPOTrainer):
         dev = next(model.parameters()).device
         ids = torch.cat([prompt_ids, completion_ids], dim=1).to(dev)
         att = torch.cat([prompt_mask, completion_mask], dim=1).to(dev)
+        batch_size = self.args.per_device_train_batch_size
         ctx = disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs) if is_policy else contextlib.nullcontext()
         with torch.no_grad(), ctx:
-            lp, _, _ = self._get_per_token_logps_and_entropies(
-                model, ids, att, completion_ids.size(1), batch_size=self.args.per_device_train_batch_size
-            )
+            missing = self._forward_deficit(-(-ids.size(0) // batch_size)) if is_policy else 0
+            lp, _, _ = self._get_per_token_logps_and_entropies(model, ids, att, completion_ids.size(1), batch_size=batch_size)
+            self._dummy_forwards(missing)
         return lp.float().to(self.accelerator.device)
 
     def _pad(self, prompts: list[list[int]], completions: list[list[int]]):
@@ -484,8 +526,11 @@ class MixrlGRPOTrainer(GRPOTrainer):
         return p_ids, p_mask, c_ids, c_mask
 
     def _score_token_lists(self, model, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
-        """``InjectContext.score_tokens``: per-token log-probs of each completion under ``model``."""
+        """``InjectContext.score_tokens``: per-token log-probs of each completion under ``model``.
+        Under sharding, a call for the policy with nothing to score still joins the others' forwards."""
         if not completion_ids:
+            if model is _SELF or model is self.model:
+                self._join_forwards(0)
             return []
         lp = self._score_padded(model, *self._pad(prompt_ids, completion_ids))
         return [lp[i, : len(c)].tolist() for i, c in enumerate(completion_ids)]
@@ -564,6 +609,8 @@ class MixrlGRPOTrainer(GRPOTrainer):
             old = out.get("old_per_token_logps")
             if old is not None:
                 self._metrics[mode]["teacher/kl_k1"].append(float((old[rows, :width] - lp)[scored].mean()))
+        elif _SELF in self._teacher_models:  # no row to score here: join the other processes' forwards
+            self._join_forwards(0)
         self._metrics[mode]["teacher/scored_tokens"].append(float(self.accelerator.reduce(
             torch.tensor(float((~result.isnan()).sum()), device=mask.device), reduction="sum")))
         self._metrics[mode]["teacher/seconds"].append(time.perf_counter() - t0)
@@ -701,11 +748,14 @@ class MixrlGRPOTrainer(GRPOTrainer):
         ``row_source`` than the rollouts) get a forward of their own, trimmed to their longest
         completion, so they cost their own tokens rather than the rollouts' padded width.
         Rows are independent: the values are those of one forward over the micro-batch, up
-        to float rounding (measured: equal to 1e-6 on the pinned cases)."""
+        to float rounding (measured: equal to 1e-6 on the pinned cases). With a sharded policy
+        (:meth:`_forwards_collective`) every micro-batch gets one forward: the kinds of rows
+        differ between processes (expert rows, replayed rows, teacher rows land on some), and
+        one forward per kind would leave a process waiting for a forward the others never run."""
         prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
         kinds = inputs["row_source"].unique()
-        if len(kinds) == 1:
+        if len(kinds) == 1 or self._forwards_collective():
             ids = torch.cat([prompt_ids, completion_ids], dim=1)
             att = torch.cat([prompt_mask, completion_mask], dim=1)
             logps, entropies, _ = self._get_per_token_logps_and_entropies(

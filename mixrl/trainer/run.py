@@ -484,8 +484,11 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
                                    "the run learned nothing from rewards; check the reward function and data.answer_column")
 
     model_dir = run_dir / "model"
-    if trainer.accelerator.is_main_process:
+    if trainer.is_fsdp_enabled:  # every process joins the gather of the full state dict; rank 0 writes it
         trainer.save_model(str(model_dir))
+    elif trainer.accelerator.is_main_process:
+        trainer.save_model(str(model_dir))
+    if trainer.accelerator.is_main_process:
         tokenizer.save_pretrained(str(model_dir))
     summary = {
         "run_dir": str(run_dir),
@@ -511,6 +514,8 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
         "model_dir": str(model_dir),
         "machine": f"{platform.machine()} {os.cpu_count()} cpu",
     }
+    if trainer.is_fsdp_enabled:
+        summary["sharding"] = _sharding(trainer)
     if trainer.accelerator.is_main_process:
         from mixrl.trainer.publish import MERGED_DIR, save_merged, write_model_card
 
@@ -521,6 +526,15 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
         write_model_card(model_dir, cfg, summary, base_model=str(cfg.model.path))
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return RunResult(run_dir, summary)
+
+
+def _sharding(trainer) -> dict:
+    """What FSDP sharded: the model's parameters and the share this process holds (its shards
+    of every sharded parameter; rank 0's in ``summary.json``)."""
+    params = list(trainer.model.parameters())
+    local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in params)
+    return {"strategy": "fsdp", "processes": int(trainer.accelerator.num_processes),
+            "parameters": sum(p.numel() for p in params), "parameters_this_process": int(local)}
 
 
 def train_stages(cfg: DictConfig, stages: list[tuple[str, DictConfig]], console: Console | None = None) -> RunResult:

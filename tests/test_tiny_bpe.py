@@ -1,0 +1,188 @@
+"""The BPE chat model (``model=tiny-bpe``): tokenizer, chat template, cached warm start, selection."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from mixrl.config.compose import compose_config
+from mixrl.models import tiny, tiny_bpe
+from mixrl.tasks import arith
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def saved(tiny_bpe_model_path):
+    """``(path, tokenizer reloaded with AutoTokenizer)`` of the session's warm-started BPE model."""
+    return Path(tiny_bpe_model_path), AutoTokenizer.from_pretrained(tiny_bpe_model_path)
+
+
+def test_tokenizer_reloads_identically(saved):
+    path, tok = saved
+    fresh = tiny_bpe.build_tokenizer(tiny_bpe.training_texts(**tiny_bpe.CORPUS))
+    assert type(tok).__name__ == "Qwen2Tokenizer"
+    assert tok.get_vocab() == fresh.get_vocab()
+    assert tok.chat_template == tiny_bpe.CHAT_TEMPLATE
+    assert (tok.pad_token, tok.eos_token, tok.bos_token) == ("<|endoftext|>", "<|im_end|>", None)
+    assert json.loads((path / "config.json").read_text())["model_type"] == "qwen2"
+    for p in arith.generate(200, seed=1, levels=arith.LEVELS, split="all"):
+        text = tiny_bpe.chat_text(p["prompt"], p["solution"])
+        assert tok(text, add_special_tokens=False)["input_ids"] == fresh(text, add_special_tokens=False)["input_ids"]
+        assert tok.decode(tok(text)["input_ids"]) == text  # no bos, nothing lost
+
+
+def test_load_tokenizer_pads_left_and_templates_like_chat_text(saved):
+    from mixrl.trainer.build import load_tokenizer
+
+    path, _ = saved
+    tok = load_tokenizer(str(path), compose_config([f"model.path={path}"]))
+    assert tok.padding_side == "left" and tok.pad_token == "<|endoftext|>"
+    p = arith.make_problem([3, 9, 8])
+    # what TRL does with a conversational prompt = what the warm start trained on
+    templ = tok.apply_chat_template(tiny_bpe.chat_messages(p["prompt"]), add_generation_prompt=True, tokenize=True)
+    ids = templ["input_ids"] if isinstance(templ, dict) or hasattr(templ, "keys") else templ
+    assert ids == tiny_bpe.encode_chat(tok, p, p["solution"])[0]
+    assert tok.decode(ids) == tiny_bpe.chat_text(p["prompt"])
+    # without a system message the template inserts the model's own
+    assert tok.apply_chat_template([{"role": "user", "content": p["prompt"]}], add_generation_prompt=True,
+                                   tokenize=False) == tiny_bpe.chat_text(p["prompt"])
+
+
+def test_tokens_span_several_characters(saved):
+    """What the character model hides: one token covers several characters, so a character cut
+    is not a token boundary, and text joined at a cut re-tokenizes otherwise than its parts."""
+    _, tok = saved
+    p = arith.make_problem([4, 6, 7])  # solution "10 17 #### 17"
+    prompt_ids, completion_ids = tiny_bpe.encode_chat(tok, p, p["solution"])
+    pieces = tok.convert_ids_to_tokens(completion_ids)
+    assert "\u0120####" in pieces and pieces[-1] == "<|im_end|>"  # " ####" is one token
+    assert max(len(tok.convert_tokens_to_string([t])) for t in pieces) >= 5
+    assert max(len(tok.convert_tokens_to_string([t])) for t in tok.convert_ids_to_tokens(prompt_ids)) >= 6  # "assistant"
+    cut = p["solution"].index("####") + 2  # inside " ####"
+    head, tail = p["solution"][:cut], p["solution"][cut:]
+    parts = tok(head, add_special_tokens=False)["input_ids"] + tok(tail, add_special_tokens=False)["input_ids"]
+    assert parts != tok(p["solution"], add_special_tokens=False)["input_ids"]
+    assert tok.decode(parts) == p["solution"]
+    longest = max(len(tiny_bpe.encode_chat(tok, q, q["solution"])[0])
+                  for q in arith.generate(300, seed=0, levels=arith.LEVELS, split="all"))
+    assert longest <= tiny_bpe.MAX_PROMPT_TOKENS
+    assert longest + tiny_bpe.MAX_COMPLETION_TOKENS <= tiny_bpe.MODEL_SIZE["max_position_embeddings"]
+
+
+def test_warm_start_is_deterministic_and_cached_apart(saved, tmp_path):
+    path, _ = saved
+    again = tiny_bpe.warm_start(tmp_path, steps=10, progress=False)
+    assert again.name == path.name and again != path
+    a = AutoModelForCausalLM.from_pretrained(path).state_dict()
+    b = AutoModelForCausalLM.from_pretrained(again).state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert tiny_bpe.warm_start(tmp_path, steps=10, progress=False) == again  # cached: no retraining
+    meta = json.loads((again / "mixrl_tiny_bpe.json").read_text())
+    assert meta["warm_start"]["steps"] == 10 and meta["vocab"] == len(AutoTokenizer.from_pretrained(again))
+    assert not (again / tiny._META_FILE).exists()  # the character model's vocabulary extension never touches it
+    assert tiny_bpe.is_tiny_bpe(again) and not tiny_bpe.is_tiny_bpe(tiny.default_path(tmp_path))
+    assert tiny_bpe.cache_key(10) != tiny_bpe.cache_key() and tiny_bpe.default_path().parent.name == "tiny-bpe"
+    model = AutoModelForCausalLM.from_pretrained(again)
+    assert type(model).__name__ == "Qwen2ForCausalLM"
+    assert model.config.vocab_size == meta["vocab"] and model.config.eos_token_id == meta_eos(again)
+
+
+def meta_eos(path: Path) -> int:
+    return AutoTokenizer.from_pretrained(path).convert_tokens_to_ids("<|im_end|>")
+
+
+def test_warm_start_trains_on_completion_tokens_only(saved):
+    """Labels cover ``completion <|im_end|>`` exactly; the chat prompt is masked."""
+    _, tok = saved
+    problems = arith.train_split(4, seed=0, levels=arith.EASY_LEVELS)
+    ids, mask, lab = tiny._batch(tok, problems, None, tiny_bpe.encode_chat)
+    for i, p in enumerate(problems):
+        want = tok(p["solution"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        got = lab[i][lab[i] != -100].tolist()
+        assert got == want
+        prompt_len = len(tiny_bpe.encode_chat(tok, p, p["solution"])[0])
+        assert (lab[i, :prompt_len] == -100).all() and ids[i, prompt_len:prompt_len + len(want)].tolist() == want
+
+
+def test_model_selection(tiny_bpe_model_path, monkeypatch):
+    from mixrl.errors import ConfigError
+    from mixrl.trainer import build
+
+    cfg = compose_config(["model=tiny-bpe"])
+    assert (cfg.model.name, cfg.model.path, cfg.data.system_prompt) == ("tiny-bpe", "builtin:tiny-bpe", None)
+    monkeypatch.setattr(tiny_bpe, "warm_start", lambda progress=True: Path(tiny_bpe_model_path))
+    assert build.resolve_model_path(cfg) == tiny_bpe_model_path
+    with pytest.raises(ConfigError, match="builtin:tiny-bpe"):
+        build.resolve_model_path(compose_config(["model.path=builtin:nope"]))
+
+
+@pytest.mark.parametrize("how", ["builtin", "folder", "char", "plain"])
+def test_builtin_task_gives_chat_prompts_to_the_bpe_model(how, tiny_bpe_model_path):
+    from mixrl.trainer import build
+
+    overrides = {"builtin": ["model=tiny-bpe"], "folder": [f"model.path={tiny_bpe_model_path}"], "char": [],
+                 "plain": ["model=tiny-bpe", "data.system_prompt="]}[how]
+    cfg = compose_config([*overrides, "data.train_size=8", "trainer.eval_size=4"])
+    train, heldout = build.load_train_rows(cfg), build.load_eval_rows(cfg)
+    for prompt, problem in ((train[0]["prompt"], arith.train_split(8, seed=0)[0]),
+                            (heldout[0]["prompt"], arith.heldout_split(4)[0])):
+        if how in ("builtin", "folder"):
+            assert prompt == tiny_bpe.chat_messages(problem["prompt"])
+        else:
+            assert prompt == problem["prompt"]
+
+
+def test_plan_knows_the_bpe_model():
+    from mixrl import plan
+
+    cfg = compose_config(["model=tiny-bpe"])
+    shape = plan.model_shape(cfg)
+    assert shape is not None and shape.hidden == tiny_bpe.MODEL_SIZE["hidden_size"]
+    assert plan.default_prompt_tokens(cfg) == tiny_bpe.MAX_PROMPT_TOKENS
+    # the table's entry is what the build makes (vocabulary and context included)
+    fresh = tiny_bpe.build_tokenizer(tiny_bpe.training_texts(**tiny_bpe.CORPUS))
+    known = plan.KNOWN_MODELS["builtin:tiny-bpe"]
+    assert known["vocab_size"] == len(fresh)
+    assert known["max_position_embeddings"] == tiny_bpe.MODEL_SIZE["max_position_embeddings"]
+
+
+#: one method of each family, with what its run must show (its off-policy tokens' metric)
+FAMILIES = {
+    "grpo": [],
+    "chord": [],           # expert rows
+    "prefix_rft": [],      # demonstration prefixes cut at a character position
+    "guide": [],           # hints in the prompt
+    "repo_replay": ["algo.inject.min_age=0"],
+    "opd": ["teacher=model"],  # teacher: the same BPE model (models set below)
+}
+
+
+@pytest.mark.parametrize("algo", list(FAMILIES))
+def test_every_family_trains_two_steps_on_chat_prompts(algo, tiny_bpe_model_path, tmp_path):
+    """``mixrl train`` with the BPE model and chat-formatted built-in prompts, 2 steps per family."""
+    from conftest import FAST
+
+    from mixrl.trainer.run import train
+
+    extra = list(FAMILIES[algo])
+    if algo == "opd":
+        extra.append(f"teacher.source.models=[{tiny_bpe_model_path}]")
+    cfg = compose_config([f"algo={algo}", *FAST, f"model.path={tiny_bpe_model_path}", f"run_dir={tmp_path / 'run'}",
+                          "trainer.eval_size=0", *extra])
+    result = train(cfg)
+    assert result.summary["steps"] == 2
+    rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    assert len(rows) == 2 and all(torch.isfinite(torch.tensor(r["loss"])) for r in rows)
+    saved_tok = AutoTokenizer.from_pretrained(result.run_dir / "model")
+    assert saved_tok.chat_template == tiny_bpe.CHAT_TEMPLATE and len(saved_tok) == len(AutoTokenizer.from_pretrained(tiny_bpe_model_path))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -28,9 +29,14 @@ def saved(tiny_bpe_model_path):
     return Path(tiny_bpe_model_path), AutoTokenizer.from_pretrained(tiny_bpe_model_path)
 
 
-def test_tokenizer_reloads_identically(saved):
+@pytest.fixture(scope="module")
+def fresh():
+    """The tokenizer as :func:`tiny_bpe.build` makes it (merges learned again, ~2 s)."""
+    return tiny_bpe.build_tokenizer(tiny_bpe.training_texts(**tiny_bpe.CORPUS))
+
+
+def test_tokenizer_reloads_identically(saved, fresh):
     path, tok = saved
-    fresh = tiny_bpe.build_tokenizer(tiny_bpe.training_texts(**tiny_bpe.CORPUS))
     assert type(tok).__name__ == "Qwen2Tokenizer"
     assert tok.get_vocab() == fresh.get_vocab()
     assert tok.chat_template == tiny_bpe.CHAT_TEMPLATE
@@ -95,11 +101,10 @@ def test_warm_start_is_deterministic_and_cached_apart(saved, tmp_path):
     assert tiny_bpe.cache_key(10) != tiny_bpe.cache_key() and tiny_bpe.default_path().parent.name == "tiny-bpe"
     model = AutoModelForCausalLM.from_pretrained(again)
     assert type(model).__name__ == "Qwen2ForCausalLM"
-    assert model.config.vocab_size == meta["vocab"] and model.config.eos_token_id == meta_eos(again)
-
-
-def meta_eos(path: Path) -> int:
-    return AutoTokenizer.from_pretrained(path).convert_tokens_to_ids("<|im_end|>")
+    tok = AutoTokenizer.from_pretrained(again)
+    assert model.config.vocab_size == meta["vocab"] == len(tok)
+    assert model.generation_config.eos_token_id == tok.convert_tokens_to_ids("<|im_end|>") == tok.eos_token_id
+    assert model.generation_config.pad_token_id == tok.pad_token_id and model.generation_config.bos_token_id is None
 
 
 def test_warm_start_trains_on_completion_tokens_only(saved):
@@ -143,7 +148,7 @@ def test_builtin_task_gives_chat_prompts_to_the_bpe_model(how, tiny_bpe_model_pa
             assert prompt == problem["prompt"]
 
 
-def test_plan_knows_the_bpe_model():
+def test_plan_knows_the_bpe_model(fresh):
     from mixrl import plan
 
     cfg = compose_config(["model=tiny-bpe"])
@@ -151,31 +156,47 @@ def test_plan_knows_the_bpe_model():
     assert shape is not None and shape.hidden == tiny_bpe.MODEL_SIZE["hidden_size"]
     assert plan.default_prompt_tokens(cfg) == tiny_bpe.MAX_PROMPT_TOKENS
     # the table's entry is what the build makes (vocabulary and context included)
-    fresh = tiny_bpe.build_tokenizer(tiny_bpe.training_texts(**tiny_bpe.CORPUS))
     known = plan.KNOWN_MODELS["builtin:tiny-bpe"]
     assert known["vocab_size"] == len(fresh)
     assert known["max_position_embeddings"] == tiny_bpe.MODEL_SIZE["max_position_embeddings"]
 
 
-#: one method of each family, with what its run must show (its off-policy tokens' metric)
+FLIP_REWARD = """
+def flip_reward(prompts, completions, trainer_state=None, **kwargs):
+    step = trainer_state.global_step if trainer_state is not None else 0
+    return [float(step % 2 == 0) for _ in completions]
+"""
+
+
+def _flip_reward(tmp_path: Path) -> str:
+    """Every rollout of step 0 solves, none of step 1: each group of step 1 is uniform, and its
+    prompt's stored rollouts differ in reward, so replay refills it on any model (the test model
+    solves nothing of its own)."""
+    path = tmp_path / "flip_reward.py"
+    path.write_text(FLIP_REWARD)
+    return f"reward.name={path}:flip_reward"
+
+
+#: one method of each family: extra overrides, and the metrics (of the last step) that show its mechanism ran
 FAMILIES = {
-    "grpo": [],
-    "chord": [],           # expert rows
-    "prefix_rft": [],      # demonstration prefixes cut at a character position
-    "guide": [],           # hints in the prompt
-    "repo_replay": ["algo.inject.min_age=0"],
-    "opd": ["teacher=model"],  # teacher: the same BPE model (models set below)
+    "grpo": ([], []),
+    "chord": ([], ["expert/rows", "loss/sft"]),                 # expert rows
+    "prefix_rft": ([], ["prefix/rows", "prefix/mean_tokens"]),  # demonstration prefixes
+    "guide": ([], ["hinted/rows"]),                             # hints in the prompt
+    "repo_replay": (["FLIP"], ["replay/rows"]),                 # past rollouts refill uniform groups
+    "opd": (["teacher=model"], ["teacher/scored_tokens"]),      # teacher: the same BPE model (set below)
 }
 
 
 @pytest.mark.parametrize("algo", list(FAMILIES))
 def test_every_family_trains_two_steps_on_chat_prompts(algo, tiny_bpe_model_path, tmp_path):
-    """``mixrl train`` with the BPE model and chat-formatted built-in prompts, 2 steps per family."""
+    """``mixrl train`` with the BPE model on chat-formatted built-in prompts, 2 steps per family (~2 s each)."""
     from conftest import FAST
 
     from mixrl.trainer.run import train
 
-    extra = list(FAMILIES[algo])
+    extra, active = FAMILIES[algo]
+    extra = [_flip_reward(tmp_path) if e == "FLIP" else e for e in extra]
     if algo == "opd":
         extra.append(f"teacher.source.models=[{tiny_bpe_model_path}]")
     cfg = compose_config([f"algo={algo}", *FAST, f"model.path={tiny_bpe_model_path}", f"run_dir={tmp_path / 'run'}",
@@ -183,6 +204,11 @@ def test_every_family_trains_two_steps_on_chat_prompts(algo, tiny_bpe_model_path
     result = train(cfg)
     assert result.summary["steps"] == 2
     rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    assert len(rows) == 2 and all(torch.isfinite(torch.tensor(r["loss"])) for r in rows)
+    assert len(rows) == 2 and all(math.isfinite(r["loss"]) for r in rows)
+    for key in active:
+        assert rows[-1].get(key, 0) > 0, (key, {k: v for k, v in rows[-1].items() if "/" in k})
+    if algo == "opd":  # the teacher is the student's own weights: it scores the same tokens at the same positions
+        assert all(abs(r["loss/distill"]) < 1e-6 for r in rows), [r["loss/distill"] for r in rows]
     saved_tok = AutoTokenizer.from_pretrained(result.run_dir / "model")
-    assert saved_tok.chat_template == tiny_bpe.CHAT_TEMPLATE and len(saved_tok) == len(AutoTokenizer.from_pretrained(tiny_bpe_model_path))
+    assert saved_tok.chat_template == tiny_bpe.CHAT_TEMPLATE
+    assert saved_tok.get_vocab() == AutoTokenizer.from_pretrained(tiny_bpe_model_path).get_vocab()

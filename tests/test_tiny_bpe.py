@@ -212,3 +212,24 @@ def test_every_family_trains_two_steps_on_chat_prompts(algo, tiny_bpe_model_path
     saved_tok = AutoTokenizer.from_pretrained(result.run_dir / "model")
     assert saved_tok.chat_template == tiny_bpe.CHAT_TEMPLATE
     assert saved_tok.get_vocab() == AutoTokenizer.from_pretrained(tiny_bpe_model_path).get_vocab()
+
+
+def test_character_model_machinery_leaves_it_alone(saved, tiny_model_path):
+    """No vocabulary extension, no unencodable characters (byte-level), and a teacher with the
+    character tokenizer (``teacher=tiny``) refused in one line."""
+    from mixrl.config.checks import unencodable_characters
+    from mixrl.errors import ConfigError
+    from mixrl.sources.teacher import TeacherSource
+    from mixrl.trainer import build
+
+    path, tok = saved
+    texts = ["sort: 3,1,2 -> 1,2,3", "héllo wörld ✓"]
+    assert build.tiny_missing_characters(compose_config([f"model.path={path}"]), str(path), tok, texts) == []
+    assert unencodable_characters(tok, texts) == []
+    teacher = TeacherSource(models=[tiny_model_path])
+    teacher.paths = [tiny_model_path]
+    with pytest.raises(ConfigError, match="another tokenizer than the student"):
+        teacher.check_tokenizer(tok)
+    same = TeacherSource(models=[str(path)])
+    same.paths = [str(path)]
+    same.check_tokenizer(tok)  # the BPE model as its own teacher passes

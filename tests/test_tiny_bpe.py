@@ -209,6 +209,7 @@ def test_every_family_trains_two_steps_on_chat_prompts(algo, tiny_bpe_model_path
         assert rows[-1].get(key, 0) > 0, (key, {k: v for k, v in rows[-1].items() if "/" in k})
     if algo == "opd":  # the teacher is the student's own weights: it scores the same tokens at the same positions
         assert all(abs(r["loss/distill"]) < 1e-6 for r in rows), [r["loss/distill"] for r in rows]
+    assert tiny_bpe.is_tiny_bpe(result.run_dir / "model")  # a later stage or `mixrl eval` gives it chat prompts too
     saved_tok = AutoTokenizer.from_pretrained(result.run_dir / "model")
     assert saved_tok.chat_template == tiny_bpe.CHAT_TEMPLATE
     assert saved_tok.get_vocab() == AutoTokenizer.from_pretrained(tiny_bpe_model_path).get_vocab()
@@ -233,3 +234,20 @@ def test_character_model_machinery_leaves_it_alone(saved, tiny_model_path):
     same = TeacherSource(models=[str(path)])
     same.paths = [str(path)]
     same.check_tokenizer(tok)  # the BPE model as its own teacher passes
+
+
+def test_mixrl_eval_gives_a_bpe_folder_chat_prompts(tiny_bpe_model_path, monkeypatch):
+    """`mixrl eval FOLDER` with no run config next to it: the folder is the BPE model, so chat prompts."""
+    from mixrl.trainer import evaluate, periodic_eval
+
+    seen = []
+
+    def fake_eval(model, tokenizer, rows, *a, **k):
+        seen.extend(r["prompt"] for r in rows)
+        return {"accuracy": 0.0}
+
+    monkeypatch.setattr(evaluate, "evaluate_accuracy", fake_eval)
+    cfg, saved = periodic_eval.eval_config(tiny_bpe_model_path, ["trainer.eval_size=4", "hardware.torch_threads=1"])
+    assert saved is None and cfg.model.path == "builtin:tiny"
+    periodic_eval.evaluate_saved_model(tiny_bpe_model_path, cfg)
+    assert seen == [tiny_bpe.chat_messages(p["prompt"]) for p in arith.heldout_split(4)]

@@ -165,6 +165,12 @@ def is_tiny_bpe(path: Path | str) -> bool:
     return str(path) == BUILTIN or (Path(str(path)).expanduser() / _META_FILE).is_file()
 
 
+def mark_derived(folder: Path | str, base: Path | str) -> None:
+    """Mark ``folder`` (a run's saved ``model/``, trained from ``base``) as this model, so that
+    :func:`is_tiny_bpe` knows it: a later stage or ``mixrl eval`` then gives it chat prompts too."""
+    (Path(folder) / _META_FILE).write_text(json.dumps({"derived_from": str(base), "system_prompt": SYSTEM_PROMPT}, indent=2) + "\n")
+
+
 def is_complete(path: Path) -> bool:
     return (path / _META_FILE).is_file() and (path / "config.json").is_file()
 

@@ -181,6 +181,7 @@ def _flip_reward(tmp_path: Path) -> str:
 FAMILIES = {
     "grpo": ([], []),
     "chord": ([], ["expert/rows", "loss/sft"]),                 # expert rows
+    "luffy": ([], ["expert/rows", "expert/token_prob"]),        # expert rows in the GRPO group (in-group injection)
     "prefix_rft": ([], ["prefix/rows", "prefix/mean_tokens"]),  # demonstration prefixes
     "guide": ([], ["hinted/rows"]),                             # hints in the prompt
     "repo_replay": (["FLIP"], ["replay/rows"]),                 # past rollouts refill uniform groups
@@ -251,3 +252,19 @@ def test_mixrl_eval_gives_a_bpe_folder_chat_prompts(tiny_bpe_model_path, monkeyp
     assert saved is None and cfg.model.path == "builtin:tiny"
     periodic_eval.evaluate_saved_model(tiny_bpe_model_path, cfg)
     assert seen == [tiny_bpe.chat_messages(p["prompt"]) for p in arith.heldout_split(4)]
+
+
+def test_build_commands(tiny_bpe_model_path, monkeypatch, capsys):
+    """`python -m mixrl.models.tiny_bpe` reuses a cached build; `mixrl model build-tiny --bpe` builds this model."""
+    from typer.testing import CliRunner
+
+    from mixrl.cli.main import app
+
+    path = Path(tiny_bpe_model_path)
+    assert tiny_bpe.main(["--cache-dir", str(path.parent), "--steps", "10", "--no-progress"]) == 0
+    assert capsys.readouterr().out.strip() == str(path)
+    calls = []
+    monkeypatch.setattr(tiny_bpe, "warm_start", lambda **kw: calls.append(kw) or path)
+    res = CliRunner().invoke(app, ["model", "build-tiny", "--bpe"])
+    assert res.exit_code == 0 and calls == [{"force": False, "progress": True}]
+    assert "tiny BPE model" in res.stdout

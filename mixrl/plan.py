@@ -91,6 +91,10 @@ KNOWN_MODELS: dict[str, dict] = {
     "builtin:tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
                          num_key_value_heads=4, vocab_size=18, tie_word_embeddings=True, model_type="qwen2",
                          max_position_embeddings=64),
+    # the built-in BPE chat model (mixrl.models.tiny_bpe) before it is built
+    "builtin:tiny-bpe": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+                             num_key_value_heads=4, vocab_size=320, tie_word_embeddings=True, model_type="qwen2",
+                             max_position_embeddings=128),
 }
 
 #: published parameter counts (billions) the formula is checked against
@@ -149,6 +153,11 @@ def model_shape(cfg: DictConfig) -> ModelShape | None:
 
         cached = tiny.default_path()
         local = cached if tiny.is_complete(cached) else None
+    elif path == "builtin:tiny-bpe":
+        from mixrl.models import tiny_bpe
+
+        cached = tiny_bpe.default_path()
+        local = cached if tiny_bpe.is_complete(cached) else None
     elif Path(path).is_dir():
         local = Path(path)
     if local is not None and (local / "config.json").is_file():
@@ -171,9 +180,9 @@ def gpu_memory_gb(cfg: DictConfig) -> float | None:
 def default_prompt_tokens(cfg: DictConfig) -> int:
     """512 tokens for real data; the built-in task's longest prompt for ``builtin:arith``."""
     if str(cfg.data.source).startswith("builtin:"):
-        from mixrl.models.tiny import MAX_PROMPT_TOKENS
+        from mixrl.models import tiny, tiny_bpe
 
-        return int(MAX_PROMPT_TOKENS)
+        return int(tiny_bpe.MAX_PROMPT_TOKENS if tiny_bpe.is_tiny_bpe(cfg.model.path) else tiny.MAX_PROMPT_TOKENS)
     return 512
 
 

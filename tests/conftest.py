@@ -69,6 +69,14 @@ def tiny_model_path(tmp_path_factory) -> str:
     return str(tiny.warm_start(tmp_path_factory.mktemp("tiny-cache"), steps=10, progress=False))
 
 
+@pytest.fixture(scope="session")
+def tiny_bpe_model_path(tmp_path_factory) -> str:
+    """The BPE chat model (mixrl.models.tiny_bpe) warm-started for 10 steps (seconds), saved in HF format."""
+    from mixrl.models import tiny_bpe
+
+    return str(tiny_bpe.warm_start(tmp_path_factory.mktemp("tiny-bpe-cache"), steps=10, progress=False))
+
+
 @pytest.fixture
 def fast_overrides(tiny_model_path, tmp_path) -> list[str]:
     """FAST plus the test model and a fresh run directory."""

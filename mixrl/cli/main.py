@@ -279,8 +279,15 @@ def recipes_show(name: str = typer.Argument(..., help="Recipe name, e.g. grpo/ar
 # --------------------------------------------------------------------------- model
 @model_app.command("build-tiny")
 @user_errors
-def model_build_tiny(force: bool = typer.Option(False, "--force", help="Rebuild even if cached.")):
-    """Build (or reuse) the warm-started tiny model and print its cache directory."""
+def model_build_tiny(force: bool = typer.Option(False, "--force", help="Rebuild even if cached."),
+                     bpe: bool = typer.Option(False, "--bpe", help="Build the BPE chat model (model=tiny-bpe) instead.")):
+    """Build (or reuse) the warm-started tiny model (or, with --bpe, the BPE chat model) and print its cache directory."""
+    if bpe:
+        from mixrl.models import tiny_bpe
+
+        path = tiny_bpe.warm_start(force=force, progress=True)
+        out.print(f"tiny BPE model: [bold]{path}[/]")
+        return
     from mixrl.models import tiny
 
     path = tiny.warm_start(force=force, progress=True)

@@ -35,7 +35,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -155,14 +155,17 @@ def tokenizer_from_vocab(vocab: dict[str, int]):
     )
 
 
-def build_model(tokenizer: Any, **size: Any):
-    """A freshly initialised ``Qwen2ForCausalLM``; ``size`` overrides keys of :data:`MODEL_SIZE`."""
+def build_model(tokenizer: Any, *, base: dict[str, Any] | None = None, max_new_tokens: int = MAX_COMPLETION_TOKENS,
+                **size: Any):
+    """A freshly initialised ``Qwen2ForCausalLM`` over ``tokenizer``'s vocabulary; ``size`` overrides
+    keys of ``base`` (default :data:`MODEL_SIZE`); ``max_new_tokens`` is its generation config's budget."""
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    unknown = set(size) - set(MODEL_SIZE)
+    base = MODEL_SIZE if base is None else base
+    unknown = set(size) - set(base)
     if unknown:
-        raise ValueError(f"unknown model size key(s) {sorted(unknown)}; known: {sorted(MODEL_SIZE)}")
-    dims = {**MODEL_SIZE, **size}
+        raise ValueError(f"unknown model size key(s) {sorted(unknown)}; known: {sorted(base)}")
+    dims = {**base, **size}
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=dims["hidden_size"],
@@ -184,7 +187,7 @@ def build_model(tokenizer: Any, **size: Any):
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        max_new_tokens=MAX_COMPLETION_TOKENS,
+        max_new_tokens=max_new_tokens,
     )
     return model
 
@@ -242,8 +245,20 @@ def is_complete(path: Path) -> bool:
 # --------------------------------------------------------------------------- warm start
 
 
-def _batch(tokenizer: Any, problems: Sequence[dict[str, Any]], completions: Sequence[str] | None = None):
-    """Right-padded ``<s> prompt completion </s>`` with labels on ``completion </s>`` only.
+#: ``encode(tokenizer, problem, completion) -> (prompt_ids, completion_ids)``: one warm-start example as
+#: token ids; the loss covers ``completion_ids`` only (which end with eos).
+Encode = Callable[[Any, dict[str, Any], str], tuple[list[int], list[int]]]
+
+
+def encode_plain(tokenizer: Any, problem: dict[str, Any], completion: str) -> tuple[list[int], list[int]]:
+    """``<s> prompt`` and ``completion </s>``: the character model's examples (TRL encodes prompts the same way)."""
+    prompt_ids = tokenizer(problem["prompt"])["input_ids"]
+    return prompt_ids, tokenizer(completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+
+
+def _batch(tokenizer: Any, problems: Sequence[dict[str, Any]], completions: Sequence[str] | None = None,
+           encode: Encode = encode_plain):
+    """Right-padded ``prompt completion`` rows (``encode`` makes their ids) with labels on the completion only.
 
     ``completions`` defaults to the problems' expert ``solution``.
     """
@@ -253,8 +268,7 @@ def _batch(tokenizer: Any, problems: Sequence[dict[str, Any]], completions: Sequ
         completions = [p["solution"] for p in problems]
     rows, labels = [], []
     for p, completion in zip(problems, completions, strict=True):
-        prompt_ids = tokenizer(p["prompt"])["input_ids"]
-        sol_ids = tokenizer(completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        prompt_ids, sol_ids = encode(tokenizer, p, completion)
         rows.append(prompt_ids + sol_ids)
         labels.append([-100] * len(prompt_ids) + sol_ids)
     width = max(len(r) for r in rows)
@@ -282,11 +296,13 @@ def train_supervised(
     careless_fraction: float = 0.0,
     progress: bool = True,
     description: str = "warm-starting tiny model",
+    encode: Encode = encode_plain,
 ) -> list[float]:
     """Deterministic SFT on ``levels`` (train split); returns per-step losses.
 
     Each example's target is the expert ``solution``, or with probability
-    ``careless_fraction`` :func:`mixrl.tasks.arith.careless_solution` (forgets the last term).
+    ``careless_fraction`` :func:`mixrl.tasks.arith.careless_solution` (forgets the last term);
+    ``encode`` turns an example into prompt and completion ids (default :func:`encode_plain`).
     """
     import random
 
@@ -311,7 +327,7 @@ def train_supervised(
         task = bar.add_task(description, total=steps, loss=float("nan"))
         for step in range(steps):
             sl = slice(step * batch_size, (step + 1) * batch_size)
-            ids, mask, lab = _batch(tokenizer, problems[sl], completions[sl])
+            ids, mask, lab = _batch(tokenizer, problems[sl], completions[sl], encode)
             loss = model(input_ids=ids, attention_mask=mask, labels=lab).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -371,14 +387,30 @@ def warm_start(
     is part of the cache key), e.g. for tests. ``role="teacher"`` builds the built-in teacher
     (:func:`teacher_warm_start`).
     """
-    import torch
-
-    rec = recipe(steps, role)
     final = default_path(cache_dir, steps=steps, role=role)
     if is_complete(final) and not force:
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
 
+    def build():
+        tokenizer = build_tokenizer()
+        return build_model(tokenizer), tokenizer
+
+    description = f"warm-starting tiny {role}" if role != "student" else "warm-starting tiny model"
+    return train_and_save(final, recipe(steps, role), build, progress=progress, description=description)
+
+
+def train_and_save(final: Path, rec: dict[str, Any], build: Callable[[], tuple[Any, Any]], *, encode: Encode = encode_plain,
+                   meta_file: str = _META_FILE, progress: bool = True, description: str = "warm-starting tiny model",
+                   extra_meta: Callable[[Any, Any], dict[str, Any]] | None = None) -> Path:
+    """Build ``(model, tokenizer) = build()``, warm-start it with ``rec["warm_start"]``
+    (:func:`train_supervised`) and save both atomically to ``final`` with ``meta_file``
+    (``rec`` plus the key, final loss, seconds, parameter count, ``extra_meta(model, tokenizer)``).
+
+    Deterministic: seeded, in a forked RNG, on one thread. Shared by every built-in model.
+    """
+    import torch
+
+    final.parent.mkdir(parents=True, exist_ok=True)
     ws = rec["warm_start"]
     t0 = time.time()
     threads = torch.get_num_threads()
@@ -389,8 +421,7 @@ def warm_start(
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(ws["seed"])
-            tokenizer = build_tokenizer()
-            model = build_model(tokenizer)
+            model, tokenizer = build()
             losses = train_supervised(
                 model,
                 tokenizer,
@@ -403,7 +434,8 @@ def warm_start(
                 seed=ws["seed"],
                 careless_fraction=ws["careless_fraction"],
                 progress=progress,
-                description=f"warm-starting tiny {role}" if role != "student" else "warm-starting tiny model",
+                description=description,
+                encode=encode,
             )
     finally:
         torch.set_num_threads(threads)
@@ -429,8 +461,9 @@ def warm_start(
             "train_seconds": round(seconds, 2),
             "num_parameters": sum(p.numel() for p in model.parameters()),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            **(extra_meta(model, tokenizer) if extra_meta else {}),
         }
-        (tmp / _META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        (tmp / meta_file).write_text(json.dumps(meta, indent=2) + "\n")
         if final.exists():  # force, or a leftover incomplete dir: move it aside, then swap in
             old = final.parent / f".{final.name}.old-{os.getpid()}-{time.time_ns()}"
             os.rename(final, old)
@@ -438,7 +471,7 @@ def warm_start(
         try:
             os.rename(tmp, final)
         except OSError:
-            if not is_complete(final):  # lost a race to a concurrent writer that left nothing usable
+            if not (final / meta_file).is_file():  # lost a race to a concurrent writer that left nothing usable
                 raise
     finally:
         if tmp.exists():

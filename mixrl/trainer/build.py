@@ -21,14 +21,18 @@ BUILTIN = "builtin:"
 
 # --------------------------------------------------------------------------- model
 def resolve_model_path(cfg: DictConfig, *, progress: bool = True) -> str:
-    """A local directory or hub id; ``builtin:tiny`` is built (and cached) on first use."""
+    """A local directory or hub id; ``builtin:tiny`` and ``builtin:tiny-bpe`` are built (and cached) on first use."""
     path = cfg.model.path
     if path == "builtin:tiny":
         from mixrl.models import tiny
 
         return str(tiny.warm_start(progress=progress))
+    if path == "builtin:tiny-bpe":
+        from mixrl.models import tiny_bpe
+
+        return str(tiny_bpe.warm_start(progress=progress))
     if path.startswith(BUILTIN):
-        raise ConfigError(f"unknown built-in model '{path}'; the built-in model is builtin:tiny")
+        raise ConfigError(f"unknown built-in model '{path}'; the built-in models are builtin:tiny and builtin:tiny-bpe")
     if os.path.isabs(path) or path.startswith("."):
         if not Path(path).is_dir():
             raise ConfigError(f"model.path '{path}' is not a directory; give a local model folder or a Hugging Face id")
@@ -74,7 +78,20 @@ def extend_tiny(cfg: DictConfig, model_path: str, chars: list[str], say=print) -
 
 
 # --------------------------------------------------------------------------- data
+def builtin_system_prompt(cfg: DictConfig) -> str | None:
+    """The system message of the built-in task's prompts: ``data.system_prompt``; left null, the
+    BPE chat model's own (:data:`mixrl.models.tiny_bpe.SYSTEM_PROMPT`) when ``model.path`` is that
+    model (``builtin:tiny-bpe`` or its folder), since it was warm-started on chat-formatted prompts;
+    else None (plain-text prompts). ``data.system_prompt=''`` gives the BPE model plain text."""
+    if cfg.data.system_prompt is not None:
+        return cfg.data.system_prompt or None
+    from mixrl.models import tiny_bpe
+
+    return tiny_bpe.SYSTEM_PROMPT if tiny_bpe.is_tiny_bpe(cfg.model.path) else None
+
+
 def _builtin_rows(cfg: DictConfig, split: str, n: int, seed: int) -> list[dict]:
+    """Rows of the built-in task; chat prompts (system + user message) when :func:`builtin_system_prompt` gives one."""
     name = cfg.data.source[len(BUILTIN):]
     if name != "arith":
         raise ConfigError(f"unknown built-in dataset '{cfg.data.source}'; the built-in task is builtin:arith")
@@ -83,10 +100,17 @@ def _builtin_rows(cfg: DictConfig, split: str, n: int, seed: int) -> list[dict]:
     levels = list(cfg.data.levels)
     try:
         if split == "train":
-            return arith.train_split(n, seed=seed, levels=levels)
-        return arith.heldout_split(n, levels=levels)
+            rows = arith.train_split(n, seed=seed, levels=levels)
+        else:
+            rows = arith.heldout_split(n, levels=levels)
     except ValueError as e:
         raise ConfigError(f"data.levels: {e}") from None
+    system = builtin_system_prompt(cfg)
+    if system:
+        from mixrl.data.loading import to_chat_prompt
+
+        rows = [{**r, "prompt": to_chat_prompt(r["prompt"], system)} for r in rows]
+    return rows
 
 
 def load_train_rows(cfg: DictConfig):

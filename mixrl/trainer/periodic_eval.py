@@ -270,8 +270,12 @@ def evaluate_saved_model(model_dir: str | Path, cfg, *, progress: Callable[[int]
         raise ConfigError("hardware.device=cuda but no CUDA device is available; use hardware=cpu")
     if cfg.hardware.torch_threads:
         torch.set_num_threads(int(cfg.hardware.torch_threads))
+    from mixrl.models import tiny_bpe
     from mixrl.trainer.run import describe_heldout, heldout_rows
 
+    if tiny_bpe.is_tiny_bpe(path) and not tiny_bpe.is_tiny_bpe(cfg.model.path):  # a BPE chat model folder without its run's config
+        cfg = cfg.copy()
+        cfg.model.path = str(path)  # the built-in task then gives it chat prompts (build.builtin_system_prompt)
     _, rows, heldout = heldout_rows(cfg)  # the same held-out rows as training used, never training rows
     if not rows:
         raise ConfigError(f"the held-out split of '{cfg.data.eval_source or cfg.data.source}' is empty")

@@ -490,6 +490,10 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
         trainer.save_model(str(model_dir))
     if trainer.accelerator.is_main_process:
         tokenizer.save_pretrained(str(model_dir))
+        from mixrl.models import tiny_bpe
+
+        if tiny_bpe.is_tiny_bpe(model_path):  # still the BPE chat model: later stages and `mixrl eval` give it chat prompts
+            tiny_bpe.mark_derived(model_dir, model_path)
     summary = {
         "run_dir": str(run_dir),
         "algo": cfg.algo.name,

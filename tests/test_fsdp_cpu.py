@@ -77,9 +77,9 @@ def _weights(folder: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture
-def fsdp_model(tiny_model_path) -> str:
-    """The model the FSDP run trains: the character tiny model (swap in another folder here)."""
-    return tiny_model_path
+def fsdp_model(tiny_bpe_model_path) -> str:
+    """The model the FSDP run trains: the BPE chat model (byte-level BPE, chat-formatted prompts)."""
+    return tiny_bpe_model_path
 
 
 @pytest.fixture(scope="module")

@@ -267,7 +267,7 @@ def parse_args(argv=None):
     p.add_argument("--model", default=None, help="model folder (default: the built-in tiny model)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override for every variant")
     p.add_argument("--port", type=int, default=None, help="the server's port (default: a free one)")
-    p.add_argument("--max-model-len", type=int, default=128, help="the server's context (prompt + completion)")
+    p.add_argument("--max-model-len", type=int, default=64, help="the server's context (prompt + completion)")
     p.add_argument("--out", default="docs/results/bench-vllm.md", help="Markdown report ('' to skip)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--json-out", default=None, help=argparse.SUPPRESS)

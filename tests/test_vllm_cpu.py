@@ -239,9 +239,12 @@ def test_server_async_grpo_rows_record_the_policy_that_sampled_them(vllm_server,
     weights the trainer held at that step), and not those of the weights that train on it."""
     batches_file = tmp_path / "batches.pt"
     monkeypatch.setenv("MIXRL_TEST_BATCHES", str(batches_file))
+    reward = tmp_path / "digits.py"  # a reward that differs within every group, so GRPO moves the weights at every step
+    reward.write_text("from mixrl.rewards import completion_text\n\n\ndef digits(prompts, completions, **kwargs):\n"
+                      "    return [sum(ch.isdigit() for ch in completion_text(c)) / 24 for c in completions]\n")
     proc, run_dir = _train(
         tmp_path, tiny_model_path, "algo=grpo", "hardware.vllm_mode=server", f"hardware.vllm_server_port={vllm_server}",
-        "hardware.vllm_async=true", MOVING, script=RECORD_BATCHES,
+        "hardware.vllm_async=true", MOVING, f"reward.name={reward}:digits", script=RECORD_BATCHES,
     )
     steps = _assert_trained_synced(proc, run_dir)  # vLLM's log-probs vs the trainer's under the generating weights, every step
     assert [s["staleness/mean"] for s in steps] == [0, 1, 1] and [s["staleness/max"] for s in steps] == [0, 1, 1]

@@ -14,6 +14,9 @@ completion ``max_completion_length`` tokens long so every step does the same wor
 ``async``         the same with ``hardware.vllm_async=true`` (the next batch generates while this one trains)
 ``trl-server``    plain ``trl.GRPOTrainer``, the same server
 
+Every completion is generated to ``max_completion_length`` tokens (HF: ``min_new_tokens``; vLLM:
+``ignore_eos``, whose tokens after an eos are masked out of the loss but still computed).
+
 Each variant runs in a process of its own, one after the other (a colocated engine lives in
 its trainer's process; one vLLM at a time): the colocated ones first, then one server started
 for the server variants (each trainer pushes its initial weights at its first step). Timing is
@@ -85,8 +88,10 @@ def child(opts) -> None:
     W, S = opts.warmup, opts.steps
     cfg = tp.compose("grpo", overrides_for(v, opts), W + S)
     L = int(cfg.trainer.max_completion_length)
-    # every completion max_completion_length tokens: HF's min_new_tokens, vLLM's min_tokens
-    tp.generation_kwargs = (lambda c: {"min_new_tokens": L}) if v == "hf" else (lambda c: {"min_tokens": L})
+    # every completion max_completion_length tokens: HF's min_new_tokens (eos suppressed), vLLM's ignore_eos (eos
+    # may be sampled and generation goes on: vLLM's min_tokens would mask eos in the log-probs it reports, which
+    # then differ from the trainer's and stop the run at the weight-sync check)
+    tp.generation_kwargs = (lambda c: {"min_new_tokens": L}) if v == "hf" else (lambda c: {"ignore_eos": True})
     turns = tp.Turns([v], seed=0, interleaved=False, device="cpu")
     timer = tp.StepTimer(v, turns, "cpu", W, W + S)
     out_dir = Path(tempfile.mkdtemp(prefix=f"mixrl-bench-vllm-{v}-"))

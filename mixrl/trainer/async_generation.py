@@ -31,6 +31,10 @@ weight-sync check, :mod:`mixrl.trainer.engine_sync`), the engine-mismatch correc
 the engine's numerics only, and the policy ratio pi_theta / pi_old carries the staleness (what
 PPO clipping, M2PO or TOPR act on).
 
+While a stale batch is scored, the trainer's model holds that version's weights, so an injection
+that reads the policy during generation (AMPO's likelihood choice of teacher candidates) reads
+the generating version, like the behaviour log-probs.
+
 The HTTP request runs in a background thread; in server mode it touches no trainer state, so the
 training step and the generation run at the same time (on the GPU: different GPUs; on CPU: the
 cores are shared). A run resumed from a checkpoint starts with nothing in flight: the batch that

@@ -267,7 +267,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
         if version is not None:  # the policy version that sampled each row (-1 for rows no policy sampled)
             out["policy_version"] = torch.full_like(out["row_source"], int(version))
         self._log_engine_mismatch(out, mode)
-        if training and self.use_vllm:  # vLLM sampled this batch with the weights the trainer holds now (synced)
+        if training and self.use_vllm:  # vLLM sampled this batch with the weights old_per_token_logps were computed under
             engine_sync.check(self, out, mode)
         rpf = self._mixrl_rewards_per_func
         rewards = (rpf * self.reward_weights.to(device).unsqueeze(0)).nansum(dim=1)

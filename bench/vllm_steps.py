@@ -171,7 +171,8 @@ def run(opts, log) -> dict:
         opts.set = [*opts.set, f"model.path={model}"]
     opts.port = opts.port or _free_port()
     tmp = Path(tempfile.mkdtemp(prefix="mixrl-bench-vllm-"))
-    order = [v for v in VARIANTS if v in variants and v not in SERVER_VARIANTS] + [v for v in VARIANTS if v in variants and v in SERVER_VARIANTS]
+    # in --only's order, the colocated (and HF) variants first: one vLLM at a time
+    order = [v for v in variants if v not in SERVER_VARIANTS] + [v for v in variants if v in SERVER_VARIANTS]
     results, extra, server = {}, {}, None
     load_before = tp.loadavg()
     t_run = time.perf_counter()

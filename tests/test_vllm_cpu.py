@@ -191,6 +191,80 @@ def test_server_chord_syncs_moving_weights_through_files(vllm_server, tiny_model
     assert not list(Path("/dev/shm").glob("mixrl-vllm-weights-*/update.safetensors"))  # each update's file is removed
 
 
+RECORD_BATCHES = '''
+import os
+import sys
+
+if __name__ == "__main__":  # vLLM may spawn processes that import this file
+    import torch
+
+    from mixrl.trainer import grpo
+
+    scored, batches = grpo.MixrlGRPOTrainer._generate_and_score_completions, []
+    keys = ("policy_version", "prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "sampling_per_token_logps")
+
+    def record(self, inputs):  # each training batch, with the weights the trainer holds at its step
+        out = scored(self, inputs)
+        if self.model.training:
+            weights = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+            batches.append({"step": int(self.state.global_step), "weights": weights, **{k: out[k].detach().clone() for k in keys}})
+            torch.save(batches, os.environ["MIXRL_TEST_BATCHES"])
+        return out
+
+    grpo.MixrlGRPOTrainer._generate_and_score_completions = record
+    from mixrl.cli.main import app
+
+    app(sys.argv[1:])
+'''
+
+
+def _logps_under(model_path: str, weights: dict, batch: dict, temperature: float = 1.0) -> torch.Tensor:
+    """Per-token log-probs of the batch's completions under ``weights`` (a plain transformers forward)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    model.load_state_dict(weights, strict=False)
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+    att = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=att).logits[:, batch["prompt_ids"].shape[1] - 1 : -1] / temperature
+    return torch.log_softmax(logits.float(), -1).gather(-1, batch["completion_ids"].unsqueeze(-1)).squeeze(-1)
+
+
+@pytest.mark.vllm
+def test_server_async_grpo_rows_record_the_policy_that_sampled_them(vllm_server, tiny_model_path, tmp_path, monkeypatch):
+    """hardware.vllm_async=true: the server generates step t+1's batch while step t trains, so the
+    first batch is sampled by version 0 and every later one by the weights one step behind; vLLM's
+    log-probs of each batch are those of exactly that older policy (a transformers forward with the
+    weights the trainer held at that step), and not those of the weights that train on it."""
+    batches_file = tmp_path / "batches.pt"
+    monkeypatch.setenv("MIXRL_TEST_BATCHES", str(batches_file))
+    reward = tmp_path / "digits.py"  # a reward that differs within every group, so GRPO moves the weights at every step
+    reward.write_text("from mixrl.rewards import completion_text\n\n\ndef digits(prompts, completions, **kwargs):\n"
+                      "    return [sum(ch.isdigit() for ch in completion_text(c)) / 24 for c in completions]\n")
+    proc, run_dir = _train(
+        tmp_path, tiny_model_path, "algo=grpo", "hardware.vllm_mode=server", f"hardware.vllm_server_port={vllm_server}",
+        "hardware.vllm_async=true", MOVING, f"reward.name={reward}:digits", script=RECORD_BATCHES,
+    )
+    steps = _assert_trained_synced(proc, run_dir)  # vLLM's log-probs vs the trainer's under the generating weights, every step
+    assert [s["staleness/mean"] for s in steps] == [0, 1, 1] and [s["staleness/max"] for s in steps] == [0, 1, 1]
+    batches = torch.load(batches_file, weights_only=True)
+    assert [b["step"] for b in batches] == [0, 1, 2]
+    assert [sorted(set(b["policy_version"].tolist())) for b in batches] == [[0], [0], [1]]  # every row, first batch 0, then one behind
+    weights = {b["step"]: b["weights"] for b in batches}
+    moved = []
+    for b in batches:
+        mask = b["completion_mask"].bool()
+        version = int(b["policy_version"][0])
+        generating = _logps_under(tiny_model_path, weights[version], b)
+        diff = (generating - b["sampling_per_token_logps"]).abs()[mask]
+        assert float(diff.mean()) < SYNCED, (b["step"], float(diff.mean()))  # tolerance 1e-4 per token; measured ~3e-7
+        if version != b["step"]:  # the weights that train on it are other weights: the check can tell them apart
+            current = _logps_under(tiny_model_path, weights[b["step"]], b)
+            moved.append(float((current - b["sampling_per_token_logps"]).abs()[mask].mean()))
+    assert len(moved) == 2 and min(moved) > 100 * SYNCED, moved
+
+
 @pytest.mark.vllm
 def test_installed_vllm_is_the_cpu_build_and_loads_mixrls_plugin():
     from importlib.metadata import entry_points

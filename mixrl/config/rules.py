@@ -92,6 +92,46 @@ def _check_staleness(cfg: DictConfig) -> None:
         raise ConfigError("trainer.staleness > 0 needs whole (unsharded) weights on every process; unset hardware.deepspeed")
 
 
+def _check_async(cfg: DictConfig) -> None:
+    """``hardware.vllm_async=true``: the layouts the actor-learner pipeline is built for
+    (mixrl.trainer.async_generation): a vLLM server, one training process with whole weights,
+    one pass per batch, and rollouts that are exactly the data loader's prompts as vLLM samples
+    them (what is sent ahead must be what the step trains on)."""
+    hw = cfg.hardware
+    if not hw.get("vllm_async", False):
+        return
+    k = int(hw.get("vllm_async_max_staleness", 1))
+    if k < 1:
+        raise ConfigError(f"hardware.vllm_async_max_staleness must be >= 1 (trainer steps a row may lag behind), got {k}")
+    if not hw.use_vllm or hw.vllm_mode != "server":
+        raise ConfigError("hardware.vllm_async=true generates ahead on a vLLM server; set hardware.use_vllm=true "
+                          "hardware.vllm_mode=server (or hardware.vllm_async=false)")
+    world = int(hw.num_processes) * int(hw.num_machines)
+    if world > 1 or hw.deepspeed or hw.strategy != "ddp":
+        raise ConfigError(f"hardware.vllm_async=true runs one training process with whole weights (here {world} process(es), "
+                          f"strategy {hw.strategy}); set hardware.num_processes=1 hardware.num_machines=1 hardware.strategy=ddp, "
+                          "or hardware.vllm_async=false")
+    if int(cfg.trainer.get("staleness", 0) or 0):
+        raise ConfigError("hardware.vllm_async=true sets the staleness itself (hardware.vllm_async_max_staleness); set trainer.staleness=0")
+    if int(cfg.trainer.num_iterations) != 1:
+        raise ConfigError(f"hardware.vllm_async=true trains each batch once; set trainer.num_iterations=1 (got {cfg.trainer.num_iterations})")
+    from mixrl.config.objective import build_injection, component
+    from mixrl.sources.base import Injection
+
+    inj = build_injection(cfg)
+    kind = type(inj)
+    changes = [what for what, bad in (
+        ("rewrites the prompts", kind.before_generation is not Injection.before_generation),
+        ("sets generation prefixes", kind.generation_prefixes is not Injection.generation_prefixes),
+        ("generates more completions", inj.may_generate_more),
+        ("writes every completion", inj.skips_generation),
+    ) if bad]
+    if changes:
+        raise ConfigError(f"hardware.vllm_async=true sends each step's prompts to vLLM one step ahead, but algo={cfg.algo.name}'s "
+                          f"injection {component(cfg.algo.inject)[0]} {' and '.join(changes)}; "
+                          "use hardware.vllm_async=false for it")
+
+
 def validate_rules(cfg: DictConfig) -> None:
     """Cross-field rules, then the objective's checks (the one validation pass)."""
     from mixrl.config.objective import check_objective
@@ -113,4 +153,5 @@ def validate_rules(cfg: DictConfig) -> None:
     if float(cfg.algo.kl.get("coef", 0.0)) < 0:
         raise ConfigError("algo.kl.coef must be >= 0")
     _check_staleness(cfg)
+    _check_async(cfg)
     check_objective(cfg)

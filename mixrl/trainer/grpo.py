@@ -42,6 +42,12 @@ as they were k optimizer steps earlier (CPU snapshots of the trainable parameter
 for generation and swapped back; the first k steps use the oldest snapshot, the initial
 weights), and the rollouts' behaviour log-probs (``old_per_token_logps``) are that lagged
 policy's, from a no-grad forward under the same weights. Deterministic; one machine.
+
+``hardware.vllm_async=true`` (``async_generation = k``): the vLLM server generates the next
+batch while this one is trained on (:mod:`mixrl.trainer.async_generation`); each row records
+the version of the weights that generated it (``policy_version``) and its behaviour log-probs
+are computed under that version's weights. ``get_batch_samples`` (transformers') is wrapped so
+that the next batch's prompts can be read ahead.
 """
 
 from __future__ import annotations
@@ -96,10 +102,14 @@ class MixrlGRPOTrainer(GRPOTrainer):
         controller: Any = None,
         teacher: Any = None,
         staleness: int = 0,
+        async_generation: int = 0,
         **kwargs,
     ):
         self.objective = objective
         self.staleness = int(staleness)
+        self.async_generation = int(async_generation)  # k > 0: vLLM server generates ahead, rows at most k versions old
+        self._async = None  # mixrl.trainer.async_generation.AsyncGeneration
+        self._lookahead = None
         self._lag_snapshots: dict[int, dict[str, torch.Tensor]] = {}  # step -> CPU copy of the trainable weights
         self._lag_used = 0
         self.controller = controller
@@ -122,6 +132,8 @@ class MixrlGRPOTrainer(GRPOTrainer):
         from mixrl.core.terms import term_needs
 
         self._teacher_tokens = tuple(sorted({p for t in objective.terms if "teacher_logp" in term_needs(t.kind) for p in t.tokens}))
+        if self.async_generation:
+            self._setup_async()
 
     def _inject_context(self) -> InjectContext:
         return InjectContext(
@@ -246,11 +258,16 @@ class MixrlGRPOTrainer(GRPOTrainer):
         self._mixrl_rollouts = None
         self._mixrl_batch_inputs = inputs
         lagged = training and self.staleness > 0
+        asynchronous = training and self._async is not None
         try:
-            with self._lagged_weights() if lagged else contextlib.nullcontext():
-                out = super()._generate_and_score_completions(inputs)
-                if lagged:
-                    out["old_per_token_logps"] = self._behaviour_logps(out)
+            if asynchronous:
+                out, version = self._async_generate_and_score(inputs)
+            else:
+                with self._lagged_weights() if lagged else contextlib.nullcontext():
+                    out = super()._generate_and_score_completions(inputs)
+                    if lagged:
+                        out["old_per_token_logps"] = self._behaviour_logps(out)
+                version = int(self.state.global_step) - self._lag_used if lagged else None
         finally:
             self._mixrl_batch_inputs = None
         mode = "train" if training else "eval"
@@ -258,8 +275,10 @@ class MixrlGRPOTrainer(GRPOTrainer):
         if lagged:
             self._metrics[mode]["staleness"].append(float(self._lag_used))
         self._add_provenance(out)
+        if version is not None:  # the policy version that sampled each row (-1 for rows no policy sampled)
+            out["policy_version"] = torch.full_like(out["row_source"], int(version))
         self._log_engine_mismatch(out, mode)
-        if training and self.use_vllm:  # vLLM sampled this batch with the weights the trainer holds now (synced)
+        if training and self.use_vllm:  # vLLM sampled this batch with the weights old_per_token_logps were computed under
             engine_sync.check(self, out, mode)
         rpf = self._mixrl_rewards_per_func
         rewards = (rpf * self.reward_weights.to(device).unsqueeze(0)).nansum(dim=1)
@@ -270,6 +289,10 @@ class MixrlGRPOTrainer(GRPOTrainer):
             for inj in self.injections:
                 rewards = inj.after_rewards(ctx, inputs, rewards)
             ctx.batch = None
+            if "policy_version" in out:  # rows an injection rewrote (replayed, expert) were not sampled by this run's policy now
+                out["policy_version"] = out["policy_version"].masked_fill(out["row_source"] != prov.ON_POLICY, -1)
+                if asynchronous:
+                    self._log_async(out, mode)
         n_global = rewards.shape[0]
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
         sources = self.accelerator.gather(out["row_source"])
@@ -348,6 +371,105 @@ class MixrlGRPOTrainer(GRPOTrainer):
             metrics = getattr(inj, "metrics", None)
             for key, value in ((metrics() if callable(metrics) else metrics) or {}).items():
                 self._metrics[mode][key].append(float(value))
+
+    # ------------------------------------------------------------------ asynchronous generation
+    def _setup_async(self) -> None:
+        """Route TRL's vLLM calls through :class:`AsyncGeneration` (server mode, one process)."""
+        from mixrl.trainer.async_generation import AsyncGeneration
+
+        vg = self.vllm_generation
+        generate, push = vg.generate, vg.sync_weights
+        self._async = AsyncGeneration(
+            generate=lambda ids, n: generate(prompts=ids, images=None, num_generations=n),
+            push=push,
+            snapshot=lambda: {n: p.detach().to("cpu", copy=True) for n, p in self._trainable().items()},
+            max_staleness=self.async_generation,
+        )
+        vg.generate = self._async_engine_generate
+        vg.sync_weights = lambda: self._async.sync(int(self.state.global_step), training=self.model.training)
+
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        """transformers' batch fetch, through a :class:`Lookahead` of the epoch iterator in async
+        mode (the next generation batch's prompts are read ahead; the batches are the same)."""
+        if self._async is not None:
+            from mixrl.trainer.async_generation import Lookahead
+
+            if self._lookahead is None or self._lookahead.source is not epoch_iterator:
+                self._lookahead = Lookahead(epoch_iterator)
+            epoch_iterator = self._lookahead
+        return super().get_batch_samples(epoch_iterator, num_batches, device)
+
+    def _async_engine_generate(self, prompts, images, num_generations, profiler=None):
+        """``VLLMGeneration.generate`` in async mode: this batch (sent ahead when it could be),
+        then, in training, the next batch's prompts sent to the server at once."""
+        if images is not None and any(i is not None for i in images):
+            raise RuntimeError("hardware.vllm_async=true generates text prompts only")
+        training = self.model.training
+        result, _ = self._async.generate([list(p) for p in prompts], num_generations, training=training)
+        if training:
+            nxt = self._async_next_prompts()
+            if nxt is not None:
+                self._async.submit(nxt, num_generations)
+        return result
+
+    def _async_next_prompts(self) -> list[list[int]] | None:
+        """The token ids of the next generation batch's prompts (None: no further batch is trained
+        in this epoch or run). The next batch is the data loader's next one (num_iterations=1)."""
+        if self._lookahead is None or int(self.state.global_step) + 1 >= int(self.state.max_steps):
+            return None
+        batch = self._lookahead.peek(0)
+        if batch is None:
+            return None
+        return self._tokenize_prompts([x["prompt"] for x in batch])[0]
+
+    def _async_generate_and_score(self, inputs) -> tuple[dict, int]:
+        """TRL's generation and scoring in async mode: push the weights first (when the step
+        changed), then score under the weights of the version that generated the batch, so that
+        ``old_per_token_logps`` (the behaviour log-probs) are that version's."""
+        step = int(self.state.global_step)
+        if step != self._last_loaded_step:
+            self.vllm_generation.sync_weights()
+            self._last_loaded_step = step
+        expected = self._async.expected_version()
+        with self._weights_of_version(expected):
+            out = super()._generate_and_score_completions(inputs)
+            version = self._async.last_version
+            if version != expected:  # the batch in flight was for other prompts (dropped): TRL scored under other weights
+                out["old_per_token_logps"] = None
+        if out.get("old_per_token_logps") is None:
+            with self._weights_of_version(version):
+                out["old_per_token_logps"] = self._behaviour_logps(out)
+        return out, version
+
+    @contextlib.contextmanager
+    def _weights_of_version(self, version: int):
+        """The trainable weights of policy ``version`` swapped in (nothing to do for the current step)."""
+        if version == int(self.state.global_step):
+            yield
+            return
+        params = self._trainable()
+        snapshot = self._async.weights_of(version)
+        current = {n: p.detach().to("cpu", copy=True) for n, p in params.items()}
+        try:
+            with torch.no_grad():
+                for n, p in params.items():
+                    p.copy_(snapshot[n].to(p.device))
+            yield
+        finally:
+            with torch.no_grad():
+                for n, p in params.items():
+                    p.copy_(current[n].to(p.device))
+
+    def _log_async(self, out: dict, mode: str) -> None:
+        """``staleness/mean``, ``/max`` over the rows the policy sampled; how long the trainer waited
+        for the batch (``async/wait_s``), requests dropped so far (``async/dropped``)."""
+        from mixrl.trainer.async_generation import staleness_stats
+
+        versions = self.accelerator.gather(out["policy_version"]).tolist()
+        for key, value in staleness_stats(int(self.state.global_step), versions).items():
+            self._metrics[mode][key].append(value)
+        self._metrics[mode]["async/wait_s"].append(float(self._async.wait_s))
+        self._metrics[mode]["async/dropped"].append(float(self._async.dropped))
 
     # ------------------------------------------------------------------ staleness
     def _trainable(self) -> dict[str, torch.Tensor]:

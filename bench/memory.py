@@ -90,6 +90,10 @@ def measure(name: str, overrides: list[str], steps: int, device: str, out_dir: P
     from bench.throughput import build_mixrl_trainer, compose
     from mixrl.plan import default_prompt_tokens, estimate, model_shape
 
+    if name == "teacher" and not any(o.startswith("teacher") for o in overrides):
+        model = next((o.split("=", 1)[1] for o in overrides if o.startswith("model.path=")), "builtin:tiny")
+        if model != "builtin:tiny":  # the built-in teacher has the character tokenizer: a frozen copy of the policy instead
+            overrides = [*overrides, "teacher=model", f"teacher.source.models=[{model}]"]
     cfg = compose(VARIANTS[name], overrides, steps)
     box: dict = {}
 

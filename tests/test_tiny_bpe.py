@@ -268,3 +268,15 @@ def test_build_commands(tiny_bpe_model_path, monkeypatch, capsys):
     res = CliRunner().invoke(app, ["model", "build-tiny", "--bpe"])
     assert res.exit_code == 0 and calls == [{"force": False, "progress": True}]
     assert "tiny BPE model" in res.stdout
+
+
+def test_a_builtin_model_can_be_named_as_a_teacher(tiny_bpe_model_path, monkeypatch):
+    """teacher.source.models=[builtin:tiny-bpe] resolves to the built BPE model; an unknown built-in name is one line."""
+    from mixrl.errors import ConfigError
+    from mixrl.models import tiny_bpe
+    from mixrl.sources.teacher import TeacherSource
+
+    monkeypatch.setattr(tiny_bpe, "warm_start", lambda **kw: tiny_bpe_model_path)
+    assert TeacherSource(models=["builtin:tiny-bpe"]).resolve(progress=False) == [str(tiny_bpe_model_path)]
+    with pytest.raises(ConfigError, match="unknown built-in model 'builtin:nope'.*builtin:tiny-bpe"):
+        TeacherSource(models=["builtin:nope"]).resolve(progress=False)

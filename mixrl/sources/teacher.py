@@ -15,8 +15,8 @@ A teacher does two things for a run:
 Teachers are configured in the ``teacher`` config group (``teacher=tiny|self|model``), apart
 from ``offpolicy``, so that a teacher composes with any off-policy source (expert rows scored
 by a teacher, a LUFFY run with a KL to a teacher, ...). ``models`` lists Hugging Face ids or
-folders (several allowed), ``builtin:tiny-teacher`` (built on first use, cached like the tiny
-model) or ``self``: the policy being trained, usually with ``privileged`` context inserted in
+folders (several allowed), a built-in model (``builtin:tiny-teacher``; ``builtin:tiny`` or
+``builtin:tiny-bpe`` as a frozen copy of a built-in policy; built on first use, cached) or ``self``: the policy being trained, usually with ``privileged`` context inserted in
 its prompt (OPSD: the expert solution or the final answer), which needs no second model.
 
 Teacher and student must share a tokenizer (vocabulary, BPE merges, special tokens,
@@ -33,6 +33,7 @@ import torch
 
 from mixrl.core import provenance as prov
 from mixrl.errors import ConfigError, DataError
+from mixrl.models import builtin
 from mixrl.sources.base import INJECTIONS, SOURCES, InjectContext, Injection, Rollouts, Source
 
 TEACHER = prov.register_provenance(
@@ -53,7 +54,7 @@ class TeacherSource(Source):
     Paper: on-policy distillation (Agarwal et al., arXiv 2306.13649); OPSD, "Self-Distilled Reasoner: On-Policy Self-Distillation for Large Language Models" (privileged self-teacher).
 
     Parameters:
-        models ([builtin:tiny-teacher]): teacher models: Hugging Face ids, folders, builtin:tiny-teacher, or self (the policy).
+        models ([builtin:tiny-teacher]): teacher models: Hugging Face ids, folders, builtin:tiny-teacher (or another built-in model), or self (the policy).
         dtype (auto): the teacher's dtype (auto: the policy's; float32 | bfloat16 | float16).
         device (None): the teacher's device (default: the policy's).
         privileged (None): context inserted in the teacher's prompt: None | expert (the expert solution) | answer (the final answer).
@@ -95,12 +96,11 @@ class TeacherSource(Source):
 
         out = []
         for m in self.models:
-            if m == BUILTIN_TEACHER:
-                from mixrl.models import tiny
-
-                out.append(str(tiny.teacher_warm_start(progress=progress)))
-            elif m.startswith("builtin:"):
-                raise ConfigError(f"unknown built-in teacher '{m}'; the built-in teacher is {BUILTIN_TEACHER} (or self)")
+            if builtin.is_builtin(m):  # builtin:tiny-teacher, or a built-in policy model used as a frozen teacher
+                try:
+                    out.append(builtin.resolve(m, progress=progress))
+                except ValueError as e:
+                    raise ConfigError(f"teacher.source.models: {e}") from None
             elif m != SELF and (m.startswith((".", "/", "~"))) and not Path(m).expanduser().is_dir():
                 raise ConfigError(f"teacher.source.models: '{m}' is not a directory; give a local model folder or a Hugging Face id")
             else:

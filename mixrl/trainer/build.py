@@ -14,6 +14,7 @@ from mixrl.config.objective import component as _component
 from mixrl.config.objective import plain as _plain
 from mixrl.config.rules import Geometry, geometry
 from mixrl.errors import ConfigError, DataError
+from mixrl.models import builtin
 from mixrl.trainer import fsdp
 
 BUILTIN = "builtin:"
@@ -21,18 +22,13 @@ BUILTIN = "builtin:"
 
 # --------------------------------------------------------------------------- model
 def resolve_model_path(cfg: DictConfig, *, progress: bool = True) -> str:
-    """A local directory or hub id; ``builtin:tiny`` and ``builtin:tiny-bpe`` are built (and cached) on first use."""
+    """A local directory or hub id; a built-in model (:mod:`mixrl.models.builtin`) is built (and cached) on first use."""
     path = cfg.model.path
-    if path == "builtin:tiny":
-        from mixrl.models import tiny
-
-        return str(tiny.warm_start(progress=progress))
-    if path == "builtin:tiny-bpe":
-        from mixrl.models import tiny_bpe
-
-        return str(tiny_bpe.warm_start(progress=progress))
-    if path.startswith(BUILTIN):
-        raise ConfigError(f"unknown built-in model '{path}'; the built-in models are builtin:tiny and builtin:tiny-bpe")
+    if builtin.is_builtin(path):
+        try:
+            return builtin.resolve(path, progress=progress)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     if os.path.isabs(path) or path.startswith("."):
         if not Path(path).is_dir():
             raise ConfigError(f"model.path '{path}' is not a directory; give a local model folder or a Hugging Face id")

@@ -1,0 +1,34 @@
+"""The models mixrl builds locally (``builtin:NAME``), for a policy (``model.path``) or a teacher
+(``teacher.source.models``): each is warm-started on first use and cached (:mod:`mixrl.models.tiny`,
+:mod:`mixrl.models.tiny_bpe`)."""
+
+from __future__ import annotations
+
+PREFIX = "builtin:"
+#: name -> (what it is, for messages)
+MODELS = {
+    "builtin:tiny": "the character-level tiny model",
+    "builtin:tiny-bpe": "the BPE chat model",
+    "builtin:tiny-teacher": "the character-level teacher (expert solutions only, every level)",
+}
+
+
+def is_builtin(path: str) -> bool:
+    return str(path).startswith(PREFIX)
+
+
+def resolve(name: str, *, progress: bool = True) -> str:
+    """The cached folder of built-in model ``name`` (built first if needed); ValueError if unknown."""
+    if name == "builtin:tiny":
+        from mixrl.models import tiny
+
+        return str(tiny.warm_start(progress=progress))
+    if name == "builtin:tiny-teacher":
+        from mixrl.models import tiny
+
+        return str(tiny.teacher_warm_start(progress=progress))
+    if name == "builtin:tiny-bpe":
+        from mixrl.models import tiny_bpe
+
+        return str(tiny_bpe.warm_start(progress=progress))
+    raise ValueError(f"unknown built-in model '{name}'; the built-in models are {', '.join(MODELS)}")

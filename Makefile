@@ -25,11 +25,14 @@ install: $(VENV)/.installed
 demo: install
 	$(BIN)/mixrl train
 
+# the suite runs in $(TEST_WORKERS) processes (pytest-xdist), one test module per process at a time;
+# the tests' training runs use one torch thread, so two processes keep two cores busy
+TEST_WORKERS ?= 2
 test: install
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope
 
 test-fast: install
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope -m "not slow"
 
 # the exact-value tests (pins, hand-computed losses) again, under a CPU kernel set other than this
 # machine's best: a pin that only one kind of CPU reproduces fails here, on any machine

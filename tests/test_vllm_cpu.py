@@ -103,12 +103,17 @@ def test_colocate_chord_three_steps_syncs_moving_weights(tiny_model_path, tmp_pa
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("algo", ["prefix_rft", "ghpo", "luffy", "remix"])
+@pytest.mark.parametrize("algo", ["prefix_rft", "ghpo", "luffy", "remix", "ampo"])
 def test_colocate_source_families_generate_through_vllm(tiny_model_path, tmp_path, algo):
-    """Prefix continuations (Prefix-RFT), hint regenerations (GHPO), expert rows in groups (LUFFY)
-    and replayed rollouts (ReMix) with vLLM generating: the sampled tokens' log-probs still match."""
-    proc, run_dir = _train(tmp_path, tiny_model_path, f"algo={algo}", "hardware.vllm_mode=colocate")
-    _assert_trained_synced(proc, run_dir)
+    """Prefix continuations (Prefix-RFT), hint regenerations (GHPO), expert rows in groups (LUFFY),
+    replayed rollouts (ReMix) and a teacher that samples (AMPO: the policy's rollouts through vLLM,
+    the teacher's candidates through its own HF generate) with vLLM generating: the sampled
+    tokens' log-probs still match."""
+    teacher = ["teacher=model", f"teacher.source.models=[{tiny_model_path}]"] if algo == "ampo" else []  # nothing to build
+    proc, run_dir = _train(tmp_path, tiny_model_path, f"algo={algo}", "hardware.vllm_mode=colocate", *teacher)
+    steps = _assert_trained_synced(proc, run_dir)
+    if algo == "ampo":  # the teacher was asked for candidates on the groups that failed
+        assert sum(s.get("ampo/candidates", 0) for s in steps) > 0, steps
 
 
 BROKEN_SYNC = '''

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from rich.console import Console
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mixrl.config.compose import compose_config
@@ -280,3 +281,21 @@ def test_a_builtin_model_can_be_named_as_a_teacher(tiny_bpe_model_path, monkeypa
     assert TeacherSource(models=["builtin:tiny-bpe"]).resolve(progress=False) == [str(tiny_bpe_model_path)]
     with pytest.raises(ConfigError, match="unknown built-in model 'builtin:nope'.*builtin:tiny-bpe"):
         TeacherSource(models=["builtin:nope"]).resolve(progress=False)
+
+
+def test_the_character_teacher_is_refused_before_it_is_built(tiny_bpe_model_path, monkeypatch, tmp_path):
+    """`algo=opd model=tiny-bpe` (teacher=tiny, the character-level built-in teacher): one line naming the
+    fix, before the teacher's minutes-long build starts and before any run directory exists."""
+    from mixrl.errors import ConfigError
+    from mixrl.models import tiny
+    from mixrl.trainer import run
+
+    def no_build(*a, **k):
+        raise AssertionError("the built-in teacher was built before the refusal")
+
+    monkeypatch.setattr(tiny, "teacher_warm_start", no_build)
+    cfg = compose_config(["algo=opd", f"model.path={tiny_bpe_model_path}", f"run_dir={tmp_path / 'run'}", "logger.progress=false"])
+    assert cfg.teacher.source.models == ["builtin:tiny-teacher"]
+    with pytest.raises(ConfigError, match=r"character-level tokenizer.*teacher\.source\.models=\[builtin:tiny-bpe\]"):
+        run.prepare_inputs(cfg, Console(quiet=True))
+    assert not (tmp_path / "run").exists()

@@ -108,6 +108,19 @@ class TeacherSource(Source):
         self.paths = out
         return out
 
+    def check_builtin_teacher(self, tokenizer) -> None:
+        """Before the built-in teacher is built (minutes on first use): it has the character-level
+        tokenizer, so a student with another one (the BPE chat model, a real model: 256 tokens or
+        more) is refused at once, with the fix, instead of after the build (:meth:`check_tokenizer`
+        compares the tokenizers in full once the teachers exist)."""
+        if BUILTIN_TEACHER in self.models and len(tokenizer) >= 256:
+            raise ConfigError(
+                f"teacher '{BUILTIN_TEACHER}' (teacher=tiny) has the character-level tokenizer, and the student's has "
+                f"{len(tokenizer)} tokens; the teacher scores the student's token ids, so it needs the same tokenizer: "
+                "use a teacher of the student's family, e.g. teacher=model teacher.source.models=[builtin:tiny-bpe] "
+                "for model=tiny-bpe, or teacher.source.models=[<a model folder or hub id>]"
+            )
+
     def check_tokenizer(self, tokenizer) -> None:
         """One-line :class:`ConfigError` when a teacher tokenizes otherwise than the student.
 

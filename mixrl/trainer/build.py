@@ -282,6 +282,7 @@ def build_trainer(cfg: DictConfig, *, model_path: str, tokenizer, train_ds, rewa
     train_ds = source.prepare(train_ds, cfg.data)
     teacher = build_teacher(cfg)
     if teacher is not None:  # built (builtin:tiny-teacher), tokenizers compared, before the policy loads
+        teacher.check_builtin_teacher(tokenizer)  # before building it
         teacher.resolve(progress=bool(cfg.logger.progress))
         teacher.check_tokenizer(tokenizer)
         train_ds = teacher.prepare(train_ds, cfg.data)

@@ -305,6 +305,7 @@ def prepare_inputs(cfg: DictConfig, console: Console) -> RunInputs:
 
     teacher = build_teacher(cfg)
     if teacher is not None:  # a missing teacher folder or another vocabulary fails here, not after the run directory exists
+        teacher.check_builtin_teacher(tokenizer)  # before building it
         teacher.resolve(progress=bool(cfg.logger.progress))
         teacher.check_tokenizer(tokenizer)
     if _rank() == 0:

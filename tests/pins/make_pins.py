@@ -249,6 +249,9 @@ MORE_TRAINER_CASES = {
     "algo=exgrpo|max_steps=2": ["algo=exgrpo", "trainer.max_steps=2"],
     "algo=repo_replay|max_steps=2": ["algo=repo_replay", "trainer.max_steps=2"],
 }
+#: the rollouts of each case (a function of tests/pins/rollouts.py): tolerant_completion, except
+#: where the second step's groups must all fail for the replay fill to act
+MORE_ROLLOUTS = {"algo=exgrpo|max_steps=2": "collapsing_completion", "algo=repo_replay|max_steps=2": "collapsing_completion"}
 
 
 def more_trainer_cases() -> dict[str, list[str]]:
@@ -262,25 +265,26 @@ def resolve_overrides(overrides: list[str], model_path: str) -> list[str]:
 
 def make_more_trainer_pins(model_path: str, work: Path) -> dict:
     """The ``trainer_pins_more.json`` cases, run with ``rollouts.tolerant_completion``."""
+    import rollouts
     from harness import run_one_step
-    from rollouts import tolerant_completion
 
     cases, timing = {}, {}
     for key, overrides in more_trainer_cases().items():
         t0 = time.perf_counter()
+        completion = MORE_ROLLOUTS.get(key, "tolerant_completion")
         result = run_one_step(resolve_overrides(overrides, model_path), model_path,
                               work / key.replace("/", "_").replace("|", "_").replace("=", "-"),
-                              completion=tolerant_completion)
+                              completion=getattr(rollouts, completion))
         timing[key] = round(time.perf_counter() - t0, 2)
         result["metrics"] = [{k: v for k, v in row.items() if not k.endswith("seconds")}  # teacher/seconds: wall-clock
                              for row in result["metrics"]]
-        cases[key] = {"overrides": overrides, "rollouts": "tolerant_completion", "result": result}
+        cases[key] = {"overrides": overrides, "rollouts": completion, "result": result}
         print(f"  {key}: {timing[key]} s, losses {result['losses']}", file=sys.stderr)
     meta = {
         "commit": MORE_COMMIT,
         "model": "tests/fixtures/pin-model",
         "model_sha256": sha256(Path(model_path) / "model.safetensors"),
-        "rollouts": "tests/pins/rollouts.py tolerant_completion",
+        "rollouts": "tests/pins/rollouts.py, the function each case names",
         "placeholder": f"{PIN_MODEL} = the pin model's folder",
         "aten_cpu_capability": os.environ.get("ATEN_CPU_CAPABILITY", "default"),
         "torch_threads": 1,

@@ -4,22 +4,27 @@ has at least one trainer pin (``test_every_shipped_algo_is_pinned``).
 
 Same harness, model and tolerances as ``test_trainer_pins.py`` (read its docstring): each case
 runs ``harness.run_one_step`` on the committed pin model for one optimizer step (two for the
-replay algos, whose buffer needs a past step), with rollouts from
-``rollouts.tolerant_completion`` (prompts may carry a hint or a demonstration prefix), and
+replay algos, whose buffer needs a past step), with the rollouts the case names
+(``rollouts.tolerant_completion``: prompts may carry a hint or a demonstration prefix;
+``rollouts.collapsing_completion`` for ExGRPO and RePO: every group of the second step fails,
+so their replay fill acts), and
 compares every micro-batch loss, every pinned metric and the gradient (norm and 4 random
 projections) to ``|got - pinned| <= ABS + REL * |pinned|`` (projections: floor ABS x norm).
 
 Teachers: the pin model folder itself (``@PIN_MODEL@`` in the stored overrides), with the
 expert solution or the answer in its prompt (``teacher.source.privileged``), so its log-probs
 differ from the student's; no built-in teacher is built. What these rollouts do not reach:
-AMPO's teacher refill (no group fails), ExGRPO's and RePO's replay fill (no group is uniform);
-those cases pin the rest of the step (their on-policy terms, advantages, normalisers).
+AMPO's teacher refill (no group fails, and the teacher's candidates would be sampled by HF
+generate, which is not patched); that case pins the rest of AMPO's step (its on-policy term,
+Dr. GRPO advantages, normalisers over rollout and teacher tokens, entropy bonus).
 
 Measured on one avx512 machine (``-s`` prints each case's largest fraction of tolerance): under
 ``ATEN_CPU_CAPABILITY=avx2`` (the kernels the pins were made with) 0 (bit for bit); under
 avx512 at most 5.8% and under default at most 5.3% (the second step of
-``algo=remix|max_steps=2``); first steps at most 4.3% (``algo=exopd``). Time: about 1.1 s a
-case (15 s for the file, plus ~6 s of first-call imports when no other trainer test ran first).
+``algo=remix|max_steps=2``); first steps at most 4.3% (``algo=exopd``). A 0.1% change of the
+k2 estimator moves ``algo=opd`` by 9.5x the tolerance
+(``test_the_new_pins_catch_a_one_line_distillation_change``). Time: about 1.1 s a case, 24 s
+for the file alone (~6 s of it first-call imports that other trainer tests share).
 """
 
 from __future__ import annotations
@@ -35,8 +40,8 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
+import rollouts  # noqa: E402
 from harness import run_one_step  # noqa: E402
-from rollouts import tolerant_completion  # noqa: E402
 
 PINS = json.loads((HERE / "trainer_pins_more.json").read_text())
 FIRST = json.loads((HERE / "trainer_pins.json").read_text())
@@ -100,8 +105,24 @@ def test_every_shipped_algo_is_pinned():
 def test_trainer_pin_more(key, pin_model, tmp_path):
     case = PINS["cases"][key]
     overrides = [o.replace(PLACEHOLDER, pin_model) for o in case["overrides"]]
-    got = run_one_step(overrides, pin_model, tmp_path, completion=tolerant_completion)
+    got = run_one_step(overrides, pin_model, tmp_path, completion=getattr(rollouts, case["rollouts"]))
     got["metrics"] = [{k: v for k, v in row.items() if not k.endswith("seconds")} for row in got["metrics"]]
     bad, worst = deviations(case["result"], got)
     print(f"{key}: {worst:.4f} of the tolerance")  # shown with -s: the measure in the docstring
     assert not bad, f"{key}: " + "; ".join(bad[:8]) + (f" (+{len(bad) - 8} more)" if len(bad) > 8 else "")
+
+
+def test_the_new_pins_catch_a_one_line_distillation_change(pin_model, tmp_path, monkeypatch):
+    """k2 = x^2 / 2 -> 1.001 x^2 / 2 (a 0.1% change of the teacher KL) is caught by algo=opd,
+    whose loss is that KL alone: the tolerance is loose across CPUs, not blind."""
+    from mixrl.core import regularizers
+
+    k2 = regularizers.KL_ESTIMATORS.get("k2")
+    assert "k2" in regularizers.KL_ESTIMATORS._items
+    monkeypatch.setitem(regularizers.KL_ESTIMATORS._items, "k2", lambda logp, ref: 1.001 * k2(logp, ref))
+    case = PINS["cases"]["algo=opd"]
+    got = run_one_step([o.replace(PLACEHOLDER, pin_model) for o in case["overrides"]], pin_model, tmp_path,
+                       completion=getattr(rollouts, case["rollouts"]))
+    bad, worst = deviations(case["result"], got)
+    print(f"k2 x 1.001: {worst:.1f}x the tolerance")
+    assert bad and worst > 2, f"a 0.1% change of k2 used only {worst:.2f} of the tolerance"

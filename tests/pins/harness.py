@@ -84,25 +84,33 @@ def _numeric(row: dict) -> dict:
     return out
 
 
-def run_one_step(overrides: list[str], model_path: str, out_dir) -> dict:
+def run_one_step(overrides: list[str], model_path: str, out_dir, completion=None) -> dict:
     """Build the trainer as ``run.train`` does, train ``trainer.max_steps`` steps, summarise.
-    TRL's generation is patched for the call only (later tests sample as usual)."""
+    TRL's generation is patched for the call only (later tests sample as usual): rollouts are
+    ``fixed_completion`` (the first 21 cases), or ``completion(prompt text, slot)`` when given
+    (``rollouts.tolerant_completion``: prompts with a hint or a prefix)."""
     import trl
 
     original = trl.GRPOTrainer._generate_single_turn
     try:
-        return _run_one_step(overrides, model_path, out_dir)
+        return _run_one_step(overrides, model_path, out_dir, completion)
     finally:
         trl.GRPOTrainer._generate_single_turn = original
 
 
-def _run_one_step(overrides: list[str], model_path: str, out_dir) -> dict:
+def _run_one_step(overrides: list[str], model_path: str, out_dir, completion=None) -> dict:
     from transformers import TrainerCallback, set_seed
 
     from mixrl.config.compose import compose_config
     from mixrl.trainer import build
 
-    patch_generation()
+    if completion is None:
+        patch_generation()
+    else:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from rollouts import patch_generation_with
+
+        patch_generation_with(completion)
     out_dir = Path(out_dir)
     cfg = compose_config([*overrides, f"model.path={model_path}", f"run_dir={out_dir / 'run'}"])
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)

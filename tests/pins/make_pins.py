@@ -6,6 +6,12 @@ Run at commit 1f21884 (main, "README lists the exact group options; ...") on bra
     OMP_NUM_THREADS=1 python tests/pins/make_pins.py            # both fixtures
     OMP_NUM_THREADS=1 python tests/pins/make_pins.py --only trainer --trainer-out /tmp/x.json
 
+The cases of ``trainer_pins_more.json`` (one per ``conf/algo/*.yaml`` the first pins did not
+cover) were added later, at commit 452baff on branch ``i23-pins``, on the committed pin model,
+with ``ATEN_CPU_CAPABILITY=avx2``; they are made alone, and the same warning holds for them::
+
+    ATEN_CPU_CAPABILITY=avx2 OMP_NUM_THREADS=1 python tests/pins/make_pins.py --only trainer-more
+
 DO NOT RE-RUN THIS AFTER THE OBJECTIVE REFACTOR (mixrl/core/objective.py,
 mixrl/trainer/mixing.py, mixrl/trainer/grpo.py, build.py, config): the pins are the OLD
 code's values, and the refactor must reproduce them (to 1e-6). Re-generating them from
@@ -217,6 +223,76 @@ def trainer_cases() -> dict[str, list[str]]:
     return cases
 
 
+# --------------------------------------------------------------------------- trainer, more
+#: the cases added at commit 452baff so that every conf/algo/*.yaml has a trainer pin
+#: (``trainer_pins_more.json``, ``--only trainer-more``); the cases above are not re-made
+MORE_COMMIT = "452baff"
+PIN_MODEL = "@PIN_MODEL@"  # replaced by the pin model's folder when a case runs (a teacher = the pin model)
+TEACHER = ["teacher=model", f"teacher.source.models=[{PIN_MODEL}]"]
+HINTED = ["algo.inject.max_success=0.5"]  # every group (half its rollouts right) gets a hint
+MORE_TRAINER_CASES = {
+    # a teacher is the pin model itself; with privileged context (the expert solution or the
+    # answer in its prompt) its log-probs differ from the student's, so distillation has a gradient
+    "algo=ampo": ["algo=ampo", *TEACHER],  # no group fails under these rollouts: the on-policy path only
+    "algo=kdrl": ["algo=kdrl", *TEACHER, "teacher.source.privileged=expert"],
+    "algo=opd": ["algo=opd", *TEACHER, "teacher.source.privileged=answer"],
+    "algo=exopd": ["algo=exopd", *TEACHER, "teacher.source.privileged=expert"],
+    "algo=opsd": ["algo=opsd"],  # the policy as its own privileged teacher
+    "algo=ghpo": ["algo=ghpo", *HINTED],
+    "algo=guide": ["algo=guide", *HINTED],
+    "algo=pope": ["algo=pope", *HINTED],
+    "algo=prefix_rft": ["algo=prefix_rft"],
+    "algo=prefixrl": ["algo=prefixrl"],
+    "algo=uft": ["algo=uft"],
+    # replay needs a past step (min_age 1): two steps, the second draws on the first's rollouts
+    "algo=remix|max_steps=2": ["algo=remix", "trainer.max_steps=2"],
+    "algo=exgrpo|max_steps=2": ["algo=exgrpo", "trainer.max_steps=2"],
+    "algo=repo_replay|max_steps=2": ["algo=repo_replay", "trainer.max_steps=2"],
+}
+#: the rollouts of each case (a function of tests/pins/rollouts.py): tolerant_completion, except
+#: where the second step's groups must all fail for the replay fill to act
+MORE_ROLLOUTS = {"algo=exgrpo|max_steps=2": "collapsing_completion", "algo=repo_replay|max_steps=2": "collapsing_completion"}
+
+
+def more_trainer_cases() -> dict[str, list[str]]:
+    """``TRAINER_BASE`` after the algo, then the case's own overrides (which win)."""
+    return {k: [ovs[0], *TRAINER_BASE, *ovs[1:]] for k, ovs in MORE_TRAINER_CASES.items()}
+
+
+def resolve_overrides(overrides: list[str], model_path: str) -> list[str]:
+    return [o.replace(PIN_MODEL, str(model_path)) for o in overrides]
+
+
+def make_more_trainer_pins(model_path: str, work: Path) -> dict:
+    """The ``trainer_pins_more.json`` cases, run with ``rollouts.tolerant_completion``."""
+    import rollouts
+    from harness import run_one_step
+
+    cases, timing = {}, {}
+    for key, overrides in more_trainer_cases().items():
+        t0 = time.perf_counter()
+        completion = MORE_ROLLOUTS.get(key, "tolerant_completion")
+        result = run_one_step(resolve_overrides(overrides, model_path), model_path,
+                              work / key.replace("/", "_").replace("|", "_").replace("=", "-"),
+                              completion=getattr(rollouts, completion))
+        timing[key] = round(time.perf_counter() - t0, 2)
+        result["metrics"] = [{k: v for k, v in row.items() if not k.endswith("seconds")}  # teacher/seconds: wall-clock
+                             for row in result["metrics"]]
+        cases[key] = {"overrides": overrides, "rollouts": completion, "result": result}
+        print(f"  {key}: {timing[key]} s, losses {result['losses']}", file=sys.stderr)
+    meta = {
+        "commit": MORE_COMMIT,
+        "model": "tests/fixtures/pin-model",
+        "model_sha256": sha256(Path(model_path) / "model.safetensors"),
+        "rollouts": "tests/pins/rollouts.py, the function each case names",
+        "placeholder": f"{PIN_MODEL} = the pin model's folder",
+        "aten_cpu_capability": os.environ.get("ATEN_CPU_CAPABILITY", "default"),
+        "torch_threads": 1,
+        "torch": torch.__version__,
+    }
+    return {"meta": meta, "cases": cases}
+
+
 def tiny_model(cache: Path) -> str:
     from mixrl.models import tiny
 
@@ -269,7 +345,9 @@ def write_json(path: Path, data: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", choices=["objective", "trainer"], help="generate one fixture only")
+    ap.add_argument("--only", choices=["objective", "trainer", "trainer-more"],
+                    help="generate one fixture only (trainer-more: only trainer_pins_more.json; never by default)")
+    ap.add_argument("--more-out", type=Path, default=HERE / "trainer_pins_more.json")
     ap.add_argument("--objective-out", type=Path, default=HERE / "objective_pins.json")
     ap.add_argument("--trainer-out", type=Path, default=HERE / "trainer_pins.json")
     ap.add_argument("--threads", type=int, default=1, help="torch threads for the trainer pins (pins: 1)")
@@ -282,6 +360,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{a.objective_out}: {len(data['cases'])} cases, {len(skipped)} skipped", file=sys.stderr)
         for s in skipped:
             print(f"  skipped {s}", file=sys.stderr)
+    if a.only == "trainer-more":  # on the committed pin model
+        with tempfile.TemporaryDirectory(prefix="mixrl-pins-") as tmp:
+            data = make_more_trainer_pins(a.model or str(REPO / "tests" / "fixtures" / "pin-model"), Path(tmp) / "runs")
+        write_json(a.more_out, data)
+        print(f"{a.more_out}: {len(data['cases'])} cases", file=sys.stderr)
     if a.only in (None, "trainer"):
         with tempfile.TemporaryDirectory(prefix="mixrl-pins-") as tmp:
             model = a.model or tiny_model(Path(tmp) / "tiny-cache")

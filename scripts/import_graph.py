@@ -1,0 +1,253 @@
+"""Measure mixrl's import graph from the source text (``ast``; nothing is imported).
+
+    python scripts/import_graph.py                 # the report for ./mixrl
+    python scripts/import_graph.py --json          # the same numbers as JSON
+    python scripts/import_graph.py --root DIR      # another package folder (its name is the folder's)
+
+What it prints, and how each number is defined:
+
+* **modules**: the ``.py`` files of the package (a package's ``__init__.py`` is the package).
+* **import edges**: distinct ordered pairs (A, B) of package modules where A imports B, by any
+  import statement anywhere in A (module level or inside a function). ``from P import n`` is an
+  edge to the submodule ``P.n`` when that file exists, else to ``P`` itself; ``import P.Q.R`` is an
+  edge to ``P.Q.R``; relative imports are resolved against A's package. Importing a submodule
+  also runs its parents' ``__init__``; that implicit edge is not counted.
+* **import cycles**: the strongly connected components with more than one module (or a module
+  importing itself), listed with their members, computed twice: over all edges (the design's
+  cycles: a function-level import dodges the import-time error, not the dependency) and over
+  module-level edges only (the cycles Python itself must resolve at import time).
+* **upward imports**: edges from a lower layer to a higher one in the intended order (``LAYERS``
+  below; higher numbers may import lower ones and their own layer, never higher ones).
+* **function-level imports**: import statements inside a function or method body (module-level
+  ``if``/``try`` blocks and class bodies run at import time and count as module level), split into
+  mixrl-internal, standard library and third-party (one per statement; ``import a, b`` is
+  counted once, by its first module).
+
+The intended layer order (the architecture step's plan), with where the modules outside the
+named packages are put, and why:
+
+=====  =====================================================================================
+layer  modules
+=====  =====================================================================================
+0      ``core`` (pure tensor math); ``errors`` (exception types, imported everywhere);
+       ``stats`` (statistics of result tables: pure numbers, no config)
+1      ``sources``, ``data``, ``rewards``, ``models``, ``tasks``
+2      ``config`` (compose and validate)
+3      ``trainer``; ``vllm_cpu``, ``vllm_file_transfer`` (the trainer's vLLM plumbing);
+       ``explain`` (reads a composed config and renders its objective: a consumer of config
+       and core, beside the trainer)
+4      ``launch``; ``plan`` (renders the launch command with ``launch``'s own functions, so it
+       sits beside it); the experiment modules ``compare``, ``claims``, ``suites``,
+       ``reproduce``, ``methods`` (they run, launch or read runs: the experiments package of the
+       plan; ``claims`` and ``suites`` are read by ``reproduce``)
+5      ``cli``
+=====  =====================================================================================
+
+The package's ``__init__`` (``mixrl``) is layer 0 and its own imports are reported like any other.
+A module the table does not name is reported as ``unplaced`` (so a new top-level module shows up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+#: first path component below the package -> layer (see the module docstring)
+LAYERS = {
+    "": 0, "core": 0, "errors": 0, "stats": 0,
+    "sources": 1, "data": 1, "rewards": 1, "models": 1, "tasks": 1,
+    "config": 2,
+    "trainer": 3, "vllm_cpu": 3, "vllm_file_transfer": 3, "explain": 3,
+    "launch": 4, "plan": 4, "compare": 4, "claims": 4, "suites": 4, "reproduce": 4, "methods": 4,
+    "cli": 5,
+}
+
+
+# --------------------------------------------------------------------------- parsing
+def module_files(root: Path) -> dict[str, Path]:
+    """``{dotted name: file}`` for every ``.py`` file under the package folder ``root``."""
+    pkg = root.name
+    out = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join([pkg, *parts])] = path
+    return out
+
+
+def _is_package(name: str, files: dict[str, Path]) -> bool:
+    return files[name].name == "__init__.py"
+
+
+def _imports(tree: ast.Module):
+    """Yield ``(node, function_level)`` for every import statement."""
+
+    def walk(node, in_function: bool):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                yield child, in_function
+            yield from walk(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+    yield from walk(tree, False)
+
+
+def _resolve(module: str, node: ast.ImportFrom | ast.Import, files: dict[str, Path], pkg: str) -> tuple[list[str], str]:
+    """(package modules the statement imports, the first imported name's top-level module)."""
+    if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+        targets = []
+        for n in names:
+            if n == pkg or n.startswith(pkg + "."):
+                parts = n.split(".")  # the longest existing prefix (``import mixrl.x.y`` names a module)
+                while parts and ".".join(parts) not in files:
+                    parts.pop()
+                if parts:
+                    targets.append(".".join(parts))
+        return targets, names[0].split(".")[0]
+    if node.level:  # relative: against the importing module's package
+        base = module.split(".") if _is_package(module, files) else module.split(".")[:-1]
+        base = base[: len(base) - (node.level - 1)]
+        src = ".".join(base + ([node.module] if node.module else []))
+    else:
+        src = node.module or ""
+    top = src.split(".")[0]
+    if top != pkg:
+        return [], top
+    targets = []
+    for a in node.names:
+        sub = f"{src}.{a.name}"
+        if sub in files:
+            targets.append(sub)
+        elif src in files:
+            targets.append(src)
+    return sorted(set(targets)), top
+
+
+def layer_of(module: str, pkg: str) -> int | None:
+    parts = module.split(".")[1:]
+    return LAYERS.get(parts[0] if parts else "")
+
+
+# --------------------------------------------------------------------------- graph
+def strongly_connected(nodes: list[str], edges: set[tuple[str, str]]) -> list[list[str]]:
+    """Tarjan's algorithm (iterative); components with a cycle only, members sorted, largest first."""
+    adj: dict[str, list[str]] = {n: [] for n in nodes}
+    for a, b in edges:
+        adj[a].append(b)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    counter = 0
+    for start in nodes:
+        if start in index:
+            continue
+        work = [(start, iter(adj[start]))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(adj[w])))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1 or (v, v) in edges:
+                    out.append(sorted(comp))
+    return sorted(out, key=lambda c: (-len(c), c))
+
+
+def analyse(root: Path) -> dict:
+    root = Path(root).resolve()
+    pkg = root.name
+    files = module_files(root)
+    stdlib = set(getattr(sys, "stdlib_module_names", ())) | {"__future__"}
+    edges: dict[tuple[str, str], bool] = {}  # (a, b) -> some import of b in a is at module level
+    fn_imports = Counter()
+    for module, path in files.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node, function_level in _imports(tree):
+            targets, top = _resolve(module, node, files, pkg)
+            if function_level:
+                fn_imports["mixrl-internal" if top == pkg else "stdlib" if top in stdlib else "third-party"] += 1
+            for t in targets:
+                if t != module or isinstance(node, ast.Import):
+                    edges[(module, t)] = edges.get((module, t), False) or not function_level
+    nodes = list(files)
+    all_edges = set(edges)
+    top_edges = {e for e, module_level in edges.items() if module_level}
+    upward = []
+    unplaced = sorted({m for m in nodes if layer_of(m, pkg) is None})
+    for a, b in sorted(all_edges):
+        la, lb = layer_of(a, pkg), layer_of(b, pkg)
+        if la is not None and lb is not None and lb > la:
+            upward.append({"from": a, "to": b, "layers": [la, lb], "module_level": edges[(a, b)]})
+    return {
+        "package": pkg,
+        "modules": len(nodes),
+        "import_edges": len(all_edges),
+        "module_level_edges": len(top_edges),
+        "cycles": strongly_connected(nodes, all_edges),
+        "module_level_cycles": strongly_connected(nodes, top_edges),
+        "upward_imports": upward,
+        "function_level_imports": dict(sorted(fn_imports.items())),
+        "function_level_imports_total": sum(fn_imports.values()),
+        "unplaced": unplaced,
+    }
+
+
+def report(r: dict) -> str:
+    lines = [f"package {r['package']}: {r['modules']} modules, {r['import_edges']} import edges "
+             f"({r['module_level_edges']} with a module-level import)"]
+    for title, key in (("import cycles (all imports)", "cycles"), ("import cycles (module-level imports only)", "module_level_cycles")):
+        lines.append(f"{title}: {len(r[key])}")
+        lines += [f"  {len(c)} modules: {', '.join(c)}" for c in r[key]]
+    up = r["upward_imports"]
+    lines.append(f"upward imports: {len(up)} ({sum(u['module_level'] for u in up)} at module level)")
+    lines += [f"  {u['from']} (layer {u['layers'][0]}) -> {u['to']} (layer {u['layers'][1]})"
+              + ("" if u["module_level"] else "  [in a function]") for u in up]
+    fl = r["function_level_imports"]
+    lines.append(f"function-level imports: {r['function_level_imports_total']} ("
+                 + ", ".join(f"{k} {v}" for k, v in fl.items()) + ")")
+    if r["unplaced"]:
+        lines.append(f"modules with no layer (add them to LAYERS): {', '.join(r['unplaced'])}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent / "mixrl")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    r = analyse(a.root)
+    print(json.dumps(r, indent=1) if a.json else report(r))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

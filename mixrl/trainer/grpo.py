@@ -67,6 +67,7 @@ from mixrl.core.objective import Objective, compute_objective, population_key
 from mixrl.sources.base import InjectContext, Rollouts
 from mixrl.sources.rows import splice_prefixes
 from mixrl.trainer import engine_sync
+from mixrl.trainer.sharded_forward import ShardedForwards
 
 OVERRIDDEN = (
     "_generate_single_turn",
@@ -80,7 +81,7 @@ STATE_FILE = "mixrl_state.json"
 GENERATION_FILE = "mixrl_generation_rank{rank}.pt"  # per process: lag snapshots, a buffered generation batch
 
 
-class MixrlGRPOTrainer(GRPOTrainer):
+class MixrlGRPOTrainer(ShardedForwards, GRPOTrainer):
     """GRPOTrainer whose advantage and loss come from ``mixrl.core`` registries.
 
     Extra constructor arguments:
@@ -553,43 +554,6 @@ class MixrlGRPOTrainer(GRPOTrainer):
         totals = self.accelerator.reduce(torch.stack(stats), reduction="sum")
         t = (totals / float(self.accelerator.num_processes)).tolist()
         return {population_key(p): (t[2 * i], t[2 * i + 1]) for i, p in enumerate(pops)}
-
-    # ------------------------------------------------------------------ sharded forwards
-    def _forwards_collective(self) -> bool:
-        """Does every forward of the policy need every process? Under FSDP and DeepSpeed ZeRO-3
-        each forward gathers the sharded parameters from all processes, so a forward that one
-        process runs and another skips (the behaviour forward of hinted rows, a self-teacher
-        scoring some rows, AMPO's student scoring) leaves it waiting forever. DDP's forward is local."""
-        return self.accelerator.num_processes > 1 and (self._dist.is_fsdp or self._dist.is_zero3)
-
-    def _forward_deficit(self, mine: int) -> int:
-        """Before ``mine`` no-grad policy forwards: how many dummy ones this process must add so
-        that every process runs as many as the busiest (one all_reduce, before any of them, so
-        that the processes' collectives stay in the same order). 0 without sharding."""
-        if not self._forwards_collective():
-            return 0
-        import torch.distributed as dist
-
-        most = torch.tensor([int(mine)], dtype=torch.long, device=self.accelerator.device)
-        dist.all_reduce(most, op=dist.ReduceOp.MAX)
-        return int(most) - int(mine)
-
-    def _dummy_token(self) -> int:
-        tok = self.processing_class
-        return int(tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
-
-    def _dummy_forwards(self, n: int) -> None:
-        """``n`` no-grad forwards of the policy on one token (their output unused)."""
-        if n <= 0:
-            return
-        ids = torch.full((1, 1), self._dummy_token(), dtype=torch.long, device=self.accelerator.device)
-        with torch.no_grad():
-            for _ in range(n):
-                self.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
-
-    def _join_forwards(self, mine: int) -> None:
-        """A call site some processes skip: join the busiest process's forwards with dummy ones."""
-        self._dummy_forwards(self._forward_deficit(mine))
 
     # ------------------------------------------------------------------ teachers
     def _load_teachers(self, teacher) -> list:

@@ -68,6 +68,7 @@ from mixrl.sources.base import InjectContext, Rollouts
 from mixrl.sources.rows import splice_prefixes
 from mixrl.trainer import engine_sync
 from mixrl.trainer.sharded_forward import ShardedForwards
+from mixrl.trainer.staleness import LaggedWeights
 
 OVERRIDDEN = (
     "_generate_single_turn",
@@ -81,7 +82,7 @@ STATE_FILE = "mixrl_state.json"
 GENERATION_FILE = "mixrl_generation_rank{rank}.pt"  # per process: lag snapshots, a buffered generation batch
 
 
-class MixrlGRPOTrainer(ShardedForwards, GRPOTrainer):
+class MixrlGRPOTrainer(LaggedWeights, ShardedForwards, GRPOTrainer):
     """GRPOTrainer whose advantage and loss come from ``mixrl.core`` registries.
 
     Extra constructor arguments:
@@ -471,50 +472,6 @@ class MixrlGRPOTrainer(ShardedForwards, GRPOTrainer):
             self._metrics[mode][key].append(value)
         self._metrics[mode]["async/wait_s"].append(float(self._async.wait_s))
         self._metrics[mode]["async/dropped"].append(float(self._async.dropped))
-
-    # ------------------------------------------------------------------ staleness
-    def _trainable(self) -> dict[str, torch.Tensor]:
-        model = self.accelerator.unwrap_model(self.model)
-        return {n: p for n, p in model.named_parameters() if p.requires_grad}
-
-    @contextlib.contextmanager
-    def _lagged_weights(self):
-        """Swap in the trainable weights of ``staleness`` optimizer steps ago (snapshots are
-        taken at each generation, on CPU), then restore the current ones."""
-        step = int(self.state.global_step)
-        params = self._trainable()
-        if step not in self._lag_snapshots:
-            self._lag_snapshots[step] = {n: p.detach().to("cpu", copy=True) for n, p in params.items()}
-        target = max(s for s in self._lag_snapshots if s <= max(step - self.staleness, min(self._lag_snapshots)))
-        for s in [s for s in self._lag_snapshots if s < target]:
-            del self._lag_snapshots[s]
-        self._lag_used = step - target
-        if target == step:
-            yield
-            return
-        current = {n: p.detach().to("cpu", copy=True) for n, p in params.items()}
-        try:
-            with torch.no_grad():
-                for n, p in params.items():
-                    p.copy_(self._lag_snapshots[target][n].to(p.device))
-            yield
-        finally:
-            with torch.no_grad():
-                for n, p in params.items():
-                    p.copy_(current[n].to(p.device))
-
-    def _behaviour_logps(self, out: dict) -> torch.Tensor:
-        """Per-token log-probs of the completions under the weights in place (the lagged
-        ones): the rollouts' behaviour log-probs. TRL's own value is reused when it computed it."""
-        if out.get("old_per_token_logps") is not None:
-            return out["old_per_token_logps"]
-        ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
-        att = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
-        with torch.no_grad():
-            logps, _, _ = self._get_per_token_logps_and_entropies(
-                self.model, ids, att, out["completion_ids"].size(1), batch_size=self.args.per_device_train_batch_size
-            )
-        return logps
 
     def _add_provenance(self, out: dict) -> None:
         """``row_source``, ``token_source`` and ``behaviour_logp`` of the local rows, from the

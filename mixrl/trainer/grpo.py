@@ -53,11 +53,11 @@ that the next batch's prompts can be read ahead.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from typing import Any
 
 import torch
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
 from mixrl.core import provenance as prov
@@ -66,6 +66,7 @@ from mixrl.sources.base import InjectContext, Rollouts
 from mixrl.sources.rows import splice_prefixes
 from mixrl.trainer import engine_sync
 from mixrl.trainer.async_glue import AsyncGenerationHooks
+from mixrl.trainer.checkpoint_state import CheckpointState
 from mixrl.trainer.sharded_forward import ShardedForwards
 from mixrl.trainer.staleness import LaggedWeights
 from mixrl.trainer.teacher_service import _SELF, TeacherService
@@ -78,11 +79,9 @@ OVERRIDDEN = (
     "_save_checkpoint",
     "_load_optimizer_and_scheduler",
 )
-STATE_FILE = "mixrl_state.json"
-GENERATION_FILE = "mixrl_generation_rank{rank}.pt"  # per process: lag snapshots, a buffered generation batch
 
 
-class MixrlGRPOTrainer(AsyncGenerationHooks, TeacherService, LaggedWeights, ShardedForwards, GRPOTrainer):
+class MixrlGRPOTrainer(CheckpointState, AsyncGenerationHooks, TeacherService, LaggedWeights, ShardedForwards, GRPOTrainer):
     """GRPOTrainer whose advantage and loss come from ``mixrl.core`` registries.
 
     Extra constructor arguments:
@@ -447,97 +446,13 @@ class MixrlGRPOTrainer(AsyncGenerationHooks, TeacherService, LaggedWeights, Shar
         checkpoint that looks complete (``trainer_state.json`` is written last) has them even
         when the run is killed right after it: the rollout counters, the controller's and the
         injections' state (an injection with ``state_in_file``: one torch.save file per process)."""
-        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-
-        from mixrl.trainer.resume import save_run_state
-
         folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-        generation = self._generation_state()
-        if generation:  # every process saves its own
-            os.makedirs(folder, exist_ok=True)
-            torch.save(generation, os.path.join(folder, GENERATION_FILE.format(rank=self.accelerator.process_index)))
-        if self.args.should_save:
-            os.makedirs(folder, exist_ok=True)
-            save_run_state(self, folder)
-            if self.controller is not None or self.injections:
-                state = {
-                    "controller": self.controller.state_dict() if self.controller is not None else None,
-                    "injections": [{"state_file": f"mixrl_injection{i}"} if inj.state_in_file else inj.state_dict()
-                                   for i, inj in enumerate(self.injections)],
-                }
-                with open(os.path.join(folder, STATE_FILE), "w") as f:
-                    json.dump(state, f)
-        if any(inj.state_in_file for inj in self.injections):  # every process saves its own (its buffer)
-            os.makedirs(folder, exist_ok=True)
-            rank = self.accelerator.process_index
-            for i, inj in enumerate(self.injections):
-                if inj.state_in_file:
-                    torch.save(inj.state_dict(), os.path.join(folder, f"mixrl_injection{i}_rank{rank}.pt"))
+        self._save_mixrl_state(folder)
         super()._save_checkpoint(model, trial)
-
-    def micro_step_at_checkpoint(self) -> int:
-        """TRL's micro-batch counter ``_step`` as of the end of optimizer step ``global_step``
-        (what a run resumed from a checkpoint of this step must continue from). A checkpoint
-        written inside the next step (the divergence guard saves before the optimizer step)
-        gives the value at that step's start."""
-        step, begin = self._mixrl_step_begin
-        return begin if step == int(self.state.global_step) else int(self._step)
-
-    def _generation_state(self) -> dict:
-        """This process's generation state that a checkpoint must carry (empty: none): the
-        lagged weight snapshots (``staleness``), and TRL's buffered generation batch with its
-        token counts when the checkpoint falls between two generations (``num_iterations > 1``)."""
-        state: dict = {}
-        if self.staleness > 0:
-            state["lag_snapshots"] = {int(k): v for k, v in self._lag_snapshots.items()}
-        generate_every = self.args.steps_per_generation * self.num_iterations
-        if self.micro_step_at_checkpoint() % generate_every and self._buffered_inputs is not None:
-            state["buffered_inputs"] = self._buffered_inputs
-            state["normalisers"] = {k: list(v) for k, v in (self._mixrl_normalisers or {}).items()}
-        return state
-
-    def _load_generation_state(self, checkpoint: str) -> None:
-        path = os.path.join(checkpoint, GENERATION_FILE.format(rank=self.accelerator.process_index))
-        if not os.path.exists(path):
-            if self.staleness > 0 and int(self.state.global_step) > 0:
-                from mixrl.errors import ConfigError
-
-                raise ConfigError(f"resume: {path} is missing (the lagged weights of trainer.staleness); resume with the "
-                                  "same hardware.num_processes, or start a new run")
-            return
-        state = torch.load(path, weights_only=True, map_location="cpu")
-        if "lag_snapshots" in state:
-            self._lag_snapshots = {int(k): v for k, v in state["lag_snapshots"].items()}
-        if "buffered_inputs" in state:
-            device = self.accelerator.device
-            self._buffered_inputs = [{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in b.items()}
-                                     for b in state["buffered_inputs"]]
-            self._mixrl_normalisers = {k: tuple(v) for k, v in state["normalisers"].items()}
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint:
-            from mixrl.trainer.resume import load_micro_step
-
-            self._step = load_micro_step(checkpoint, default=int(self.state.global_step) * int(self.args.gradient_accumulation_steps))
-            self._load_generation_state(checkpoint)
-        path = os.path.join(checkpoint, STATE_FILE) if checkpoint else None
-        if path and os.path.exists(path):
-            with open(path) as f:
-                state = json.load(f)
-            if self.controller is not None and state.get("controller") is not None:
-                self.controller.load_state_dict(state["controller"])
-            for inj, s in zip(self.injections, state.get("injections") or []):
-                if isinstance(s, dict) and "state_file" in s:
-                    path = os.path.join(checkpoint, f"{s['state_file']}_rank{self.accelerator.process_index}.pt")
-                    if not os.path.exists(path):
-                        from mixrl.errors import ConfigError
-
-                        raise ConfigError(
-                            f"resume: {path} is missing (the checkpoint was saved by fewer processes); resume with "
-                            "the same hardware.num_processes")
-                    s = torch.load(path, weights_only=True)
-                inj.load_state_dict(s)
+        self._load_mixrl_state(checkpoint)
 
     # ------------------------------------------------------------------ loss
     def _forward_by_row_kind(self, model, inputs):

@@ -67,6 +67,7 @@ from mixrl.sources.rows import splice_prefixes
 from mixrl.trainer import engine_sync
 from mixrl.trainer.async_glue import AsyncGenerationHooks
 from mixrl.trainer.checkpoint_state import CheckpointState
+from mixrl.trainer.controller_hooks import ControllerHooks
 from mixrl.trainer.sharded_forward import ShardedForwards
 from mixrl.trainer.staleness import LaggedWeights
 from mixrl.trainer.teacher_service import _SELF, TeacherService
@@ -81,7 +82,7 @@ OVERRIDDEN = (
 )
 
 
-class MixrlGRPOTrainer(CheckpointState, AsyncGenerationHooks, TeacherService, LaggedWeights, ShardedForwards, GRPOTrainer):
+class MixrlGRPOTrainer(ControllerHooks, CheckpointState, AsyncGenerationHooks, TeacherService, LaggedWeights, ShardedForwards, GRPOTrainer):
     """GRPOTrainer whose advantage and loss come from ``mixrl.core`` registries.
 
     Extra constructor arguments:
@@ -411,35 +412,6 @@ class MixrlGRPOTrainer(CheckpointState, AsyncGenerationHooks, TeacherService, La
         totals = self.accelerator.reduce(torch.stack(stats), reduction="sum")
         t = (totals / float(self.accelerator.num_processes)).tolist()
         return {population_key(p): (t[2 * i], t[2 * i + 1]) for i, p in enumerate(pops)}
-
-    # ------------------------------------------------------------------ controllers
-    def _reduce_sum(self):
-        return (lambda t: self.accelerator.reduce(t, "sum")) if self.accelerator.num_processes > 1 else None
-
-    def _controller_step_start(self, logps, inputs) -> None:
-        """``step_start`` controllers (BAPO) decide on the first micro-batch of each step from
-        the policy term's tokens (ratios and advantages summed over processes)."""
-        c = self.controller
-        if c is None or c.when != "step_start" or self._step % self.current_gradient_accumulation_steps != 0:
-            return
-        old = inputs.get("old_per_token_logps")
-        old = logps.detach() if old is None else old
-        tokens = next((t.tokens for t in self.objective.terms if t.kind == "policy"), ("on_policy",))
-        sel = inputs["completion_mask"].bool() & prov.select(inputs["token_source"], tokens)
-        ratio = torch.exp((logps.detach() - torch.where(sel, old, logps.detach())).clamp(-20, 20))
-        c.step({"ratio": ratio, "advantages": inputs["advantages"], "mask": sel.float()}, reduce=self._reduce_sum())
-
-    def _controller_step_end(self, metrics: dict) -> None:
-        """``step_end`` controllers (EntroPIC) see the step's mean entropy after its last micro-batch."""
-        c = self.controller
-        if c is None or c.when != "step_end":
-            return
-        self._entropy_window.append(metrics.get("entropy", 0.0))
-        if self.accelerator.sync_gradients:
-            window = torch.tensor(self._entropy_window, dtype=torch.float32, device=self.accelerator.device).mean()
-            window = self.accelerator.reduce(window, "mean")
-            c.step({"entropy": float(window)})
-            self._entropy_window = []
 
     def _save_checkpoint(self, model, trial):
         """mixrl's files go into the checkpoint folder *before* TRL writes its own, so a

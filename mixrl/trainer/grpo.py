@@ -20,34 +20,23 @@ pinned by ``tests/test_trl_contract.py``):
   log-probs (``sampling_per_token_logps``) and the trainer's (``old_per_token_logps``), and
   ``engine/*`` metrics describe the mismatch once per generation batch.
 * ``_save_checkpoint`` / ``_load_optimizer_and_scheduler``: everything a resumed run needs to
-  continue exactly travels with checkpoints: controller and source state (an injection with
-  ``state_in_file``, e.g. a replay buffer, in a ``torch.save`` file of its own per process),
-  TRL's micro-batch counter ``_step`` (the injections' seeded draws read it, and TRL decides
-  from it when to generate), and per process (``mixrl_generation_rank<r>.pt``) the lagged
-  weight snapshots of ``staleness`` and, when a checkpoint falls inside a generation batch
-  (``num_iterations > 1``), TRL's buffered batch and its token counts.
+  continue exactly travels with checkpoints (:mod:`mixrl.trainer.checkpoint_state`).
 
 Per-token log-probs and entropies (policy, reference, teachers) come from TRL's fused, chunked
 LM head, which never builds the ``[tokens, V]`` logits; its tile width is fitted to the
 vocabulary (:mod:`mixrl.trainer.lm_head`).
 
-A teacher (:mod:`mixrl.sources.teacher`) is loaded here (frozen, with TRL's fused LM head at
-the run's temperature, like TRL's reference model) and used through three generic callables
-of the :class:`InjectContext` (``score_tokens``, ``generate_with``, ``rewards``); its log-probs of
-the batch's completion tokens are computed once per generation batch, under ``no_grad``, into
-``teacher_logp``.
+The trainer's other jobs live in mixins of their own, each a module under ``mixrl/trainer``
+that says what it owns (the class below lists them; their methods are reached through ``self``):
 
-``staleness = k`` (``trainer.staleness``): every generation batch is sampled by the weights
-as they were k optimizer steps earlier (CPU snapshots of the trainable parameters, swapped in
-for generation and swapped back; the first k steps use the oldest snapshot, the initial
-weights), and the rollouts' behaviour log-probs (``old_per_token_logps``) are that lagged
-policy's, from a no-grad forward under the same weights. Deterministic; one machine.
-
-``hardware.vllm_async=true`` (``async_generation = k``): the vLLM server generates the next
-batch while this one is trained on (:mod:`mixrl.trainer.async_generation`); each row records
-the version of the weights that generated it (``policy_version``) and its behaviour log-probs
-are computed under that version's weights. ``get_batch_samples`` (transformers') is wrapped so
-that the next batch's prompts can be read ahead.
+* :mod:`~mixrl.trainer.inject_services`: the :class:`~mixrl.sources.base.InjectContext` injections see.
+* :mod:`~mixrl.trainer.batch_fields`: provenance fields, normalisers, ``engine/*`` and injection metrics of a batch.
+* :mod:`~mixrl.trainer.teacher_service`: teacher models, scoring, sampling, ``teacher_logp``.
+* :mod:`~mixrl.trainer.staleness`: ``trainer.staleness = k``, the lagged weights and behaviour log-probs.
+* :mod:`~mixrl.trainer.async_glue`: ``hardware.vllm_async=true``, generation ahead on a vLLM server.
+* :mod:`~mixrl.trainer.controller_hooks`: when a controller (BAPO, EntroPIC) steps.
+* :mod:`~mixrl.trainer.checkpoint_state`: mixrl's files in a checkpoint.
+* :mod:`~mixrl.trainer.sharded_forward`: under FSDP / ZeRO-3 every process joins every policy forward.
 """
 
 from __future__ import annotations
@@ -60,8 +49,10 @@ import torch
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
+from mixrl.core import ADVANTAGES
 from mixrl.core import provenance as prov
 from mixrl.core.objective import Objective, compute_objective
+from mixrl.core.terms import term_needs
 from mixrl.sources.base import Rollouts
 from mixrl.sources.rows import splice_prefixes
 from mixrl.trainer import engine_sync
@@ -70,6 +61,7 @@ from mixrl.trainer.batch_fields import BatchFields, behaviour_is_policy, behavio
 from mixrl.trainer.checkpoint_state import CheckpointState
 from mixrl.trainer.controller_hooks import ControllerHooks
 from mixrl.trainer.inject_services import InjectionServices
+from mixrl.trainer.lm_head import fit_tile_to_vocab
 from mixrl.trainer.sharded_forward import ShardedForwards
 from mixrl.trainer.staleness import LaggedWeights
 from mixrl.trainer.teacher_service import _SELF, TeacherService
@@ -130,11 +122,7 @@ class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, Checkpoi
         super().__init__(*args, **kwargs)
         self.teacher = teacher
         self._teacher_models: list = self._load_teachers(teacher) if teacher is not None else []
-        from mixrl.trainer.lm_head import fit_tile_to_vocab
-
         fit_tile_to_vocab([self.accelerator.unwrap_model(self.model), *(m for m in self._teacher_models if m is not _SELF)])
-        from mixrl.core.terms import term_needs
-
         self._teacher_tokens = tuple(sorted({p for t in objective.terms if "teacher_logp" in term_needs(t.kind) for p in t.tokens}))
         if self.async_generation:
             self._setup_async()
@@ -246,8 +234,6 @@ class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, Checkpoi
         group_ids = torch.arange(n_global, device=device) // num_generations
         policy_rows = behaviour_is_policy(sources)
         include = None if self.advantage_include_offpolicy else policy_rows
-        from mixrl.core import ADVANTAGES
-
         advantages = ADVANTAGES.get(self.advantage_name)(rewards, group_ids, include=include, **self.advantage_params)
         advantages = torch.nan_to_num(advantages, nan=0.0)
         n_local = out["completion_ids"].shape[0]

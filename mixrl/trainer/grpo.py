@@ -20,53 +20,51 @@ pinned by ``tests/test_trl_contract.py``):
   log-probs (``sampling_per_token_logps``) and the trainer's (``old_per_token_logps``), and
   ``engine/*`` metrics describe the mismatch once per generation batch.
 * ``_save_checkpoint`` / ``_load_optimizer_and_scheduler``: everything a resumed run needs to
-  continue exactly travels with checkpoints: controller and source state (an injection with
-  ``state_in_file``, e.g. a replay buffer, in a ``torch.save`` file of its own per process),
-  TRL's micro-batch counter ``_step`` (the injections' seeded draws read it, and TRL decides
-  from it when to generate), and per process (``mixrl_generation_rank<r>.pt``) the lagged
-  weight snapshots of ``staleness`` and, when a checkpoint falls inside a generation batch
-  (``num_iterations > 1``), TRL's buffered batch and its token counts.
+  continue exactly travels with checkpoints (:mod:`mixrl.trainer.checkpoint_state`).
 
 Per-token log-probs and entropies (policy, reference, teachers) come from TRL's fused, chunked
 LM head, which never builds the ``[tokens, V]`` logits; its tile width is fitted to the
 vocabulary (:mod:`mixrl.trainer.lm_head`).
 
-A teacher (:mod:`mixrl.sources.teacher`) is loaded here (frozen, with TRL's fused LM head at
-the run's temperature, like TRL's reference model) and used through three generic callables
-of the :class:`InjectContext` (``score_tokens``, ``generate_with``, ``rewards``); its log-probs of
-the batch's completion tokens are computed once per generation batch, under ``no_grad``, into
-``teacher_logp``.
+The trainer's other jobs live in mixins of their own, each a module under ``mixrl/trainer``
+that says what it owns (the class below lists them; their methods are reached through ``self``):
 
-``staleness = k`` (``trainer.staleness``): every generation batch is sampled by the weights
-as they were k optimizer steps earlier (CPU snapshots of the trainable parameters, swapped in
-for generation and swapped back; the first k steps use the oldest snapshot, the initial
-weights), and the rollouts' behaviour log-probs (``old_per_token_logps``) are that lagged
-policy's, from a no-grad forward under the same weights. Deterministic; one machine.
-
-``hardware.vllm_async=true`` (``async_generation = k``): the vLLM server generates the next
-batch while this one is trained on (:mod:`mixrl.trainer.async_generation`); each row records
-the version of the weights that generated it (``policy_version``) and its behaviour log-probs
-are computed under that version's weights. ``get_batch_samples`` (transformers') is wrapped so
-that the next batch's prompts can be read ahead.
+* :mod:`~mixrl.trainer.inject_services`: the :class:`~mixrl.sources.base.InjectContext` injections see.
+* :mod:`~mixrl.trainer.batch_fields`: provenance fields, normalisers, ``engine/*`` and injection metrics of a batch.
+* :mod:`~mixrl.trainer.teacher_service`: teacher models, scoring, sampling, ``teacher_logp``.
+* :mod:`~mixrl.trainer.staleness`: ``trainer.staleness = k``, the lagged weights and behaviour log-probs.
+* :mod:`~mixrl.trainer.async_glue`: ``hardware.vllm_async=true``, generation ahead on a vLLM server.
+* :mod:`~mixrl.trainer.controller_hooks`: when a controller (BAPO, EntroPIC) steps.
+* :mod:`~mixrl.trainer.checkpoint_state`: mixrl's files in a checkpoint.
+* :mod:`~mixrl.trainer.sharded_forward`: under FSDP / ZeRO-3 every process joins every policy forward.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import math
 import os
-import time
 from typing import Any
 
 import torch
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
+from mixrl.core import ADVANTAGES
 from mixrl.core import provenance as prov
-from mixrl.core.objective import Objective, compute_objective, population_key
-from mixrl.sources.base import InjectContext, Rollouts
+from mixrl.core.objective import Objective, compute_objective
+from mixrl.core.terms import term_needs
+from mixrl.sources.base import Rollouts
 from mixrl.sources.rows import splice_prefixes
 from mixrl.trainer import engine_sync
+from mixrl.trainer.async_glue import AsyncGenerationHooks
+from mixrl.trainer.batch_fields import BatchFields, behaviour_is_policy, behaviour_known
+from mixrl.trainer.checkpoint_state import CheckpointState
+from mixrl.trainer.controller_hooks import ControllerHooks
+from mixrl.trainer.inject_services import InjectionServices
+from mixrl.trainer.lm_head import fit_tile_to_vocab
+from mixrl.trainer.sharded_forward import ShardedForwards
+from mixrl.trainer.staleness import LaggedWeights
+from mixrl.trainer.teacher_service import _SELF, TeacherService
 
 OVERRIDDEN = (
     "_generate_single_turn",
@@ -76,11 +74,9 @@ OVERRIDDEN = (
     "_save_checkpoint",
     "_load_optimizer_and_scheduler",
 )
-STATE_FILE = "mixrl_state.json"
-GENERATION_FILE = "mixrl_generation_rank{rank}.pt"  # per process: lag snapshots, a buffered generation batch
 
 
-class MixrlGRPOTrainer(GRPOTrainer):
+class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, CheckpointState, AsyncGenerationHooks, TeacherService, LaggedWeights, ShardedForwards, GRPOTrainer):
     """GRPOTrainer whose advantage and loss come from ``mixrl.core`` registries.
 
     Extra constructor arguments:
@@ -126,71 +122,10 @@ class MixrlGRPOTrainer(GRPOTrainer):
         super().__init__(*args, **kwargs)
         self.teacher = teacher
         self._teacher_models: list = self._load_teachers(teacher) if teacher is not None else []
-        from mixrl.trainer.lm_head import fit_tile_to_vocab
-
         fit_tile_to_vocab([self.accelerator.unwrap_model(self.model), *(m for m in self._teacher_models if m is not _SELF)])
-        from mixrl.core.terms import term_needs
-
         self._teacher_tokens = tuple(sorted({p for t in objective.terms if "teacher_logp" in term_needs(t.kind) for p in t.tokens}))
         if self.async_generation:
             self._setup_async()
-
-    def _inject_context(self) -> InjectContext:
-        return InjectContext(
-            tokenizer=self.processing_class,
-            process_index=self.accelerator.process_index,
-            num_processes=self.accelerator.num_processes,
-            num_generations=self.num_generations,
-            max_completion_length=self.max_completion_length,
-            global_step=self.state.global_step,
-            micro_step=self._step,
-            device=self.accelerator.device,
-            tokenize_prompts=lambda prompts: self._tokenize_prompts(prompts)[0],
-            gather=self.accelerator.gather,
-            generate=self._mixrl_generate,
-            score=self._mixrl_score,
-            behaviour_logps=self._mixrl_behaviour_logps,
-            log=lambda key, value: self._metrics["train"][key].append(float(value)),
-            teachers=[m for m in self._teacher_models if m is not _SELF],
-            policy=self.model,
-            rewards=self._local_rewards,
-            generate_with=self._sample,
-            score_tokens=self._score_token_lists,
-        )
-
-    # ------------------------------------------------------------------ what injections may call
-    def _mixrl_generate(self, prompt_ids: list[list[int]]):
-        """One completion per prompt, sampled by the policy (TRL's own generation path, so
-        vLLM, sampling settings and EOS handling are the rollouts'). A process with no
-        prompt skips the call unless vLLM server mode gathers prompts over processes, or the
-        policy is sharded (:meth:`_forwards_collective`): then it generates from a one-token
-        dummy prompt and drops the result, so that it joins every forward of the others."""
-        if not prompt_ids and not (self.use_vllm and getattr(self.args, "vllm_mode", "") == "server"):
-            if self._forwards_collective():
-                super()._generate_single_turn([[self._dummy_token()]], None, {}, 1)
-            return [], None
-        return super()._generate_single_turn([list(p) for p in prompt_ids], None, {}, 1)
-
-    def _mixrl_score(self, inputs: list[dict], completion_ids: list[list[int]]) -> torch.Tensor:
-        """The reward functions on local (row, completion) pairs, gathered over processes: [N_global, F]."""
-        from trl.data_utils import is_conversational
-
-        texts = self.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
-        prompts = [x["prompt"] for x in inputs]
-        if prompts and is_conversational({"prompt": prompts[0]}):
-            completions = [[{"role": "assistant", "content": t}] for t in texts]
-        else:
-            completions = texts
-        return super()._calculate_rewards(inputs, prompts, completions, completion_ids)
-
-    def _mixrl_behaviour_logps(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
-        """Per-token log-probs of ``completion_ids[i]`` after ``prompt_ids[i]`` under the policy
-        as it is now (the behaviour of a completion sampled in another context than the one
-        it is trained in). No gradient."""
-        return self._score_token_lists(_SELF, prompt_ids, completion_ids)
-
-    def _injecting(self) -> bool:
-        return bool(self.injections) and self.model.training and self._mixrl_batch_inputs is not None
 
     # ------------------------------------------------------------------ generation
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
@@ -297,10 +232,8 @@ class MixrlGRPOTrainer(GRPOTrainer):
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
         sources = self.accelerator.gather(out["row_source"])
         group_ids = torch.arange(n_global, device=device) // num_generations
-        policy_rows = _behaviour_is_policy(sources)
+        policy_rows = behaviour_is_policy(sources)
         include = None if self.advantage_include_offpolicy else policy_rows
-        from mixrl.core import ADVANTAGES
-
         advantages = ADVANTAGES.get(self.advantage_name)(rewards, group_ids, include=include, **self.advantage_params)
         advantages = torch.nan_to_num(advantages, nan=0.0)
         n_local = out["completion_ids"].shape[0]
@@ -323,7 +256,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
         if training:
             self.mixrl_rollouts += int(on.sum())
             local_on = out["row_source"] == prov.ON_POLICY
-            sampled = _behaviour_known(out["token_source"]) & out["completion_mask"].bool()  # not prefix tokens
+            sampled = behaviour_known(out["token_source"]) & out["completion_mask"].bool()  # not prefix tokens
             gen = (sampled.float().sum(dim=1) * local_on.float()).sum()
             self.mixrl_generated_tokens += int(self.accelerator.reduce(gen, reduction="sum"))
             discarded = (self._mixrl_rollouts.discarded_tokens if self._mixrl_rollouts is not None else [])
@@ -345,524 +278,18 @@ class MixrlGRPOTrainer(GRPOTrainer):
         self._mixrl_normalisers = self._global_counts(out)
         return out
 
-    def _log_engine_mismatch(self, out: dict, mode: str) -> None:
-        """``engine/*`` metrics (:func:`mixrl.core.engine_mismatch.mismatch_metrics`) of this
-        process's generation batch, on the tokens the policy sampled, when the engine reported
-        log-probs (vLLM) and TRL computed the trainer's (the correction is enabled)."""
-        engine, old = out.get("sampling_per_token_logps"), out.get("old_per_token_logps")
-        if engine is None or old is None:
-            return
-        from mixrl.core.engine_mismatch import EngineCorrection, mismatch_metrics
-
-        c = self.objective.engine_correction or EngineCorrection()
-        sampled = out["completion_mask"].bool() & _behaviour_is_policy(out["token_source"])
-        for key, value in mismatch_metrics(old, engine, sampled, mode=c.mode, c_min=c.c_min, c_max=c.c_max).items():
-            self._metrics[mode][key].append(value)
-
-    def _guided(self, n_local: int, device) -> torch.Tensor:
-        """Per global row: 0 free rollout, 1 continued from a prefix, 2 generated with a hint."""
-        r = self._mixrl_rollouts
-        local = r.guided if r is not None and len(r.guided) == n_local else [0] * n_local
-        return self.accelerator.gather(torch.tensor(local, dtype=torch.long, device=device))
-
-    def _log_injection_metrics(self, mode: str) -> None:
-        """An injection's ``metrics``: a dict it keeps, or a method returning one."""
-        for inj in self.injections:
-            metrics = getattr(inj, "metrics", None)
-            for key, value in ((metrics() if callable(metrics) else metrics) or {}).items():
-                self._metrics[mode][key].append(float(value))
-
-    # ------------------------------------------------------------------ asynchronous generation
-    def _setup_async(self) -> None:
-        """Route TRL's vLLM calls through :class:`AsyncGeneration` (server mode, one process)."""
-        from mixrl.trainer.async_generation import AsyncGeneration
-
-        vg = self.vllm_generation
-        generate, push = vg.generate, vg.sync_weights
-        self._async = AsyncGeneration(
-            generate=lambda ids, n: generate(prompts=ids, images=None, num_generations=n),
-            push=push,
-            snapshot=lambda: {n: p.detach().to("cpu", copy=True) for n, p in self._trainable().items()},
-            max_staleness=self.async_generation,
-        )
-        vg.generate = self._async_engine_generate
-        vg.sync_weights = lambda: self._async.sync(int(self.state.global_step), training=self.model.training)
-
-    def get_batch_samples(self, epoch_iterator, num_batches, device):
-        """transformers' batch fetch, through a :class:`Lookahead` of the epoch iterator in async
-        mode (the next generation batch's prompts are read ahead; the batches are the same)."""
-        if self._async is not None:
-            from mixrl.trainer.async_generation import Lookahead
-
-            if self._lookahead is None or self._lookahead.source is not epoch_iterator:
-                self._lookahead = Lookahead(epoch_iterator)
-            epoch_iterator = self._lookahead
-        return super().get_batch_samples(epoch_iterator, num_batches, device)
-
-    def _async_engine_generate(self, prompts, images, num_generations, profiler=None):
-        """``VLLMGeneration.generate`` in async mode: this batch (sent ahead when it could be),
-        then, in training, the next batch's prompts sent to the server at once."""
-        if images is not None and any(i is not None for i in images):
-            raise RuntimeError("hardware.vllm_async=true generates text prompts only")
-        training = self.model.training
-        result, _ = self._async.generate([list(p) for p in prompts], num_generations, training=training)
-        if training:
-            nxt = self._async_next_prompts()
-            if nxt is not None:
-                self._async.submit(nxt, num_generations)
-        return result
-
-    def _async_next_prompts(self) -> list[list[int]] | None:
-        """The token ids of the next generation batch's prompts (None: no further batch is trained
-        in this epoch or run). The next batch is the data loader's next one (num_iterations=1)."""
-        if self._lookahead is None or int(self.state.global_step) + 1 >= int(self.state.max_steps):
-            return None
-        batch = self._lookahead.peek(0)
-        if batch is None:
-            return None
-        return self._tokenize_prompts([x["prompt"] for x in batch])[0]
-
-    def _async_generate_and_score(self, inputs) -> tuple[dict, int]:
-        """TRL's generation and scoring in async mode: push the weights first (when the step
-        changed), then score under the weights of the version that generated the batch, so that
-        ``old_per_token_logps`` (the behaviour log-probs) are that version's."""
-        step = int(self.state.global_step)
-        if step != self._last_loaded_step:
-            self.vllm_generation.sync_weights()
-            self._last_loaded_step = step
-        expected = self._async.expected_version()
-        with self._weights_of_version(expected):
-            out = super()._generate_and_score_completions(inputs)
-            version = self._async.last_version
-            if version != expected:  # the batch in flight was for other prompts (dropped): TRL scored under other weights
-                out["old_per_token_logps"] = None
-        if out.get("old_per_token_logps") is None:
-            with self._weights_of_version(version):
-                out["old_per_token_logps"] = self._behaviour_logps(out)
-        return out, version
-
-    @contextlib.contextmanager
-    def _weights_of_version(self, version: int):
-        """The trainable weights of policy ``version`` swapped in (nothing to do for the current step)."""
-        if version == int(self.state.global_step):
-            yield
-            return
-        params = self._trainable()
-        snapshot = self._async.weights_of(version)
-        current = {n: p.detach().to("cpu", copy=True) for n, p in params.items()}
-        try:
-            with torch.no_grad():
-                for n, p in params.items():
-                    p.copy_(snapshot[n].to(p.device))
-            yield
-        finally:
-            with torch.no_grad():
-                for n, p in params.items():
-                    p.copy_(current[n].to(p.device))
-
-    def _log_async(self, out: dict, mode: str) -> None:
-        """``staleness/mean``, ``/max`` over the rows the policy sampled; how long the trainer waited
-        for the batch (``async/wait_s``), requests dropped so far (``async/dropped``)."""
-        from mixrl.trainer.async_generation import staleness_stats
-
-        versions = self.accelerator.gather(out["policy_version"]).tolist()
-        for key, value in staleness_stats(int(self.state.global_step), versions).items():
-            self._metrics[mode][key].append(value)
-        self._metrics[mode]["async/wait_s"].append(float(self._async.wait_s))
-        self._metrics[mode]["async/dropped"].append(float(self._async.dropped))
-
-    # ------------------------------------------------------------------ staleness
-    def _trainable(self) -> dict[str, torch.Tensor]:
-        model = self.accelerator.unwrap_model(self.model)
-        return {n: p for n, p in model.named_parameters() if p.requires_grad}
-
-    @contextlib.contextmanager
-    def _lagged_weights(self):
-        """Swap in the trainable weights of ``staleness`` optimizer steps ago (snapshots are
-        taken at each generation, on CPU), then restore the current ones."""
-        step = int(self.state.global_step)
-        params = self._trainable()
-        if step not in self._lag_snapshots:
-            self._lag_snapshots[step] = {n: p.detach().to("cpu", copy=True) for n, p in params.items()}
-        target = max(s for s in self._lag_snapshots if s <= max(step - self.staleness, min(self._lag_snapshots)))
-        for s in [s for s in self._lag_snapshots if s < target]:
-            del self._lag_snapshots[s]
-        self._lag_used = step - target
-        if target == step:
-            yield
-            return
-        current = {n: p.detach().to("cpu", copy=True) for n, p in params.items()}
-        try:
-            with torch.no_grad():
-                for n, p in params.items():
-                    p.copy_(self._lag_snapshots[target][n].to(p.device))
-            yield
-        finally:
-            with torch.no_grad():
-                for n, p in params.items():
-                    p.copy_(current[n].to(p.device))
-
-    def _behaviour_logps(self, out: dict) -> torch.Tensor:
-        """Per-token log-probs of the completions under the weights in place (the lagged
-        ones): the rollouts' behaviour log-probs. TRL's own value is reused when it computed it."""
-        if out.get("old_per_token_logps") is not None:
-            return out["old_per_token_logps"]
-        ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
-        att = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
-        with torch.no_grad():
-            logps, _, _ = self._get_per_token_logps_and_entropies(
-                self.model, ids, att, out["completion_ids"].size(1), batch_size=self.args.per_device_train_batch_size
-            )
-        return logps
-
-    def _add_provenance(self, out: dict) -> None:
-        """``row_source``, ``token_source`` and ``behaviour_logp`` of the local rows, from the
-        rollouts as the injections left them (all on-policy when nothing was injected)."""
-        ids = out["completion_ids"]
-        n, width = ids.shape
-        rollouts = self._mixrl_rollouts
-        if rollouts is None or len(rollouts.row_source) != n:
-            rollouts = Rollouts([[]] * n, None, [prov.ON_POLICY] * n)
-        row_source = torch.tensor(rollouts.row_source, dtype=torch.long, device=ids.device)
-        token_source = row_source.unsqueeze(1).expand(n, width).clone()
-        behaviour = torch.full((n, width), float("nan"), dtype=torch.float32, device=ids.device)
-        for i in range(n):
-            if rollouts.token_source[i] is not None:
-                t = torch.as_tensor(rollouts.token_source[i][:width], dtype=torch.long, device=ids.device)
-                token_source[i, : len(t)] = t
-            if rollouts.behaviour_logp[i] is not None:
-                b = torch.as_tensor(rollouts.behaviour_logp[i][:width], dtype=torch.float32, device=ids.device)
-                behaviour[i, : len(b)] = b
-        out["row_source"] = row_source
-        out["token_source"] = token_source
-        out["behaviour_logp"] = behaviour
-
-    def _global_counts(self, out) -> dict[str, tuple[float, float]]:
-        """Effective (tokens, rows) of each token population the objective normalises over.
-
-        DDP averages gradients over W processes and each process adds up its
-        gradient-accumulation micro-batches, so dividing local sums by N_global / W makes the
-        step's gradient that of the global mean, whatever W and the accumulation are.
-        """
-        mask = out["completion_mask"].bool()
-        stats = []
-        pops = self.objective.populations()
-        for pop in pops:
-            m = (mask & prov.select(out["token_source"], pop)).float()
-            stats += [m.sum(), (m.sum(-1) > 0).float().sum()]
-        totals = self.accelerator.reduce(torch.stack(stats), reduction="sum")
-        t = (totals / float(self.accelerator.num_processes)).tolist()
-        return {population_key(p): (t[2 * i], t[2 * i + 1]) for i, p in enumerate(pops)}
-
-    # ------------------------------------------------------------------ sharded forwards
-    def _forwards_collective(self) -> bool:
-        """Does every forward of the policy need every process? Under FSDP and DeepSpeed ZeRO-3
-        each forward gathers the sharded parameters from all processes, so a forward that one
-        process runs and another skips (the behaviour forward of hinted rows, a self-teacher
-        scoring some rows, AMPO's student scoring) leaves it waiting forever. DDP's forward is local."""
-        return self.accelerator.num_processes > 1 and (self._dist.is_fsdp or self._dist.is_zero3)
-
-    def _forward_deficit(self, mine: int) -> int:
-        """Before ``mine`` no-grad policy forwards: how many dummy ones this process must add so
-        that every process runs as many as the busiest (one all_reduce, before any of them, so
-        that the processes' collectives stay in the same order). 0 without sharding."""
-        if not self._forwards_collective():
-            return 0
-        import torch.distributed as dist
-
-        most = torch.tensor([int(mine)], dtype=torch.long, device=self.accelerator.device)
-        dist.all_reduce(most, op=dist.ReduceOp.MAX)
-        return int(most) - int(mine)
-
-    def _dummy_token(self) -> int:
-        tok = self.processing_class
-        return int(tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
-
-    def _dummy_forwards(self, n: int) -> None:
-        """``n`` no-grad forwards of the policy on one token (their output unused)."""
-        if n <= 0:
-            return
-        ids = torch.full((1, 1), self._dummy_token(), dtype=torch.long, device=self.accelerator.device)
-        with torch.no_grad():
-            for _ in range(n):
-                self.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
-
-    def _join_forwards(self, mine: int) -> None:
-        """A call site some processes skip: join the busiest process's forwards with dummy ones."""
-        self._dummy_forwards(self._forward_deficit(mine))
-
-    # ------------------------------------------------------------------ teachers
-    def _load_teachers(self, teacher) -> list:
-        """The teacher models, frozen, on their device and dtype, with TRL's fused LM head at the
-        run's temperature (as TRL prepares its reference model); ``_SELF`` stands for the policy."""
-        from transformers import AutoModelForCausalLM
-        from trl.trainer.utils import add_fused_lm_head
-
-        policy_dtype = next(self.model.parameters()).dtype
-        models = []
-        for path in teacher.paths or teacher.resolve():
-            if path == "self":
-                models.append(_SELF)
-                continue
-            dtype = policy_dtype if teacher.dtype == "auto" else getattr(torch, teacher.dtype)
-            m = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-            m.to(teacher.device or self.accelerator.device).eval()
-            m.requires_grad_(False)
-            add_fused_lm_head(m, temperature=self.temperature, cast_lm_head_to_fp32=bool(getattr(self.args, "cast_lm_head_to_fp32", False)))
-            models.append(m)
-        return models
-
-    def _score_padded(self, model, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
-        """Per-token log-probs [B, T] (float32, on the policy's device) of the completions under
-        ``model`` (``_SELF``: the policy as it is now), under no_grad."""
-        from trl.models.utils import disable_gradient_checkpointing
-
-        is_policy = model is _SELF or model is self.model
-        model = self.model if model is _SELF else model
-        dev = next(model.parameters()).device
-        ids = torch.cat([prompt_ids, completion_ids], dim=1).to(dev)
-        att = torch.cat([prompt_mask, completion_mask], dim=1).to(dev)
-        batch_size = self.args.per_device_train_batch_size
-        ctx = disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs) if is_policy else contextlib.nullcontext()
-        with torch.no_grad(), ctx:
-            missing = self._forward_deficit(-(-ids.size(0) // batch_size)) if is_policy else 0
-            lp, _, _ = self._get_per_token_logps_and_entropies(model, ids, att, completion_ids.size(1), batch_size=batch_size)
-            self._dummy_forwards(missing)
-        return lp.float().to(self.accelerator.device)
-
-    def _pad(self, prompts: list[list[int]], completions: list[list[int]]):
-        pad = self.processing_class.pad_token_id
-        dev = self.accelerator.device
-        pw, cw = max(len(p) for p in prompts), max(max(len(c) for c in completions), 1)
-        p_ids = torch.full((len(prompts), pw), pad, dtype=torch.long, device=dev)
-        p_mask = torch.zeros_like(p_ids)
-        c_ids = torch.full((len(completions), cw), pad, dtype=torch.long, device=dev)
-        c_mask = torch.zeros_like(c_ids)
-        for i, (p, c) in enumerate(zip(prompts, completions)):
-            if p:
-                p_ids[i, pw - len(p):] = torch.as_tensor(p, device=dev)
-                p_mask[i, pw - len(p):] = 1
-            if c:
-                c_ids[i, : len(c)] = torch.as_tensor(c, device=dev)
-                c_mask[i, : len(c)] = 1
-        return p_ids, p_mask, c_ids, c_mask
-
-    def _score_token_lists(self, model, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
-        """``InjectContext.score_tokens``: per-token log-probs of each completion under ``model``.
-        Under sharding, a call for the policy with nothing to score still joins the others' forwards."""
-        if not completion_ids:
-            if model is _SELF or model is self.model:
-                self._join_forwards(0)
-            return []
-        lp = self._score_padded(model, *self._pad(prompt_ids, completion_ids))
-        return [lp[i, : len(c)].tolist() for i, c in enumerate(completion_ids)]
-
-    def _sample(self, model, prompt_ids: list[int], n: int) -> list[list[int]]:
-        """``InjectContext.generate_with``: ``n`` sampled completions of one prompt (eos included),
-        at the run's temperature and top_p, at most ``max_completion_length`` tokens."""
-        dev = next(model.parameters()).device
-        ids = torch.as_tensor([prompt_ids] * n, dtype=torch.long, device=dev)
-        eos, pad = self.processing_class.eos_token_id, self.processing_class.pad_token_id
-        with torch.no_grad():
-            out = model.generate(
-                input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=self.temperature,
-                top_p=float(self.args.top_p), top_k=0, max_new_tokens=self.max_completion_length,
-                pad_token_id=pad, eos_token_id=eos,
-            )
-        result = []
-        for row in out[:, ids.size(1):].tolist():
-            cut = row.index(eos) + 1 if eos in row else len(row)
-            result.append(row[:cut])
-        return result
-
-    def _local_rewards(self, rows: list[dict], completion_ids: list[list[int]]) -> torch.Tensor:
-        """``InjectContext.rewards``: the weighted reward of each (row, completion) on this
-        process, without gathering (rule-based reward functions only)."""
-        from trl.data_utils import is_conversational
-
-        if not rows:
-            return torch.zeros(0, device=self.accelerator.device)
-        texts = self.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
-        prompts = [r["prompt"] for r in rows]
-        completions = [[{"role": "assistant", "content": t}] for t in texts] if is_conversational(rows[0]) else texts
-        keys = [k for k in rows[0] if k not in ("prompt", "completion", "completion_ids")]
-        kwargs = {k: [r.get(k) for r in rows] for k in keys}
-        kwargs.update(trainer_state=self.state, log_extra=lambda *a, **k: None, log_metric=lambda *a, **k: None)
-        per_func = torch.zeros(len(rows), len(self.reward_funcs), device=self.accelerator.device)
-        for i, fn in enumerate(self.reward_funcs):
-            if isinstance(fn, torch.nn.Module):
-                from mixrl.errors import ConfigError
-
-                raise ConfigError("teacher completions are checked with the run's reward functions, which must be rule-based "
-                                  "functions (not reward models)")
-            values = fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **kwargs)
-            per_func[:, i] = torch.tensor([math.nan if v is None else float(v) for v in values], device=per_func.device)
-        return (per_func * self.reward_weights.to(per_func.device).unsqueeze(0)).nansum(dim=1)
-
-    def _teacher_logps(self, out: dict, inputs: list[dict], mode: str) -> torch.Tensor:
-        """``teacher_logp`` [B, T]: the teacher's log-prob of every completion token of the rows a
-        teacher term trains on (NaN elsewhere and where no privileged context exists), once per
-        generation batch, under no_grad. A privileged teacher (OPSD) reads each row's prompt
-        with its context inserted; rows an injection appended (no training row) get none."""
-        t0 = time.perf_counter()
-        mask = out["completion_mask"].bool()
-        result = torch.full(mask.shape, float("nan"), dtype=torch.float32, device=mask.device)
-        rows = torch.nonzero((mask & prov.select(out["token_source"], self._teacher_tokens)).any(-1)).squeeze(1)
-        teacher = self.teacher
-        if teacher.privileged is not None and rows.numel():
-            prompts = [teacher.teacher_prompt(inputs[i]) if i < len(inputs) else None for i in rows.tolist()]
-            keep = [k for k, p in enumerate(prompts) if p is not None]
-            rows = rows[keep]
-        if rows.numel():
-            width = int(mask[rows].sum(-1).max().clamp(min=1))
-            c_ids, c_mask = out["completion_ids"][rows, :width], out["completion_mask"][rows, :width]
-            if teacher.privileged is not None:
-                p_list = self._tokenize_prompts([prompts[k] for k in keep])[0]
-                p_ids, p_mask, _, _ = self._pad(p_list, [[0]] * len(p_list))
-            else:
-                p_ids, p_mask = out["prompt_ids"][rows], out["prompt_mask"][rows]
-            from mixrl.sources.teacher import combine_logps
-
-            lp = combine_logps([self._score_padded(m, p_ids, p_mask, c_ids, c_mask) for m in self._teacher_models], teacher.combine)
-            block = torch.where(c_mask.bool(), lp, torch.full_like(lp, float("nan")))
-            result[rows, :width] = block
-            scored = c_mask.bool()
-            self._metrics[mode]["teacher/logp"].append(float(lp[scored].mean()) if scored.any() else float("nan"))
-            old = out.get("old_per_token_logps")
-            if old is not None:
-                self._metrics[mode]["teacher/kl_k1"].append(float((old[rows, :width] - lp)[scored].mean()))
-        elif _SELF in self._teacher_models:  # no row to score here: join the other processes' forwards
-            self._join_forwards(0)
-        self._metrics[mode]["teacher/scored_tokens"].append(float(self.accelerator.reduce(
-            torch.tensor(float((~result.isnan()).sum()), device=mask.device), reduction="sum")))
-        self._metrics[mode]["teacher/seconds"].append(time.perf_counter() - t0)
-        return result
-
-    # ------------------------------------------------------------------ controllers
-    def _reduce_sum(self):
-        return (lambda t: self.accelerator.reduce(t, "sum")) if self.accelerator.num_processes > 1 else None
-
-    def _controller_step_start(self, logps, inputs) -> None:
-        """``step_start`` controllers (BAPO) decide on the first micro-batch of each step from
-        the policy term's tokens (ratios and advantages summed over processes)."""
-        c = self.controller
-        if c is None or c.when != "step_start" or self._step % self.current_gradient_accumulation_steps != 0:
-            return
-        old = inputs.get("old_per_token_logps")
-        old = logps.detach() if old is None else old
-        tokens = next((t.tokens for t in self.objective.terms if t.kind == "policy"), ("on_policy",))
-        sel = inputs["completion_mask"].bool() & prov.select(inputs["token_source"], tokens)
-        ratio = torch.exp((logps.detach() - torch.where(sel, old, logps.detach())).clamp(-20, 20))
-        c.step({"ratio": ratio, "advantages": inputs["advantages"], "mask": sel.float()}, reduce=self._reduce_sum())
-
-    def _controller_step_end(self, metrics: dict) -> None:
-        """``step_end`` controllers (EntroPIC) see the step's mean entropy after its last micro-batch."""
-        c = self.controller
-        if c is None or c.when != "step_end":
-            return
-        self._entropy_window.append(metrics.get("entropy", 0.0))
-        if self.accelerator.sync_gradients:
-            window = torch.tensor(self._entropy_window, dtype=torch.float32, device=self.accelerator.device).mean()
-            window = self.accelerator.reduce(window, "mean")
-            c.step({"entropy": float(window)})
-            self._entropy_window = []
-
     def _save_checkpoint(self, model, trial):
         """mixrl's files go into the checkpoint folder *before* TRL writes its own, so a
         checkpoint that looks complete (``trainer_state.json`` is written last) has them even
         when the run is killed right after it: the rollout counters, the controller's and the
         injections' state (an injection with ``state_in_file``: one torch.save file per process)."""
-        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-
-        from mixrl.trainer.resume import save_run_state
-
         folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-        generation = self._generation_state()
-        if generation:  # every process saves its own
-            os.makedirs(folder, exist_ok=True)
-            torch.save(generation, os.path.join(folder, GENERATION_FILE.format(rank=self.accelerator.process_index)))
-        if self.args.should_save:
-            os.makedirs(folder, exist_ok=True)
-            save_run_state(self, folder)
-            if self.controller is not None or self.injections:
-                state = {
-                    "controller": self.controller.state_dict() if self.controller is not None else None,
-                    "injections": [{"state_file": f"mixrl_injection{i}"} if inj.state_in_file else inj.state_dict()
-                                   for i, inj in enumerate(self.injections)],
-                }
-                with open(os.path.join(folder, STATE_FILE), "w") as f:
-                    json.dump(state, f)
-        if any(inj.state_in_file for inj in self.injections):  # every process saves its own (its buffer)
-            os.makedirs(folder, exist_ok=True)
-            rank = self.accelerator.process_index
-            for i, inj in enumerate(self.injections):
-                if inj.state_in_file:
-                    torch.save(inj.state_dict(), os.path.join(folder, f"mixrl_injection{i}_rank{rank}.pt"))
+        self._save_mixrl_state(folder)
         super()._save_checkpoint(model, trial)
-
-    def micro_step_at_checkpoint(self) -> int:
-        """TRL's micro-batch counter ``_step`` as of the end of optimizer step ``global_step``
-        (what a run resumed from a checkpoint of this step must continue from). A checkpoint
-        written inside the next step (the divergence guard saves before the optimizer step)
-        gives the value at that step's start."""
-        step, begin = self._mixrl_step_begin
-        return begin if step == int(self.state.global_step) else int(self._step)
-
-    def _generation_state(self) -> dict:
-        """This process's generation state that a checkpoint must carry (empty: none): the
-        lagged weight snapshots (``staleness``), and TRL's buffered generation batch with its
-        token counts when the checkpoint falls between two generations (``num_iterations > 1``)."""
-        state: dict = {}
-        if self.staleness > 0:
-            state["lag_snapshots"] = {int(k): v for k, v in self._lag_snapshots.items()}
-        generate_every = self.args.steps_per_generation * self.num_iterations
-        if self.micro_step_at_checkpoint() % generate_every and self._buffered_inputs is not None:
-            state["buffered_inputs"] = self._buffered_inputs
-            state["normalisers"] = {k: list(v) for k, v in (self._mixrl_normalisers or {}).items()}
-        return state
-
-    def _load_generation_state(self, checkpoint: str) -> None:
-        path = os.path.join(checkpoint, GENERATION_FILE.format(rank=self.accelerator.process_index))
-        if not os.path.exists(path):
-            if self.staleness > 0 and int(self.state.global_step) > 0:
-                from mixrl.errors import ConfigError
-
-                raise ConfigError(f"resume: {path} is missing (the lagged weights of trainer.staleness); resume with the "
-                                  "same hardware.num_processes, or start a new run")
-            return
-        state = torch.load(path, weights_only=True, map_location="cpu")
-        if "lag_snapshots" in state:
-            self._lag_snapshots = {int(k): v for k, v in state["lag_snapshots"].items()}
-        if "buffered_inputs" in state:
-            device = self.accelerator.device
-            self._buffered_inputs = [{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in b.items()}
-                                     for b in state["buffered_inputs"]]
-            self._mixrl_normalisers = {k: tuple(v) for k, v in state["normalisers"].items()}
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint:
-            from mixrl.trainer.resume import load_micro_step
-
-            self._step = load_micro_step(checkpoint, default=int(self.state.global_step) * int(self.args.gradient_accumulation_steps))
-            self._load_generation_state(checkpoint)
-        path = os.path.join(checkpoint, STATE_FILE) if checkpoint else None
-        if path and os.path.exists(path):
-            with open(path) as f:
-                state = json.load(f)
-            if self.controller is not None and state.get("controller") is not None:
-                self.controller.load_state_dict(state["controller"])
-            for inj, s in zip(self.injections, state.get("injections") or []):
-                if isinstance(s, dict) and "state_file" in s:
-                    path = os.path.join(checkpoint, f"{s['state_file']}_rank{self.accelerator.process_index}.pt")
-                    if not os.path.exists(path):
-                        from mixrl.errors import ConfigError
-
-                        raise ConfigError(
-                            f"resume: {path} is missing (the checkpoint was saved by fewer processes); resume with "
-                            "the same hardware.num_processes")
-                    s = torch.load(path, weights_only=True)
-                inj.load_state_dict(s)
+        self._load_mixrl_state(checkpoint)
 
     # ------------------------------------------------------------------ loss
     def _forward_by_row_kind(self, model, inputs):
@@ -947,19 +374,3 @@ class MixrlGRPOTrainer(GRPOTrainer):
         for key, value in metrics.items():
             self._metrics[mode][key].append(value * parts if key.startswith("loss/") else value)
         return loss
-
-
-def _behaviour_known(token_source: torch.Tensor) -> torch.Tensor:
-    """Tokens some policy sampled (behaviour ``policy`` or ``stored``), not written ones."""
-    codes = [prov.code(n) for n in prov.provenance_names() if prov.provenance(n).behaviour != "unknown"]
-    return torch.isin(token_source, torch.tensor(codes, dtype=token_source.dtype, device=token_source.device))
-
-
-_SELF = object()  # stands for the policy in the list of teacher models (OPSD's self-teacher)
-
-
-
-def _behaviour_is_policy(row_source: torch.Tensor) -> torch.Tensor:
-    """Rows whose provenance was sampled by the policy (they form the groups' statistics)."""
-    policy_codes = [prov.code(n) for n in prov.provenance_names() if prov.provenance(n).behaviour == "policy"]
-    return torch.isin(row_source, torch.tensor(policy_codes, dtype=row_source.dtype, device=row_source.device))

@@ -151,11 +151,8 @@ def test_a_sharded_policy_gets_one_forward_per_micro_batch(tiny_model_path, tmp_
 
     cfg = compose_config(["algo=chord", f"model.path={tiny_model_path}", f"run_dir={tmp_path / 'run'}", "trainer.save_steps=0",
                           "logger.progress=false", "hardware.torch_threads=1", "trainer.eval_size=0", "data.train_size=16"])
-    path = build.resolve_model_path(cfg, progress=False)
-    tok = build.load_tokenizer(path, cfg)
-    funcs, weights = build.build_reward_funcs(cfg)
-    trainer = build.build_trainer(cfg, model_path=path, tokenizer=tok, train_ds=build.load_train_rows(cfg),
-                                  reward_funcs=funcs, reward_weights=weights, run_dir=tmp_path / "run", callbacks=[])
+    trainer = build.trainer_from_config(cfg)
+    tok = trainer.processing_class
     g = torch.Generator().manual_seed(0)
     ids = lambda *shape: torch.randint(3, len(tok), shape, generator=g)  # noqa: E731
     c_mask = torch.ones(4, 6, dtype=torch.long)

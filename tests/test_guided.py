@@ -226,11 +226,7 @@ def _trainer(overrides, model_path, tmp_path):
 
     cfg = compose_config([*overrides, f"model.path={model_path}", f"run_dir={tmp_path / 'run'}", "trainer.save_steps=0"])
     torch.manual_seed(0)
-    path = build.resolve_model_path(cfg, progress=False)
-    tok = build.load_tokenizer(path, cfg)
-    reward_funcs, weights = build.build_reward_funcs(cfg)
-    trainer = build.build_trainer(cfg, model_path=path, tokenizer=tok, train_ds=build.load_train_rows(cfg),
-                                  reward_funcs=reward_funcs, reward_weights=weights, run_dir=tmp_path / "run", callbacks=[])
+    trainer = build.trainer_from_config(cfg)
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = trainer.args.gradient_accumulation_steps  # set by Trainer.train()
     return trainer

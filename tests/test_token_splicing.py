@@ -93,11 +93,7 @@ def _trainer(bpe, overrides, tmp_path):
                           f"data.system_prompt='{tiny_bpe.SYSTEM_PROMPT}'", "data.expert_column=solution",
                           f"run_dir={tmp_path / 'run'}"])
     torch.manual_seed(0)
-    path = build.resolve_model_path(cfg, progress=False)
-    tok = build.load_tokenizer(path, cfg)
-    reward_funcs, weights = build.build_reward_funcs(cfg)
-    trainer = build.build_trainer(cfg, model_path=path, tokenizer=tok, train_ds=build.load_train_rows(cfg),
-                                  reward_funcs=reward_funcs, reward_weights=weights, run_dir=tmp_path / "run", callbacks=[])
+    trainer = build.trainer_from_config(cfg)
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = trainer.args.gradient_accumulation_steps  # set by Trainer.train()
     return trainer

@@ -263,6 +263,17 @@ def peft_config(cfg: DictConfig):
     )
 
 
+def trainer_from_config(cfg: DictConfig, *, callbacks: list | None = None):
+    """:func:`build_trainer` with everything else taken from ``cfg`` too: the model resolved, its
+    tokenizer, the training rows and the reward functions (no input checks and no run directory
+    set-up: :func:`mixrl.trainer.run.train` does those first). For tests and tools that need the
+    trainer ``mixrl train`` would build."""
+    path = resolve_model_path(cfg, progress=False)
+    reward_funcs, weights = build_reward_funcs(cfg)
+    return build_trainer(cfg, model_path=path, tokenizer=load_tokenizer(path, cfg), train_ds=load_train_rows(cfg),
+                         reward_funcs=reward_funcs, reward_weights=weights, run_dir=Path(cfg.run_dir), callbacks=callbacks or [])
+
+
 def build_trainer(cfg: DictConfig, *, model_path: str, tokenizer, train_ds, reward_funcs: list, reward_weights: list,
                   run_dir: Path, callbacks: list, geom: Geometry | None = None, **arg_overrides):
     """The ``MixrlGRPOTrainer`` for a config: TRL arguments, source and injection, objective,

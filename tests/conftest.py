@@ -4,6 +4,7 @@ steps into a per-session cache so that training smoke tests take seconds."""
 from __future__ import annotations
 
 import os
+import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -81,3 +82,19 @@ def tiny_bpe_model_path(tmp_path_factory) -> str:
 def fast_overrides(tiny_model_path, tmp_path) -> list[str]:
     """FAST plus the test model and a fresh run directory."""
     return [*FAST, f"model.path={tiny_model_path}", f"run_dir={tmp_path / 'run'}"]
+
+
+def sigkill_once_written(json_file: Path, proc, poll_s: float = 0.005) -> None:
+    """SIGKILL ``proc`` as soon as ``json_file`` holds complete JSON (or when ``proc`` ends). A
+    checkpoint's ``trainer_state.json`` is written last, so this kills right after a complete
+    checkpoint; waiting only for the file to *exist* could kill while it is still empty."""
+    import json
+    import signal
+
+    while proc.poll() is None:
+        try:
+            json.loads(json_file.read_text())
+            break
+        except (OSError, ValueError):
+            time.sleep(poll_s)
+    proc.send_signal(signal.SIGKILL)

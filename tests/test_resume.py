@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import sigkill_once_written
 from typer.testing import CliRunner
 
 from mixrl.cli.main import app
@@ -76,12 +77,7 @@ def test_sigkill_after_checkpoint_then_resume_matches_uninterrupted_run(fast_ove
     killed = _cli(_overrides(fast_overrides, tmp_path / "killed", *steps))
     ckpt = tmp_path / "killed" / "trainer" / "checkpoint-2" / "trainer_state.json"
 
-    def kill_after_checkpoint():
-        while not ckpt.exists() and killed.poll() is None:
-            time.sleep(0.01)
-        killed.send_signal(signal.SIGKILL)
-
-    watcher = threading.Thread(target=kill_after_checkpoint)
+    watcher = threading.Thread(target=sigkill_once_written, args=(ckpt, killed))
     watcher.start()
     full = runner.invoke(app, ["train", *_overrides(fast_overrides, tmp_path / "full", *steps)])  # meanwhile
     watcher.join()

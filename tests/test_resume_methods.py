@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import sigkill_once_written
 import torch
 from typer.testing import CliRunner
 
@@ -130,12 +131,7 @@ def test_chord_killed_with_sigkill_then_resumed_ends_with_identical_weights(fast
                               env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     ckpt = tmp_path / "killed" / "trainer" / "checkpoint-2" / "trainer_state.json"
 
-    def kill_after_checkpoint():
-        while not ckpt.exists() and killed.poll() is None:
-            time.sleep(0.005)
-        killed.send_signal(signal.SIGKILL)
-
-    watcher = threading.Thread(target=kill_after_checkpoint)
+    watcher = threading.Thread(target=sigkill_once_written, args=(ckpt, killed))
     watcher.start()
     full = runner.invoke(app, _args(fast_overrides, tmp_path / "full", extra))  # meanwhile
     watcher.join()

@@ -13,7 +13,7 @@ import yaml
 from typer.testing import CliRunner
 
 from mixrl.cli.main import app
-from mixrl.compare import compare, find_runs, load_run, mean_std
+from mixrl.experiments.compare import compare, find_runs, load_run, mean_std
 
 runner = CliRunner()
 

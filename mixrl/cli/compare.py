@@ -1,4 +1,4 @@
-"""``mixrl compare`` and ``mixrl eval`` (logic in :mod:`mixrl.compare` and
+"""``mixrl compare`` and ``mixrl eval`` (logic in :mod:`mixrl.experiments.compare` and
 :mod:`mixrl.trainer.periodic_eval`).
 
 Registered in ``mixrl.cli.main`` with ``app.command("compare")(compare)`` and
@@ -42,8 +42,8 @@ def compare(
     plots: bool = typer.Option(True, "--plots/--no-plots", help="Write PNG plots (needs matplotlib)."),
 ):
     """Compare runs by method: held-out accuracy (mean ± std over seeds), rollouts to a target, plots."""
-    from mixrl.compare import compare as run_compare
-    from mixrl.compare import table_cells, table_header
+    from mixrl.experiments.compare import compare as run_compare
+    from mixrl.experiments.compare import table_cells, table_header
 
     out, _ = _consoles()
     result = run_compare(run_dirs, out_dir, metric=metric, target=target, by=list(by or []), band=band, plots=plots)

@@ -9,7 +9,7 @@ A suite file holds::
     methods: {label: recipe, ...}
     overrides: [key=value, ...]   # applied to every run
     compare: {metric: accuracy, target: 0.3}
-    claims: [...]            # see mixrl.claims; method / baseline are labels of `methods`
+    claims: [...]            # see mixrl.experiments.claims; method / baseline are labels of `methods`
     notes: free text for the README (optional)
 
 :func:`load_suite` reads and checks one (one-line :class:`ConfigError` on a mistake);
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from mixrl.claims import Claim, parse_claim
+from mixrl.experiments.claims import Claim, parse_claim
 from mixrl.errors import ConfigError, did_you_mean
 
 _KEYS = {"name", "title", "seeds", "jobs", "methods", "overrides", "compare", "claims", "notes"}

@@ -23,7 +23,7 @@ Runs are grouped by method: the recipe name when the run used one, else ``algo``
 * held-out pass@k by level: greedy accuracy and pass@k (``trainer.eval_samples``) before and
   after training, per level, mean ± std over runs;
 * claims (``claims=``, e.g. from a suite): per claim a verdict from a stated test over the
-  seeds (:mod:`mixrl.claims`, :mod:`mixrl.stats`).
+  seeds (:mod:`mixrl.experiments.claims`, :mod:`mixrl.experiments.stats`).
 
 Everything here is pure Python over the files (no torch import); plots need matplotlib.
 """
@@ -390,7 +390,7 @@ def by_level(rows: list[MethodRow]) -> list[dict]:
     """Held-out greedy accuracy and pass@k per level (and over all levels), before and after
     training: per method and level, for each measure present in ``eval_after``, the mean of
     the evaluations before training and the mean, std and 95% t-interval after, over runs."""
-    from mixrl.stats import mean_ci
+    from mixrl.experiments.stats import mean_ci
 
     out = []
     for row in rows:
@@ -522,7 +522,7 @@ def render_markdown(rows: list[MethodRow], metric: str, target: float, plots: di
                 "estimator from `trainer.eval_samples` samples per problem (\"Evaluating Large Language Models Trained on Code\", "
                 "Chen et al. 2021).", "", level_table, ""]
     if claims:
-        from mixrl.claims import render_claims
+        from mixrl.experiments.claims import render_claims
 
         out += ["## Claims", "",
                 "Each claim compares the per-seed values of two methods. The verdict comes from the stated test at 95%: "
@@ -665,7 +665,7 @@ def compare(paths: Sequence[str | Path], out_dir: str | Path, *, metric: str = "
     rows = summarize(groups, metric, target)
     judged = []
     if claims:
-        from mixrl.claims import judge_claims
+        from mixrl.experiments.claims import judge_claims
 
         judged = judge_claims(list(claims), groups)
     levels = by_level(rows)

@@ -1,6 +1,6 @@
 """``mixrl reproduce SUITE``: run a suite's grid (recipes x seeds), compare, write a README.
 
-A suite is declared in ``conf/suites/NAME.yaml`` (:mod:`mixrl.suites`): the methods (recipes),
+A suite is declared in ``conf/suites/NAME.yaml`` (:mod:`mixrl.experiments.suites`): the methods (recipes),
 seeds, budget overrides and the papers' claims as data. Each run is a separate
 ``mixrl train`` process (``jobs`` at a time, one torch thread each when ``jobs`` > 1), at
 equal rollout budget (the same steps x prompts x generations; SFT uses none). Then
@@ -120,11 +120,11 @@ def run_grid(runs_dir: Path, recipes: Sequence[str], seeds: Sequence[int], *, jo
 
 def reproduce_suite(suite, out_dir: Path, *, seeds: int | None = None, jobs: int | None = None, extra: Sequence[str] = (),
                     log=print, plots: bool = True, only: Sequence[str] = ()) -> dict:
-    """Run ``suite`` (a name, a path or a :class:`mixrl.suites.Suite`) into ``out_dir``:
+    """Run ``suite`` (a name, a path or a :class:`mixrl.experiments.suites.Suite`) into ``out_dir``:
     ``runs/``, ``compare.md`` / ``compare.json`` / plots, ``reproduce.json`` and ``README.md``.
     ``only``: run just these method labels (a smoke run); claims about the others read "not measured"."""
-    from mixrl.compare import compare
-    from mixrl.suites import Suite, load_suite
+    from mixrl.experiments.compare import compare
+    from mixrl.experiments.suites import Suite, load_suite
 
     s = full = suite if isinstance(suite, Suite) else load_suite(suite)
     if only:
@@ -187,7 +187,7 @@ def _cpu_total(runs_dir: Path, recipes: Sequence[str], seeds: Sequence[int]) -> 
 def runs_in_folder(runs_dir: Path, suite) -> list[dict]:
     """One row per finished run under ``runs_dir`` (older runs included): label, recipe, seed,
     optimizer steps and wall seconds from its ``summary.json``."""
-    from mixrl.compare import find_runs
+    from mixrl.experiments.compare import find_runs
 
     rows = []
     for path in find_runs([runs_dir]) if Path(runs_dir).is_dir() else []:
@@ -261,7 +261,7 @@ def render_readme(suite, meta: dict, compare_md: str) -> str:
 def reproduce_toy(out_dir: Path, *, seeds: list[int], jobs: int = 2, extra: Sequence[str] = (), recipes=TOY_RECIPES,
                   log=print) -> dict:
     """The toy grid with explicit seeds and recipes (no claims); ``mixrl reproduce toy`` runs the toy suite."""
-    from mixrl.compare import compare
+    from mixrl.experiments.compare import compare
 
     out_dir = Path(out_dir)
     grid = run_grid(out_dir / "runs", recipes, seeds, jobs=jobs, extra=extra, log=log, name="toy")

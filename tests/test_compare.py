@@ -13,7 +13,9 @@ import yaml
 from typer.testing import CliRunner
 
 from mixrl.cli.main import app
-from mixrl.experiments.compare import compare, find_runs, load_run, mean_std
+from mixrl.experiments.compare import compare
+from mixrl.experiments.runs import find_runs, load_run
+from mixrl.experiments.summary import mean_std
 
 runner = CliRunner()
 

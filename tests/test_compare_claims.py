@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from mixrl.experiments.claims import parse_claim, run_value
-from mixrl.experiments.compare import compare, load_run
+from mixrl.experiments.compare import compare
+from mixrl.experiments.runs import load_run
 from mixrl.errors import ConfigError
 from mixrl.experiments.stats import AGREES, UNRESOLVED
 

@@ -43,7 +43,7 @@ def compare(
 ):
     """Compare runs by method: held-out accuracy (mean ± std over seeds), rollouts to a target, plots."""
     from mixrl.experiments.compare import compare as run_compare
-    from mixrl.experiments.compare import table_cells, table_header
+    from mixrl.experiments.report import table_cells, table_header
 
     out, _ = _consoles()
     result = run_compare(run_dirs, out_dir, metric=metric, target=target, by=list(by or []), band=band, plots=plots)

@@ -18,6 +18,8 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
+from mixrl.experiments.suites import load_suite, suite_names
+
 HEADER = "# Methods mixrl ships"
 
 
@@ -114,7 +116,6 @@ def _verdict(claim, measured: list[dict] | None) -> str:
 
 def render_methods(results_root: str | Path = "docs/results") -> str:
     from mixrl.config.compose import conf_dir, group_options
-    from mixrl.experiments.suites import load_suite, suite_names
 
     results_root = Path(results_root)
     recipes = _recipes_by_algo()

@@ -30,7 +30,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from mixrl.errors import ConfigError
+from mixrl.errors import ConfigError, did_you_mean
+from mixrl.experiments.compare import compare
+from mixrl.experiments.runs import find_runs
+from mixrl.experiments.suites import Suite, load_suite
 
 #: The toy suite's recipes (conf/suites/toy.yaml), kept for callers of reproduce_toy.
 TOY_RECIPES = (
@@ -123,13 +126,8 @@ def reproduce_suite(suite, out_dir: Path, *, seeds: int | None = None, jobs: int
     """Run ``suite`` (a name, a path or a :class:`mixrl.experiments.suites.Suite`) into ``out_dir``:
     ``runs/``, ``compare.md`` / ``compare.json`` / plots, ``reproduce.json`` and ``README.md``.
     ``only``: run just these method labels (a smoke run); claims about the others read "not measured"."""
-    from mixrl.experiments.compare import compare
-    from mixrl.experiments.suites import Suite, load_suite
-
     s = full = suite if isinstance(suite, Suite) else load_suite(suite)
     if only:
-        from mixrl.errors import did_you_mean
-
         for label in only:
             if label not in s.methods:
                 raise ConfigError(f"--only: '{label}' is not a method of suite {s.name}{did_you_mean(label, list(s.methods))}; "
@@ -187,8 +185,6 @@ def _cpu_total(runs_dir: Path, recipes: Sequence[str], seeds: Sequence[int]) -> 
 def runs_in_folder(runs_dir: Path, suite) -> list[dict]:
     """One row per finished run under ``runs_dir`` (older runs included): label, recipe, seed,
     optimizer steps and wall seconds from its ``summary.json``."""
-    from mixrl.experiments.compare import find_runs
-
     rows = []
     for path in find_runs([runs_dir]) if Path(runs_dir).is_dir() else []:
         try:
@@ -261,8 +257,6 @@ def render_readme(suite, meta: dict, compare_md: str) -> str:
 def reproduce_toy(out_dir: Path, *, seeds: list[int], jobs: int = 2, extra: Sequence[str] = (), recipes=TOY_RECIPES,
                   log=print) -> dict:
     """The toy grid with explicit seeds and recipes (no claims); ``mixrl reproduce toy`` runs the toy suite."""
-    from mixrl.experiments.compare import compare
-
     out_dir = Path(out_dir)
     grid = run_grid(out_dir / "runs", recipes, seeds, jobs=jobs, extra=extra, log=log, name="toy")
     result = compare([out_dir / "runs"], out_dir, metric="accuracy")

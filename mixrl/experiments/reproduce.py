@@ -51,7 +51,7 @@ def run_name(recipe: str, seed: int) -> str:
     return recipe.replace("/", "-") + f"-s{seed}"
 
 
-#: where a grid's runs share the evaluation of their starting model (mixrl.trainer.eval_cache)
+#: where a grid's runs share the evaluation of their starting model (mixrl.evaluation.cache)
 EVAL_CACHE = "eval_before_cache"
 
 

@@ -42,7 +42,7 @@ class PeriodicEvalCallback(TrainerCallback):
     Args:
         every: evaluate when ``global_step % every == 0`` (0 disables).
         run_dir: where ``eval.jsonl`` is appended.
-        tokenizer, rows, reward_fn: as for :func:`mixrl.trainer.evaluate.evaluate_accuracy`.
+        tokenizer, rows, reward_fn: as for :func:`mixrl.evaluation.accuracy.evaluate_accuracy`.
         trainer: the trainer, or a zero-argument callable returning it (``lambda: trainer``,
             so the callback can be built before the trainer it is passed to). Used for the
             rollout count (``mixrl_rollouts``), to log ``eval/*`` into the trainer's metrics,
@@ -111,7 +111,7 @@ class PeriodicEvalCallback(TrainerCallback):
 
     def evaluate(self, model, step: int) -> dict:
         """One evaluation (greedy accuracy, per level, pass@k) in a forked, seeded RNG state."""
-        from mixrl.trainer.evaluate import evaluate_accuracy
+        from mixrl.evaluation.accuracy import evaluate_accuracy
 
         devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
         with torch.random.fork_rng(devices=devices):
@@ -255,11 +255,11 @@ def evaluate_saved_model(model_dir: str | Path, cfg, *, progress: Callable[[int]
                          on_rows: Callable[[int], None] | None = None) -> dict:
     """Evaluate the model saved in ``model_dir`` on ``cfg``'s held-out split (``data``,
     ``trainer.eval_size``, ``trainer.eval_pass_k``, ``trainer.eval_samples``, ``reward``). Returns a JSON-ready dict
-    with the metrics of :func:`~mixrl.trainer.evaluate.evaluate_accuracy` under ``metrics``."""
+    with the metrics of :func:`~mixrl.evaluation.accuracy.evaluate_accuracy` under ``metrics``."""
     from transformers import set_seed
 
     from mixrl.trainer import build
-    from mixrl.trainer.evaluate import evaluate_accuracy
+    from mixrl.evaluation.accuracy import evaluate_accuracy
 
     path = resolve_model_dir(model_dir)
     t = cfg.trainer

@@ -217,7 +217,7 @@ def test_cli_eval_lora_run(fast_overrides, tiny_model_path, tmp_path):
     from mixrl.config.compose import compose_config
     from mixrl.trainer import build
     from mixrl.evaluation.accuracy import evaluate_accuracy
-    from mixrl.evaluation.periodic import adapter_base, load_saved_model
+    from mixrl.evaluation.saved import adapter_base, load_saved_model
 
     threads = [] if any(o.startswith("hardware.torch_threads=") for o in fast_overrides) else ["hardware.torch_threads=1"]
     res = runner.invoke(app, ["train", *fast_overrides, *threads, "model.lora.enabled=true", "trainer.learning_rate=1e-2"])

@@ -1,5 +1,5 @@
 """``mixrl compare`` and ``mixrl eval`` (logic in :mod:`mixrl.experiments.compare` and
-:mod:`mixrl.evaluation.periodic`).
+:mod:`mixrl.trainer.saved_eval`).
 
 Registered in ``mixrl.cli.main`` with ``app.command("compare")(compare)`` and
 ``app.command("eval")(eval_model)``; user errors print one line and exit 2
@@ -77,7 +77,8 @@ def eval_model(
     Given a run directory (or its model/), the run's own config.yaml (data, reward, template,
     held-out split) is used, with any overrides applied on top. Code that config names runs
     only with --trust-run-code."""
-    from mixrl.evaluation.periodic import eval_config, evaluate_saved_model, resolve_model_dir
+    from mixrl.evaluation.saved import resolve_model_dir
+    from mixrl.trainer.saved_eval import eval_config, evaluate_saved_model
 
     out, err = _consoles()
     cfg, saved = eval_config(model_dir, list(overrides or []), trust_run_code=trust_run_code)  # a bad override fails before any model is loaded

@@ -1,4 +1,4 @@
-"""Held-out evaluation during training (``trainer.eval_every``) and of a saved model (``mixrl eval``).
+"""Held-out evaluation during training (``trainer.eval_every``).
 
 :class:`PeriodicEvalCallback` runs greedy accuracy (and sampled pass@k when
 ``trainer.eval_pass_k`` > 0) on the run's fixed held-out rows every ``trainer.eval_every``
@@ -15,9 +15,6 @@ The evaluation runs inside a forked RNG state seeded by (seed, step), so sampled
 reproducible and an evaluation never changes the training trajectory: a run with
 ``eval_every`` trains exactly as the same run without it. Its time is part of the step's
 ``step_time`` (see ``eval/seconds`` in the same row).
-
-:func:`evaluate_saved_model` evaluates a saved model folder on the configured held-out split
-(the logic of ``mixrl eval``).
 """
 
 from __future__ import annotations
@@ -31,7 +28,7 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from mixrl.errors import ConfigError
+from mixrl.evaluation.accuracy import evaluate_accuracy
 
 EVAL_FILE = "eval.jsonl"
 
@@ -111,8 +108,6 @@ class PeriodicEvalCallback(TrainerCallback):
 
     def evaluate(self, model, step: int) -> dict:
         """One evaluation (greedy accuracy, per level, pass@k) in a forked, seeded RNG state."""
-        from mixrl.evaluation.accuracy import evaluate_accuracy
-
         devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(self.seed * 1_000_003 + step)
@@ -158,153 +153,3 @@ class PeriodicEvalCallback(TrainerCallback):
             logs.update(self._pending)
             self._pending = None
 
-
-# --------------------------------------------------------------------------- mixrl eval
-def resolve_model_dir(path: str | Path) -> Path:
-    """A saved model folder (a full model, or a LoRA adapter whose base model is still there);
-    a run directory stands for its ``model/`` folder."""
-    p = Path(path)
-    if not p.exists():
-        raise ConfigError(f"model directory '{p}' does not exist; give a run's model/ folder or the run directory")
-    if p.is_dir() and not _is_model(p) and _is_model(p / "model"):
-        p = p / "model"
-    if not p.is_dir() or not _is_model(p):
-        raise ConfigError(
-            f"'{p}' is not a saved model folder (no config.json, nor a LoRA adapter_config.json); "
-            "give a run's model/ folder or the run directory"
-        )
-    adapter_base(p)  # a LoRA adapter's base model must still be there
-    return p
-
-
-def _is_model(p: Path) -> bool:
-    return (p / "config.json").is_file() or (p / "adapter_config.json").is_file()
-
-
-def adapter_base(path: Path) -> str | None:
-    """The base model a LoRA adapter folder was trained on (``adapter_config.json``), or None
-    for a full model folder; raises ConfigError when that base is a local folder that is gone."""
-    if (path / "config.json").is_file() or not (path / "adapter_config.json").is_file():
-        return None
-    try:
-        base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"could not read {path / 'adapter_config.json'} ({e}); re-save the adapter") from None
-    if not base:
-        raise ConfigError(f"{path / 'adapter_config.json'} names no base model (base_model_name_or_path); set it to the base model")
-    if Path(base).is_absolute() and not Path(base).is_dir():
-        raise ConfigError(
-            f"the LoRA adapter in '{path}' was trained on the base model '{base}', which is no longer there; restore "
-            "that folder (mixrl model build-tiny rebuilds the built-in tiny model) or point base_model_name_or_path "
-            "in adapter_config.json at the base model"
-        )
-    return str(base)
-
-
-def load_saved_model(path: Path, cfg, dtype=None):
-    """The model in ``path``: a full model folder, or a LoRA adapter merged into its base model."""
-    from transformers import AutoModelForCausalLM
-
-    trust = bool(cfg.model.trust_remote_code)
-    base = adapter_base(path)
-    if base is None:
-        return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, trust_remote_code=trust)
-    from peft import PeftModel
-
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype, trust_remote_code=trust)
-    return PeftModel.from_pretrained(model, str(path)).merge_and_unload()
-
-
-def eval_config(model_dir: str | Path, overrides: list[str], *, trust_run_code: bool = False):
-    """The config ``mixrl eval`` uses: the run's own ``config.yaml`` when ``model_dir`` is a
-    run directory (or its ``model/``), with the command line's overrides applied on top
-    (``group=option`` replaces that whole section); otherwise the overrides alone.
-    Returns ``(cfg, config_path or None)``.
-
-    Code the run's config names (plugins, a reward file or module, remote model code) is
-    refused unless ``trust_run_code`` (``--trust-run-code``) or the overrides replace it
-    (:mod:`mixrl.config.trust`); with it, the run's plugins are imported before validation."""
-    from omegaconf import OmegaConf
-
-    from mixrl.config.compose import _parse, compose_config, expand_aliases, import_plugins, validate
-    from mixrl.config.schema import GROUPS
-    from mixrl.config.trust import require_trust
-
-    p = Path(model_dir)
-    saved_path = next((c / "config.yaml" for c in (p, p.parent) if (c / "config.yaml").is_file()), None)
-    if saved_path is None or overrides:
-        fresh = compose_config(list(overrides))  # a bad override fails here, before any model is loaded
-    if saved_path is None:
-        return fresh, None
-    saved = OmegaConf.load(saved_path)
-    user_keys = []
-    for ov in _parse(expand_aliases(list(overrides))):
-        key = ov.key_or_group
-        user_keys.append(key)
-        if key in GROUPS:
-            saved[key] = fresh[key]
-        else:
-            OmegaConf.update(saved, key, OmegaConf.select(fresh, key), merge=False, force_add=True)
-    require_trust(saved, saved_path.parent, trusted=trust_run_code, what=f"eval {model_dir}", user_keys=user_keys,
-                  alternative=" (or override those keys, e.g. reward=exact)")
-    import_plugins(list(saved.get("plugins") or []))  # the run's own components (trusted, or named by the user)
-    return validate(saved), saved_path
-
-
-def evaluate_saved_model(model_dir: str | Path, cfg, *, progress: Callable[[int], None] | None = None,
-                         on_rows: Callable[[int], None] | None = None) -> dict:
-    """Evaluate the model saved in ``model_dir`` on ``cfg``'s held-out split (``data``,
-    ``trainer.eval_size``, ``trainer.eval_pass_k``, ``trainer.eval_samples``, ``reward``). Returns a JSON-ready dict
-    with the metrics of :func:`~mixrl.evaluation.accuracy.evaluate_accuracy` under ``metrics``."""
-    from transformers import set_seed
-
-    from mixrl.trainer import build
-    from mixrl.evaluation.accuracy import evaluate_accuracy
-
-    path = resolve_model_dir(model_dir)
-    t = cfg.trainer
-    if int(t.eval_size) <= 0:
-        raise ConfigError("trainer.eval_size must be > 0 to evaluate (it is the number of held-out problems)")
-    device = str(cfg.hardware.device)
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("hardware.device=cuda but no CUDA device is available; use hardware=cpu")
-    if cfg.hardware.torch_threads:
-        torch.set_num_threads(int(cfg.hardware.torch_threads))
-    from mixrl.models import tiny_bpe
-    from mixrl.trainer.run import describe_heldout, heldout_rows
-
-    if tiny_bpe.is_tiny_bpe(path) and not tiny_bpe.is_tiny_bpe(cfg.model.path):  # a BPE chat model folder without its run's config
-        cfg = cfg.copy()
-        cfg.model.path = str(path)  # the built-in task then gives it chat prompts (build.builtin_system_prompt)
-    _, rows, heldout = heldout_rows(cfg)  # the same held-out rows as training used, never training rows
-    if not rows:
-        raise ConfigError(f"the held-out split of '{cfg.data.eval_source or cfg.data.source}' is empty")
-    if on_rows is not None:
-        on_rows(len(rows))
-    reward_funcs, _ = build.build_reward_funcs(cfg)
-    tokenizer = build.load_tokenizer(str(path), cfg)
-    from mixrl.config.checks import check_chat_template
-
-    check_chat_template(tokenizer, [r["prompt"] for r in rows], str(path), cfg)
-    dtype = None if cfg.model.dtype == "auto" else getattr(torch, str(cfg.model.dtype))
-    t0 = time.perf_counter()
-    model = load_saved_model(path, cfg, dtype)
-    model.to(device)
-    set_seed(int(cfg.seed))
-    metrics = evaluate_accuracy(
-        model, tokenizer, rows, reward_funcs[0], max_new_tokens=int(t.max_completion_length),
-        batch_size=int(t.eval_batch_size), pass_k=int(t.eval_pass_k),
-        samples=int(t.eval_samples), ks=[int(k) for k in t.eval_pass_at], temperature=float(t.temperature), progress=progress,
-    )
-    return {
-        "model_dir": str(path),
-        "lora_base": adapter_base(path),  # None: a full model folder
-        "data": str(cfg.data.eval_source or cfg.data.source),
-        "split": cfg.data.eval_split or ("heldout" if str(cfg.data.source).startswith("builtin:") else "test"),
-        "heldout": describe_heldout(heldout),
-        "reward": str(cfg.reward.name),
-        "max_new_tokens": int(t.max_completion_length),
-        "seed": int(cfg.seed),
-        "metrics": metrics,
-        "seconds": round(time.perf_counter() - t0, 2),
-    }

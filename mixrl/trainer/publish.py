@@ -127,7 +127,7 @@ def save_merged(model_dir: Path, cfg: DictConfig, out_dir: Path) -> Path:
     whatever the training strategy sharded) and save a plain transformers folder in ``out_dir``."""
     import torch
 
-    from mixrl.evaluation.periodic import load_saved_model
+    from mixrl.evaluation.saved import load_saved_model
 
     dtype = None if cfg.model.dtype == "auto" else getattr(torch, str(cfg.model.dtype))
     merged = load_saved_model(Path(model_dir), cfg, dtype)

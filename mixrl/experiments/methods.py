@@ -18,6 +18,8 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
+from mixrl.config.compose import compose_config, conf_dir, group_options, list_recipe_names
+from mixrl.explain.render import objective_equation
 from mixrl.experiments.suites import load_suite, suite_names
 
 HEADER = "# Methods mixrl ships"
@@ -62,9 +64,6 @@ def _first_clause(text: str) -> str:
 
 @lru_cache(maxsize=None)
 def _objective(name: str) -> str:
-    from mixrl.config.compose import compose_config
-    from mixrl.explain.render import objective_equation
-
     cfg = compose_config([f"algo={name}"])
     a = cfg.algo
     if a.stages:
@@ -77,8 +76,6 @@ def _objective(name: str) -> str:
 @lru_cache(maxsize=None)
 def _recipes_by_algo() -> dict[str, list[tuple[str, str]]]:
     """algo name -> [(recipe, its description and hardware)]."""
-    from mixrl.config.compose import compose_config, list_recipe_names
-
     out: dict[str, list[tuple[str, str]]] = {}
     for r in list_recipe_names():
         cfg = compose_config([f"recipe={r}"])
@@ -115,8 +112,6 @@ def _verdict(claim, measured: list[dict] | None) -> str:
 
 
 def render_methods(results_root: str | Path = "docs/results") -> str:
-    from mixrl.config.compose import conf_dir, group_options
-
     results_root = Path(results_root)
     recipes = _recipes_by_algo()
     suites = [load_suite(n) for n in suite_names()]

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from mixrl.config.compose import compose_config
 from mixrl.errors import ConfigError, did_you_mean
 from mixrl.experiments.compare import compare
 from mixrl.experiments.runs import find_runs
@@ -85,8 +86,6 @@ def run_grid(runs_dir: Path, recipes: Sequence[str], seeds: Sequence[int], *, jo
              log=print, name: str = "grid") -> GridResult:
     """Train every (recipe, seed) not done yet, ``jobs`` processes at a time.
     Every job's config is checked before any trains."""
-    from mixrl.config.compose import compose_config
-
     if not seeds or not recipes:
         raise ConfigError(f"mixrl reproduce {name} needs at least one seed and one recipe; use --seeds N with N >= 1")
     runs_dir = Path(runs_dir)

@@ -10,5 +10,6 @@
 * :mod:`~mixrl.experiments.reproduce`: ``mixrl reproduce SUITE`` (train the grid, compare, README);
 * :mod:`~mixrl.experiments.methods`: ``docs/methods.md`` from the shipped recipes and results.
 
-Nothing here imports torch at module level; these modules read, launch or summarise runs.
+These modules read, launch or summarise runs; ``compare`` and its parts read run folders
+without importing torch (``methods`` renders objectives, so it does).
 """

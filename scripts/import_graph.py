@@ -29,17 +29,21 @@ named packages are put, and why:
 =====  =====================================================================================
 layer  modules
 =====  =====================================================================================
-0      ``core`` (pure tensor math); ``errors`` (exception types, imported everywhere);
-       ``stats`` (statistics of result tables: pure numbers, no config)
-1      ``sources``, ``data``, ``rewards``, ``models``, ``tasks``
+0      ``core`` (pure tensor math); ``errors`` (exception types, imported everywhere)
+1      ``sources``, ``data``, ``rewards``, ``models``, ``tasks``; ``evaluation`` (a model's
+       accuracy and pass@k on held-out rows, the held-out split, the periodic callback, saved
+       model folders, the eval cache: it needs only torch/transformers and ``errors``, reads
+       configs by their fields, and is called by the trainer and by ``models`` (the built tiny
+       model's check), so it sits below ``config``; ``mixrl eval``'s glue, which needs the
+       trainer's assembly, is ``trainer.saved_eval``)
 2      ``config`` (compose and validate)
 3      ``trainer``; ``vllm_cpu``, ``vllm_file_transfer`` (the trainer's vLLM plumbing);
        ``explain`` (reads a composed config and renders its objective: a consumer of config
        and core, beside the trainer)
 4      ``launch``; ``plan`` (renders the launch command with ``launch``'s own functions, so it
-       sits beside it); the experiment modules ``compare``, ``claims``, ``suites``,
-       ``reproduce``, ``methods`` (they run, launch or read runs: the experiments package of the
-       plan; ``claims`` and ``suites`` are read by ``reproduce``)
+       sits beside it); ``experiments`` (compare, claims, stats, suites, reproduce, methods: they
+       run, launch or read runs; ``experiments.stats`` is pure numbers and imports nothing of
+       mixrl, but only ``experiments`` reads it, so it lives in that package, at its layer)
 5      ``cli``
 =====  =====================================================================================
 
@@ -58,11 +62,11 @@ from pathlib import Path
 
 #: first path component below the package -> layer (see the module docstring)
 LAYERS = {
-    "": 0, "core": 0, "errors": 0, "stats": 0,
-    "sources": 1, "data": 1, "rewards": 1, "models": 1, "tasks": 1,
+    "": 0, "core": 0, "errors": 0,
+    "sources": 1, "data": 1, "rewards": 1, "models": 1, "tasks": 1, "evaluation": 1,
     "config": 2,
     "trainer": 3, "vllm_cpu": 3, "vllm_file_transfer": 3, "explain": 3,
-    "launch": 4, "plan": 4, "compare": 4, "claims": 4, "suites": 4, "reproduce": 4, "methods": 4,
+    "launch": 4, "plan": 4, "experiments": 4,
     "cli": 5,
 }
 

@@ -13,7 +13,9 @@ import yaml
 from typer.testing import CliRunner
 
 from mixrl.cli.main import app
-from mixrl.compare import compare, find_runs, load_run, mean_std
+from mixrl.experiments.compare import compare
+from mixrl.experiments.runs import find_runs, load_run
+from mixrl.experiments.summary import mean_std
 
 runner = CliRunner()
 
@@ -197,7 +199,7 @@ def test_cli_eval_saved_model(tiny_model_path, tmp_path):
 
     from mixrl.config.compose import compose_config
     from mixrl.trainer import build
-    from mixrl.trainer.evaluate import evaluate_accuracy
+    from mixrl.evaluation.accuracy import evaluate_accuracy
 
     cfg = compose_config(["trainer.eval_size=6"])
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
@@ -214,8 +216,8 @@ def test_cli_eval_lora_run(fast_overrides, tiny_model_path, tmp_path):
 
     from mixrl.config.compose import compose_config
     from mixrl.trainer import build
-    from mixrl.trainer.evaluate import evaluate_accuracy
-    from mixrl.trainer.periodic_eval import adapter_base, load_saved_model
+    from mixrl.evaluation.accuracy import evaluate_accuracy
+    from mixrl.evaluation.saved import adapter_base, load_saved_model
 
     threads = [] if any(o.startswith("hardware.torch_threads=") for o in fast_overrides) else ["hardware.torch_threads=1"]
     res = runner.invoke(app, ["train", *fast_overrides, *threads, "model.lora.enabled=true", "trainer.learning_rate=1e-2"])
@@ -263,7 +265,7 @@ def test_periodic_eval_schedule_and_rng_isolation(tiny_model_path, tmp_path):
 
     from mixrl.config.compose import compose_config
     from mixrl.trainer import build
-    from mixrl.trainer.periodic_eval import PeriodicEvalCallback
+    from mixrl.evaluation.periodic import PeriodicEvalCallback
 
     cfg = compose_config(["trainer.eval_size=4", "trainer.eval_every=2", "trainer.eval_pass_k=2", "trainer.max_completion_length=16"])
     tok = build.load_tokenizer(tiny_model_path, cfg)

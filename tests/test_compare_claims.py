@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from mixrl.claims import parse_claim, run_value
-from mixrl.compare import compare, load_run
+from mixrl.experiments.claims import parse_claim, run_value
+from mixrl.experiments.compare import compare
+from mixrl.experiments.runs import load_run
 from mixrl.errors import ConfigError
-from mixrl.stats import AGREES, UNRESOLVED
+from mixrl.experiments.stats import AGREES, UNRESOLVED
 
 
 def make_run(path: Path, *, recipe: str, seed: int, after: dict, before: dict, evals: list[tuple[int, float]],
@@ -112,7 +113,7 @@ def _runs_to_target(root: Path, recipe: str, steps_reached: list[int | None], bu
 def test_fewer_rollouts_verdict_needs_every_run_of_the_faster_side_to_reach_the_target(tmp_path):
     """A run that never reaches the target counts at its budget (a lower bound): 'fewer
     rollouts' can only be concluded for a side whose runs all reached it."""
-    from mixrl.claims import judge_claims
+    from mixrl.experiments.claims import judge_claims
 
     claim = parse_claim({"paper": "P", "claim": "c", "method": "m", "baseline": "b", "metric": "accuracy",
                          "stat": "rollouts_to", "target": 0.3, "better": "lower"})

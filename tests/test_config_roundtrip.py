@@ -9,7 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from mixrl.config.compose import compose_config, group_options, list_recipe_names
-from mixrl.trainer.periodic_eval import eval_config
+from mixrl.trainer.saved_eval import eval_config
 from mixrl.trainer.resume import resume_config
 from mixrl.trainer.run import config_text
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mixrl.config.compose import compose_config
-from mixrl.trainer import eval_cache
+from mixrl.evaluation import cache as eval_cache
 
 ROWS = [{"prompt": "1+2=", "answer": "3"}, {"prompt": "2+2=", "answer": "4"}]
 

@@ -9,7 +9,7 @@ from datasets import Dataset
 from typer.testing import CliRunner
 
 from mixrl.cli.main import app
-from mixrl.data.heldout import separate_heldout
+from mixrl.evaluation.heldout import separate_heldout
 
 runner = CliRunner()
 

@@ -71,3 +71,17 @@ def test_the_script_runs_on_mixrl():
     assert out.startswith(f"package mixrl: {r['modules']} modules, {r['import_edges']} import edges")
     assert f"import cycles (all imports): {len(r['cycles'])}" in out
     assert f"function-level imports: {r['function_level_imports_total']} " in out
+
+
+def test_evaluation_and_experiments_packages_keep_their_layers():
+    """``mixrl.evaluation`` (layer 1) and ``mixrl.experiments`` (layer 4) are placed in LAYERS, import
+    nothing above their layer (evaluation: never config nor the trainer), and sit in no import cycle."""
+    r = import_graph.analyse(REPO / "mixrl")
+    ours = ("mixrl.evaluation", "mixrl.experiments")
+    modules = [m for m in import_graph.module_files(REPO / "mixrl") if m.startswith(ours)]
+    assert {"mixrl.evaluation.accuracy", "mixrl.evaluation.periodic", "mixrl.experiments.compare",
+            "mixrl.experiments.stats"} <= set(modules)
+    assert not [m for m in r["unplaced"] if m.startswith(ours)]
+    assert [import_graph.layer_of(m, "mixrl") for m in ("mixrl.evaluation.cache", "mixrl.experiments.runs")] == [1, 4]
+    assert not [u for u in r["upward_imports"] if u["from"].startswith(ours)]
+    assert not [c for c in r["cycles"] if any(m.startswith(ours) for m in c)]

@@ -8,17 +8,17 @@ import subprocess
 import sys
 
 from mixrl.config.compose import group_options
-from mixrl.methods import render_methods, split_header
+from mixrl.experiments.methods import render_methods, split_header
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "methods.md"
 
 
 def test_methods_doc_is_current():
-    expected = subprocess.run([sys.executable, "-m", "mixrl.methods"], capture_output=True, text=True, check=True,
+    expected = subprocess.run([sys.executable, "-m", "mixrl.experiments.methods"], capture_output=True, text=True, check=True,
                               cwd=ROOT).stdout
     assert DOC.is_file() and DOC.read_text() == expected, (
-        "docs/methods.md is out of date; regenerate it with: python -m mixrl.methods > docs/methods.md"
+        "docs/methods.md is out of date; regenerate it with: python -m mixrl.experiments.methods > docs/methods.md"
     )
 
 

@@ -7,8 +7,8 @@ from math import comb
 
 import pytest
 
-from mixrl.trainer import evaluate
-from mixrl.trainer.evaluate import evaluate_accuracy, pass_at_k, pass_at_k_ks
+from mixrl.evaluation import accuracy
+from mixrl.evaluation.accuracy import evaluate_accuracy, pass_at_k, pass_at_k_ks
 
 
 def test_pass_at_k_hand_values():
@@ -57,7 +57,7 @@ def test_evaluate_reports_pass_at_k_per_level(monkeypatch):
         assert num_return_sequences == 4
         return [sampled[p] for p in prompts]
 
-    monkeypatch.setattr(evaluate, "generate_completions", fake_generate)
+    monkeypatch.setattr(accuracy, "generate_completions", fake_generate)
 
     def reward(prompts, completions, answer, **kw):
         return [1.0 if c == a else 0.0 for c, a in zip(completions, answer)]

@@ -94,7 +94,7 @@ def test_lora_run_saves_a_merged_model_on_request(fast_overrides):
     from transformers import AutoModelForCausalLM
 
     from mixrl.config.compose import compose_config
-    from mixrl.trainer.periodic_eval import load_saved_model
+    from mixrl.evaluation.saved import load_saved_model
 
     overrides = [*fast_overrides, "model.lora.enabled=true", "model.lora.r=4", "model.lora.save_merged=true", "trainer.learning_rate=1e-2"]
     result = _train(overrides)

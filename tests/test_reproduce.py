@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mixrl.reproduce import TOY_RECIPES, job_overrides, reproduce_toy
+from mixrl.experiments.reproduce import TOY_RECIPES, job_overrides, reproduce_toy
 
 
 def test_every_toy_recipe_composes_for_every_seed(tmp_path):
@@ -48,7 +48,7 @@ def test_no_seeds_is_a_one_line_error(tmp_path):
 # --------------------------------------------------------------------------- suites
 def test_shipped_suites_load_and_compose(tmp_path):
     from mixrl.config.compose import compose_config
-    from mixrl.suites import load_suite, suite_names
+    from mixrl.experiments.suites import load_suite, suite_names
 
     assert {"toy", "hard"} <= set(suite_names())
     toy = load_suite("toy")
@@ -73,7 +73,7 @@ def test_shipped_suites_load_and_compose(tmp_path):
 ])
 def test_bad_suites_are_one_line_errors(tmp_path, text, match):
     from mixrl.errors import ConfigError
-    from mixrl.suites import load_suite
+    from mixrl.experiments.suites import load_suite
 
     p = tmp_path / "s.yaml"
     p.write_text(text)
@@ -95,7 +95,7 @@ def test_cli_reproduce_unknown_suite_or_method_exits_2(tmp_path):
 
 @pytest.mark.slow
 def test_reproduce_suite_runs_compares_and_judges(tmp_path, fast_overrides):
-    from mixrl.reproduce import reproduce_suite
+    from mixrl.experiments.reproduce import reproduce_suite
 
     suite = tmp_path / "mini.yaml"
     suite.write_text(
@@ -132,7 +132,7 @@ def test_reproduce_writes_a_fresh_folder_by_default_never_docs_results(tmp_path,
     """Without --out, `mixrl reproduce` writes under runs/reproduce/SUITE-<time>/ (committed results stay untouched)."""
     from typer.testing import CliRunner
 
-    import mixrl.reproduce
+    import mixrl.experiments.reproduce
     from mixrl.cli.main import app
 
     calls = []
@@ -144,7 +144,7 @@ def test_reproduce_writes_a_fresh_folder_by_default_never_docs_results(tmp_path,
         return {"compare": str(out_dir / "compare.md")}
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(mixrl.reproduce, "reproduce_suite", fake)
+    monkeypatch.setattr(mixrl.experiments.reproduce, "reproduce_suite", fake)
     res = CliRunner().invoke(app, ["reproduce", "toy", "--only", "grpo", "--seeds", "1"])
     assert res.exit_code == 0, res.output
     (out,) = calls
@@ -157,7 +157,7 @@ def test_reproduce_writes_a_fresh_folder_by_default_never_docs_results(tmp_path,
 def test_default_out_dir_is_stamped():
     from datetime import datetime, timezone
 
-    from mixrl.reproduce import default_out_dir
+    from mixrl.experiments.reproduce import default_out_dir
 
     when = datetime(2026, 11, 25, 9, 8, 7, tzinfo=timezone.utc)
     assert default_out_dir("hard", when) == Path("runs/reproduce/hard-20261125-090807")
@@ -171,8 +171,8 @@ def _meta(runs, now, extra=(), seeds=(0,)):
 
 
 def test_readme_describes_the_runs_in_the_folder_and_how_the_grid_is_partial():
-    from mixrl.reproduce import render_readme
-    from mixrl.suites import load_suite
+    from mixrl.experiments.reproduce import render_readme
+    from mixrl.experiments.suites import load_suite
 
     toy = load_suite("toy")
     runs = [{"run": "grpo-arith-tiny-s0", "label": "grpo", "recipe": "grpo/arith-tiny", "seed": 0, "steps": 2, "wall_seconds": 7.4},
@@ -188,8 +188,8 @@ def test_readme_describes_the_runs_in_the_folder_and_how_the_grid_is_partial():
 
 
 def test_readme_of_the_full_grid_has_no_partial_line():
-    from mixrl.reproduce import render_readme
-    from mixrl.suites import load_suite
+    from mixrl.experiments.reproduce import render_readme
+    from mixrl.experiments.suites import load_suite
 
     toy = load_suite("toy")
     runs = [{"run": f"{r.replace('/', '-')}-s{s}", "label": toy.label(r), "recipe": r, "seed": s, "steps": 60, "wall_seconds": 10}

@@ -1,4 +1,4 @@
-"""mixrl.stats: Welch's t-test, the bootstrap interval and verdicts, against hand computations."""
+"""mixrl.experiments.stats: Welch's t-test, the bootstrap interval and verdicts, against hand computations."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from mixrl.stats import AGREES, DISAGREES, UNRESOLVED, bootstrap_ci, judge, t_two_sided_p, welch
+from mixrl.experiments.stats import AGREES, DISAGREES, UNRESOLVED, bootstrap_ci, judge, t_two_sided_p, welch
 
 
 def test_t_p_value_matches_closed_forms():

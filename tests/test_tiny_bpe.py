@@ -240,7 +240,7 @@ def test_character_model_machinery_leaves_it_alone(saved, tiny_model_path):
 
 def test_mixrl_eval_gives_a_bpe_folder_chat_prompts(tiny_bpe_model_path, monkeypatch):
     """`mixrl eval FOLDER` with no run config next to it: the folder is the BPE model, so chat prompts."""
-    from mixrl.trainer import evaluate, periodic_eval
+    from mixrl.trainer import saved_eval
 
     seen = []
 
@@ -248,10 +248,10 @@ def test_mixrl_eval_gives_a_bpe_folder_chat_prompts(tiny_bpe_model_path, monkeyp
         seen.extend(r["prompt"] for r in rows)
         return {"accuracy": 0.0}
 
-    monkeypatch.setattr(evaluate, "evaluate_accuracy", fake_eval)
-    cfg, saved = periodic_eval.eval_config(tiny_bpe_model_path, ["trainer.eval_size=4", "hardware.torch_threads=1"])
+    monkeypatch.setattr(saved_eval, "evaluate_accuracy", fake_eval)
+    cfg, saved = saved_eval.eval_config(tiny_bpe_model_path, ["trainer.eval_size=4", "hardware.torch_threads=1"])
     assert saved is None and cfg.model.path == "builtin:tiny"
-    periodic_eval.evaluate_saved_model(tiny_bpe_model_path, cfg)
+    saved_eval.evaluate_saved_model(tiny_bpe_model_path, cfg)
     assert seen == [tiny_bpe.chat_messages(p["prompt"]) for p in arith.heldout_split(4)]
 
 

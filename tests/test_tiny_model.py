@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from mixrl.models import tiny  # noqa: E402
 from mixrl.tasks import arith  # noqa: E402
-from mixrl.tasks.eval import accuracy_by_level, greedy_completions  # noqa: E402
+from mixrl.evaluation.greedy import accuracy_by_level, greedy_completions  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)

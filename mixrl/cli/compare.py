@@ -1,5 +1,5 @@
-"""``mixrl compare`` and ``mixrl eval`` (logic in :mod:`mixrl.compare` and
-:mod:`mixrl.trainer.periodic_eval`).
+"""``mixrl compare`` and ``mixrl eval`` (logic in :mod:`mixrl.experiments.compare` and
+:mod:`mixrl.trainer.saved_eval`).
 
 Registered in ``mixrl.cli.main`` with ``app.command("compare")(compare)`` and
 ``app.command("eval")(eval_model)``; user errors print one line and exit 2
@@ -42,8 +42,8 @@ def compare(
     plots: bool = typer.Option(True, "--plots/--no-plots", help="Write PNG plots (needs matplotlib)."),
 ):
     """Compare runs by method: held-out accuracy (mean ± std over seeds), rollouts to a target, plots."""
-    from mixrl.compare import compare as run_compare
-    from mixrl.compare import table_cells, table_header
+    from mixrl.experiments.compare import compare as run_compare
+    from mixrl.experiments.report import table_cells, table_header
 
     out, _ = _consoles()
     result = run_compare(run_dirs, out_dir, metric=metric, target=target, by=list(by or []), band=band, plots=plots)
@@ -77,7 +77,8 @@ def eval_model(
     Given a run directory (or its model/), the run's own config.yaml (data, reward, template,
     held-out split) is used, with any overrides applied on top. Code that config names runs
     only with --trust-run-code."""
-    from mixrl.trainer.periodic_eval import eval_config, evaluate_saved_model, resolve_model_dir
+    from mixrl.evaluation.saved import resolve_model_dir
+    from mixrl.trainer.saved_eval import eval_config, evaluate_saved_model
 
     out, err = _consoles()
     cfg, saved = eval_config(model_dir, list(overrides or []), trust_run_code=trust_run_code)  # a bad override fails before any model is loaded

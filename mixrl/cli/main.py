@@ -315,8 +315,8 @@ def reproduce(
     """Run a suite: its recipes x seeds at the suite's budget, then compare them (table, plots,
     claims judged over seeds) and write a README with the command, commit and machine."""
     from mixrl.errors import ConfigError
-    from mixrl.reproduce import default_out_dir, reproduce_suite
-    from mixrl.suites import load_suite
+    from mixrl.experiments.reproduce import default_out_dir, reproduce_suite
+    from mixrl.experiments.suites import load_suite
 
     s = load_suite(suite)
     if seeds is not None and seeds < 1:
@@ -357,7 +357,7 @@ def docs_methods(
     results: Path = typer.Option(Path("docs/results"), "--results", help="Folder of suite results (<suite>/compare.json)."),
 ):
     """Regenerate docs/methods.md: every shipped method, its recipes, paper, claims and latest verdicts."""
-    from mixrl.methods import render_methods
+    from mixrl.experiments.methods import render_methods
 
     _write_page(render_methods(results), out_path)
 

@@ -207,7 +207,7 @@ def heldout_accuracy(path: Path | str, n: int = 256, levels: Sequence[int] = tup
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from mixrl.tasks.eval import accuracy_by_level
+    from mixrl.evaluation.greedy import accuracy_by_level
 
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path)

@@ -3,7 +3,7 @@
 Trackers (``logger=wandb`` / ``logger=tensorboard``): TRL's step metrics already carry mixrl's
 own (``mu``, ``accuracy``, ``reward_on_policy``, per-source ``<source>/rows``, each loss term)
 and the periodic held-out evaluation (``eval/*`` every ``trainer.eval_every`` steps, see
-:mod:`mixrl.trainer.periodic_eval`). :func:`log_heldout` adds the held-out evaluations before
+:mod:`mixrl.evaluation.periodic`). :func:`log_heldout` adds the held-out evaluations before
 and after training to the same ``eval/*`` series (accuracy, per level, pass@k), at the first
 and the last step, through the trackers' own transformers callbacks, so one curve runs from
 the starting model to the final one. :class:`HeldoutBeforeCallback` does it for the
@@ -127,7 +127,7 @@ def save_merged(model_dir: Path, cfg: DictConfig, out_dir: Path) -> Path:
     whatever the training strategy sharded) and save a plain transformers folder in ``out_dir``."""
     import torch
 
-    from mixrl.trainer.periodic_eval import load_saved_model
+    from mixrl.evaluation.saved import load_saved_model
 
     dtype = None if cfg.model.dtype == "auto" else getattr(torch, str(cfg.model.dtype))
     merged = load_saved_model(Path(model_dir), cfg, dtype)

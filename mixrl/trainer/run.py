@@ -187,7 +187,7 @@ def _set_threads(cfg: DictConfig) -> None:
 
 
 def _eval(trainer, tokenizer, rows, reward_fn, cfg, console: Console, label: str) -> dict:
-    from mixrl.trainer.evaluate import evaluate_accuracy
+    from mixrl.evaluation.accuracy import evaluate_accuracy
 
     if not rows:
         return {}
@@ -215,7 +215,7 @@ def _eval_start(trainer, tokenizer, rows, reward_fn, cfg, console: Console, mode
     cache_dir = cfg.trainer.get("eval_before_cache")
     if not cache_dir or not rows:
         return _eval(trainer, tokenizer, rows, reward_fn, cfg, console, "held-out eval (before)")
-    from mixrl.trainer import eval_cache
+    from mixrl.evaluation import cache as eval_cache
 
     key = eval_cache.cache_key(cfg, model_path, rows)
     cached = eval_cache.load(cache_dir, key)
@@ -231,7 +231,7 @@ def _eval_start(trainer, tokenizer, rows, reward_fn, cfg, console: Console, mode
 def heldout_rows(cfg: DictConfig):
     """``(train_ds, eval_rows, info)``: the training rows and held-out rows of ``cfg``, never
     sharing a prompt (see :mod:`mixrl.data.heldout` for the rule)."""
-    from mixrl.data.heldout import separate_heldout
+    from mixrl.evaluation.heldout import separate_heldout
     from mixrl.trainer import build
 
     train_ds = build.load_train_rows(cfg)
@@ -243,7 +243,7 @@ def heldout_rows(cfg: DictConfig):
 
 
 def describe_heldout(info: dict) -> str:
-    from mixrl.data.heldout import describe
+    from mixrl.evaluation.heldout import describe
 
     if info["rule"] == "builtin":
         return f"held-out: {info['n_eval']} problems of the built-in task's held-out split (disjoint from training)"
@@ -398,7 +398,7 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
     if resume_from is not None:
         start_step = checkpoint_step(resume_from)
         truncate_jsonl(run_dir / "metrics.jsonl", start_step)
-        from mixrl.trainer.periodic_eval import EVAL_FILE
+        from mixrl.evaluation.periodic import EVAL_FILE
 
         truncate_jsonl(run_dir / EVAL_FILE, start_step)
         if before is None and (run_dir / EVAL_BEFORE).is_file():
@@ -424,7 +424,7 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
 
         callbacks.append(HeldoutBeforeCallback(lambda: before, trainer=lambda: trainer))
     if cfg.trainer.eval_every > 0:  # held-out accuracy every N steps -> eval.jsonl (the lambda: trainer is built below)
-        from mixrl.trainer.periodic_eval import PeriodicEvalCallback
+        from mixrl.evaluation.periodic import PeriodicEvalCallback
         callbacks.append(PeriodicEvalCallback.from_config(cfg, run_dir, tokenizer, eval_rows, reward_funcs[0], trainer=lambda: trainer))
     trainer = build.build_trainer(
         cfg, model_path=model_path, tokenizer=tokenizer, train_ds=train_ds, reward_funcs=reward_funcs,

@@ -9,7 +9,7 @@ A suite file holds::
     methods: {label: recipe, ...}
     overrides: [key=value, ...]   # applied to every run
     compare: {metric: accuracy, target: 0.3}
-    claims: [...]            # see mixrl.claims; method / baseline are labels of `methods`
+    claims: [...]            # see mixrl.experiments.claims; method / baseline are labels of `methods`
     notes: free text for the README (optional)
 
 :func:`load_suite` reads and checks one (one-line :class:`ConfigError` on a mistake);
@@ -23,8 +23,9 @@ from pathlib import Path
 
 import yaml
 
-from mixrl.claims import Claim, parse_claim
+from mixrl.config.compose import conf_dir, list_recipe_names
 from mixrl.errors import ConfigError, did_you_mean
+from mixrl.experiments.claims import Claim, parse_claim
 
 _KEYS = {"name", "title", "seeds", "jobs", "methods", "overrides", "compare", "claims", "notes"}
 
@@ -52,8 +53,6 @@ class Suite:
 
 
 def suites_dir() -> Path:
-    from mixrl.config.compose import conf_dir
-
     return conf_dir() / "suites"
 
 
@@ -84,8 +83,6 @@ def load_suite(name_or_path: str | Path) -> Suite:
     methods = raw.get("methods")
     if not isinstance(methods, dict) or not methods:
         raise ConfigError(f"{where}: 'methods' must map labels to recipe names (grpo: grpo/arith-tiny)")
-    from mixrl.config.compose import list_recipe_names
-
     known = list_recipe_names()
     for label, recipe in methods.items():
         if recipe not in known:

@@ -1,6 +1,6 @@
 """``mixrl reproduce SUITE``: run a suite's grid (recipes x seeds), compare, write a README.
 
-A suite is declared in ``conf/suites/NAME.yaml`` (:mod:`mixrl.suites`): the methods (recipes),
+A suite is declared in ``conf/suites/NAME.yaml`` (:mod:`mixrl.experiments.suites`): the methods (recipes),
 seeds, budget overrides and the papers' claims as data. Each run is a separate
 ``mixrl train`` process (``jobs`` at a time, one torch thread each when ``jobs`` > 1), at
 equal rollout budget (the same steps x prompts x generations; SFT uses none). Then
@@ -30,7 +30,11 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from mixrl.errors import ConfigError
+from mixrl.config.compose import compose_config
+from mixrl.errors import ConfigError, did_you_mean
+from mixrl.experiments.compare import compare
+from mixrl.experiments.runs import find_runs
+from mixrl.experiments.suites import Suite, load_suite
 
 #: The toy suite's recipes (conf/suites/toy.yaml), kept for callers of reproduce_toy.
 TOY_RECIPES = (
@@ -48,7 +52,7 @@ def run_name(recipe: str, seed: int) -> str:
     return recipe.replace("/", "-") + f"-s{seed}"
 
 
-#: where a grid's runs share the evaluation of their starting model (mixrl.trainer.eval_cache)
+#: where a grid's runs share the evaluation of their starting model (mixrl.evaluation.cache)
 EVAL_CACHE = "eval_before_cache"
 
 
@@ -82,8 +86,6 @@ def run_grid(runs_dir: Path, recipes: Sequence[str], seeds: Sequence[int], *, jo
              log=print, name: str = "grid") -> GridResult:
     """Train every (recipe, seed) not done yet, ``jobs`` processes at a time.
     Every job's config is checked before any trains."""
-    from mixrl.config.compose import compose_config
-
     if not seeds or not recipes:
         raise ConfigError(f"mixrl reproduce {name} needs at least one seed and one recipe; use --seeds N with N >= 1")
     runs_dir = Path(runs_dir)
@@ -120,16 +122,11 @@ def run_grid(runs_dir: Path, recipes: Sequence[str], seeds: Sequence[int], *, jo
 
 def reproduce_suite(suite, out_dir: Path, *, seeds: int | None = None, jobs: int | None = None, extra: Sequence[str] = (),
                     log=print, plots: bool = True, only: Sequence[str] = ()) -> dict:
-    """Run ``suite`` (a name, a path or a :class:`mixrl.suites.Suite`) into ``out_dir``:
+    """Run ``suite`` (a name, a path or a :class:`mixrl.experiments.suites.Suite`) into ``out_dir``:
     ``runs/``, ``compare.md`` / ``compare.json`` / plots, ``reproduce.json`` and ``README.md``.
     ``only``: run just these method labels (a smoke run); claims about the others read "not measured"."""
-    from mixrl.compare import compare
-    from mixrl.suites import Suite, load_suite
-
     s = full = suite if isinstance(suite, Suite) else load_suite(suite)
     if only:
-        from mixrl.errors import did_you_mean
-
         for label in only:
             if label not in s.methods:
                 raise ConfigError(f"--only: '{label}' is not a method of suite {s.name}{did_you_mean(label, list(s.methods))}; "
@@ -187,8 +184,6 @@ def _cpu_total(runs_dir: Path, recipes: Sequence[str], seeds: Sequence[int]) -> 
 def runs_in_folder(runs_dir: Path, suite) -> list[dict]:
     """One row per finished run under ``runs_dir`` (older runs included): label, recipe, seed,
     optimizer steps and wall seconds from its ``summary.json``."""
-    from mixrl.compare import find_runs
-
     rows = []
     for path in find_runs([runs_dir]) if Path(runs_dir).is_dir() else []:
         try:
@@ -261,8 +256,6 @@ def render_readme(suite, meta: dict, compare_md: str) -> str:
 def reproduce_toy(out_dir: Path, *, seeds: list[int], jobs: int = 2, extra: Sequence[str] = (), recipes=TOY_RECIPES,
                   log=print) -> dict:
     """The toy grid with explicit seeds and recipes (no claims); ``mixrl reproduce toy`` runs the toy suite."""
-    from mixrl.compare import compare
-
     out_dir = Path(out_dir)
     grid = run_grid(out_dir / "runs", recipes, seeds, jobs=jobs, extra=extra, log=log, name="toy")
     result = compare([out_dir / "runs"], out_dir, metric="accuracy")

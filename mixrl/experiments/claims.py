@@ -9,14 +9,14 @@ A claim says that one method beats another on a held-out metric, e.g. (YAML, in 
       metric: accuracy/level5
       stat: final                     # final | best | drop | rollouts_to | tokens_to
       better: higher                  # higher | lower
-      test: welch                     # welch | bootstrap (mixrl.stats)
+      test: welch                     # welch | bootstrap (mixrl.experiments.stats)
       target: 0.2                     # rollouts_to / tokens_to only
 
 Per run, ``stat`` gives one number: ``final`` (after training), ``best`` (max over the
 held-out evaluations), ``drop`` (best - final, a stability measure: lower is better),
 ``rollouts_to`` / ``tokens_to`` (rollouts / generated tokens when the metric first reached
 ``target``; a run that never reaches it counts at its whole budget, a lower bound).
-:func:`judge_claims` compares the two methods' per-seed values with :func:`mixrl.stats.judge`.
+:func:`judge_claims` compares the two methods' per-seed values with :func:`mixrl.experiments.stats.judge`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mixrl.errors import ConfigError
-from mixrl.stats import AGREES, DISAGREES, TESTS, UNRESOLVED, judge
+from mixrl.experiments.stats import AGREES, DISAGREES, TESTS, UNRESOLVED, judge
 
 STATS = ("final", "best", "drop", "rollouts_to", "tokens_to")
 _FIELDS = {"paper", "claim", "method", "baseline", "metric", "stat", "better", "test", "target"}
@@ -102,7 +102,7 @@ def run_value(run, c: Claim) -> float | None:
 
 
 def judge_claims(claims: Sequence[Claim], groups: Mapping[str, Sequence[Any]]) -> list[dict]:
-    """Each claim with its per-seed values and the verdict (:func:`mixrl.stats.judge`).
+    """Each claim with its per-seed values and the verdict (:func:`mixrl.experiments.stats.judge`).
     A method without runs gives verdict ``"not measured"``."""
     out = []
     for c in claims:

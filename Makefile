@@ -49,7 +49,7 @@ tiny: install
 
 docs: install
 	$(BIN)/python -m mixrl.core.docs > docs/components.md
-	$(BIN)/python -m mixrl.methods > docs/methods.md
+	$(BIN)/python -m mixrl.experiments.methods > docs/methods.md
 
 clean:
 	rm -rf $(VENV) runs outputs multirun .pytest_cache

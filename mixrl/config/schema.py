@@ -46,7 +46,7 @@ class TrainerConfig:
     eval_pass_at: list = field(default_factory=lambda: [1, 8, 32])  # the k values reported when eval_samples > 0
     eval_sample_every: bool = True  # false: periodic evaluations (eval_every) are greedy only; sampling before/after training only
     eval_batch_size: int = 128
-    eval_before_cache: Optional[str] = None  # a folder: reuse the starting model's held-out results across runs (mixrl.trainer.eval_cache)
+    eval_before_cache: Optional[str] = None  # a folder: reuse the starting model's held-out results across runs (mixrl.evaluation.cache)
 
 
 @dataclass

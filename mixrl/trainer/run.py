@@ -210,7 +210,7 @@ def _eval(trainer, tokenizer, rows, reward_fn, cfg, console: Console, label: str
 
 def _eval_start(trainer, tokenizer, rows, reward_fn, cfg, console: Console, model_path: str) -> dict:
     """The starting model's held-out results; with ``trainer.eval_before_cache`` they are read
-    from (or stored into) that cache (:mod:`mixrl.trainer.eval_cache`). The evaluation runs in a
+    from (or stored into) that cache (:mod:`mixrl.evaluation.cache`). The evaluation runs in a
     forked RNG, so skipping it leaves training unchanged."""
     cache_dir = cfg.trainer.get("eval_before_cache")
     if not cache_dir or not rows:
@@ -230,7 +230,7 @@ def _eval_start(trainer, tokenizer, rows, reward_fn, cfg, console: Console, mode
 
 def heldout_rows(cfg: DictConfig):
     """``(train_ds, eval_rows, info)``: the training rows and held-out rows of ``cfg``, never
-    sharing a prompt (see :mod:`mixrl.data.heldout` for the rule)."""
+    sharing a prompt (see :mod:`mixrl.evaluation.heldout` for the rule)."""
     from mixrl.evaluation.heldout import separate_heldout
     from mixrl.trainer import build
 

@@ -318,12 +318,14 @@ class RunInputs:
     cpu_seconds: float = 0.0
 
 
-def prepare_inputs(cfg: DictConfig, console: Console) -> RunInputs:
+def prepare_inputs(cfg: DictConfig, console: Console, *, check: bool = True) -> RunInputs:
     """Resolve the model, load the tokenizer, the training and held-out rows and the reward
     functions, and check them together (:func:`mixrl.config.checks.check_training_data`,
     :func:`mixrl.config.checks.check_train_size`) before anything of the run is created: a
     bad data file, reward or model path fails here, with one line, and leaves no run
-    directory behind. The tiny model's extended vocabulary (a cache, not the run) is built here too."""
+    directory behind. The tiny model's extended vocabulary (a cache, not the run) is built here too.
+    ``check=False`` loads the same inputs without those checks (they only refuse, never change
+    what is loaded): :func:`trainer_from_config` for tests and tools."""
     from transformers import set_seed
 
     from mixrl.config.checks import check_train_size, check_training_data, row_texts
@@ -340,11 +342,12 @@ def prepare_inputs(cfg: DictConfig, console: Console) -> RunInputs:
         from mixrl.models.tiny_vocab import extend_tokenizer
 
         tokenizer = extend_tokenizer(tokenizer, new_chars)
-    check_training_data(cfg, tokenizer, train_ds, reward_funcs, model_path)  # before the model loads
-    check_train_size(cfg, train_ds, heldout)
+    if check:
+        check_training_data(cfg, tokenizer, train_ds, reward_funcs, model_path)  # before the model loads
+        check_train_size(cfg, train_ds, heldout)
     from mixrl.config.objective import build_teacher
 
-    teacher = build_teacher(cfg)
+    teacher = build_teacher(cfg) if check else None  # unchecked: the assembly checks the teacher as it builds it
     if teacher is not None:  # a missing teacher folder or another vocabulary fails here, not after the run directory exists
         teacher.check_builtin_teacher(tokenizer)  # before building it
         teacher.resolve(progress=bool(cfg.logger.progress))
@@ -365,8 +368,10 @@ def trainer_from_config(cfg: DictConfig, *, inputs: RunInputs | None = None, cal
     """The ``MixrlGRPOTrainer`` of a config, as ``mixrl train`` builds it: TRL arguments
     (:func:`grpo_args`), source and injection, teacher, objective, advantage and controller all
     come from ``cfg``. ``inputs``: what :func:`prepare_inputs` loaded (``mixrl train`` prepares
-    them before its run directory exists); left out, they are prepared here (same seed, threads,
-    rows and checks; ``console`` shows its notes, silent by default). ``run_dir``: where TRL
+    them before its run directory exists); left out, they are prepared here (the same seed,
+    threads, model, rows and rewards, without the data checks that only refuse: a unit test may
+    build a trainer for a config ``mixrl train`` would refuse; ``console`` shows the notes,
+    silent by default). ``run_dir``: where TRL
     writes checkpoints (default ``cfg.run_dir``); ``arg_overrides`` set extra ``GRPOConfig``
     fields (the benchmark's ``generation_kwargs``)."""
     from transformers import PrinterCallback
@@ -375,7 +380,7 @@ def trainer_from_config(cfg: DictConfig, *, inputs: RunInputs | None = None, cal
     from mixrl.trainer.grpo import MixrlGRPOTrainer
 
     if inputs is None:
-        inputs = prepare_inputs(cfg, console or Console(quiet=True))
+        inputs = prepare_inputs(cfg, console or Console(quiet=True), check=False)
     model_path, tokenizer = inputs.model_path, inputs.tokenizer
     geom = geometry(cfg)
     args = grpo_args(cfg, Path(run_dir or cfg.run_dir), geom)

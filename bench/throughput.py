@@ -402,24 +402,14 @@ def compose(algo: str, overrides: list[str], steps: int):
 
 
 def build_mixrl_trainer(cfg, out_dir: Path, callbacks: list):
-    """A MixrlGRPOTrainer built from a config the way ``mixrl.trainer.run.train`` builds it."""
-
-    from mixrl.config.rules import geometry
+    """A MixrlGRPOTrainer built from a config with the assembly ``mixrl.trainer.run.train`` uses."""
     from mixrl.trainer import build
     from mixrl.trainer.callbacks import MetricsJsonlCallback
 
-    geom = geometry(cfg)
-    model_path = build.resolve_model_path(cfg, progress=False)
-    tokenizer = build.load_tokenizer(model_path, cfg)
-    train_ds = build.load_train_rows(cfg)
-    reward_funcs, reward_weights = build.build_reward_funcs(cfg)
-    trainer = build.build_trainer(
-        cfg, model_path=model_path, tokenizer=tokenizer, train_ds=train_ds, reward_funcs=reward_funcs,
-        reward_weights=reward_weights, run_dir=out_dir, geom=geom,
-        callbacks=[MetricsJsonlCallback(out_dir / "metrics.jsonl"), *callbacks],
+    return build.trainer_from_config(
+        cfg, run_dir=out_dir, callbacks=[MetricsJsonlCallback(out_dir / "metrics.jsonl"), *callbacks],
         generation_kwargs=generation_kwargs(cfg),
     )
-    return trainer
 
 
 def build_trl_trainer(cfg, out_dir: Path, callbacks: list):

@@ -365,7 +365,7 @@ def plan_launch(cfg: DictConfig, overrides: list[str], run_dir: Path, *, python:
 def launch_run_dir(cfg: DictConfig) -> Path:
     """The run directory a launch records into and passes to every process (chosen here, so
     that every process and every machine uses the same one)."""
-    from mixrl.trainer.run import default_run_dir
+    from mixrl.trainer.rundir import default_run_dir
 
     if cfg.get("resume"):
         return Path(cfg.resume)
@@ -382,7 +382,7 @@ def launch_run_dir(cfg: DictConfig) -> Path:
 def write_plan(plan: LaunchPlan, *, new_run: bool = True, say=print) -> Path:
     """Write the plan's files under ``RUN_DIR/launch/`` (a new run's directory stays otherwise
     empty; an existing run is refused first, exactly as ``mixrl train`` would)."""
-    from mixrl.trainer.run import check_new_run_dir
+    from mixrl.trainer.rundir import check_new_run_dir
 
     launch_dir = plan.run_dir / LAUNCH_DIR
     if new_run:
@@ -413,8 +413,8 @@ def _stop(proc: subprocess.Popen | None, sig=signal.SIGTERM, wait_s: float = 30.
 def run_plan(plan: LaunchPlan, say=print, *, new_run: bool = True, lock_held: bool = False) -> int:
     """Write the plan's files, print the command, run it (and the vLLM server) and return its exit status.
     ``lock_held``: this process holds the run directory's lock for the launched processes
-    (:mod:`mixrl.trainer.rundir_lock`), which then do not take it themselves."""
-    from mixrl.trainer.rundir_lock import HELD_ENV
+    (:mod:`mixrl.trainer.rundir`), which then do not take it themselves."""
+    from mixrl.trainer.rundir import HELD_ENV
 
     launch_dir = write_plan(plan, new_run=new_run, say=say)
     held = {HELD_ENV: os.path.realpath(plan.run_dir)} if lock_held else {}
@@ -450,8 +450,9 @@ def launch(cfg: DictConfig, overrides: list[str], say=print) -> int:
     run_dir = launch_run_dir(cfg)
     from rich.console import Console
 
-    from mixrl.trainer.run import prepare_inputs, quiet_libraries
-    from mixrl.trainer.rundir_lock import RunDirLock
+    from mixrl.trainer.build import prepare_inputs
+    from mixrl.trainer.run import quiet_libraries
+    from mixrl.trainer.rundir import RunDirLock
 
     lock = RunDirLock()
     if cfg.get("resume") and int(cfg.hardware.machine_rank) == 0:

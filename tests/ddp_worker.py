@@ -94,26 +94,14 @@ def patch_chord_sample() -> None:
     AppendRows.sample = sample
 
 
-def build_trainer(overrides: list[str], callbacks: list):
-    """What ``mixrl.trainer.run.train`` builds (without its evaluation and saving)."""
-    from transformers import set_seed
-
+def make_trainer(overrides: list[str], callbacks: list):
+    """What ``mixrl.trainer.run.train`` builds (the same assembly; without its evaluation and saving)."""
     from mixrl.config.compose import compose_config
     from mixrl.config.rules import geometry
     from mixrl.trainer import build
 
     cfg = compose_config(overrides)
-    geom = geometry(cfg)
-    set_seed(int(cfg.seed))
-    model_path = build.resolve_model_path(cfg, progress=False)
-    tokenizer = build.load_tokenizer(model_path, cfg)
-    train_ds = build.load_train_rows(cfg)
-    reward_funcs, reward_weights = build.build_reward_funcs(cfg)
-    trainer = build.build_trainer(
-        cfg, model_path=model_path, tokenizer=tokenizer, train_ds=train_ds, reward_funcs=reward_funcs,
-        reward_weights=reward_weights, run_dir=Path(cfg.run_dir), callbacks=callbacks, geom=geom,
-    )
-    return trainer, geom
+    return build.trainer_from_config(cfg, callbacks=callbacks), geometry(cfg)
 
 
 def run_case(algo: str, micro: int, k: int | None, model: str, out: Path) -> None:
@@ -158,7 +146,7 @@ def run_case(algo: str, micro: int, k: int | None, model: str, out: Path) -> Non
             ]
             state["grad"] = torch.cat(grads).double()
 
-    trainer, geom = build_trainer(overrides, [GradCapture()])
+    trainer, geom = make_trainer(overrides, [GradCapture()])
     tok = trainer.processing_class
     rows: dict[int, dict] = {}
     micro_batches: list[dict] = []

@@ -100,12 +100,8 @@ def _mixrl(cfg, out_dir: Path):
     from mixrl.trainer import build
     from mixrl.trainer.callbacks import MetricsJsonlCallback
 
-    model_path = build.resolve_model_path(cfg, progress=False)
-    funcs, weights = build.build_reward_funcs(cfg)
-    trainer = build.build_trainer(
-        cfg, model_path=model_path, tokenizer=build.load_tokenizer(model_path, cfg), train_ds=build.load_train_rows(cfg),
-        reward_funcs=funcs, reward_weights=weights, run_dir=out_dir,
-        callbacks=[MetricsJsonlCallback(out_dir / "metrics.jsonl")],  # as mixrl train writes it
+    trainer = build.trainer_from_config(
+        cfg, run_dir=out_dir, callbacks=[MetricsJsonlCallback(out_dir / "metrics.jsonl")],  # as mixrl train writes it
     )
     # the objective mixrl builds when vLLM generates (the trainer was built with vLLM off)
     vllm_cfg = OmegaConf.merge(cfg, {"hardware": {"use_vllm": True}})

@@ -23,7 +23,7 @@ from mixrl.cli.main import app
 from mixrl.config.compose import compose_config
 from mixrl.errors import ConfigError
 from mixrl.trainer.resume import resume_config, same_value
-from mixrl.trainer.run import config_text
+from mixrl.trainer.rundir import config_text
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,7 +112,7 @@ def test_a_refused_resume_changes_nothing_in_the_run_directory(override, words, 
 # --------------------------------------------------------------------------- one process per run
 HOLD = """
 import sys, time
-from mixrl.trainer.rundir_lock import RunDirLock
+from mixrl.trainer.rundir import RunDirLock
 RunDirLock().acquire(sys.argv[1])
 print("locked", flush=True)
 time.sleep(120)
@@ -136,7 +136,7 @@ def test_a_second_process_on_a_run_in_use_is_refused_and_changes_nothing(hardwar
 
 def test_training_holds_the_lock_until_the_run_ends(tmp_path, monkeypatch):
     from mixrl.trainer import run
-    from mixrl.trainer.rundir_lock import RunDirLock
+    from mixrl.trainer.rundir import RunDirLock
 
     seen = {}
 
@@ -168,8 +168,8 @@ def test_a_failed_run_dir_with_a_users_file_is_refused_and_left_as_it_is(tmp_pat
 
 
 def test_a_failed_run_dir_loses_only_mixrls_files(tmp_path):
-    from mixrl.trainer.run import check_new_run_dir, clear_failed_run
-    from mixrl.trainer.rundir_lock import LOCK_FILE
+    from mixrl.trainer.rundir import check_new_run_dir, clear_failed_run
+    from mixrl.trainer.rundir import LOCK_FILE
 
     d = _run_dir(tmp_path)
     (d / "model").mkdir()
@@ -204,7 +204,7 @@ def test_a_readable_checkpoint_passes_the_check(tmp_path):
     import torch
     from safetensors.torch import save_file
 
-    from mixrl.trainer.resume import unreadable_checkpoint_file
+    from mixrl.trainer.rundir import unreadable_checkpoint_file
 
     ckpt = tmp_path / "checkpoint-1"
     ckpt.mkdir()

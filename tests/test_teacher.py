@@ -100,20 +100,11 @@ def test_teacher_algos_compose():
 
 # --------------------------------------------------------------------------- trainer
 def _build(overrides, model_path, run_dir):
-    from transformers import set_seed
-
     from mixrl.trainer import build
 
-    cfg = compose_config([*overrides, f"model.path={model_path}", f"run_dir={run_dir}"])
+    cfg = compose_config([*overrides, f"model.path={model_path}", f"run_dir={run_dir}"])  # seed 0; threads: ONE
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(1)
-    set_seed(0)
-    path = build.resolve_model_path(cfg, progress=False)
-    tok = build.load_tokenizer(path, cfg)
-    ds = build.load_train_rows(cfg)
-    funcs, weights = build.build_reward_funcs(cfg)
-    return build.build_trainer(cfg, model_path=path, tokenizer=tok, train_ds=ds, reward_funcs=funcs,
-                               reward_weights=weights, run_dir=Path(cfg.run_dir), callbacks=[])
+    return build.trainer_from_config(cfg)
 
 
 def _reference_logps(model, prompt: list[int], completion: list[int]) -> list[float]:

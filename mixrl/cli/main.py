@@ -86,7 +86,8 @@ def train(
 
     resume = [ov.value() for ov in _parse(list(overrides)) if ov.key_or_group == "resume"]
     if resume and resume[-1]:  # the run's own config, with the overrides checked against it
-        from mixrl.trainer.resume import resume_checkpoint, resume_config
+        from mixrl.trainer.resume import resume_config
+        from mixrl.trainer.rundir import resume_checkpoint
 
         if multirun:
             from mixrl.errors import ConfigError

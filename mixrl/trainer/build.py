@@ -1,14 +1,21 @@
-"""Turn a validated config into the pieces of a run: model path, tokenizer, data,
-reward functions, objective, TRL arguments and the trainer."""
+"""Turn a validated config into the pieces of a run and the trainer: model path, tokenizer, data,
+reward functions (:func:`prepare_inputs`, checked together), objective, sources, TRL arguments.
+
+:func:`trainer_from_config` is the one assembly: ``mixrl train`` (:mod:`mixrl.trainer.run`), the
+benchmark (``bench/throughput.py``), the DDP/FSDP test workers and the tests all build their
+trainer with it, so what they measure is what a run trains."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
+from rich.console import Console
 
 from mixrl.config.objective import component as _component
 from mixrl.config.objective import plain as _plain
@@ -204,6 +211,8 @@ def grpo_args(cfg: DictConfig, run_dir: Path, geom: Geometry | None = None):
         logging_steps=int(t.logging_steps),
         save_strategy="steps" if t.save_steps else "no",
         save_steps=int(t.save_steps) if t.save_steps else 500,
+        save_total_limit=int(t.save_total_limit) or None,
+        logging_nan_inf_filter=False,  # a non-finite loss must reach the divergence guard (mixrl.trainer.guards)
         report_to=list(cfg.logger.report_to),
         log_completions=bool(cfg.logger.log_completions),
         use_cpu=cpu,
@@ -263,34 +272,124 @@ def peft_config(cfg: DictConfig):
     )
 
 
-def trainer_from_config(cfg: DictConfig, *, callbacks: list | None = None):
-    """:func:`build_trainer` with everything else taken from ``cfg`` too: the model resolved, its
-    tokenizer, the training rows and the reward functions (no input checks and no run directory
-    set-up: :func:`mixrl.trainer.run.train` does those first). For tests and tools that need the
-    trainer ``mixrl train`` would build."""
-    path = resolve_model_path(cfg, progress=False)
-    reward_funcs, weights = build_reward_funcs(cfg)
-    return build_trainer(cfg, model_path=path, tokenizer=load_tokenizer(path, cfg), train_ds=load_train_rows(cfg),
-                         reward_funcs=reward_funcs, reward_weights=weights, run_dir=Path(cfg.run_dir), callbacks=callbacks or [])
+# --------------------------------------------------------------------------- inputs
+def _set_threads(cfg: DictConfig) -> None:
+    """``hardware.torch_threads``: torch's CPU threads (0 leaves torch's default)."""
+    import torch
+
+    if cfg.hardware.torch_threads:
+        torch.set_num_threads(int(cfg.hardware.torch_threads))
 
 
-def build_trainer(cfg: DictConfig, *, model_path: str, tokenizer, train_ds, reward_funcs: list, reward_weights: list,
-                  run_dir: Path, callbacks: list, geom: Geometry | None = None, **arg_overrides):
-    """The ``MixrlGRPOTrainer`` for a config: TRL arguments, source and injection, objective,
-    advantage and controller all come from ``cfg``; ``arg_overrides`` set extra ``GRPOConfig`` fields."""
+def heldout_rows(cfg: DictConfig):
+    """``(train_ds, eval_rows, info)``: the training rows and held-out rows of ``cfg``, never
+    sharing a prompt (see :mod:`mixrl.evaluation.heldout` for the rule)."""
+    from mixrl.evaluation.heldout import separate_heldout
+
+    train_ds = load_train_rows(cfg)
+    eval_rows = load_eval_rows(cfg)
+    source = str(cfg.data.eval_source or cfg.data.source)
+    if str(cfg.data.source).startswith("builtin:") and not cfg.data.eval_source:
+        return train_ds, eval_rows, {"rule": "builtin", "source": source, "n_eval": len(eval_rows), "n_train": len(train_ds)}
+    return separate_heldout(train_ds, eval_rows, int(cfg.trainer.eval_size), source)
+
+
+def describe_heldout(info: dict) -> str:
+    """One line saying where the held-out rows come from and how they are kept apart from training."""
+    from mixrl.evaluation.heldout import describe
+
+    if info["rule"] == "builtin":
+        return f"held-out: {info['n_eval']} problems of the built-in task's held-out split (disjoint from training)"
+    return describe(info)
+
+
+@dataclass
+class RunInputs:
+    """What a run reads, loaded and checked before its run directory is created."""
+
+    model_path: str
+    tokenizer: object
+    train_ds: object
+    eval_rows: list
+    heldout: dict
+    reward_funcs: list
+    reward_weights: list | None
+    seconds: float = 0.0  # wall-clock and CPU time of the preparation (part of the run's setup time)
+    cpu_seconds: float = 0.0
+
+
+def prepare_inputs(cfg: DictConfig, console: Console, *, check: bool = True) -> RunInputs:
+    """Resolve the model, load the tokenizer, the training and held-out rows and the reward
+    functions, and check them together (:func:`mixrl.config.checks.check_training_data`,
+    :func:`mixrl.config.checks.check_train_size`) before anything of the run is created: a
+    bad data file, reward or model path fails here, with one line, and leaves no run
+    directory behind. The tiny model's extended vocabulary (a cache, not the run) is built here too.
+    ``check=False`` loads the same inputs without those checks (they only refuse, never change
+    what is loaded): :func:`trainer_from_config` for tests and tools."""
+    from transformers import set_seed
+
+    from mixrl.config.checks import check_train_size, check_training_data, row_texts
+
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    _set_threads(cfg)
+    set_seed(int(cfg.seed))
+    model_path = resolve_model_path(cfg, progress=cfg.logger.progress)
+    tokenizer = load_tokenizer(model_path, cfg)
+    train_ds, eval_rows, heldout = heldout_rows(cfg)
+    reward_funcs, reward_weights = build_reward_funcs(cfg)
+    new_chars = tiny_missing_characters(cfg, model_path, tokenizer, row_texts(train_ds) + row_texts(eval_rows))
+    if new_chars:  # the tiny model learns the data's characters: check with its extended tokenizer
+        from mixrl.models.tiny_vocab import extend_tokenizer
+
+        tokenizer = extend_tokenizer(tokenizer, new_chars)
+    if check:
+        check_training_data(cfg, tokenizer, train_ds, reward_funcs, model_path)  # before the model loads
+        check_train_size(cfg, train_ds, heldout)
+    from mixrl.config.objective import build_teacher
+
+    teacher = build_teacher(cfg) if check else None  # unchecked: the assembly checks the teacher as it builds it
+    if teacher is not None:  # a missing teacher folder or another vocabulary fails here, not after the run directory exists
+        teacher.check_builtin_teacher(tokenizer)  # before building it
+        teacher.resolve(progress=bool(cfg.logger.progress))
+        teacher.check_tokenizer(tokenizer)
+    if int(os.environ.get("RANK", "0")) == 0:
+        console.print(describe_heldout(heldout), soft_wrap=True, highlight=False)
+    if new_chars:
+        model_path, tokenizer = extend_tiny(
+            cfg, model_path, new_chars, say=lambda text: console.print(text, soft_wrap=True, highlight=False)
+        )
+    return RunInputs(model_path, tokenizer, train_ds, eval_rows, heldout, reward_funcs, reward_weights,
+                     time.perf_counter() - t0, time.process_time() - cpu0)
+
+
+# --------------------------------------------------------------------------- the trainer
+def trainer_from_config(cfg: DictConfig, *, inputs: RunInputs | None = None, callbacks: list | None = None,
+                        run_dir: str | Path | None = None, console: Console | None = None, **arg_overrides):
+    """The ``MixrlGRPOTrainer`` of a config, as ``mixrl train`` builds it: TRL arguments
+    (:func:`grpo_args`), source and injection, teacher, objective, advantage and controller all
+    come from ``cfg``. ``inputs``: what :func:`prepare_inputs` loaded (``mixrl train`` prepares
+    them before its run directory exists); left out, they are prepared here (the same seed,
+    threads, model, rows and rewards, without the data checks that only refuse: a unit test may
+    build a trainer for a config ``mixrl train`` would refuse; ``console`` shows the notes,
+    silent by default). ``run_dir``: where TRL
+    writes checkpoints (default ``cfg.run_dir``); ``arg_overrides`` set extra ``GRPOConfig``
+    fields (the benchmark's ``generation_kwargs``)."""
     from transformers import PrinterCallback
 
     from mixrl.config.objective import build_controller, build_injection, build_objective, build_source, build_teacher
     from mixrl.trainer.grpo import MixrlGRPOTrainer
 
-    geom = geom or geometry(cfg)
-    args = grpo_args(cfg, Path(run_dir), geom)
-    args.reward_weights = reward_weights
+    if inputs is None:
+        inputs = prepare_inputs(cfg, console or Console(quiet=True), check=False)
+    model_path, tokenizer = inputs.model_path, inputs.tokenizer
+    geom = geometry(cfg)
+    args = grpo_args(cfg, Path(run_dir or cfg.run_dir), geom)
+    args.reward_weights = inputs.reward_weights
     for key, value in arg_overrides.items():
         setattr(args, key, value)
     source = build_source(cfg)
     injection = build_injection(cfg, source=source, geometry=geom)
-    train_ds = source.prepare(train_ds, cfg.data)
+    train_ds = source.prepare(inputs.train_ds, cfg.data)
     teacher = build_teacher(cfg)
     if teacher is not None:  # built (builtin:tiny-teacher), tokenizers compared, before the policy loads
         teacher.check_builtin_teacher(tokenizer)  # before building it
@@ -300,12 +399,12 @@ def build_trainer(cfg: DictConfig, *, model_path: str, tokenizer, train_ds, rewa
     with _colocated_engine(cfg, model_path):
         trainer = MixrlGRPOTrainer(
             model=model_path,
-            reward_funcs=reward_funcs,
+            reward_funcs=inputs.reward_funcs,
             args=args,
             train_dataset=train_ds,
             processing_class=tokenizer,
             peft_config=peft_config(cfg),
-            callbacks=callbacks,
+            callbacks=list(callbacks or []),
             objective=build_objective(cfg),
             advantage=advantage_spec(cfg),
             injections=[injection],

@@ -11,7 +11,7 @@ evaluation before training, once the trackers are set up.
 
 :func:`write_model_card` writes ``model/README.md`` (recipe, paper, base model, data, held-out
 results before/after, the resolved config, how to load it with plain transformers).
-:func:`save_merged` writes ``model-merged/``: a LoRA adapter merged into its base model
+:func:`save_merged` writes ``model-merged/`` (:data:`mixrl.trainer.rundir.MERGED_DIR`): a LoRA adapter merged into its base model
 (``model.lora.save_merged=true``).
 """
 
@@ -22,8 +22,6 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 from transformers import TrainerCallback
-
-MERGED_DIR = "model-merged"
 
 
 def tracker_callbacks(trainer) -> list:

@@ -11,20 +11,21 @@ resumed run:
   (same data order, optimizer, scheduler and RNG state, step numbering);
 * drops rows of ``metrics.jsonl`` / ``eval.jsonl`` logged after that checkpoint (they are
   re-run), so both files continue instead of restarting or repeating steps.
+
+This module decides whether a resume may go on (the run's config against the command line)
+and keeps mixrl's counters in a checkpoint; finding the checkpoint, checking it is readable
+and trimming the logs are run-directory bookkeeping (:mod:`mixrl.trainer.rundir`).
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import re
 from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from mixrl.errors import ConfigError
-
-CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 
 #: keys a resumed run may override (prefix match): none of them changes the trajectory
 RESUME_SAFE = (
@@ -38,29 +39,6 @@ RESUME_SAFE = (
     "reward.timeout_s",
     "resume",
 )
-
-
-def checkpoint_dir(run_dir: str | Path) -> Path:
-    """Where a run's Trainer checkpoints live."""
-    return Path(run_dir) / "trainer"
-
-
-def last_checkpoint(run_dir: str | Path) -> Path | None:
-    """The newest complete ``checkpoint-<step>`` folder of a run, or None."""
-    folder = checkpoint_dir(run_dir)
-    if not folder.is_dir():
-        return None
-    found = []
-    for p in folder.iterdir():
-        m = CHECKPOINT_RE.match(p.name)
-        if m and p.is_dir() and (p / "trainer_state.json").is_file():  # written last: the checkpoint is complete
-            found.append((int(m.group(1)), p))
-    return max(found)[1] if found else None
-
-
-def checkpoint_step(path: str | Path) -> int:
-    return int(CHECKPOINT_RE.match(Path(path).name).group(1))
-
 
 #: keys of a run's config that say where it is, not what it trains
 _LOCATION_KEYS = ("run_dir", "resume")
@@ -143,7 +121,7 @@ def resume_config(run_dir: str, overrides: list[str], composed: DictConfig | Non
     with the whole command line as for a new run (``composed``, composed here when not given)
     and compared over that section (a recipe: the whole config). The last override of a key
     wins, as in composition. Reads only: a refused resume changes nothing (the CLI then checks
-    :func:`resume_checkpoint`, still before anything is written).
+    :func:`mixrl.trainer.rundir.resume_checkpoint`, still before anything is written).
 
     Raises ``ConfigError`` (one line) when the directory is not a run, its config does not
     load back, an override would change the objective, data or model of the run, or the run's
@@ -214,75 +192,6 @@ def resume_config(run_dir: str, overrides: list[str], composed: DictConfig | Non
     if cfg.algo.get("stages"):
         raise ConfigError(f"resume={run_dir}: staged algos ({cfg.algo.name}) cannot be resumed yet; start a new run")
     return cfg
-
-
-def resume_checkpoint(cfg: DictConfig) -> Path:
-    """The checkpoint ``cfg.resume`` continues from; ConfigError when there is none or when
-    ``trainer.max_steps`` leaves nothing to train. Reads only."""
-    run_dir = Path(cfg.resume)
-    ckpt = last_checkpoint(run_dir)
-    if ckpt is None:
-        raise ConfigError(
-            f"resume={run_dir}: no checkpoint under {run_dir / 'trainer'} to continue from; "
-            "start a new run (checkpoints are written every trainer.save_steps steps)"
-        )
-    step = checkpoint_step(ckpt)
-    if step >= int(cfg.trainer.max_steps):
-        raise ConfigError(
-            f"resume={run_dir}: its last checkpoint is step {step} and trainer.max_steps={cfg.trainer.max_steps}; "
-            f"nothing left to train (set trainer.max_steps above {step} to extend it)"
-        )
-    bad = unreadable_checkpoint_file(ckpt)
-    if bad is not None:
-        name, reason = bad
-        raise ConfigError(
-            f"resume={run_dir}: {ckpt.name}/{name} is unreadable ({reason}); delete {ckpt} to resume from the "
-            "checkpoint before it (if one is kept), or start a new run"
-        )
-    return ckpt
-
-
-def unreadable_checkpoint_file(ckpt: Path) -> tuple[str, str] | None:
-    """The first file of checkpoint ``ckpt`` that cannot be read, as ``(name, reason)``; None when
-    all can. Cheap, so it runs before anything of a resume is written: a safetensors file's header
-    (its tensors' offsets must fit the file), a torch.save file's zip directory (at its end, so a
-    truncated file fails), a JSON file's text. Bit flips inside tensor data are not detected."""
-    import json
-    import zipfile
-
-    for f in sorted(p for p in Path(ckpt).rglob("*") if p.is_file()):
-        name = str(f.relative_to(ckpt))
-        try:
-            if f.suffix == ".safetensors":
-                from safetensors import safe_open
-
-                with safe_open(str(f), framework="pt") as st:
-                    list(st.keys())
-            elif f.suffix in (".pt", ".pth", ".bin"):
-                with zipfile.ZipFile(f) as z:
-                    z.namelist()
-            elif f.suffix == ".json":
-                json.loads(f.read_text())
-        except Exception as e:  # noqa: BLE001 - any failure to parse is the answer
-            return name, f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else 'cannot be parsed'}"[:160]
-    return None
-
-
-def truncate_jsonl(path: str | Path, last_step: int) -> int:
-    """Drop rows with ``step > last_step`` (and a torn last line); returns rows kept."""
-    path = Path(path)
-    if not path.is_file():
-        return 0
-    kept = []
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut by the kill
-        if int(row.get("step", 0)) <= last_step:
-            kept.append(line)
-    path.write_text("".join(k + "\n" for k in kept))
-    return len(kept)
 
 
 RUN_STATE_FILE = "mixrl_run_state.json"

@@ -1,16 +1,9 @@
-"""One training run: run directory, held-out accuracy before/after, train, save, summary.
+"""One training run: held-out accuracy before/after, train, save, summary; a staged run's stages.
 
-Run directory layout::
-
-    config.yaml      the resolved config
-    metrics.jsonl    one row per logged step
-    eval_before.json held-out results of the starting model (reused by a resumed run)
-    trainer/         checkpoints: checkpoint-<step>/ every trainer.save_steps (newest kept)
-    model/           final model and tokenizer (Hugging Face format)
-    summary.json     accuracy before/after, wall-clock, steps, paths
-    FAILED           only if the run failed: the one-line reason (a rerun with the same
-                     run_dir removes the files mixrl wrote there, nothing else; resume=RUN_DIR continues it)
-    .mixrl.lock      held (flock) by the process writing the run: a second one is refused
+The run directory (its layout, lock, saved config, the refusal of one in use, the FAILED
+marker) is :mod:`mixrl.trainer.rundir`'s; the inputs and the trainer are assembled by
+:mod:`mixrl.trainer.build` (:func:`~mixrl.trainer.build.prepare_inputs`,
+:func:`~mixrl.trainer.build.trainer_from_config`).
 """
 
 from __future__ import annotations
@@ -18,22 +11,32 @@ from __future__ import annotations
 import json
 import os
 import platform
-import re
-import shutil
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from rich.console import Console
 
 from mixrl.config.rules import geometry
-from mixrl.errors import ConfigError, MixrlUserError, RewardError, RunInterrupted, TrainingDiverged, storage_error
-from mixrl.trainer.resume import checkpoint_step, last_checkpoint, load_run_state, truncate_jsonl
-
-FAILED = "FAILED"
-EVAL_BEFORE = "eval_before.json"
+from mixrl.errors import MixrlUserError, RewardError, RunInterrupted, TrainingDiverged, storage_error
+from mixrl.trainer import build
+from mixrl.trainer.build import RunInputs, describe_heldout, prepare_inputs
+from mixrl.trainer.resume import load_run_state
+from mixrl.trainer.rundir import (
+    EVAL_BEFORE,
+    LOCK_FILE,
+    MERGED_DIR,
+    RunDirLock,
+    checkpoint_step,
+    last_checkpoint,
+    last_checkpoint_note,
+    mark_failed,
+    prepare_run_dir,
+    refuse_occupied,
+    resume_checkpoint,
+    truncate_jsonl,
+)
 
 
 @dataclass
@@ -44,125 +47,6 @@ class RunResult:
 
 def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
-
-
-def default_run_dir(cfg: DictConfig, root: str | Path = "runs") -> Path:
-    """``runs/<date>/<time>-<algo>-s<seed>``; under torchrun every rank derives the same
-    name from the launcher's run id, so all processes share one directory."""
-    now = datetime.now()
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
-    stamp = f"{now.strftime('%H%M')}-{run_id[:8]}" if run_id and int(os.environ.get("WORLD_SIZE", "1")) > 1 else now.strftime("%H%M%S-%f")[:-3]
-    return Path(root) / now.strftime("%Y-%m-%d") / f"{stamp}-{cfg.algo.name}-s{cfg.seed}"
-
-
-def config_text(cfg: DictConfig) -> str:
-    """What a run directory's ``config.yaml`` holds: the resolved config as YAML. Resume and
-    ``mixrl eval`` load it back and validate it; every shipped algo and recipe is
-    tested to survive the round trip (``tests/test_config_roundtrip.py``)."""
-    return OmegaConf.to_yaml(cfg, resolve=True)
-
-
-def prepare_run_dir(cfg: DictConfig, say=print, lock=None) -> Path:
-    """Create the run directory and write config.yaml (rank 0 only; other ranks share it).
-
-    ``lock`` (a :class:`~mixrl.trainer.rundir_lock.RunDirLock`) is taken before anything is
-    written. A resumed run (``cfg.resume``) reuses its directory: once the lock is held and its
-    checkpoint checked, its ``FAILED`` marker goes and ``config.yaml`` is rewritten only when a
-    resume override changed it (e.g. a raised max_steps). A new run may use a missing or empty
-    directory, or one marked ``FAILED`` that holds only what mixrl writes (those files are
-    removed, nothing else: see :func:`check_new_run_dir`)."""
-    if cfg.get("resume"):
-        run_dir = Path(cfg.resume)
-        if _rank() == 0:
-            from mixrl.trainer.resume import resume_checkpoint
-
-            if lock is not None:
-                lock.acquire(run_dir)
-            resume_checkpoint(cfg)  # nothing left to train: refused before anything changes
-            text = config_text(cfg)
-            (run_dir / FAILED).unlink(missing_ok=True)
-            if (run_dir / "config.yaml").read_text() != text:
-                (run_dir / "config.yaml").write_text(text)
-        return run_dir
-    run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg)
-    cfg.run_dir = str(run_dir)
-    if _rank() != 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        return run_dir
-    replace = check_new_run_dir(run_dir, say)
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        if lock is not None:
-            lock.acquire(run_dir)
-        if replace:
-            clear_failed_run(run_dir, say)
-        (run_dir / "config.yaml").write_text(config_text(cfg))
-    except OSError as e:
-        raise storage_error(e) or ConfigError(f"run_dir '{run_dir}' cannot be written ({e.strerror or e}); choose a writable run_dir") from None
-    return run_dir
-
-
-#: what mixrl writes at the top of a run directory (``stage<i>-<name>/``: a staged run's stages)
-MIXRL_ENTRIES = frozenset({"config.yaml", "metrics.jsonl", "eval.jsonl", EVAL_BEFORE, "summary.json", FAILED,
-                           "trainer", "model", "model-merged", "launch", ".mixrl.lock"})
-_STAGE_DIR = re.compile(r"^stage\d+-[\w.-]+$")
-#: kept when a failed run is replaced: the lock the new run holds and the launcher's files of this launch
-_KEPT = ("launch", ".mixrl.lock")
-
-
-def written_by_mixrl(path: Path) -> bool:
-    """Is this top-level entry of a run directory one that mixrl writes?"""
-    return path.name in MIXRL_ENTRIES or (path.is_dir() and bool(_STAGE_DIR.match(path.name)))
-
-
-def check_new_run_dir(run_dir: Path, say=print) -> bool:
-    """May a new run use ``run_dir``? Reads only. Yes (False returned) when it is missing,
-    empty, or holds only the launcher's ``launch/`` folder (:mod:`mixrl.launch`) and mixrl's
-    lock file; yes with a replacement (True returned: :func:`clear_failed_run` once the lock
-    is held) when it is marked ``FAILED`` and holds nothing but what mixrl writes. Any other
-    non-empty directory is refused (ConfigError); a failed run beside files of someone else's
-    too, naming the first of them: mixrl never deletes what it did not write."""
-    run_dir = Path(run_dir)
-    if not run_dir.exists() or all(p.name in _KEPT for p in run_dir.iterdir()):
-        return False
-    failed = run_dir / FAILED
-    if failed.is_file():
-        foreign = sorted(p.name for p in run_dir.iterdir() if not written_by_mixrl(p))
-        if foreign:
-            more = f" (and {len(foreign) - 1} more)" if len(foreign) > 1 else ""
-            raise ConfigError(
-                f"run_dir '{run_dir}' holds a failed run and '{foreign[0]}'{more}, which mixrl did not write; "
-                "move that out of the directory or choose another run_dir"
-            )
-        return True
-    hint = f", or continue it with resume={run_dir}" if last_checkpoint(run_dir) else ""
-    raise ConfigError(f"run_dir '{run_dir}' already exists and is not empty; choose another run_dir{hint}")
-
-
-def clear_failed_run(run_dir: Path, say=print) -> None:
-    """Remove a failed run's files (only those :func:`written_by_mixrl`; the directory, the
-    lock and this launch's ``launch/`` stay), with a note."""
-    run_dir = Path(run_dir)
-    failed = run_dir / FAILED
-    reason = failed.read_text().strip() if failed.is_file() else "?"
-    say(f"replacing run_dir {run_dir}: it is marked FAILED ({reason})")
-    for p in run_dir.iterdir():
-        if p.name in _KEPT or not written_by_mixrl(p):
-            continue
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p)
-        else:
-            p.unlink()
-
-
-def mark_failed(run_dir: Path, reason: str) -> None:
-    """Write the ``FAILED`` marker (rank 0; never raises)."""
-    if _rank() != 0:
-        return
-    try:
-        (Path(run_dir) / FAILED).write_text(reason.strip().splitlines()[0] + "\n" if reason.strip() else "failed\n")
-    except OSError:
-        pass
 
 
 def quiet_libraries() -> None:
@@ -177,13 +61,6 @@ def quiet_libraries() -> None:
     transformers.utils.logging.disable_progress_bar()
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\..*")
     warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.*")
-
-
-def _set_threads(cfg: DictConfig) -> None:
-    import torch
-
-    if cfg.hardware.torch_threads:
-        torch.set_num_threads(int(cfg.hardware.torch_threads))
 
 
 def _eval(trainer, tokenizer, rows, reward_fn, cfg, console: Console, label: str) -> dict:
@@ -228,104 +105,10 @@ def _eval_start(trainer, tokenizer, rows, reward_fn, cfg, console: Console, mode
     return result
 
 
-def heldout_rows(cfg: DictConfig):
-    """``(train_ds, eval_rows, info)``: the training rows and held-out rows of ``cfg``, never
-    sharing a prompt (see :mod:`mixrl.evaluation.heldout` for the rule)."""
-    from mixrl.evaluation.heldout import separate_heldout
-    from mixrl.trainer import build
-
-    train_ds = build.load_train_rows(cfg)
-    eval_rows = build.load_eval_rows(cfg)
-    source = str(cfg.data.eval_source or cfg.data.source)
-    if str(cfg.data.source).startswith("builtin:") and not cfg.data.eval_source:
-        return train_ds, eval_rows, {"rule": "builtin", "source": source, "n_eval": len(eval_rows), "n_train": len(train_ds)}
-    return separate_heldout(train_ds, eval_rows, int(cfg.trainer.eval_size), source)
-
-
-def describe_heldout(info: dict) -> str:
-    from mixrl.evaluation.heldout import describe
-
-    if info["rule"] == "builtin":
-        return f"held-out: {info['n_eval']} problems of the built-in task's held-out split (disjoint from training)"
-    return describe(info)
-
-
-def _last_checkpoint_note(run_dir: Path) -> str:
-    ckpt = last_checkpoint(run_dir)
-    return f"last checkpoint: step {checkpoint_step(ckpt)} (resume={run_dir})" if ckpt else "no checkpoint was saved"
-
-
 def _finite_params(model) -> bool:
     import torch
 
     return all(bool(torch.isfinite(p).all()) for p in model.parameters())
-
-
-@dataclass
-class RunInputs:
-    """What a run reads, loaded and checked before its run directory is created."""
-
-    model_path: str
-    tokenizer: object
-    train_ds: object
-    eval_rows: list
-    heldout: dict
-    reward_funcs: list
-    reward_weights: list | None
-    seconds: float = 0.0  # wall-clock and CPU time of the preparation (part of the run's setup time)
-    cpu_seconds: float = 0.0
-
-
-def prepare_inputs(cfg: DictConfig, console: Console) -> RunInputs:
-    """Resolve the model, load the tokenizer, the training and held-out rows and the reward
-    functions, and check them together (:func:`mixrl.config.checks.check_training_data`,
-    :func:`mixrl.config.checks.check_train_size`) before anything of the run is created: a
-    bad data file, reward or model path fails here, with one line, and leaves no run
-    directory behind. The tiny model's extended vocabulary (a cache, not the run) is built here too."""
-    from transformers import set_seed
-
-    from mixrl.config.checks import check_train_size, check_training_data, row_texts
-    from mixrl.trainer import build
-
-    t0, cpu0 = time.perf_counter(), time.process_time()
-    _set_threads(cfg)
-    set_seed(int(cfg.seed))
-    model_path = build.resolve_model_path(cfg, progress=cfg.logger.progress)
-    tokenizer = build.load_tokenizer(model_path, cfg)
-    train_ds, eval_rows, heldout = heldout_rows(cfg)
-    reward_funcs, reward_weights = build.build_reward_funcs(cfg)
-    new_chars = build.tiny_missing_characters(cfg, model_path, tokenizer, row_texts(train_ds) + row_texts(eval_rows))
-    if new_chars:  # the tiny model learns the data's characters: check with its extended tokenizer
-        from mixrl.models.tiny_vocab import extend_tokenizer
-
-        tokenizer = extend_tokenizer(tokenizer, new_chars)
-    check_training_data(cfg, tokenizer, train_ds, reward_funcs, model_path)  # before the model loads
-    check_train_size(cfg, train_ds, heldout)
-    from mixrl.config.objective import build_teacher
-
-    teacher = build_teacher(cfg)
-    if teacher is not None:  # a missing teacher folder or another vocabulary fails here, not after the run directory exists
-        teacher.check_builtin_teacher(tokenizer)  # before building it
-        teacher.resolve(progress=bool(cfg.logger.progress))
-        teacher.check_tokenizer(tokenizer)
-    if _rank() == 0:
-        console.print(describe_heldout(heldout), soft_wrap=True, highlight=False)
-    if new_chars:
-        model_path, tokenizer = build.extend_tiny(
-            cfg, model_path, new_chars, say=lambda text: console.print(text, soft_wrap=True, highlight=False)
-        )
-    return RunInputs(model_path, tokenizer, train_ds, eval_rows, heldout, reward_funcs, reward_weights,
-                     time.perf_counter() - t0, time.process_time() - cpu0)
-
-
-def _refuse_occupied_run_dir(cfg: DictConfig, console: Console) -> None:
-    """A new run's ``run_dir`` that is already in use is refused before anything is loaded.
-    Only the refusal (:func:`check_new_run_dir` reads only): the files of a run marked FAILED are
-    removed by :func:`prepare_run_dir`, after the inputs passed their checks, so a refused start
-    changes nothing."""
-    if cfg.get("resume") or not cfg.run_dir or _rank() != 0:
-        return
-    check_new_run_dir(Path(cfg.run_dir), say=lambda text: console.print(text, soft_wrap=True, highlight=False))
 
 
 def train(cfg: DictConfig, console: Console | None = None, *, before: dict | None = None,
@@ -342,9 +125,6 @@ def train(cfg: DictConfig, console: Console | None = None, *, before: dict | Non
 
     console = console or Console(stderr=True)
     quiet_libraries()
-    from mixrl.trainer.resume import resume_checkpoint
-    from mixrl.trainer.rundir_lock import LOCK_FILE, RunDirLock
-
     lock = RunDirLock()  # taken by prepare_run_dir, held until the run ends: a second process on this run_dir is refused
     guard = InterruptGuard(say=console.print).install()  # a signal during the checks stops them too
     try:
@@ -352,7 +132,7 @@ def train(cfg: DictConfig, console: Console | None = None, *, before: dict | Non
         if used is not None and _rank() == 0 and (used / LOCK_FILE).is_file():
             lock.acquire(used)  # a directory mixrl ran in: a second process is refused before anything loads
         resume_from = resume_checkpoint(cfg) if cfg.get("resume") else None
-        _refuse_occupied_run_dir(cfg, console)  # cheap, so before the inputs load
+        refuse_occupied(cfg, say=lambda text: console.print(text, soft_wrap=True, highlight=False))  # cheap, so before the inputs load
         if inputs is None:
             inputs = prepare_inputs(cfg, console)
         if guard.signum is not None:
@@ -369,7 +149,7 @@ def train(cfg: DictConfig, console: Console | None = None, *, before: dict | Non
             mark_failed(run_dir, str(e))
         raise
     except KeyboardInterrupt:
-        msg = f"interrupted before a checkpoint could be saved; {_last_checkpoint_note(run_dir)}"
+        msg = f"interrupted before a checkpoint could be saved; {last_checkpoint_note(run_dir)}"
         if last_checkpoint(run_dir) is None:
             mark_failed(run_dir, msg)
         raise RunInterrupted(msg) from None
@@ -388,7 +168,6 @@ def train(cfg: DictConfig, console: Console | None = None, *, before: dict | Non
 
 def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before: dict | None, inputs: RunInputs) -> RunResult:
     from mixrl.rewards.deadline import RewardInterrupted, RewardTooSlow
-    from mixrl.trainer import build
     from mixrl.trainer.callbacks import MetricsJsonlCallback, RichProgressCallback
     from mixrl.trainer.guards import CollapseWatch, DivergenceGuard
 
@@ -404,8 +183,8 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
         if before is None and (run_dir / EVAL_BEFORE).is_file():
             before = json.loads((run_dir / EVAL_BEFORE).read_text())
         console.print(f"resuming {run_dir} from step {start_step} ({resume_from.name})")
-    model_path, tokenizer, train_ds, eval_rows = inputs.model_path, inputs.tokenizer, inputs.train_ds, inputs.eval_rows
-    heldout, reward_funcs, reward_weights = inputs.heldout, inputs.reward_funcs, inputs.reward_weights
+    model_path, tokenizer, eval_rows, heldout, reward_funcs = (inputs.model_path, inputs.tokenizer, inputs.eval_rows,
+                                                               inputs.heldout, inputs.reward_funcs)
     metrics_cb = MetricsJsonlCallback(run_dir / "metrics.jsonl")
     collapse = CollapseWatch(warn=lambda text: console.print(f"[yellow]{text}[/]", highlight=False, soft_wrap=True))
 
@@ -426,12 +205,7 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
     if cfg.trainer.eval_every > 0:  # held-out accuracy every N steps -> eval.jsonl (the lambda: trainer is built below)
         from mixrl.evaluation.periodic import PeriodicEvalCallback
         callbacks.append(PeriodicEvalCallback.from_config(cfg, run_dir, tokenizer, eval_rows, reward_funcs[0], trainer=lambda: trainer))
-    trainer = build.build_trainer(
-        cfg, model_path=model_path, tokenizer=tokenizer, train_ds=train_ds, reward_funcs=reward_funcs,
-        reward_weights=reward_weights, run_dir=run_dir, callbacks=callbacks, geom=geom,
-        save_total_limit=int(cfg.trainer.save_total_limit) or None,
-        logging_nan_inf_filter=False,  # a non-finite loss must reach the divergence guard
-    )
+    trainer = build.trainer_from_config(cfg, inputs=inputs, callbacks=callbacks, run_dir=run_dir)
     setup_s = time.perf_counter() - t0
 
     if before is None:
@@ -455,18 +229,18 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
         raise TrainingDiverged(
             f"training diverged at step {trainer.state.global_step + 1}: the policy's probabilities are not finite "
             f"(generation failed: {text.splitlines()[0]}); {likely_cause(float(cfg.trainer.learning_rate))}; "
-            f"{_last_checkpoint_note(run_dir)}"
+            f"{last_checkpoint_note(run_dir)}"
         ) from None
     except RewardInterrupted as e:  # SIGINT / SIGTERM stopped a reward call (it may have hung): save and stop
         saved = save_now() if trainer.state.global_step > 0 else None
         raise RunInterrupted(
             f"{e} at step {trainer.state.global_step + 1}: "
-            + (f"checkpoint saved in {saved}; continue with: mixrl train resume={run_dir}" if saved else _last_checkpoint_note(run_dir))
+            + (f"checkpoint saved in {saved}; continue with: mixrl train resume={run_dir}" if saved else last_checkpoint_note(run_dir))
         ) from None
     except RewardError as e:
         if isinstance(e, RewardTooSlow) and trainer.state.global_step > 0:
             save_now()  # the weights of the last finished step, to continue from once the reward is fixed
-        raise RewardError(f"{e}; stopped at step {trainer.state.global_step}, {_last_checkpoint_note(run_dir)}") from None
+        raise RewardError(f"{e}; stopped at step {trainer.state.global_step}, {last_checkpoint_note(run_dir)}") from None
     if guard.signum is not None:
         ckpt = last_checkpoint(run_dir)
         raise RunInterrupted(
@@ -522,7 +296,7 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
     if trainer.is_fsdp_enabled:
         summary["sharding"] = _sharding(trainer)
     if trainer.accelerator.is_main_process:
-        from mixrl.trainer.publish import MERGED_DIR, save_merged, write_model_card
+        from mixrl.trainer.publish import save_merged, write_model_card
 
         if (cfg.model.lora or {}).get("enabled") and (cfg.model.lora or {}).get("save_merged"):
             merged = save_merged(model_dir, cfg, run_dir / MERGED_DIR)

@@ -26,7 +26,7 @@ from mixrl.evaluation.accuracy import evaluate_accuracy
 from mixrl.evaluation.saved import adapter_base, load_saved_model, resolve_model_dir
 from mixrl.models import tiny_bpe
 from mixrl.trainer import build
-from mixrl.trainer.run import describe_heldout, heldout_rows
+from mixrl.trainer.build import describe_heldout, heldout_rows
 
 
 def eval_config(model_dir: str | Path, overrides: list[str], *, trust_run_code: bool = False):

@@ -3,7 +3,7 @@ step (or two), and summarise what the objective did.
 
 ``run_one_step(overrides, model_path, out_dir) -> dict`` composes ``overrides`` plus
 ``model.path=<model_path>`` and ``run_dir=<out_dir>/run``, builds the trainer with the
-functions of ``mixrl.trainer.build`` that ``run.train`` uses, runs ``trainer.train()``
+assembly ``run.train`` uses (``mixrl.trainer.build.trainer_from_config``), runs ``trainer.train()``
 for ``trainer.max_steps`` optimizer steps (one, or two for ``trainer.num_iterations=2``:
 TRL then reuses one generation batch for two optimizer steps) and returns::
 
@@ -22,8 +22,7 @@ for rollouts) is replaced by a fixed function of the prompt and the rollout's sl
 group (``fixed_completion``, the trick of ``tests/ddp_worker.py``).
 
 Only APIs meant to survive the objective refactor are used: ``compose_config``,
-``mixrl.trainer.build.{resolve_model_path, load_tokenizer, load_train_rows,
-build_reward_funcs, build_trainer}``, ``trainer._compute_loss`` and
+``mixrl.trainer.build.trainer_from_config``, ``trainer._compute_loss`` and
 ``trl.GRPOTrainer._generate_single_turn``.
 """
 
@@ -99,7 +98,7 @@ def run_one_step(overrides: list[str], model_path: str, out_dir, completion=None
 
 
 def _run_one_step(overrides: list[str], model_path: str, out_dir, completion=None) -> dict:
-    from transformers import TrainerCallback, set_seed
+    from transformers import TrainerCallback
 
     from mixrl.config.compose import compose_config
     from mixrl.trainer import build
@@ -114,13 +113,6 @@ def _run_one_step(overrides: list[str], model_path: str, out_dir, completion=Non
     out_dir = Path(out_dir)
     cfg = compose_config([*overrides, f"model.path={model_path}", f"run_dir={out_dir / 'run'}"])
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
-    if cfg.hardware.torch_threads:  # as run.train does
-        torch.set_num_threads(int(cfg.hardware.torch_threads))
-    set_seed(int(cfg.seed))
-    model_path = build.resolve_model_path(cfg, progress=False)
-    tokenizer = build.load_tokenizer(model_path, cfg)
-    train_ds = build.load_train_rows(cfg)
-    reward_funcs, reward_weights = build.build_reward_funcs(cfg)
 
     grads: list[dict] = []
 
@@ -128,10 +120,7 @@ def _run_one_step(overrides: list[str], model_path: str, out_dir, completion=Non
         def on_pre_optimizer_step(self, args, state, control, **kwargs):
             grads.append(grad_summary(kwargs["model"]))
 
-    trainer = build.build_trainer(
-        cfg, model_path=model_path, tokenizer=tokenizer, train_ds=train_ds, reward_funcs=reward_funcs,
-        reward_weights=reward_weights, run_dir=Path(cfg.run_dir), callbacks=[GradSummary()],
-    )
+    trainer = build.trainer_from_config(cfg, callbacks=[GradSummary()])  # seed, threads and inputs as mixrl train
     losses: list[float] = []
     compute_loss = trainer._compute_loss  # the bound method
 

@@ -21,7 +21,7 @@ from rich.console import Console
 from mixrl.config.rules import geometry
 from mixrl.errors import MixrlUserError, RewardError, RunInterrupted, TrainingDiverged, storage_error
 from mixrl.trainer import build
-from mixrl.trainer.build import RunInputs, describe_heldout, prepare_inputs
+from mixrl.trainer.build import RunInputs, prepare_inputs
 from mixrl.trainer.resume import load_run_state
 from mixrl.trainer.rundir import (
     EVAL_BEFORE,

@@ -19,8 +19,8 @@ Saved with a ``config.json`` of ``model_type: qwen2``, it reloads identically wi
 ``AutoTokenizer`` (tested).
 
 The model (``model=tiny-bpe``, ``model.path=builtin:tiny-bpe``) is the character model's
-``Qwen2ForCausalLM`` (:func:`mixrl.models.tiny.build_model`, a longer context for the chat
-turns) over this tokenizer, warm-started the same way (:func:`mixrl.models.tiny.train_and_save`:
+``Qwen2ForCausalLM`` (:func:`mixrl.models.tiny_arch.build_model`, a longer context for the chat
+turns) over this tokenizer, warm-started the same way (:func:`mixrl.models.supervised.train_and_save`:
 the careless-demonstrator mixture on the easy levels) on chat-formatted examples: the prompt is
 the chat template around the ``arith`` problem (system message :data:`SYSTEM_PROMPT`), the loss
 covers the completion's tokens and ``<|im_end|>``. :func:`warm_start` caches it under
@@ -38,7 +38,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from mixrl.models import tiny
+from mixrl.models import supervised, tiny_arch, tiny_spec
 from mixrl.tasks import arith
 
 #: Bump on any change to the tokenizer, model or warm-start recipe (it is part of the cache key).
@@ -103,17 +103,17 @@ def build_tokenizer(texts: Iterable[str] | None = None, vocab_size: int = VOCAB_
 # --------------------------------------------------------------------------- model + warm start
 
 #: The character model's architecture with room for the chat turns (a prompt is ~30-40 tokens).
-MODEL_SIZE: dict[str, Any] = {**tiny.MODEL_SIZE, "max_position_embeddings": 128}
+MODEL_SIZE: dict[str, Any] = {**tiny_spec.MODEL_SIZE, "max_position_embeddings": 128}
 #: The character model's warm-start recipe (careless-demonstrator mixture, easy levels, 300 steps), with
 #: 45% careless targets instead of 60%. Greedy decoding follows the majority habit, so the fraction sets
 #: the starting accuracy; measured held-out greedy accuracy on levels 1-4 (256 problems), 300 steps:
 #: careless 0.6 -> 0.109, 0.5 -> 0.137, 0.45 -> 0.199 (the character model's level), 0.4 -> 0.367;
 #: 450 steps at 0.6 -> 0.117 (a closer imitation of the mixture, not a better model).
-WARM_START: dict[str, Any] = {**tiny.WARM_START, "careless_fraction": 0.45}
+WARM_START: dict[str, Any] = {**tiny_spec.WARM_START, "careless_fraction": 0.45}
 #: The merges' corpus (:func:`training_texts`): number of problems and seed.
 CORPUS: dict[str, Any] = {"n": 2000, "seed": 0}
 #: Generation budget: every ``arith`` completion plus ``<|im_end|>`` (a token spans at least one character).
-MAX_COMPLETION_TOKENS = tiny.MAX_COMPLETION_TOKENS
+MAX_COMPLETION_TOKENS = tiny_spec.MAX_COMPLETION_TOKENS
 #: Longest chat-formatted prompt of any level, in tokens (40 measured for level 6; checked by the tests).
 MAX_PROMPT_TOKENS = 48
 
@@ -156,7 +156,7 @@ def cache_key(steps: int | None = None) -> str:
 
 def default_path(cache_dir: Path | str | None = None, *, steps: int | None = None) -> Path:
     """Where :func:`warm_start` saves (``cache_dir`` defaults to ``cache_root()/"tiny-bpe"``)."""
-    base = Path(cache_dir).expanduser() if cache_dir is not None else tiny.cache_root() / "tiny-bpe"
+    base = Path(cache_dir).expanduser() if cache_dir is not None else tiny_spec.cache_root() / "tiny-bpe"
     return base / cache_key(steps)
 
 
@@ -179,7 +179,7 @@ def build(**size: Any):
     """``(model, tokenizer)``: a fresh tokenizer (:func:`build_tokenizer`) and a freshly initialised
     ``Qwen2ForCausalLM`` over it (``size`` overrides keys of :data:`MODEL_SIZE`)."""
     tokenizer = build_tokenizer(training_texts(**CORPUS))
-    model = tiny.build_model(tokenizer, base=MODEL_SIZE, max_new_tokens=MAX_COMPLETION_TOKENS, **size)
+    model = tiny_arch.build_model(tokenizer, base=MODEL_SIZE, max_new_tokens=MAX_COMPLETION_TOKENS, **size)
     tokenizer.model_max_length = model.config.max_position_embeddings
     return model, tokenizer
 
@@ -196,7 +196,7 @@ def warm_start(cache_dir: Path | str | None = None, *, force: bool = False, prog
     final = default_path(cache_dir, steps=steps)
     if is_complete(final) and not force:
         return final
-    return tiny.train_and_save(final, recipe(steps), build, encode=encode_chat, meta_file=_META_FILE,
+    return supervised.train_and_save(final, recipe(steps), build, encode=encode_chat, meta_file=_META_FILE,
                                progress=progress, description="warm-starting tiny BPE model",
                                extra_meta=lambda model, tok: {"vocab": len(tok)})
 

@@ -67,9 +67,9 @@ def build_reward(name_or_path: str, **params: Any) -> RewardFn:
       ``params`` must then be empty.
 
     Raises ``ConfigError`` (one line, with the fix) for unknown names, unimportable paths and bad params.
+    The built-ins are registered by the package: importing this module runs ``mixrl/rewards/__init__.py``,
+    which imports :mod:`mixrl.rewards.builtin`.
     """
-    from mixrl.rewards import builtin  # noqa: F401  - registers the built-ins
-
     if not isinstance(name_or_path, str) or not name_or_path.strip():
         raise ConfigError(
             f"reward name must be a non-empty string, got {name_or_path!r}; "

@@ -20,6 +20,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import datasets
+
 from mixrl.data.cells import _is_message_list, _prompt_text, _RowError, answer_to_str, expert_completions, to_chat_prompt
 from mixrl.data.columns import _column_getter, _has_column
 from mixrl.data.reading import _load_raw
@@ -93,8 +95,6 @@ def standardize_rows(
 ) -> Any:
     """Map an already loaded ``datasets.Dataset`` onto the standard columns (the second half of
     ``load_dataset_rows``; useful for datasets built in memory)."""
-    import datasets
-
     if isinstance(expert_column, str) and expert_column and not expert_required and not _has_column(ds, expert_column):
         expert_column = None  # configured (e.g. by the data group) but absent, and no expert rows are read
     roles = {"prompt_column": prompt_column, "answer_column": answer_column, "expert_column": expert_column}

@@ -15,6 +15,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+import datasets
+
 from mixrl.errors import ConfigError, DataError
 
 __all__ = ["SUPPORTED_EXTENSIONS"]
@@ -119,8 +121,6 @@ def _builder_for(files: list[Path], src: str, config_prefix: str) -> str:
 
 
 def _read_files(files: list[Path], src: str, split: str, config_prefix: str, *, slice_only: bool) -> Any:
-    import datasets
-
     builder = _builder_for(files, src, config_prefix)
     _, piece = _split_name(split)
     blank = [f for f in files if _is_blank(f)]
@@ -177,8 +177,6 @@ def _is_blank(path: Path) -> bool:
 
 
 def _load_dir(path: Path, src: str, split: str, config_prefix: str) -> Any:
-    import datasets
-
     split_name, piece = _split_name(split)
     if (path / "dataset_dict.json").exists() or (path / "state.json").exists():
         try:
@@ -221,8 +219,6 @@ def _offline() -> bool:
 
 
 def _load_hub(src: str, split: str, subset: str | None, config_prefix: str) -> Any:
-    import datasets
-
     args = ", ".join(repr(a) for a in (src, subset) if a)
     try:
         return datasets.load_dataset(src, subset, split=split)

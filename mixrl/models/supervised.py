@@ -7,12 +7,17 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from mixrl.models.tiny_spec import _META_FILE
 from mixrl.tasks import arith
@@ -37,8 +42,6 @@ def _batch(tokenizer: Any, problems: Sequence[dict[str, Any]], completions: Sequ
 
     ``completions`` defaults to the problems' expert ``solution``.
     """
-    import torch
-
     if completions is None:
         completions = [p["solution"] for p in problems]
     rows, labels = [], []
@@ -79,10 +82,6 @@ def train_supervised(
     ``careless_fraction`` :func:`mixrl.tasks.arith.careless_solution` (forgets the last term);
     ``encode`` turns an example into prompt and completion ids (default :func:`encode_plain`).
     """
-    import random
-
-    import torch
-
     problems = arith.train_split(max(steps * batch_size, 1), seed=seed, levels=levels)
     rng = random.Random(f"warm-start-{seed}")
     completions = [arith.careless_solution(p) if rng.random() < careless_fraction else p["solution"] for p in problems]
@@ -132,9 +131,6 @@ class _NoProgress:
 def _progress(enabled: bool):
     if not enabled:
         return _NoProgress()
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -156,8 +152,6 @@ def train_and_save(final: Path, rec: dict[str, Any], build: Callable[[], tuple[A
 
     Deterministic: seeded, in a forked RNG, on one thread. Shared by every built-in model.
     """
-    import torch
-
     final.parent.mkdir(parents=True, exist_ok=True)
     ws = rec["warm_start"]
     t0 = time.time()
@@ -192,7 +186,7 @@ def train_and_save(final: Path, rec: dict[str, Any], build: Callable[[], tuple[A
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     os.chmod(tmp, 0o755)  # mkdtemp makes it 0o700; the cache is meant to be shared like any other
     try:
-        from transformers.utils import logging as hf_logging
+        from transformers.utils import logging as hf_logging  # deferred: transformers, 1 s; config show/plan import this module
 
         bars = hf_logging.is_progress_bar_enabled()
         hf_logging.disable_progress_bar()  # no "Writing model shards" bar after ours

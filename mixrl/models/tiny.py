@@ -27,6 +27,7 @@ The cache root is ``$MIXRL_CACHE`` if set, else ``$XDG_CACHE_HOME/mixrl``, else
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -75,7 +76,7 @@ def teacher_warm_start(cache_dir: Path | str | None = None, *, force: bool = Fal
 
 def load(path: Path | str | None = None):
     """``(model, tokenizer)`` from ``path`` (default: :func:`warm_start`, training it if needed)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # deferred: transformers, 1 s; config show/plan import this module
 
     path = Path(path) if path is not None else warm_start()
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -84,8 +85,6 @@ def load(path: Path | str | None = None):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import argparse
-
     ap = argparse.ArgumentParser(prog="python -m mixrl.models.tiny", description=__doc__.splitlines()[0])
     ap.add_argument("--force", action="store_true", help="retrain even if a cached copy exists")
     ap.add_argument("--cache-dir", type=Path, default=None, help="directory to hold <key>/ (default: %(default)s)")

@@ -33,7 +33,7 @@ def build_tokenizer(alphabet: str = arith.ALPHABET):
 def byte_symbols(chars: str) -> list[str]:
     """The vocabulary entries that spell ``chars``: one per distinct UTF-8 byte, in order of first use
     (the byte-level pre-tokenizer writes byte ``b`` as ``bytes_to_unicode()[b]``, e.g. " " as "\u0120")."""
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
+    from transformers.convert_slow_tokenizer import bytes_to_unicode  # deferred: transformers, 1 s; config show/plan import this module
 
     byte_char = bytes_to_unicode()
     return list(dict.fromkeys(byte_char[b] for ch in chars for b in ch.encode()))
@@ -41,7 +41,7 @@ def byte_symbols(chars: str) -> list[str]:
 
 def tokenizer_from_vocab(vocab: dict[str, int]):
     """The tiny model's ``Qwen2Tokenizer`` over ``vocab`` (special tokens first, then byte symbols)."""
-    from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
+    from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer  # deferred: transformers, 1 s; config show/plan import this module
 
     return Qwen2Tokenizer(
         vocab=vocab,
@@ -61,7 +61,7 @@ def build_model(tokenizer: Any, *, base: dict[str, Any] | None = None, max_new_t
                 **size: Any):
     """A freshly initialised ``Qwen2ForCausalLM`` over ``tokenizer``'s vocabulary; ``size`` overrides
     keys of ``base`` (default :data:`mixrl.models.tiny_spec.MODEL_SIZE`); ``max_new_tokens`` is its generation config's budget."""
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM  # deferred: transformers, 1 s; config show/plan import this module
 
     base = MODEL_SIZE if base is None else base
     unknown = set(size) - set(base)

@@ -30,6 +30,7 @@ covers the completion's tokens and ``<|im_end|>``. :func:`warm_start` caches it 
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -37,6 +38,8 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from mixrl.models import supervised, tiny_arch, tiny_spec
 from mixrl.tasks import arith
@@ -86,8 +89,8 @@ def build_tokenizer(texts: Iterable[str] | None = None, vocab_size: int = VOCAB_
     Deterministic for the same texts and size. Pads on the left with ``<|endoftext|>``; eos is
     ``<|im_end|>``, as in Qwen2.5's instruct models; no bos token.
     """
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-    from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode  # deferred: transformers, 1 s; config show/plan import this module
+    from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer  # deferred: transformers, 1 s; config show/plan import this module
 
     bytes_only = {tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *dict.fromkeys(bytes_to_unicode().values())])}
     base = Qwen2Tokenizer(vocab=bytes_only, merges=[], unk_token=None, bos_token=None, eos_token=IM_END, pad_token=PAD,
@@ -204,8 +207,7 @@ def warm_start(cache_dir: Path | str | None = None, *, force: bool = False, prog
 def heldout_accuracy(path: Path | str, n: int = 256, levels: Sequence[int] = tuple(arith.DEFAULT_LEVELS),
                      batch_size: int = 128) -> dict[str, float]:
     """Greedy accuracy of the model at ``path`` on ``n`` held-out problems, chat-formatted as in training."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # deferred: transformers, 1 s; config show/plan import this module
 
     from mixrl.tasks.eval import accuracy_by_level
 
@@ -218,8 +220,6 @@ def heldout_accuracy(path: Path | str, n: int = 256, levels: Sequence[int] = tup
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import argparse
-
     ap = argparse.ArgumentParser(prog="python -m mixrl.models.tiny_bpe", description=__doc__.splitlines()[0])
     ap.add_argument("--force", action="store_true", help="retrain even if a cached copy exists")
     ap.add_argument("--cache-dir", type=Path, default=None, help="directory to hold <key>/")

@@ -34,6 +34,9 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
 from mixrl.models import tiny_arch, tiny_spec
 
 #: seed of the draw that initialises new embedding rows
@@ -78,9 +81,6 @@ def extended_path(base: Path | str, chars: Iterable[str]) -> Path:
 def extend(base: Path | str, chars: Iterable[str]) -> Path:
     """A copy of the tiny model at ``base`` whose tokenizer also covers ``chars`` (see the module
     docstring); built once, then reused. Returns ``base`` itself when nothing is missing."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     base = Path(base)
     chars = sorted(set(chars))
     tokenizer = AutoTokenizer.from_pretrained(base)
@@ -127,8 +127,6 @@ def extend(base: Path | str, chars: Iterable[str]) -> Path:
 def _init_new_rows(weight, n_old: int) -> None:
     """Rows ``n_old:`` of ``weight`` drawn (seeded) around the mean of the trained rows with their
     per-dimension spread: each new token starts as a typical token, distinct from the others."""
-    import torch
-
     old = weight[:n_old].float()
     gen = torch.Generator().manual_seed(SEED)
     noise = torch.randn((weight.shape[0] - n_old, weight.shape[1]), generator=gen)

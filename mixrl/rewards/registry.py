@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from mixrl.errors import ConfigError, MixrlUserError, RewardError, did_you_mean
+from mixrl.rewards.deadline import RewardInterrupted, RewardSignal, RewardTimeout, RewardTooSlow, deadline
 
 __all__ = ["REWARDS", "RewardFn", "register_reward", "build_reward", "reward_params"]
 
@@ -115,8 +116,6 @@ class CheckedReward:
         self.__name__ = getattr(fn, "__name__", None) or spec
 
     def __call__(self, *args: Any, **kwargs: Any) -> list:
-        from mixrl.rewards.deadline import RewardInterrupted, RewardSignal, RewardTimeout, RewardTooSlow, deadline
-
         prompts = kwargs.get("prompts", args[0] if args else None)
         completions = kwargs.get("completions", args[1] if len(args) > 1 else None)
         try:

@@ -7,6 +7,7 @@ import torch
 
 from mixrl.errors import ConfigError
 from mixrl.sources.base import INJECTIONS, InjectContext, Injection
+from mixrl.sources.inject import appended_rows_per_step
 from mixrl.sources.replay import REPLAY, ReplaySource
 from mixrl.sources.rows import append_rows, replace_rows
 
@@ -71,8 +72,6 @@ class ReplayAppend(_ReplayInjection):
         self.until_step = None if until_step is None else int(until_step)
 
     def extra_rows_per_step(self, rollouts_per_step: int, unit: int) -> int:
-        from mixrl.sources.inject import appended_rows_per_step
-
         return appended_rows_per_step(self.ratio, self.rows, rollouts_per_step, unit)
 
     def after_advantages(self, ctx: InjectContext, inputs: list[dict], out: dict) -> dict:

@@ -30,12 +30,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from mixrl.core import token_weights  # shaped() reads token_weights.luffy_shaped_ratio per call (the pins patch it)
 from mixrl.core._tensor import masked_mean, token_advantages
 from mixrl.core.policy_losses import POLICY_LOSSES
 from mixrl.core.registry import Registry
 from mixrl.core.regularizers import kl_penalty
 from mixrl.core.regularizers import teacher_kl as _teacher_kl
-from mixrl.core.token_weights import TOKEN_WEIGHTS, luffy_shaped_ratio
+from mixrl.core.token_weights import TOKEN_WEIGHTS
 
 TERMS = Registry("term")
 
@@ -130,7 +131,7 @@ def shaped(x: TermInputs, *, gamma: float = 0.1) -> TermOutput:
         gamma (0.1): shaping constant; the gradient weight gamma p / (p + gamma)^2 peaks at p = gamma.
     """
     adv = token_advantages(x.advantages, x.logp)
-    return TermOutput(-adv * luffy_shaped_ratio(x.logp, gamma=gamma))
+    return TermOutput(-adv * token_weights.luffy_shaped_ratio(x.logp, gamma=gamma))
 
 
 @TERMS.register("advantage_nll", bounds={"top_entropy": ("(0, 1]", "a share of the selected tokens")})

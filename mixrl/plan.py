@@ -149,10 +149,10 @@ def model_shape(cfg: DictConfig) -> ModelShape | None:
     path = str(cfg.model.path)
     local = None
     if path == "builtin:tiny":
-        from mixrl.models import tiny
+        from mixrl.models import tiny_spec
 
-        cached = tiny.default_path()
-        local = cached if tiny.is_complete(cached) else None
+        cached = tiny_spec.default_path()
+        local = cached if tiny_spec.is_complete(cached) else None
     elif path == "builtin:tiny-bpe":
         from mixrl.models import tiny_bpe
 
@@ -180,9 +180,9 @@ def gpu_memory_gb(cfg: DictConfig) -> float | None:
 def default_prompt_tokens(cfg: DictConfig) -> int:
     """512 tokens for real data; the built-in task's longest prompt for ``builtin:arith``."""
     if str(cfg.data.source).startswith("builtin:"):
-        from mixrl.models import tiny, tiny_bpe
+        from mixrl.models import tiny_bpe, tiny_spec
 
-        return int(tiny_bpe.MAX_PROMPT_TOKENS if tiny_bpe.is_tiny_bpe(cfg.model.path) else tiny.MAX_PROMPT_TOKENS)
+        return int(tiny_bpe.MAX_PROMPT_TOKENS if tiny_bpe.is_tiny_bpe(cfg.model.path) else tiny_spec.MAX_PROMPT_TOKENS)
     return 512
 
 

@@ -237,7 +237,7 @@ def dummy_term():
 
 
 def test_new_term_shows_up_in_explain_and_docs(dummy_term):
-    from mixrl.core.docs import render_components_markdown
+    from mixrl.sources.docs import render_components_markdown
 
     cfg = compose_config([f"+algo.terms.extra={{name: {DUMMY}, tokens: [on_policy], scale: 3.0}}"])
     assert objective_equation(cfg) == "L = policy[on_policy] + extra[on_policy]"

@@ -16,7 +16,9 @@ from mixrl.core import provenance as prov
 from mixrl.core.objective import Objective, TermSpec, compute_objective
 from mixrl.errors import ConfigError
 from mixrl.sources import InjectContext
-from mixrl.sources.replay import REPLAY, Entry, ReplayAppend, ReplayBuffer, ReplayFill, ReplaySource
+from mixrl.sources.replay import REPLAY, ReplaySource
+from mixrl.sources.replay_buffer import Entry, ReplayBuffer
+from mixrl.sources.replay_inject import ReplayAppend, ReplayFill
 
 
 def _e(reward=0.0, step=0, prompt=(1, 2), completion=(3, 4), mean=0.5, std=0.5, adv=0.0):

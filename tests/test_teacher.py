@@ -63,12 +63,12 @@ def test_several_teachers_combine_by_hand():
 def test_another_tokenizer_is_a_one_line_config_error(tmp_path, tiny_model_path):
     from transformers import AutoTokenizer
 
-    from mixrl.models import tiny
+    from mixrl.models import tiny_arch
 
     student = AutoTokenizer.from_pretrained(tiny_model_path)
     vocab = dict(student.get_vocab())
     vocab["x"] = len(vocab)  # one more character
-    tiny.tokenizer_from_vocab(vocab).save_pretrained(tmp_path / "other")
+    tiny_arch.tokenizer_from_vocab(vocab).save_pretrained(tmp_path / "other")
     t = TeacherSource(models=[str(tmp_path / "other")])
     t.resolve()
     with pytest.raises(ConfigError) as e:

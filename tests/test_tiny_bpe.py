@@ -12,7 +12,7 @@ from rich.console import Console
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mixrl.config.compose import compose_config
-from mixrl.models import tiny, tiny_bpe
+from mixrl.models import supervised, tiny_bpe, tiny_spec
 from mixrl.tasks import arith
 
 
@@ -97,8 +97,8 @@ def test_warm_start_is_deterministic_and_cached_apart(saved, tmp_path):
     assert tiny_bpe.warm_start(tmp_path, steps=10, progress=False) == again  # cached: no retraining
     meta = json.loads((again / "mixrl_tiny_bpe.json").read_text())
     assert meta["warm_start"]["steps"] == 10 and meta["vocab"] == len(AutoTokenizer.from_pretrained(again))
-    assert not (again / tiny._META_FILE).exists()  # the character model's vocabulary extension never touches it
-    assert tiny_bpe.is_tiny_bpe(again) and not tiny_bpe.is_tiny_bpe(tiny.default_path(tmp_path))
+    assert not (again / tiny_spec._META_FILE).exists()  # the character model's vocabulary extension never touches it
+    assert tiny_bpe.is_tiny_bpe(again) and not tiny_bpe.is_tiny_bpe(tiny_spec.default_path(tmp_path))
     assert tiny_bpe.cache_key(10) != tiny_bpe.cache_key() and tiny_bpe.default_path().parent.name == "tiny-bpe"
     model = AutoModelForCausalLM.from_pretrained(again)
     assert type(model).__name__ == "Qwen2ForCausalLM"
@@ -112,7 +112,7 @@ def test_warm_start_trains_on_completion_tokens_only(saved):
     """Labels cover ``completion <|im_end|>`` exactly; the chat prompt is masked."""
     _, tok = saved
     problems = arith.train_split(4, seed=0, levels=arith.EASY_LEVELS)
-    ids, mask, lab = tiny._batch(tok, problems, None, tiny_bpe.encode_chat)
+    ids, mask, lab = supervised._batch(tok, problems, None, tiny_bpe.encode_chat)
     for i, p in enumerate(problems):
         want = tok(p["solution"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         got = lab[i][lab[i] != -100].tolist()

@@ -12,7 +12,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast  # noqa: E402
 
-from mixrl.models import tiny  # noqa: E402
+from mixrl.models import supervised, tiny, tiny_arch, tiny_spec  # noqa: E402
 from mixrl.tasks import arith  # noqa: E402
 from mixrl.evaluation.greedy import accuracy_by_level, greedy_completions  # noqa: E402
 
@@ -28,7 +28,7 @@ def _one_thread():
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return tiny.build_tokenizer()
+    return tiny_arch.build_tokenizer()
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +68,7 @@ def test_tokenizer_left_pads(tokenizer):
 def test_tokenizer_survives_save_and_autotokenizer(tokenizer, tmp_path):
     # transformers 5 loads any model_type="qwen2" checkpoint as Qwen2Tokenizer: the reload must be exact
     tokenizer.save_pretrained(tmp_path)
-    tiny.build_model(tokenizer).save_pretrained(tmp_path)
+    tiny_arch.build_model(tokenizer).save_pretrained(tmp_path)
     reloaded = AutoTokenizer.from_pretrained(tmp_path)
     assert reloaded.padding_side == "left"
     assert reloaded.get_vocab() == tokenizer.get_vocab()
@@ -80,7 +80,7 @@ def test_tokenizer_survives_save_and_autotokenizer(tokenizer, tmp_path):
 
 def test_build_model(tokenizer):
     torch.manual_seed(0)
-    model = tiny.build_model(tokenizer)
+    model = tiny_arch.build_model(tokenizer)
     n = sum(p.numel() for p in model.parameters())
     assert 300_000 < n < 2_000_000
     assert type(model).__name__ == "Qwen2ForCausalLM"
@@ -89,15 +89,15 @@ def test_build_model(tokenizer):
     assert model.generation_config.pad_token_id == tokenizer.pad_token_id
     out = model(**tokenizer(["1+2="], return_tensors="pt"))
     assert out.logits.shape == (1, 5, len(tokenizer))
-    smaller = tiny.build_model(tokenizer, hidden_size=64, num_hidden_layers=2)
+    smaller = tiny_arch.build_model(tokenizer, hidden_size=64, num_hidden_layers=2)
     assert sum(p.numel() for p in smaller.parameters()) < n
     with pytest.raises(ValueError, match="unknown model size"):
-        tiny.build_model(tokenizer, hiddensize=3)
+        tiny_arch.build_model(tokenizer, hiddensize=3)
 
 
 def test_warm_start_saves_loadable_hf_model(warm_dir):
-    assert warm_dir.name == tiny.cache_key(steps=3)
-    assert warm_dir.name.startswith(f"v{tiny.TINY_VERSION}-")
+    assert warm_dir.name == tiny_spec.cache_key(steps=3)
+    assert warm_dir.name.startswith(f"v{tiny_spec.TINY_VERSION}-")
     assert (warm_dir / "config.json").is_file()
     meta = json.loads((warm_dir / "mixrl_tiny.json").read_text())
     assert meta["warm_start"]["steps"] == 3 and meta["key"] == warm_dir.name
@@ -107,7 +107,7 @@ def test_warm_start_saves_loadable_hf_model(warm_dir):
     model = AutoModelForCausalLM.from_pretrained(warm_dir)
     assert tok.eos_token_id == model.generation_config.eos_token_id
     probs = arith.heldout_split(8, levels=[1, 2])
-    outs = greedy_completions(model, tok, [p["prompt"] for p in probs], max_new_tokens=tiny.MAX_COMPLETION_TOKENS)
+    outs = greedy_completions(model, tok, [p["prompt"] for p in probs], max_new_tokens=tiny_spec.MAX_COMPLETION_TOKENS)
     assert len(outs) == 8 and all(isinstance(o, str) for o in outs)
     acc = accuracy_by_level(model, tok, probs, arith.verify, max_new_tokens=4)
     assert set(acc) == {"all", "level_1", "level_2"}
@@ -117,14 +117,14 @@ def test_warm_start_is_cached(warm_dir, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("retrained although cached")
 
-    monkeypatch.setattr(tiny, "train_supervised", boom)
+    monkeypatch.setattr(supervised, "train_supervised", boom)
     mtime = (warm_dir / "model.safetensors").stat().st_mtime_ns
     assert tiny.warm_start(warm_dir.parent, steps=3, progress=False) == warm_dir
     assert (warm_dir / "model.safetensors").stat().st_mtime_ns == mtime
     with pytest.raises(AssertionError, match="retrained"):
         tiny.warm_start(warm_dir.parent, steps=3, progress=False, force=True)
     # a failed forced run leaves the cached copy in place
-    assert tiny.is_complete(warm_dir)
+    assert tiny_spec.is_complete(warm_dir)
 
 
 def test_warm_start_is_deterministic(warm_dir, tmp_path):
@@ -147,18 +147,18 @@ def test_force_retrains_in_place(tmp_path):
 def test_cache_location(monkeypatch, tmp_path):
     monkeypatch.delenv("MIXRL_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert tiny.default_path() == tmp_path / "xdg" / "mixrl" / "tiny" / tiny.cache_key()
+    assert tiny_spec.default_path() == tmp_path / "xdg" / "mixrl" / "tiny" / tiny_spec.cache_key()
     monkeypatch.setenv("MIXRL_CACHE", str(tmp_path / "mc"))
-    assert tiny.default_path() == tmp_path / "mc" / "tiny" / tiny.cache_key()
-    assert tiny.default_path(tmp_path / "x") == tmp_path / "x" / tiny.cache_key()
+    assert tiny_spec.default_path() == tmp_path / "mc" / "tiny" / tiny_spec.cache_key()
+    assert tiny_spec.default_path(tmp_path / "x") == tmp_path / "x" / tiny_spec.cache_key()
     # the key changes with the recipe
-    assert tiny.cache_key(steps=3) != tiny.cache_key()
+    assert tiny_spec.cache_key(steps=3) != tiny_spec.cache_key()
 
 
 def test_module_cli(tmp_path, capsys):
     assert tiny.main(["--cache-dir", str(tmp_path), "--steps", "1", "--no-progress"]) == 0
     out = capsys.readouterr().out.strip()
-    assert out == str(tmp_path / tiny.cache_key(steps=1))
+    assert out == str(tmp_path / tiny_spec.cache_key(steps=1))
 
 
 def test_committed_pin_model_is_todays_warm_start(tiny_model_path):

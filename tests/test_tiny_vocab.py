@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from conftest import FAST
 from mixrl.cli.main import app
-from mixrl.models import tiny, tiny_vocab
+from mixrl.models import tiny_spec, tiny_vocab
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -50,7 +50,7 @@ def test_extend_keeps_old_ids_and_weights_and_leaves_the_base_alone(base):
     before = _digests(base)
     old_tok = AutoTokenizer.from_pretrained(base)
     path = tiny_vocab.extend(base, [":", "s", "é"])
-    assert path != base and path.parent == base.parent and tiny.is_complete(path)
+    assert path != base and path.parent == base.parent and tiny_spec.is_complete(path)
     assert _digests(base) == before  # the warm-started model is not modified
 
     tok = AutoTokenizer.from_pretrained(path)

@@ -40,7 +40,7 @@ from conftest import fail_model_loading
 from mixrl.config.compose import compose_config
 from mixrl.core import provenance as prov
 from mixrl.errors import ConfigError
-from mixrl.models import tiny, tiny_bpe
+from mixrl.models import tiny_arch, tiny_bpe
 from mixrl.sources.hint import HINTED, HintOnFailure, with_hint
 from mixrl.sources.prefix import PREFIX
 from mixrl.sources.replay import REPLAY
@@ -62,7 +62,7 @@ def bpe(tmp_path_factory):
     tok = tiny_bpe.build_tokenizer()
     for name, seed in (("model", 0), ("teacher", 1)):
         torch.manual_seed(seed)
-        tiny.build_model(tok).save_pretrained(root / name)
+        tiny_arch.build_model(tok).save_pretrained(root / name)
         tok.save_pretrained(root / name)
     rows = arith.train_split(16, seed=0, levels=[4, 5])
     data = root / "train.jsonl"

@@ -336,7 +336,7 @@ def docs_components(
     out_path: Path = typer.Option(Path("docs/components.md"), "--out", help="Where to write the page ('-' for stdout)."),
 ):
     """Regenerate the reference page of every registered component from the code."""
-    from mixrl.core.docs import render_components_markdown
+    from mixrl.sources.docs import render_components_markdown
 
     _write_page(render_components_markdown(), out_path)
 

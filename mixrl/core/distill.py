@@ -29,6 +29,7 @@ import math
 import torch
 from torch import Tensor
 
+from mixrl.core.policy_losses import POLICY_LOSSES
 from mixrl.core.terms import TERMS, TermInputs, TermOutput
 
 
@@ -115,8 +116,6 @@ def opd_reward(x: TermInputs, *, lam: float = 1.0, loss: dict | None = None) -> 
     weight norm, for an update of norm 0.096). The fixed-reference form needs a reference model's
     log-prob per token and is not implemented.
     """
-    from mixrl.core.policy_losses import POLICY_LOSSES
-
     spec = dict(loss or {"name": "reinforce"})
     name = spec.pop("name")
     adv = float(lam) * (x.teacher_logp.detach() - x.behaviour_logp.detach())

@@ -39,7 +39,10 @@ import torch
 
 from mixrl.core import provenance as prov
 from mixrl.core._tensor import masked_mean, zero_masked
+from mixrl.core.aggregation import AGGREGATIONS
 from mixrl.core.engine_mismatch import EngineCorrection, engine_mismatch_weight
+from mixrl.core.schedules import resolve_schedule
+from mixrl.core.terms import TERMS, TermInputs
 
 
 @dataclass
@@ -82,8 +85,6 @@ class Objective:
         return sorted({p for t in self.terms for p in t.tokens})
 
     def coefficient(self, name: str, step: int, knobs: Mapping[str, float] | None = None) -> float:
-        from mixrl.core.schedules import resolve_schedule
-
         if knobs and name in knobs:
             return float(knobs[name])
         if name not in self.coefs:
@@ -92,8 +93,6 @@ class Objective:
 
     def weight(self, term: TermSpec, step: int, knobs: Mapping[str, float] | None = None) -> float:
         """``w_k(t)``: the term's weight at ``step`` (controller knobs win over coefficients)."""
-        from mixrl.core.schedules import resolve_schedule
-
         w = term.weight
         if isinstance(w, str):
             ref = parse_weight_ref(w)
@@ -158,9 +157,6 @@ def compute_objective(
     counts. ``knobs``: controller values for this step: ``loss.<param>`` for the policy loss,
     any other name for a coefficient.
     """
-    from mixrl.core import AGGREGATIONS, TERMS
-    from mixrl.core.terms import TermInputs
-
     valid = mask.bool() if mask.dtype != torch.bool else mask
     if token_source is None:
         token_source = torch.full_like(valid, prov.ON_POLICY, dtype=torch.long)

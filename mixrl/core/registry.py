@@ -27,6 +27,8 @@ from __future__ import annotations
 import inspect
 import math
 import re
+import types
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -335,9 +337,6 @@ def _annotation_text(annotation: Any) -> str:
 
 def _value_matches(value: Any, annotation: Any) -> bool:
     """Loose type check for the simple annotations used by core components."""
-    import types
-    import typing
-
     if annotation is inspect.Parameter.empty or annotation is Any:
         return True
     if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:

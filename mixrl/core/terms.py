@@ -27,10 +27,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import torch
 from torch import Tensor
 
+from mixrl.core import token_weights  # shaped() reads token_weights.luffy_shaped_ratio per call (the pins patch it)
 from mixrl.core._tensor import masked_mean, token_advantages
+from mixrl.core.policy_losses import POLICY_LOSSES
 from mixrl.core.registry import Registry
+from mixrl.core.regularizers import kl_penalty
+from mixrl.core.regularizers import teacher_kl as _teacher_kl
+from mixrl.core.token_weights import TOKEN_WEIGHTS
 
 TERMS = Registry("term")
 
@@ -68,8 +74,6 @@ def policy(x: TermInputs, *, loss: dict | None = None) -> TermOutput:
     Parameters:
         loss (None): the policy loss ``{name, params...}``; default ``algo.loss``.
     """
-    from mixrl.core.policy_losses import POLICY_LOSSES
-
     spec = dict(loss or {"name": "ppo_clip"})
     name = spec.pop("name")
     spec.update(x.overrides)
@@ -84,8 +88,6 @@ def ratio_stats(logp: Tensor, behaviour_logp: Tensor, mask: Tensor) -> dict[str,
     """Importance-ratio statistics over the selected tokens (detached): ``ratio/mean``,
     ``ratio/max``, ``ratio/m2`` = mean (log r)^2 (M2PO's second moment) and ``ratio/ess``, the
     normalised effective sample size (sum r)^2 / (n sum r^2) in (0, 1] (1: all weights equal)."""
-    import torch
-
     sel = mask.bool()
     if not bool(sel.any()):
         return {}
@@ -113,8 +115,6 @@ def nll(x: TermInputs, *, token_weight: dict | None = None) -> TermOutput:
     Parameters:
         token_weight (None): ``{name, params...}`` from the token-weight registry; default one.
     """
-    from mixrl.core.token_weights import TOKEN_WEIGHTS
-
     spec = dict(token_weight or {"name": "one"})
     weight = TOKEN_WEIGHTS.get(spec.pop("name"))(x.logp, **spec)
     return TermOutput(-weight * x.logp)
@@ -130,10 +130,8 @@ def shaped(x: TermInputs, *, gamma: float = 0.1) -> TermOutput:
     Parameters:
         gamma (0.1): shaping constant; the gradient weight gamma p / (p + gamma)^2 peaks at p = gamma.
     """
-    from mixrl.core.token_weights import luffy_shaped_ratio
-
     adv = token_advantages(x.advantages, x.logp)
-    return TermOutput(-adv * luffy_shaped_ratio(x.logp, gamma=gamma))
+    return TermOutput(-adv * token_weights.luffy_shaped_ratio(x.logp, gamma=gamma))
 
 
 @TERMS.register("advantage_nll", bounds={"top_entropy": ("(0, 1]", "a share of the selected tokens")})
@@ -150,8 +148,6 @@ def advantage_nll(x: TermInputs, *, top_entropy: float | None = None) -> TermOut
             k = ceil(top_entropy * n) of the n selected tokens are kept (at least 1); tokens tied with the
             k-th entropy are kept too, so ties may keep more than k.
     """
-    import torch
-
     adv = token_advantages(x.advantages, x.logp)
     keep = x.mask
     if top_entropy is not None:
@@ -183,8 +179,6 @@ def kl(x: TermInputs, *, estimator: str = "k3") -> TermOutput:
     Parameters:
         estimator (k3): k1 | k2 | k3 | k3_clamped.
     """
-    from mixrl.core.regularizers import kl_penalty
-
     per_token = kl_penalty(x.logp, x.ref_logp, estimator=estimator)
     d = (x.ref_logp - x.logp.detach())
     return TermOutput(per_token, {"kl": float(masked_mean(d.exp() - d - 1, x.mask))})
@@ -222,8 +216,6 @@ def teacher_kl(x: TermInputs, *, estimator: str = "k2") -> TermOutput:
             (log p - log q) grad log p is the reverse-KL gradient (KDRL's choice); k3's is the
             forward-KL gradient; k1's is grad log p, zero in expectation (a value to monitor, not to train).
     """
-    from mixrl.core.regularizers import teacher_kl as _teacher_kl
-
     return TermOutput(_teacher_kl(x.logp, x.teacher_logp, estimator=estimator))
 
 
@@ -245,8 +237,6 @@ def kl_convex(x: TermInputs, *, lam: float = 0.5, estimator: str = "k3") -> Term
         lam (0.5): weight of the KL to the base model (1 - lam on the precedent policy), in [0, 1].
         estimator (k3): k1 | k2 | k3 | k3_clamped.
     """
-    from mixrl.core.regularizers import kl_penalty
-
     if not 0.0 <= lam <= 1.0:
         raise ValueError(f"kl_convex: lam must be in [0, 1], got {lam}")
     base = kl_penalty(x.logp, x.ref_logp, estimator=estimator)

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+from mixrl.models import tiny, tiny_bpe
+
 PREFIX = "builtin:"
 #: name -> (what it is, for messages)
 MODELS = {
@@ -20,15 +22,9 @@ def is_builtin(path: str) -> bool:
 def resolve(name: str, *, progress: bool = True) -> str:
     """The cached folder of built-in model ``name`` (built first if needed); ValueError if unknown."""
     if name == "builtin:tiny":
-        from mixrl.models import tiny
-
         return str(tiny.warm_start(progress=progress))
     if name == "builtin:tiny-teacher":
-        from mixrl.models import tiny
-
         return str(tiny.teacher_warm_start(progress=progress))
     if name == "builtin:tiny-bpe":
-        from mixrl.models import tiny_bpe
-
         return str(tiny_bpe.warm_start(progress=progress))
     raise ValueError(f"unknown built-in model '{name}'; the built-in models are {', '.join(MODELS)}")

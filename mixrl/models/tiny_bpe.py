@@ -19,8 +19,8 @@ Saved with a ``config.json`` of ``model_type: qwen2``, it reloads identically wi
 ``AutoTokenizer`` (tested).
 
 The model (``model=tiny-bpe``, ``model.path=builtin:tiny-bpe``) is the character model's
-``Qwen2ForCausalLM`` (:func:`mixrl.models.tiny.build_model`, a longer context for the chat
-turns) over this tokenizer, warm-started the same way (:func:`mixrl.models.tiny.train_and_save`:
+``Qwen2ForCausalLM`` (:func:`mixrl.models.tiny_arch.build_model`, a longer context for the chat
+turns) over this tokenizer, warm-started the same way (:func:`mixrl.models.supervised.train_and_save`:
 the careless-demonstrator mixture on the easy levels) on chat-formatted examples: the prompt is
 the chat template around the ``arith`` problem (system message :data:`SYSTEM_PROMPT`), the loss
 covers the completion's tokens and ``<|im_end|>``. :func:`warm_start` caches it under
@@ -30,6 +30,7 @@ covers the completion's tokens and ``<|im_end|>``. :func:`warm_start` caches it 
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -38,7 +39,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from mixrl.models import tiny
+import torch
+
+from mixrl.models import supervised, tiny_arch, tiny_spec
 from mixrl.tasks import arith
 
 #: Bump on any change to the tokenizer, model or warm-start recipe (it is part of the cache key).
@@ -86,8 +89,8 @@ def build_tokenizer(texts: Iterable[str] | None = None, vocab_size: int = VOCAB_
     Deterministic for the same texts and size. Pads on the left with ``<|endoftext|>``; eos is
     ``<|im_end|>``, as in Qwen2.5's instruct models; no bos token.
     """
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-    from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode  # deferred: transformers, 1 s; config show/plan import this module
+    from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer  # deferred: transformers, 1 s; config show/plan import this module
 
     bytes_only = {tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *dict.fromkeys(bytes_to_unicode().values())])}
     base = Qwen2Tokenizer(vocab=bytes_only, merges=[], unk_token=None, bos_token=None, eos_token=IM_END, pad_token=PAD,
@@ -103,17 +106,17 @@ def build_tokenizer(texts: Iterable[str] | None = None, vocab_size: int = VOCAB_
 # --------------------------------------------------------------------------- model + warm start
 
 #: The character model's architecture with room for the chat turns (a prompt is ~30-40 tokens).
-MODEL_SIZE: dict[str, Any] = {**tiny.MODEL_SIZE, "max_position_embeddings": 128}
+MODEL_SIZE: dict[str, Any] = {**tiny_spec.MODEL_SIZE, "max_position_embeddings": 128}
 #: The character model's warm-start recipe (careless-demonstrator mixture, easy levels, 300 steps), with
 #: 45% careless targets instead of 60%. Greedy decoding follows the majority habit, so the fraction sets
 #: the starting accuracy; measured held-out greedy accuracy on levels 1-4 (256 problems), 300 steps:
 #: careless 0.6 -> 0.109, 0.5 -> 0.137, 0.45 -> 0.199 (the character model's level), 0.4 -> 0.367;
 #: 450 steps at 0.6 -> 0.117 (a closer imitation of the mixture, not a better model).
-WARM_START: dict[str, Any] = {**tiny.WARM_START, "careless_fraction": 0.45}
+WARM_START: dict[str, Any] = {**tiny_spec.WARM_START, "careless_fraction": 0.45}
 #: The merges' corpus (:func:`training_texts`): number of problems and seed.
 CORPUS: dict[str, Any] = {"n": 2000, "seed": 0}
 #: Generation budget: every ``arith`` completion plus ``<|im_end|>`` (a token spans at least one character).
-MAX_COMPLETION_TOKENS = tiny.MAX_COMPLETION_TOKENS
+MAX_COMPLETION_TOKENS = tiny_spec.MAX_COMPLETION_TOKENS
 #: Longest chat-formatted prompt of any level, in tokens (40 measured for level 6; checked by the tests).
 MAX_PROMPT_TOKENS = 48
 
@@ -156,7 +159,7 @@ def cache_key(steps: int | None = None) -> str:
 
 def default_path(cache_dir: Path | str | None = None, *, steps: int | None = None) -> Path:
     """Where :func:`warm_start` saves (``cache_dir`` defaults to ``cache_root()/"tiny-bpe"``)."""
-    base = Path(cache_dir).expanduser() if cache_dir is not None else tiny.cache_root() / "tiny-bpe"
+    base = Path(cache_dir).expanduser() if cache_dir is not None else tiny_spec.cache_root() / "tiny-bpe"
     return base / cache_key(steps)
 
 
@@ -179,7 +182,7 @@ def build(**size: Any):
     """``(model, tokenizer)``: a fresh tokenizer (:func:`build_tokenizer`) and a freshly initialised
     ``Qwen2ForCausalLM`` over it (``size`` overrides keys of :data:`MODEL_SIZE`)."""
     tokenizer = build_tokenizer(training_texts(**CORPUS))
-    model = tiny.build_model(tokenizer, base=MODEL_SIZE, max_new_tokens=MAX_COMPLETION_TOKENS, **size)
+    model = tiny_arch.build_model(tokenizer, base=MODEL_SIZE, max_new_tokens=MAX_COMPLETION_TOKENS, **size)
     tokenizer.model_max_length = model.config.max_position_embeddings
     return model, tokenizer
 
@@ -196,7 +199,7 @@ def warm_start(cache_dir: Path | str | None = None, *, force: bool = False, prog
     final = default_path(cache_dir, steps=steps)
     if is_complete(final) and not force:
         return final
-    return tiny.train_and_save(final, recipe(steps), build, encode=encode_chat, meta_file=_META_FILE,
+    return supervised.train_and_save(final, recipe(steps), build, encode=encode_chat, meta_file=_META_FILE,
                                progress=progress, description="warm-starting tiny BPE model",
                                extra_meta=lambda model, tok: {"vocab": len(tok)})
 
@@ -204,8 +207,7 @@ def warm_start(cache_dir: Path | str | None = None, *, force: bool = False, prog
 def heldout_accuracy(path: Path | str, n: int = 256, levels: Sequence[int] = tuple(arith.DEFAULT_LEVELS),
                      batch_size: int = 128) -> dict[str, float]:
     """Greedy accuracy of the model at ``path`` on ``n`` held-out problems, chat-formatted as in training."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # deferred: transformers, 1 s; config show/plan import this module
 
     from mixrl.evaluation.greedy import accuracy_by_level
 
@@ -218,8 +220,6 @@ def heldout_accuracy(path: Path | str, n: int = 256, levels: Sequence[int] = tup
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import argparse
-
     ap = argparse.ArgumentParser(prog="python -m mixrl.models.tiny_bpe", description=__doc__.splitlines()[0])
     ap.add_argument("--force", action="store_true", help="retrain even if a cached copy exists")
     ap.add_argument("--cache-dir", type=Path, default=None, help="directory to hold <key>/")

@@ -34,7 +34,10 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from mixrl.models import tiny
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from mixrl.models import tiny_arch, tiny_spec
 
 #: seed of the draw that initialises new embedding rows
 SEED = 0
@@ -42,45 +45,42 @@ SEED = 0
 
 def is_tiny(path: Path | str) -> bool:
     """Whether ``path`` is a tiny model folder written by mixrl (it carries ``mixrl_tiny.json``)."""
-    return (Path(path) / tiny._META_FILE).is_file()
+    return (Path(path) / tiny_spec._META_FILE).is_file()
 
 
 def missing_characters(tokenizer, texts: Iterable[str]) -> list[str]:
     """Characters of ``texts`` with a UTF-8 byte the tiny tokenizer has no id for (sorted)."""
     vocab = tokenizer.get_vocab()
     chars = {ch for text in texts for ch in text}
-    return sorted(ch for ch in chars if any(sym not in vocab for sym in tiny.byte_symbols(ch)))
+    return sorted(ch for ch in chars if any(sym not in vocab for sym in tiny_arch.byte_symbols(ch)))
 
 
 def extend_tokenizer(tokenizer, chars: Iterable[str]):
     """A tiny tokenizer with one id appended per UTF-8 byte of ``chars`` it lacks (old ids unchanged)."""
     vocab = tokenizer.get_vocab()
-    new = [sym for sym in tiny.byte_symbols("".join(sorted(set(chars)))) if sym not in vocab]
+    new = [sym for sym in tiny_arch.byte_symbols("".join(sorted(set(chars)))) if sym not in vocab]
     if not new:
         return tokenizer
     ordered = sorted(vocab, key=vocab.__getitem__)
     if [vocab[t] for t in ordered] != list(range(len(ordered))):
         raise ValueError(f"the tokenizer's ids are not 0..{len(ordered) - 1}; not a mixrl tiny tokenizer")
-    return tiny.tokenizer_from_vocab({tok: i for i, tok in enumerate([*ordered, *new])})
+    return tiny_arch.tokenizer_from_vocab({tok: i for i, tok in enumerate([*ordered, *new])})
 
 
 def extended_path(base: Path | str, chars: Iterable[str]) -> Path:
     """Where :func:`extend` keeps ``base`` extended with ``chars``."""
     base = Path(base).resolve()
-    meta = json.loads((base / tiny._META_FILE).read_text())
+    meta = json.loads((base / tiny_spec._META_FILE).read_text())
     added = "".join(sorted(set(chars)))
     key = json.dumps({"base": str(base), "created": meta.get("created"), "chars": added}, sort_keys=True)
     name = f"{base.name}+chars-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
-    root = base.parent if os.access(base.parent, os.W_OK | os.X_OK) else tiny.cache_root() / "tiny"
+    root = base.parent if os.access(base.parent, os.W_OK | os.X_OK) else tiny_spec.cache_root() / "tiny"
     return root / name
 
 
 def extend(base: Path | str, chars: Iterable[str]) -> Path:
     """A copy of the tiny model at ``base`` whose tokenizer also covers ``chars`` (see the module
     docstring); built once, then reused. Returns ``base`` itself when nothing is missing."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     base = Path(base)
     chars = sorted(set(chars))
     tokenizer = AutoTokenizer.from_pretrained(base)
@@ -88,7 +88,7 @@ def extend(base: Path | str, chars: Iterable[str]) -> Path:
     if len(extended) == len(tokenizer):
         return base
     final = extended_path(base, chars)
-    if tiny.is_complete(final):
+    if tiny_spec.is_complete(final):
         return final
 
     model = AutoModelForCausalLM.from_pretrained(base)
@@ -102,7 +102,7 @@ def extend(base: Path | str, chars: Iterable[str]) -> Path:
     try:
         model.save_pretrained(tmp)
         extended.save_pretrained(tmp)
-        meta = json.loads((base / tiny._META_FILE).read_text())
+        meta = json.loads((base / tiny_spec._META_FILE).read_text())
         meta.update(
             key=final.name,
             extends=str(base.resolve()),
@@ -110,13 +110,13 @@ def extend(base: Path | str, chars: Iterable[str]) -> Path:
             vocab_size=len(extended),
             extended=time.strftime("%Y-%m-%dT%H:%M:%S"),
         )
-        (tmp / tiny._META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        (tmp / tiny_spec._META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         if final.exists():  # a leftover without its meta file (an interrupted build)
             shutil.rmtree(final, ignore_errors=True)
         try:
             os.rename(tmp, final)
         except OSError:
-            if not tiny.is_complete(final):  # lost a race to a concurrent writer that left nothing usable
+            if not tiny_spec.is_complete(final):  # lost a race to a concurrent writer that left nothing usable
                 raise
     finally:
         if tmp.exists():
@@ -127,8 +127,6 @@ def extend(base: Path | str, chars: Iterable[str]) -> Path:
 def _init_new_rows(weight, n_old: int) -> None:
     """Rows ``n_old:`` of ``weight`` drawn (seeded) around the mean of the trained rows with their
     per-dimension spread: each new token starts as a typical token, distinct from the others."""
-    import torch
-
     old = weight[:n_old].float()
     gen = torch.Generator().manual_seed(SEED)
     noise = torch.randn((weight.shape[0] - n_old, weight.shape[1]), generator=gen)

@@ -8,6 +8,8 @@ and never raise on model output.
 from __future__ import annotations
 
 import functools
+import importlib.util
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -111,14 +113,12 @@ class MathVerifier:
         return {k: v for k, v in self.__dict__.items() if not k.startswith("_cfg")}
 
     def _timeout(self) -> int | None:
-        import threading
-
         # the library times out with SIGALRM, which only the main thread may use
         return self.timeout_seconds if threading.current_thread() is threading.main_thread() else None
 
     def _configs(self):
         if getattr(self, "_cfg_pred", None) is None:
-            from math_verify import ExprExtractionConfig, LatexExtractionConfig
+            from math_verify import ExprExtractionConfig, LatexExtractionConfig  # deferred: math_verify, 0.5 s; config show/plan import this module
 
             pred = []
             if "boxed" in self.extract or "latex" in self.extract:
@@ -136,7 +136,7 @@ class MathVerifier:
         """A bare answer (``72``, ``[1, 3)``, ``\\frac{3}{4}``, ``2x+1``: no ``$``/``\\boxed``/``\\(``) is
         read as LaTeX, as if boxed; when that yields no expression (``$72.`` as money), or the
         text has delimiters, the library reads the text as it is."""
-        from math_verify import parse
+        from math_verify import parse  # deferred: math_verify, 0.5 s; config show/plan import this module
 
         timeout = self._timeout()
         if not any(t in text for t in ("$", "\\boxed", "\\(", "\\[")):
@@ -155,7 +155,7 @@ class MathVerifier:
         """The parsed prediction. ``marker``: when the last marker comes after the last
         ``\\boxed``, the first non-empty line after it, read as a bare answer. Otherwise the
         library's extraction over the whole text (the last match of the enabled configs)."""
-        from math_verify import parse
+        from math_verify import parse  # deferred: math_verify, 0.5 s; config show/plan import this module
 
         if "marker" in self.extract:
             i = text.rfind(self.marker)
@@ -168,7 +168,7 @@ class MathVerifier:
         return parse(text, extraction_config=cfg, parsing_timeout=self._timeout()) if cfg else []
 
     def __call__(self, text: str, gold) -> float:
-        from math_verify import verify
+        from math_verify import verify  # deferred: math_verify, 0.5 s; config show/plan import this module
 
         pred = self.prediction(text)
         if not pred:
@@ -226,8 +226,6 @@ def math_reward(
         raise ConfigError(f"reward 'math': timeout_seconds must be an integer >= 1 or null, got {timeout_seconds!r}; fix reward.params.timeout_seconds")
     if not isinstance(marker, str) or not marker:
         raise ConfigError(f"reward 'math': marker must be a non-empty string, got {marker!r}; fix reward.params.marker")
-    import importlib.util
-
     if importlib.util.find_spec("math_verify") is None:
         raise ConfigError("reward 'math' needs the 'math-verify' package, which is not installed; pip install math-verify")
     score = MathVerifier(extract, marker, int(float_rounding), int(numeric_precision), bool(strict), timeout_seconds)

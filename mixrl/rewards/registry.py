@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from mixrl.errors import ConfigError, MixrlUserError, RewardError, did_you_mean
+from mixrl.rewards.deadline import RewardInterrupted, RewardSignal, RewardTimeout, RewardTooSlow, deadline
 
 __all__ = ["REWARDS", "RewardFn", "register_reward", "build_reward", "reward_params"]
 
@@ -67,9 +68,9 @@ def build_reward(name_or_path: str, **params: Any) -> RewardFn:
       ``params`` must then be empty.
 
     Raises ``ConfigError`` (one line, with the fix) for unknown names, unimportable paths and bad params.
+    The built-ins are registered by the package: importing this module runs ``mixrl/rewards/__init__.py``,
+    which imports :mod:`mixrl.rewards.builtin`.
     """
-    from mixrl.rewards import builtin  # noqa: F401  - registers the built-ins
-
     if not isinstance(name_or_path, str) or not name_or_path.strip():
         raise ConfigError(
             f"reward name must be a non-empty string, got {name_or_path!r}; "
@@ -115,8 +116,6 @@ class CheckedReward:
         self.__name__ = getattr(fn, "__name__", None) or spec
 
     def __call__(self, *args: Any, **kwargs: Any) -> list:
-        from mixrl.rewards.deadline import RewardInterrupted, RewardSignal, RewardTimeout, RewardTooSlow, deadline
-
         prompts = kwargs.get("prompts", args[0] if args else None)
         completions = kwargs.get("completions", args[1] if len(args) > 1 else None)
         try:

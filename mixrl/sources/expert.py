@@ -65,7 +65,7 @@ class ExpertSource(Source):
 
     def _pool(self, train_ds, data_cfg) -> list[dict]:
         if self.dataset:
-            from mixrl.data.loading import load_dataset_rows
+            from mixrl.data.loading import load_dataset_rows  # deferred: datasets, 1 s; config show/plan import this module
 
             ds = load_dataset_rows(
                 self.dataset, prompt_column=data_cfg.prompt_column, answer_column=None,

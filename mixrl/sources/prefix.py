@@ -20,6 +20,7 @@ import random
 import torch
 
 from mixrl.core import provenance as prov
+from mixrl.core.schedules import resolve_schedule
 from mixrl.errors import ConfigError
 from mixrl.sources.base import INJECTIONS, InjectContext, Injection
 
@@ -49,8 +50,6 @@ class PrefixLength:
     """
 
     def __init__(self, fraction=0.5, tokens=None, sample: str = "fixed", where: str = "algo.inject"):
-        from mixrl.core.schedules import resolve_schedule
-
         if sample not in SAMPLES:
             raise ConfigError(f"{where}.sample must be one of {', '.join(SAMPLES)}, got {sample!r}")
         self.sample, self.tokens = sample, tokens

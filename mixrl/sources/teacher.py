@@ -26,7 +26,10 @@ of scope and refused with a one-line error before training.
 
 from __future__ import annotations
 
+import json
 import math
+import random
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -92,8 +95,6 @@ class TeacherSource(Source):
     # ----------------------------------------------------------------- setup
     def resolve(self, progress: bool = True) -> list[str]:
         """Local folders / hub ids of the teacher models (``builtin:tiny-teacher`` built on first use)."""
-        from pathlib import Path
-
         out = []
         for m in self.models:
             if builtin.is_builtin(m):  # builtin:tiny-teacher, or a built-in policy model used as a frozen teacher
@@ -129,7 +130,7 @@ class TeacherSource(Source):
         byte-level BPE tokenizer two vocabularies can be equal while their merges, added
         tokens or pre-tokenizer differ, and the teacher would then score token sequences it
         never produces. :func:`tokenizer_parts` lists what is compared."""
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # deferred: transformers, 1 s; config show/plan import this module
 
         mine = tokenizer_parts(tokenizer)
         for m, path in zip(self.models, self.paths or self.resolve()):
@@ -199,8 +200,6 @@ def tokenizer_parts(tokenizer) -> dict[str, Any]:
     ``tokenizer.json``); a slow tokenizer gives its vocabulary and special tokens only. Which
     token is eos is not compared: it is a generation setting (Qwen2.5's base and instruct models
     share one tokenizer with different eos tokens), and the student's is used everywhere."""
-    import json
-
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         specials = sorted((int(tokenizer.convert_tokens_to_ids(t)), str(t)) for t in tokenizer.all_special_tokens)
@@ -272,8 +271,6 @@ class RefillFailed(Injection):
         self.last: dict[str, float] = {}
 
     def after_generation(self, ctx: InjectContext, inputs: list[dict], rollouts: Rollouts) -> Rollouts:
-        import random
-
         n = len(rollouts.completion_ids)
         if n == 0 or not ctx.teachers:
             return rollouts

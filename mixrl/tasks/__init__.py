@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
+from mixrl.errors import ConfigError, did_you_mean
 from mixrl.tasks import arith
 
 TASKS: dict[str, ModuleType] = {arith.NAME: arith}
@@ -21,8 +22,6 @@ def get_task(name: str) -> ModuleType:
     try:
         return TASKS[name]
     except KeyError:
-        from mixrl.errors import ConfigError, did_you_mean
-
         raise ConfigError(
             f"unknown task {name!r}{did_you_mean(name, TASKS)}; built-in tasks: {', '.join(sorted(TASKS))}"
         ) from None

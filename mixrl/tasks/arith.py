@@ -198,6 +198,6 @@ reward.__name__ = "arith_correct"
 
 def dataset(n: int, *, seed: int, levels: Sequence[int] = DEFAULT_LEVELS, split: Split = "train"):
     """Like :func:`generate`, as a ``datasets.Dataset`` (columns prompt, answer, solution, level)."""
-    from datasets import Dataset
+    from datasets import Dataset  # deferred: datasets, 1 s; config show/plan import this module
 
     return Dataset.from_list(generate(n, seed=seed, levels=levels, split=split))

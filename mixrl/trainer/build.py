@@ -110,7 +110,7 @@ def _builtin_rows(cfg: DictConfig, split: str, n: int, seed: int) -> list[dict]:
         raise ConfigError(f"data.levels: {e}") from None
     system = builtin_system_prompt(cfg)
     if system:
-        from mixrl.data.loading import to_chat_prompt
+        from mixrl.data.cells import to_chat_prompt
 
         rows = [{**r, "prompt": to_chat_prompt(r["prompt"], system)} for r in rows]
     return rows

@@ -4,20 +4,26 @@ import pathlib
 import subprocess
 import sys
 
-from mixrl.core.docs import render_components_markdown
+from mixrl.sources.docs import render_components_markdown
 
 DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "components.md"
 
 
 def test_components_doc_is_current():
     # a fresh process: tests may register components of their own (the pytest session's
-    # registries are not what a user's `python -m mixrl.core.docs` sees)
-    expected = subprocess.run([sys.executable, "-m", "mixrl.core.docs"], capture_output=True, text=True, check=True).stdout
+    # registries are not what a user's `mixrl docs components` sees)
+    cmd = [sys.executable, "-m", "mixrl.cli.main", "docs", "components", "--out", "-"]
+    expected = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     current = DOC.read_text() if DOC.exists() else ""
-    assert current == expected, (
-        "docs/components.md is out of date; regenerate it with: "
-        "python -m mixrl.core.docs > docs/components.md"
-    )
+    assert current == expected, "docs/components.md is out of date; regenerate it with: mixrl docs components"
+
+
+def test_the_old_core_entry_point_refuses_instead_of_writing_a_page_without_the_sources():
+    """core cannot import mixrl.sources, so `python -m mixrl.core.docs` would print an incomplete page;
+    it exits non-zero, prints nothing on stdout, and names the command that writes the whole page."""
+    run = subprocess.run([sys.executable, "-m", "mixrl.core.docs"], capture_output=True, text=True)
+    assert run.returncode == 1 and run.stdout == ""
+    assert "mixrl docs components" in run.stderr
 
 
 def test_doc_lists_every_component_with_its_defaults():

@@ -1,0 +1,221 @@
+"""The supervised warm start that every built-in model shares (:mod:`mixrl.models.tiny`,
+:mod:`mixrl.models.tiny_bpe`): a short deterministic SFT run on the ``arith`` task, then an atomic
+save of the model and tokenizer with a metadata file."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from mixrl.models.tiny_spec import _META_FILE
+from mixrl.tasks import arith
+
+# --------------------------------------------------------------------------- warm start
+
+
+#: ``encode(tokenizer, problem, completion) -> (prompt_ids, completion_ids)``: one warm-start example as
+#: token ids; the loss covers ``completion_ids`` only (which end with eos).
+Encode = Callable[[Any, dict[str, Any], str], tuple[list[int], list[int]]]
+
+
+def encode_plain(tokenizer: Any, problem: dict[str, Any], completion: str) -> tuple[list[int], list[int]]:
+    """``<s> prompt`` and ``completion </s>``: the character model's examples (TRL encodes prompts the same way)."""
+    prompt_ids = tokenizer(problem["prompt"])["input_ids"]
+    return prompt_ids, tokenizer(completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+
+
+def _batch(tokenizer: Any, problems: Sequence[dict[str, Any]], completions: Sequence[str] | None = None,
+           encode: Encode = encode_plain):
+    """Right-padded ``prompt completion`` rows (``encode`` makes their ids) with labels on the completion only.
+
+    ``completions`` defaults to the problems' expert ``solution``.
+    """
+    if completions is None:
+        completions = [p["solution"] for p in problems]
+    rows, labels = [], []
+    for p, completion in zip(problems, completions, strict=True):
+        prompt_ids, sol_ids = encode(tokenizer, p, completion)
+        rows.append(prompt_ids + sol_ids)
+        labels.append([-100] * len(prompt_ids) + sol_ids)
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    lab = torch.full((len(rows), width), -100, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (r, lb) in enumerate(zip(rows, labels, strict=True)):
+        ids[i, : len(r)] = torch.tensor(r)
+        lab[i, : len(lb)] = torch.tensor(lb)
+        mask[i, : len(r)] = 1
+    return ids, mask, lab
+
+
+def train_supervised(
+    model: Any,
+    tokenizer: Any,
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    warmup_steps: int,
+    weight_decay: float,
+    levels: Sequence[int],
+    seed: int,
+    careless_fraction: float = 0.0,
+    progress: bool = True,
+    description: str = "warm-starting tiny model",
+    encode: Encode = encode_plain,
+) -> list[float]:
+    """Deterministic SFT on ``levels`` (train split); returns per-step losses.
+
+    Each example's target is the expert ``solution``, or with probability
+    ``careless_fraction`` :func:`mixrl.tasks.arith.careless_solution` (forgets the last term);
+    ``encode`` turns an example into prompt and completion ids (default :func:`encode_plain`).
+    """
+    problems = arith.train_split(max(steps * batch_size, 1), seed=seed, levels=levels)
+    rng = random.Random(f"warm-start-{seed}")
+    completions = [arith.careless_solution(p) if rng.random() < careless_fraction else p["solution"] for p in problems]
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=weight_decay)
+
+    def lr_at(step: int) -> float:  # linear warmup, cosine decay to 10%
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        t = (step - warmup_steps) / max(steps - warmup_steps, 1)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    model.train()
+    losses: list[float] = []
+    bar = _progress(progress)
+    with bar:
+        task = bar.add_task(description, total=steps, loss=float("nan"))
+        for step in range(steps):
+            sl = slice(step * batch_size, (step + 1) * batch_size)
+            ids, mask, lab = _batch(tokenizer, problems[sl], completions[sl], encode)
+            loss = model(input_ids=ids, attention_mask=mask, labels=lab).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+            bar.update(task, advance=1, loss=sum(losses[-20:]) / len(losses[-20:]))
+    model.eval()
+    return losses
+
+
+class _NoProgress:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def add_task(self, *a, **k):
+        return 0
+
+    def update(self, *a, **k):
+        pass
+
+
+def _progress(enabled: bool):
+    if not enabled:
+        return _NoProgress()
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]:.3f}"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=False,
+    )
+
+
+
+def train_and_save(final: Path, rec: dict[str, Any], build: Callable[[], tuple[Any, Any]], *, encode: Encode = encode_plain,
+                   meta_file: str = _META_FILE, progress: bool = True, description: str = "warm-starting tiny model",
+                   extra_meta: Callable[[Any, Any], dict[str, Any]] | None = None) -> Path:
+    """Build ``(model, tokenizer) = build()``, warm-start it with ``rec["warm_start"]``
+    (:func:`train_supervised`) and save both atomically to ``final`` with ``meta_file``
+    (``rec`` plus the key, final loss, seconds, parameter count, ``extra_meta(model, tokenizer)``).
+
+    Deterministic: seeded, in a forked RNG, on one thread. Shared by every built-in model.
+    """
+    final.parent.mkdir(parents=True, exist_ok=True)
+    ws = rec["warm_start"]
+    t0 = time.time()
+    threads = torch.get_num_threads()
+    # One thread: bitwise the same weights on any machine (the reduction order depends on the thread
+    # count), and never the 5-10x slowdown that busy-waiting OpenMP threads suffer on a shared CPU.
+    # Small batches of a tiny model gain little from a second thread anyway.
+    torch.set_num_threads(1)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(ws["seed"])
+            model, tokenizer = build()
+            losses = train_supervised(
+                model,
+                tokenizer,
+                steps=ws["steps"],
+                batch_size=ws["batch_size"],
+                lr=ws["lr"],
+                warmup_steps=min(ws["warmup_steps"], max(ws["steps"] // 10, 1)),
+                weight_decay=ws["weight_decay"],
+                levels=ws["levels"],
+                seed=ws["seed"],
+                careless_fraction=ws["careless_fraction"],
+                progress=progress,
+                description=description,
+                encode=encode,
+            )
+    finally:
+        torch.set_num_threads(threads)
+    seconds = time.time() - t0
+
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    os.chmod(tmp, 0o755)  # mkdtemp makes it 0o700; the cache is meant to be shared like any other
+    try:
+        from transformers.utils import logging as hf_logging  # deferred: transformers, 1 s; config show/plan import this module
+
+        bars = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # no "Writing model shards" bar after ours
+        try:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+        finally:
+            if bars:
+                hf_logging.enable_progress_bar()
+        meta = {
+            **rec,
+            "key": final.name,
+            "final_loss": sum(losses[-20:]) / max(len(losses[-20:]), 1),
+            "train_seconds": round(seconds, 2),
+            "num_parameters": sum(p.numel() for p in model.parameters()),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            **(extra_meta(model, tokenizer) if extra_meta else {}),
+        }
+        (tmp / meta_file).write_text(json.dumps(meta, indent=2) + "\n")
+        if final.exists():  # force, or a leftover incomplete dir: move it aside, then swap in
+            old = final.parent / f".{final.name}.old-{os.getpid()}-{time.time_ns()}"
+            os.rename(final, old)
+            shutil.rmtree(old, ignore_errors=True)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not (final / meta_file).is_file():  # lost a race to a concurrent writer that left nothing usable
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final

@@ -1,0 +1,212 @@
+"""The injections that reuse the replay buffer (:mod:`mixrl.sources.replay`): ReMix's appended
+rows (``replay_append``) and RePO's / ExGRPO's refilled groups (``replay_fill``)."""
+
+from __future__ import annotations
+
+import torch
+
+from mixrl.errors import ConfigError
+from mixrl.sources.base import INJECTIONS, InjectContext, Injection
+from mixrl.sources.inject import appended_rows_per_step
+from mixrl.sources.replay import REPLAY, ReplaySource
+from mixrl.sources.rows import append_rows, replace_rows
+
+
+class _ReplayInjection(Injection):
+    """Shared by the replay injections: records rollouts after the first forward and saves
+    the buffer in a file of its own with each checkpoint."""
+
+    state_in_file = True
+    sources = ("replay",)  # config validation: the source it reads
+
+    def __init__(self, *, source=None, geometry=None, seed: int = 0):
+        super().__init__(source=source, geometry=geometry, seed=seed)
+        self._seeded = False
+        self.metrics: dict[str, float] = {}
+
+    def _seed(self, ctx: InjectContext) -> None:
+        if not self._seeded and isinstance(self.source, ReplaySource):
+            self.source.seed_from_run(self.seed, ctx.process_index)
+        self._seeded = True
+
+    def after_forward(self, ctx: InjectContext, inputs: dict, old_logp: torch.Tensor) -> None:
+        self._seed(ctx)
+        self.source.record(ctx, inputs, old_logp)
+        self.metrics["replay/buffer_size"] = float(len(self.source.buffer))
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self._seeded = True  # the generator state came with the checkpoint
+
+
+@INJECTIONS.register("replay_append", bounds={
+    "ratio": ("(0, 1)", "the share of replayed rows among all rows of a step"),
+    "rows": (">= 1", "replayed rows per step"),
+    "min_age": (">= 0", "steps"), "until_step": (">= 0", "a step number"),
+})
+class ReplayAppend(_ReplayInjection):
+    """ReMix's mix-policy batch: beside each step's fresh rollouts, append rows replayed from
+    the buffer (other prompts, earlier steps), with the advantage they were scored with; they
+    enter no group and are trained by their own term, with an importance ratio against
+    their stored behaviour log-probs. Reusing each rollout on later steps raises the
+    update-to-data ratio above 1 (UTD = (rollouts + replayed rows) / rollouts per step).
+
+    Formula: batch = {rollouts of pi_old} + {E replayed rows (x, y, A, pi_b) from the buffer}, E = ratio / (1 - ratio) * rollouts (or rows)
+    Paper: ReMix, "Squeeze the Soaked Sponge: Efficient Off-policy Reinforcement Finetuning for Large Language Model" (arXiv 2507.06892): mix-policy proximal policy gradient with UTD > 1.
+
+    Parameters:
+        ratio (0.5): fraction of all rows per step that are replayed rows (0.5: as many as rollouts, UTD 2).
+        rows (None): replayed rows per step instead of the ratio (wins when set).
+        min_age (1): replay only rollouts generated at least this many steps ago (1: never this step's).
+        until_step (None): ReMix's policy reincarnation: from this step on nothing is replayed (pure on-policy); None: never stop.
+    """
+
+    def __init__(self, *, ratio: float = 0.5, rows: int | None = None, min_age: int = 1, until_step: int | None = None,
+                 source=None, geometry=None, seed: int = 0):
+        super().__init__(source=source, geometry=geometry, seed=seed)
+        if rows is None and not 0.0 < ratio < 1.0:
+            raise ConfigError(f"algo.inject.ratio must be in (0, 1), got {ratio}")
+        if min_age < 0:
+            raise ConfigError(f"algo.inject.min_age must be >= 0, got {min_age}")
+        self.ratio, self.rows, self.min_age = ratio, rows, int(min_age)
+        self.until_step = None if until_step is None else int(until_step)
+
+    def extra_rows_per_step(self, rollouts_per_step: int, unit: int) -> int:
+        return appended_rows_per_step(self.ratio, self.rows, rollouts_per_step, unit)
+
+    def after_advantages(self, ctx: InjectContext, inputs: list[dict], out: dict) -> dict:
+        self._seed(ctx)
+        want = self.geometry.expert_rows_per_process if self.geometry is not None else 0
+        if self.until_step is not None and ctx.global_step >= self.until_step:
+            want = 0  # reincarnated: pure on-policy from here
+        old = [e for e in self.source.buffer.entries if ctx.global_step - e.step >= self.min_age]
+        picks = self.source.buffer.sample(want, old)
+        unit = self.geometry.grad_accum if self.geometry is not None else 1
+        picks = picks[: len(picks) // unit * unit]  # every micro-batch keeps the same row count
+        if not picks:
+            return out
+        self.metrics["replay/age"] = sum(ctx.global_step - e.step for e in picks) / len(picks)
+        dtype = out["advantages"].dtype
+        return append_rows(
+            out, [e.prompt for e in picks], [e.completion for e in picks], pad_id=ctx.tokenizer.pad_token_id,
+            row_source=torch.full((len(picks),), REPLAY, dtype=torch.long),
+            behaviour_logp=[e.logp for e in picks],
+            advantages=torch.tensor([e.advantage for e in picks], dtype=dtype),
+        )
+
+
+@INJECTIONS.register("replay_fill", bounds={
+    "per_group": (">= 1", "slots of a group filled from the buffer"),
+    "min_age": (">= 0", "steps"), "revisit": ("[0, 1]", "a probability"),
+})
+class ReplayFill(_ReplayInjection):
+    """Refill groups with no learning signal from the buffer: when every fresh rollout of a
+    prompt got the same reward (``fill: same_reward``; RePO-replay, the ms-swift ask) or
+    every one failed (``fill: failed``; ExGRPO-style experience: a past success kept for a
+    problem the policy now fails), the last k rollouts of the group are replaced, before
+    advantages, by past rollouts of the same prompt whose reward differs; they share the
+    group's statistics and are trained with a ratio against their stored behaviour log-probs.
+
+    Formula: group(x) = {y_1..y_(G-k) ~ pi_old} + {k past rollouts of x with R != R(group)} when R(group) is uniform, k = {per_group}
+    Paper: RePO, "RePO: Replay-Enhanced Policy Optimization" (replayed samples in the GRPO group); ExGRPO, "ExGRPO: Learning to Reason from Experience" (arXiv 2510.02245): successful trajectories of problems not yet mastered.
+
+    Parameters:
+        per_group (1): past rollouts placed in a refilled group (k), between 1 and num_generations - 1.
+        fill (same_reward): same_reward (any group whose rewards are all equal) | failed (only groups where every rollout failed).
+        min_age (1): replay only rollouts generated at least this many steps ago.
+        revisit (0.0): fraction of each step's prompts replaced, before generation, by prompts with a stored success drawn from the buffer, so that a past rollout of the same prompt exists to fill with; ExGRPO mixes experience questions at 50%.
+    """
+
+    def __init__(self, *, per_group: int = 1, fill: str = "same_reward", min_age: int = 1, revisit: float = 0.0,
+                 source=None, geometry=None, seed: int = 0):
+        super().__init__(source=source, geometry=geometry, seed=seed)
+        if not 0.0 <= revisit <= 1.0:
+            raise ConfigError(f"algo.inject.revisit must be in [0, 1], got {revisit}")
+        self.revisit = float(revisit)
+        if geometry is not None and not 1 <= per_group < geometry.num_generations:
+            raise ConfigError(
+                f"algo.inject.per_group={per_group} must be between 1 and num_generations-1={geometry.num_generations - 1}"
+            )
+        if fill not in ("same_reward", "failed"):
+            raise ConfigError(f"algo.inject.fill={fill!r} is not one of same_reward, failed")
+        self.per_group, self.fill, self.min_age = int(per_group), fill, int(min_age)
+
+    def before_generation(self, ctx: InjectContext, inputs: list[dict]) -> list[dict]:
+        """Revisit: the last groups lying wholly on this process get prompts drawn from the
+        buffer (by its sampling rule, one entry per prompt) whose rows it remembers."""
+        if self.revisit <= 0.0 or not isinstance(self.source, ReplaySource):
+            return inputs
+        self._seed(ctx)
+        G, n = ctx.num_generations, len(inputs)
+        start = ctx.process_index * n
+        whole = [g for g in range(start // G, (start + n) // G + 1) if g * G >= start and (g + 1) * G <= start + n]
+        want = round(self.revisit * len(whole))
+        if want == 0:
+            return inputs
+        buf, rows = self.source.buffer, self.source.rows
+        ok = [e for e in buf.entries if tuple(e.prompt) in rows and ctx.global_step - e.step >= self.min_age
+              and buf.is_success(e)]  # a past success: what a failing group can be refilled with
+        picked, seen = [], set()
+        for e in buf.sample(len(ok), ok):  # in the sampling rule's order; first entry of each prompt
+            key = tuple(e.prompt)
+            if key not in seen:
+                seen.add(key)
+                picked.append(rows[key])
+            if len(picked) == want:
+                break
+        inputs = list(inputs)
+        for g, row in zip(reversed(whole), picked):
+            for r in range(g * G, (g + 1) * G):
+                inputs[r - start] = dict(row)
+        self.metrics["replay/prompts_revisited"] = float(len(picked))
+        return inputs
+
+    def after_advantages(self, ctx: InjectContext, inputs: list[dict], out: dict) -> dict:
+        if self.revisit > 0.0 and isinstance(self.source, ReplaySource):
+            self.source.remember_rows(out, inputs)
+        return out
+
+    def after_rewards(self, ctx: InjectContext, inputs: list[dict], rewards: torch.Tensor) -> torch.Tensor:
+        self._seed(ctx)
+        out = ctx.batch
+        if out is None:
+            return rewards
+        G, buf = ctx.num_generations, self.source.buffer
+        n_local = out["completion_ids"].shape[0]
+        start = ctx.process_index * n_local
+        groups = rewards.view(-1, G)
+        uniform = (groups.max(dim=1).values - groups.min(dim=1).values).abs() <= 1e-6
+        if self.fill == "failed":
+            uniform &= groups.max(dim=1).values < buf.success_threshold
+        local = rewards[start:start + n_local].clone()
+        pm = out["prompt_mask"].bool()
+        rows, completions, logps = [], [], []
+        filled = 0
+        for g in uniform.nonzero().flatten().tolist():
+            last = (g + 1) * G  # one past the group's last global row
+            slots = [r for r in range(last - self.per_group, last) if start <= r < start + n_local]
+            if not slots:
+                continue
+            i0 = slots[0] - start
+            value = float(groups[g, 0])
+            candidates = [e for e in buf.for_prompt(out["prompt_ids"][i0][pm[i0]].tolist())
+                          if abs(e.reward - value) > 1e-6 and ctx.global_step - e.step >= self.min_age]
+            # a group straddling two processes is filled slot by slot, each process from its own buffer
+            picks = buf.sample(self.per_group, candidates) if candidates else []
+            for j, r in enumerate(reversed(range(last - self.per_group, last))):  # the last slots first
+                if j >= len(picks) or not start <= r < start + n_local:
+                    continue
+                i = r - start
+                rows.append(i)
+                completions.append(picks[j].completion)
+                logps.append(picks[j].logp)
+                local[i] = picks[j].reward
+            filled += bool(picks)
+        self.metrics["replay/groups_filled"] = float(filled)
+        self.metrics["replay/groups_uniform"] = float(uniform.sum())
+        if rows:
+            replace_rows(out, rows, completions, pad_id=ctx.tokenizer.pad_token_id, row_source=REPLAY,
+                         behaviour_logp=logps)
+        if ctx.num_processes > 1:
+            return ctx.gather(local)
+        return local

@@ -48,7 +48,7 @@ tiny: install
 	$(BIN)/mixrl model build-tiny
 
 docs: install
-	$(BIN)/python -m mixrl.core.docs > docs/components.md
+	$(BIN)/mixrl docs components
 	$(BIN)/python -m mixrl.experiments.methods > docs/methods.md
 
 clean:

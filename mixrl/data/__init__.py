@@ -1,6 +1,6 @@
 """Data: loading prompt / answer / expert rows (``mixrl.data.loading``: reading a source in
 ``mixrl.data.reading``, finding its columns in ``mixrl.data.columns``, converting each cell in
-``mixrl.data.cells``) and separating held-out rows (``mixrl.data.heldout``).
+``mixrl.data.cells``). Separating held-out rows is evaluation's job (``mixrl.evaluation.heldout``).
 
 ``load_dataset_rows`` and the other names of ``loading`` and ``reading`` are imported lazily, so
 that importing another module of this package does not pay for importing ``datasets``.

@@ -209,7 +209,7 @@ def heldout_accuracy(path: Path | str, n: int = 256, levels: Sequence[int] = tup
     """Greedy accuracy of the model at ``path`` on ``n`` held-out problems, chat-formatted as in training."""
     from transformers import AutoModelForCausalLM, AutoTokenizer  # deferred: transformers, 1 s; config show/plan import this module
 
-    from mixrl.evaluation.greedy import accuracy_by_level
+    from mixrl.evaluation.greedy import accuracy_by_level  # deferred: only --eval needs it (it imports transformers generation)
 
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path)

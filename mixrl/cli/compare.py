@@ -16,6 +16,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from mixrl.cli.errors import user_errors
@@ -77,15 +78,13 @@ def eval_model(
     Given a run directory (or its model/), the run's own config.yaml (data, reward, template,
     held-out split) is used, with any overrides applied on top. Code that config names runs
     only with --trust-run-code."""
-    from mixrl.trainer.periodic_eval import eval_config, evaluate_saved_model, resolve_model_dir
+    from mixrl.trainer.periodic_eval import eval_config, evaluate_saved_model, resolve_model_dir  # deferred: imports torch
 
     out, err = _consoles()
     cfg, saved = eval_config(model_dir, list(overrides or []), trust_run_code=trust_run_code)  # a bad override fails before any model is loaded
     resolve_model_dir(model_dir)
     err.print(f"config: {saved} (the run's own{', with the overrides' if overrides else ''})" if saved
               else "config: the defaults and the overrides (no config.yaml next to the model)", highlight=False, soft_wrap=True)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     with Progress(TextColumn("[bold]held-out eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err, disable=not cfg.logger.progress, transient=True) as prog:
         task = prog.add_task("eval", total=None)

@@ -20,6 +20,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from mixrl.cli.errors import user_errors
+from mixrl.compare import compare as run_compare
+from mixrl.compare import table_cells, table_header
 
 
 def _consoles() -> tuple[Console, Console]:
@@ -43,9 +45,6 @@ def compare(
     plots: bool = typer.Option(True, "--plots/--no-plots", help="Write PNG plots (needs matplotlib)."),
 ):
     """Compare runs by method: held-out accuracy (mean ± std over seeds), rollouts to a target, plots."""
-    from mixrl.compare import compare as run_compare
-    from mixrl.compare import table_cells, table_header
-
     out, _ = _consoles()
     result = run_compare(run_dirs, out_dir, metric=metric, target=target, by=list(by or []), band=band, plots=plots)
     table = Table(title=f"mixrl compare: held-out {metric}")

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
 
@@ -209,7 +208,10 @@ def config_groups():
 
 # --------------------------------------------------------------------------- recipes
 def _recipe_row(name: str) -> dict:
-    from mixrl.config.compose import compose_config  # deferred: imports torch; `mixrl --help` stays fast
+    # deferred: both take a while to import (torch, omegaconf's grammar); `mixrl --help` stays fast
+    from omegaconf import OmegaConf
+
+    from mixrl.config.compose import compose_config
 
     cfg = compose_config([f"recipe={name}"])
     info = cfg.recipe_info
@@ -298,9 +300,6 @@ def reproduce(
 ):
     """Run a suite: its recipes x seeds at the suite's budget, then compare them (table, plots,
     claims judged over seeds) and write a README with the command, commit and machine."""
-    from mixrl.reproduce import default_out_dir, reproduce_suite
-    from mixrl.suites import load_suite
-
     s = load_suite(suite)
     if seeds is not None and seeds < 1:
         raise ConfigError("--seeds must be >= 1 (use --seeds N with N >= 1)")
@@ -340,8 +339,6 @@ def docs_methods(
     results: Path = typer.Option(Path("docs/results"), "--results", help="Folder of suite results (<suite>/compare.json)."),
 ):
     """Regenerate docs/methods.md: every shipped method, its recipes, paper, claims and latest verdicts."""
-    from mixrl.methods import render_methods
-
     _write_page(render_methods(results), out_path)
 
 

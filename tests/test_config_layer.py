@@ -9,6 +9,7 @@ must exit 2 with its line and create nothing) or by one that counts its calls.
 from __future__ import annotations
 
 import ast
+import math
 import sys
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from omegaconf import OmegaConf
 from typer.testing import CliRunner
 
 import mixrl.config.validate as validation
+from mixrl.config import components
 from mixrl.cli.main import app
 from mixrl.config.compose import compose_config
 from mixrl.errors import ConfigError
@@ -158,3 +160,48 @@ def test_the_deferral_check_fails_on_an_unexplained_import(tmp_path):
     lines = bad.read_text().splitlines()
     verdicts = [(n.lineno, _deferral_stated(lines, n.lineno)) for n in _function_level_imports(bad)]
     assert verdicts == [(3, False), (9, True), (10, True)]
+
+
+# --------------------------------------------------------------------------- declared ranges
+def _outside(bound, annotation) -> float:
+    """A value just outside ``bound`` (an int for an int parameter)."""
+    integer = "int" in str(annotation) and "float" not in str(annotation)
+    if bound.lo is not None:
+        v = bound.lo if bound.lo_open else bound.lo - (1 if integer else 0.5)
+        return math.floor(v) if integer else v
+    v = bound.hi if bound.hi_open else bound.hi + (1 if integer else 0.5)
+    return math.ceil(v) if integer else v
+
+
+def test_every_declared_bound_is_enforced_by_the_section_validation():
+    """For every component section (loss, term, token weight, aggregation, advantage,
+    schedule, controller, injection, source) and every parameter a registration bounds, a
+    value just outside is refused by the validation of that section, naming the key."""
+    checked = set()
+    for pattern in components._SECTION_REGISTRY:
+        section = pattern.replace("*", "x")
+        reg = components.registry_for(section)
+        for name in reg.names():
+            params = components._params(section, name)
+            for key, bound in reg.bounds(name).items():
+                value = _outside(bound, params[key].annotation)
+                assert not bound.contains(value), (name, key, value)
+                cfg = OmegaConf.create({})
+                OmegaConf.update(cfg, section, {"name": name, key: value}, force_add=True)
+                with pytest.raises(ConfigError) as e:
+                    components._validate_section(cfg, section)
+                assert f"{section}.{key}=" in str(e.value) and str(bound) in str(e.value), str(e.value)
+                checked.add((reg.kind, name, key))
+    assert len(checked) >= 50  # 56 bounded parameters today
+
+
+@pytest.mark.parametrize("overrides, line", [
+    (["algo=bapo", "algo.controller.rho0=2"], "algo.controller.rho0=2 is out of range: controller 'bapo' needs rho0 in [0, 1]"),
+    (["algo=chord", "algo.token_weight.cutoff=2"], "algo.terms.sft.token_weight.cutoff=2 is out of range"),
+    (["algo=repo_replay", "offpolicy.source.capacity=0"], "offpolicy.source.capacity=0 is out of range"),
+    (["algo=chord", "algo.entropy_coef={name: linear, start: 0, end: 0, steps: -1}"], "algo.entropy_coef.steps=-1 is out of range"),
+])
+def test_a_composed_config_reads_the_declared_ranges(overrides, line):
+    with pytest.raises(ConfigError) as e:
+        compose_config(overrides)
+    assert line in str(e.value)

@@ -1,8 +1,8 @@
-"""From ``cfg.algo`` / ``cfg.offpolicy`` to the objective, source and injection a run trains
-with, and the one validation pass every command goes through.
+"""The objective's checks: is the objective, source and injection a config describes one a
+run can train? (They are built by :mod:`mixrl.config.builders`, re-exported here.)
 
-:func:`check_objective` runs when a config is composed (``mixrl train``, ``config show``,
-``explain``, every recipe test), before any model loads. Each rule below belongs to what a
+:func:`check_objective` is part of :func:`mixrl.config.validate.validate_config` (through
+:func:`mixrl.config.rules.validate_rules`), which every command runs before any model loads. Each rule below belongs to what a
 component declares about itself, so a new component brings its own checks:
 
 * a term selects provenances that exist; a term that takes a ratio (``needs_behaviour``)

@@ -63,7 +63,7 @@ def _check_async(cfg: DictConfig) -> None:
 
 
 def validate_rules(cfg: DictConfig) -> None:
-    """Cross-field rules, then the objective's checks (the one validation pass)."""
+    """Cross-field rules, then the objective's checks (a step of :func:`mixrl.config.validate.validate_config`)."""
     geometry(cfg)
     algo = cfg.algo
     if algo.num_generations < 2 and algo.advantage.name in ("grpo", "dr_grpo", "rloo"):

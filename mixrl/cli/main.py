@@ -14,8 +14,11 @@ from rich.table import Table
 
 from mixrl.cli.errors import user_errors
 from mixrl.config.schema import GROUPS
-from mixrl.models import tiny, tiny_bpe
 from mixrl.errors import ConfigError
+from mixrl.methods import render_methods
+from mixrl.models import tiny, tiny_bpe
+from mixrl.reproduce import default_out_dir, reproduce_suite
+from mixrl.suites import load_suite
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

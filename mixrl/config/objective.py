@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from mixrl.config.builders import (  # noqa: F401 - build_* are imported from here by their callers
     CHECK_LIMIT,

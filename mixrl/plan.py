@@ -71,6 +71,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from mixrl.config.geometry import geometry
+from mixrl.config.hardware import needs_launch, world_size
+from mixrl.launch import plan_launch
+from mixrl.models import tiny_bpe, tiny_spec
+
 GB = 1024**3
 
 #: hub id -> the fields of its config.json used here (Qwen2 architecture, published configs)
@@ -149,13 +154,9 @@ def model_shape(cfg: DictConfig) -> ModelShape | None:
     path = str(cfg.model.path)
     local = None
     if path == "builtin:tiny":
-        from mixrl.models import tiny_spec
-
         cached = tiny_spec.default_path()
         local = cached if tiny_spec.is_complete(cached) else None
     elif path == "builtin:tiny-bpe":
-        from mixrl.models import tiny_bpe
-
         cached = tiny_bpe.default_path()
         local = cached if tiny_bpe.is_complete(cached) else None
     elif Path(path).is_dir():
@@ -180,8 +181,6 @@ def gpu_memory_gb(cfg: DictConfig) -> float | None:
 def default_prompt_tokens(cfg: DictConfig) -> int:
     """512 tokens for real data; the built-in task's longest prompt for ``builtin:arith``."""
     if str(cfg.data.source).startswith("builtin:"):
-        from mixrl.models import tiny_bpe, tiny_spec
-
         return int(tiny_bpe.MAX_PROMPT_TOKENS if tiny_bpe.is_tiny_bpe(cfg.model.path) else tiny_spec.MAX_PROMPT_TOKENS)
     return 512
 
@@ -248,9 +247,6 @@ def teacher_shapes(cfg: DictConfig) -> list[ModelShape | None]:
 
 def estimate(cfg: DictConfig, shape: ModelShape, *, prompt_tokens: int = 512) -> dict:
     """Per-GPU bytes of each part (see the module docstring) for ``cfg`` and ``shape``."""
-    from mixrl.config.rules import geometry
-    from mixrl.launch import world_size
-
     hw, t = cfg.hardware, cfg.trainer
     geom = geometry(cfg)
     W = world_size(cfg)
@@ -350,9 +346,6 @@ def _gb(x: float) -> str:
 def render_plan(cfg: DictConfig, overrides: list[str], *, prompt_tokens: int | None = None) -> str:
     """The plan as text: geometry, memory estimate per GPU and the launch command."""
     prompt_tokens = prompt_tokens or default_prompt_tokens(cfg)
-    from mixrl.config.rules import geometry
-    from mixrl.launch import needs_launch, plan_launch, world_size
-
     hw = cfg.hardware
     name = cfg.recipe_info.name or "(overrides)"
     lines = [f"plan: {name}  (algo={cfg.algo.name}, model={cfg.model.path}, hardware={hw.name})", ""]

@@ -305,21 +305,21 @@ def test_use_vllm_is_accepted_on_cpu_at_compose_time():
     ],
 )
 def test_the_wrong_vllm_for_the_device_is_one_line(monkeypatch, device, build, expected):
-    import mixrl.launch as launch
+    import mixrl.config.hardware as hardware
 
-    monkeypatch.setattr(launch, "vllm_build", lambda: build)
+    monkeypatch.setattr(hardware, "vllm_build", lambda: build)
     cfg = compose_config(["hardware=cpu", "hardware.use_vllm=true", f"hardware.device={device}"])
     with pytest.raises(ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")) as e:
-        launch.check_packages(cfg)
+        hardware.check_packages(cfg)
     assert "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize(("device", "build"), [("cpu", "cpu"), ("cuda", "gpu")])
 def test_the_right_vllm_for_the_device_passes(monkeypatch, device, build):
-    import mixrl.launch as launch
+    import mixrl.config.hardware as hardware
 
-    monkeypatch.setattr(launch, "vllm_build", lambda: build)
-    launch.check_packages(compose_config(["hardware=cpu", "hardware.use_vllm=true", f"hardware.device={device}"]))
+    monkeypatch.setattr(hardware, "vllm_build", lambda: build)
+    hardware.check_packages(compose_config(["hardware=cpu", "hardware.use_vllm=true", f"hardware.device={device}"]))
 
 
 class _OneProcess:

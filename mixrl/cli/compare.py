@@ -16,9 +16,12 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from mixrl.cli.errors import user_errors
+from mixrl.experiments.compare import compare as run_compare
+from mixrl.experiments.report import table_cells, table_header
 
 
 def _consoles() -> tuple[Console, Console]:
@@ -42,9 +45,6 @@ def compare(
     plots: bool = typer.Option(True, "--plots/--no-plots", help="Write PNG plots (needs matplotlib)."),
 ):
     """Compare runs by method: held-out accuracy (mean ± std over seeds), rollouts to a target, plots."""
-    from mixrl.experiments.compare import compare as run_compare
-    from mixrl.experiments.report import table_cells, table_header
-
     out, _ = _consoles()
     result = run_compare(run_dirs, out_dir, metric=metric, target=target, by=list(by or []), band=band, plots=plots)
     table = Table(title=f"mixrl compare: held-out {metric}")
@@ -78,15 +78,13 @@ def eval_model(
     held-out split) is used, with any overrides applied on top. Code that config names runs
     only with --trust-run-code."""
     from mixrl.evaluation.saved import resolve_model_dir
-    from mixrl.trainer.saved_eval import eval_config, evaluate_saved_model
+    from mixrl.trainer.saved_eval import eval_config, evaluate_saved_model  # deferred: imports torch
 
     out, err = _consoles()
     cfg, saved = eval_config(model_dir, list(overrides or []), trust_run_code=trust_run_code)  # a bad override fails before any model is loaded
     resolve_model_dir(model_dir)
     err.print(f"config: {saved} (the run's own{', with the overrides' if overrides else ''})" if saved
               else "config: the defaults and the overrides (no config.yaml next to the model)", highlight=False, soft_wrap=True)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     with Progress(TextColumn("[bold]held-out eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err, disable=not cfg.logger.progress, transient=True) as prog:
         task = prog.add_task("eval", total=None)

@@ -38,6 +38,7 @@ def explain(
 
 
 def _explain(overrides: list[str], plot: Optional[Path], steps: int, out: Console) -> None:
+    # deferred: both import torch; `mixrl --help` stays fast
     from mixrl.config.compose import compose_config, compose_stages
     from mixrl.explain import explain_text, plot_schedules, require_matplotlib, schedule_rows
 

@@ -13,6 +13,12 @@ from rich.console import Console
 from rich.table import Table
 
 from mixrl.cli.errors import user_errors
+from mixrl.config.schema import GROUPS
+from mixrl.errors import ConfigError
+from mixrl.experiments.methods import render_methods
+from mixrl.models import tiny, tiny_bpe
+from mixrl.experiments.reproduce import default_out_dir, reproduce_suite
+from mixrl.experiments.suites import load_suite
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -58,7 +64,7 @@ def _summary_table(summary: dict) -> Table:
         f"reward (last step) {reward_text}; wall-clock {summary['wall_seconds']:.0f}s "
         f"(setup {summary['setup_seconds']:.0f}s, train {summary['train_seconds']:.0f}s)"
     )
-    from mixrl.trainer.callbacks import engine_mismatch_text
+    from mixrl.trainer.callbacks import engine_mismatch_text  # deferred: imports torch; `mixrl --help` stays fast
 
     engine = engine_mismatch_text(final)
     if engine is not None:
@@ -78,48 +84,35 @@ def train(
     ),
 ):
     """Train. With no overrides: GRPO on the built-in arithmetic task with the tiny model (CPU, minutes)."""
-    from mixrl.config.compose import compose_config, expand_sweeps
+    from mixrl import launch  # deferred: imports torch; `mixrl --help` stays fast
+    from mixrl.config.checks import check_environment
+    from mixrl.config.compose import compose_config, compose_stages, expand_sweeps, parse_overrides
+    from mixrl.trainer.resume import resume_config
+    from mixrl.trainer.rundir import resume_checkpoint
+    from mixrl.trainer.run import train_stages
 
     overrides = list(overrides or [])
     jobs = expand_sweeps(overrides) if multirun else [overrides]
-    from mixrl.config.compose import _parse
-
-    resume = [ov.value() for ov in _parse(list(overrides)) if ov.key_or_group == "resume"]
+    resume = [ov.value() for ov in parse_overrides(list(overrides)) if ov.key_or_group == "resume"]
     if resume and resume[-1]:  # the run's own config, with the overrides checked against it
-        from mixrl.trainer.resume import resume_config
-        from mixrl.trainer.rundir import resume_checkpoint
-
         if multirun:
-            from mixrl.errors import ConfigError
-
             raise ConfigError("resume=RUN_DIR continues one run; drop -m (multirun)")
         cfgs = [resume_config(str(resume[-1]), jobs[0], trust_run_code=trust_run_code)]
         resume_checkpoint(cfgs[0])  # something to continue from: checked before anything is written
     else:
         cfgs = [compose_config(job) for job in jobs]  # validate every job before loading any model
-    from mixrl.config.compose import check_world_size
-
-    from mixrl.config.checks import check_environment
-
     for cfg in cfgs:
-        check_environment(cfg)
-    from mixrl.launch import needs_launch
-
-    if any(needs_launch(cfg) for cfg in cfgs):  # hardware asks for processes: start them through the launcher
+        check_environment(cfg)  # what this machine lacks for it (the config itself is validated above)
+    if any(launch.needs_launch(cfg) for cfg in cfgs):  # hardware asks for processes: start them through the launcher
         # the launched processes load the resumed run's config again: they need the user's consent too
         launched = [[*job, "--trust-run-code"] for job in jobs] if trust_run_code and cfgs[0].resume else jobs
         raise typer.Exit(_launch_jobs(cfgs, launched, overrides, multirun))
-    for cfg in cfgs:
-        check_world_size(cfg, launching=True)
     if multirun:
         root = Path("runs") / "multirun" / datetime.now().strftime("%Y-%m-%d/%H%M%S")
         for i, (job, cfg) in enumerate(zip(jobs, cfgs)):
             tag = "_".join(o.replace("/", "-").replace("=", "-") for o in job if o not in overrides) or "job"
             cfg.run_dir = str(Path(cfg.run_dir) / f"{i}" if cfg.run_dir else root / f"{i}-{tag}")
         err.print(f"multirun: {len(cfgs)} jobs")
-    from mixrl.config.compose import compose_stages
-    from mixrl.trainer.run import train_stages
-
     staged = [compose_stages(cfg, job) for cfg, job in zip(cfgs, jobs)]  # stages are checked up front too
     results = []
     for i, cfg in enumerate(cfgs):
@@ -149,7 +142,7 @@ def _close_process_group() -> None:
     """Under a launcher: every process waits until rank 0 has written the run, then the process
     group closes. (A gloo process left to the interpreter's exit while its peer still works
     may abort: seen with FSDP on CPU, 'terminate called without an active exception'.)"""
-    import torch.distributed as dist
+    import torch.distributed as dist  # deferred: imports torch; `mixrl --help` stays fast
 
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
@@ -158,7 +151,7 @@ def _close_process_group() -> None:
 
 def _launch_jobs(cfgs, jobs, overrides, multirun: bool) -> int:
     """Each job through :func:`mixrl.launch.launch` (one after another); the first failure stops."""
-    from mixrl.launch import launch
+    from mixrl.launch import launch  # deferred: imports torch; `mixrl --help` stays fast
 
     for i, (cfg, job) in enumerate(zip(cfgs, jobs)):
         if multirun:
@@ -186,7 +179,7 @@ def plan(
     `mixrl plan recipe=chord/qwen2.5-7b-openr1` (a bare recipe name works too). The estimate
     (weights, gradients, optimizer state per ZeRO stage / FSDP, activations per micro-batch,
     vLLM share) is explained in mixrl/plan.py."""
-    from mixrl.config.compose import compose_config, list_recipe_names
+    from mixrl.config.compose import compose_config, list_recipe_names  # deferred: imports torch; `mixrl --help` stays fast
     from mixrl.plan import render_plan
 
     overrides = [f"recipe={o}" if "=" not in o and o in list_recipe_names() else o for o in (overrides or [])]
@@ -198,7 +191,7 @@ def plan(
 @user_errors
 def config_show(overrides: Optional[List[str]] = OVERRIDES):
     """Print the fully resolved config as YAML."""
-    from mixrl.config.compose import compose_config, to_yaml
+    from mixrl.config.compose import compose_config, to_yaml  # deferred: imports torch; `mixrl --help` stays fast
 
     sys.stdout.write(to_yaml(compose_config(list(overrides or []))))
 
@@ -207,8 +200,7 @@ def config_show(overrides: Optional[List[str]] = OVERRIDES):
 @user_errors
 def config_groups():
     """List the config groups and their options."""
-    from mixrl.config.compose import group_options
-    from mixrl.config.schema import GROUPS
+    from mixrl.config.compose import group_options  # deferred: imports torch; `mixrl --help` stays fast
 
     table = Table(title="config groups")
     table.add_column("group")
@@ -220,6 +212,7 @@ def config_groups():
 
 # --------------------------------------------------------------------------- recipes
 def _recipe_row(name: str) -> dict:
+    # deferred: both take a while to import (torch, omegaconf's grammar); `mixrl --help` stays fast
     from omegaconf import OmegaConf
 
     from mixrl.config.compose import compose_config
@@ -240,7 +233,7 @@ def _recipe_row(name: str) -> dict:
 
 
 def _recipe_path(name: str) -> Path:
-    from mixrl.config.compose import recipes_dir
+    from mixrl.config.compose import recipes_dir  # deferred: imports torch; `mixrl --help` stays fast
 
     return recipes_dir() / f"{name}.yaml"
 
@@ -249,7 +242,7 @@ def _recipe_path(name: str) -> Path:
 @user_errors
 def recipes_list():
     """Table of shipped recipes: name, paper, model, data, hardware it needs."""
-    from mixrl.config.compose import list_recipe_names
+    from mixrl.config.compose import list_recipe_names  # deferred: imports torch; `mixrl --help` stays fast
 
     table = Table(title="mixrl recipes (mixrl train recipe=NAME)")
     table.add_column("name", no_wrap=True)  # a name is what the user types: never cut
@@ -265,8 +258,8 @@ def recipes_list():
 @user_errors
 def recipes_show(name: str = typer.Argument(..., help="Recipe name, e.g. grpo/arith-tiny")):
     """Print one recipe: its overlay file and what it resolves to."""
-    from mixrl.config.compose import load_recipe
-    from mixrl.config.rules import geometry
+    from mixrl.config.compose import load_recipe  # deferred: imports torch; `mixrl --help` stays fast
+    from mixrl.config.geometry import geometry
 
     load_recipe(name)  # clear error for an unknown name
     r = _recipe_row(name)
@@ -284,13 +277,9 @@ def model_build_tiny(force: bool = typer.Option(False, "--force", help="Rebuild 
                      bpe: bool = typer.Option(False, "--bpe", help="Build the BPE chat model (model=tiny-bpe) instead.")):
     """Build (or reuse) the warm-started tiny model (or, with --bpe, the BPE chat model) and print its cache directory."""
     if bpe:
-        from mixrl.models import tiny_bpe
-
         path = tiny_bpe.warm_start(force=force, progress=True)
         out.print(f"tiny BPE model: [bold]{path}[/]")
         return
-    from mixrl.models import tiny
-
     path = tiny.warm_start(force=force, progress=True)
     out.print(f"tiny model: [bold]{path}[/]")
 
@@ -315,10 +304,6 @@ def reproduce(
 ):
     """Run a suite: its recipes x seeds at the suite's budget, then compare them (table, plots,
     claims judged over seeds) and write a README with the command, commit and machine."""
-    from mixrl.errors import ConfigError
-    from mixrl.experiments.reproduce import default_out_dir, reproduce_suite
-    from mixrl.experiments.suites import load_suite
-
     s = load_suite(suite)
     if seeds is not None and seeds < 1:
         raise ConfigError("--seeds must be >= 1 (use --seeds N with N >= 1)")
@@ -336,7 +321,7 @@ def docs_components(
     out_path: Path = typer.Option(Path("docs/components.md"), "--out", help="Where to write the page ('-' for stdout)."),
 ):
     """Regenerate the reference page of every registered component from the code."""
-    from mixrl.sources.docs import render_components_markdown
+    from mixrl.sources.docs import render_components_markdown  # deferred: imports torch; `mixrl --help` stays fast
 
     _write_page(render_components_markdown(), out_path)
 
@@ -358,8 +343,6 @@ def docs_methods(
     results: Path = typer.Option(Path("docs/results"), "--results", help="Folder of suite results (<suite>/compare.json)."),
 ):
     """Regenerate docs/methods.md: every shipped method, its recipes, paper, claims and latest verdicts."""
-    from mixrl.experiments.methods import render_methods
-
     _write_page(render_methods(results), out_path)
 
 

@@ -2,10 +2,14 @@
 
 Three moments, three functions:
 
-* :func:`validate_run` (called by ``compose_config``): values no run can use
-  (``trainer.temperature <= 0``, ``trainer.max_completion_length <= 0``, ``data.limit <= 0``).
-* :func:`check_environment` (called by ``mixrl train`` before a run starts): what this
-  machine lacks for the config (CUDA, a logger's package, a writable ``run_dir``).
+* :func:`check_settings` and :func:`validate_run` (part of
+  :func:`mixrl.config.validate.validate_config`, which every command goes through): ranges of
+  the run's settings and values no run can use (``trainer.temperature <= 0``,
+  ``trainer.max_completion_length <= 0``, ``data.limit <= 0``).
+* :func:`check_environment` (called by ``mixrl train``, new or resumed, before a run starts):
+  what this machine lacks for the config (CUDA, a package, a writable ``run_dir``, the process
+  count a launcher started). ``explain``, ``plan``, ``config show`` and ``eval`` skip it on
+  purpose: a GPU recipe can be explained and planned on a laptop.
 * :func:`check_training_data` (called at data load, once the tokenizer is known, still
   before the model loads): chat prompts for a tokenizer without a chat template, characters
   the tokenizer cannot encode, prompts longer than
@@ -21,9 +25,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+import torch
+from omegaconf import DictConfig, OmegaConf
 
+from mixrl.config.hardware import check_packages, check_world_size, needs_launch
+from mixrl.core.registry import format_value, parse_bound
 from mixrl.errors import ConfigError, DataError, MixrlUserError, RunStopped
+from mixrl.rewards.builtin import AnswerReward
 
 #: logger name -> (python package, pyproject extra)
 LOGGER_PACKAGES = {"wandb": ("wandb", "wandb"), "tensorboard": ("tensorboard", "tensorboard")}
@@ -67,10 +75,6 @@ SETTING_BOUNDS: dict[str, tuple[str, str]] = {
 def check_settings(cfg: DictConfig) -> None:
     """Every numeric setting of :data:`SETTING_BOUNDS` inside its range, and no NaN or
     infinite number anywhere in the config; raises ConfigError naming the key and the range."""
-    from omegaconf import OmegaConf
-
-    from mixrl.core.registry import format_value, parse_bound
-
     for key, spec in SETTING_BOUNDS.items():
         value = OmegaConf.select(cfg, key, default=None)
         if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -98,9 +102,6 @@ def _non_finite(node: Any, prefix: str = "") -> tuple[str, float] | None:
 
 def validate_run(cfg: DictConfig) -> None:
     """Reject values that no run can use; raises ConfigError (one line)."""
-    from mixrl.launch import validate_hardware
-
-    validate_hardware(cfg)
     t = cfg.trainer
     if float(t.temperature) <= 0:
         raise ConfigError(
@@ -121,8 +122,6 @@ def validate_run(cfg: DictConfig) -> None:
 
 # --------------------------------------------------------------------------- this machine
 def _cuda_available() -> bool:
-    import torch
-
     return torch.cuda.is_available()
 
 
@@ -134,9 +133,8 @@ def _writable_ancestor(path: Path) -> tuple[Path, bool]:
 
 
 def check_environment(cfg: DictConfig) -> None:
-    """Reject a config this machine cannot run; raises ConfigError (one line)."""
-    from mixrl.launch import check_packages
-
+    """Reject a config this machine cannot run; raises ConfigError (one line). In a process a
+    launcher started (or one that needs none) the launched process count must be the config's."""
     check_packages(cfg)
     if cfg.hardware.device == "cuda" and not _cuda_available():
         raise ConfigError(
@@ -151,6 +149,8 @@ def check_environment(cfg: DictConfig) -> None:
                     f"logger {name} needs the '{package}' package, which is not installed; "
                     f"pip install 'mixrl[{extra}]' (or use logger=console)"
                 )
+    if not needs_launch(cfg):  # else the launcher starts hardware.num_processes: checked in each of them
+        check_world_size(cfg, launching=True)
     if cfg.get("resume"):
         return  # the run directory exists and is checked by the resume itself
     if cfg.run_dir:
@@ -223,7 +223,7 @@ def check_chat_template(tokenizer, prompts, model_path: str, cfg: DictConfig) ->
 def model_context(model_path: str, cfg: DictConfig) -> int | None:
     """The model's context length from its config (no weights are read), or None."""
     try:
-        from transformers import AutoConfig
+        from transformers import AutoConfig  # deferred: transformers takes seconds to import, and only data loading needs it
 
         conf = AutoConfig.from_pretrained(model_path, trust_remote_code=bool(cfg.model.trust_remote_code))
     except Exception:  # noqa: BLE001 - unknown here: TRL reports it later
@@ -292,8 +292,6 @@ def check_training_data(cfg: DictConfig, tokenizer, train_ds, reward_funcs: list
 def _check_answers(cfg: DictConfig, train_ds, reward_funcs: list) -> None:
     """The built-in rewards score a completion against the row's answer: an answer column
     that is empty on every row would leave every rollout unscored. Raises DataError."""
-    from mixrl.rewards.builtin import AnswerReward
-
     if len(train_ds) == 0:
         return  # no rows at all: check_train_size says so with the sizes
     columns = {getattr(getattr(fn, "fn", fn), "answer_column", None) for fn in reward_funcs

@@ -15,12 +15,14 @@ shares (:data:`TERM_KEYS`) and may hold components of its own (``token_weight``,
 from __future__ import annotations
 
 import fnmatch
+import importlib
 import inspect
 import math
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+import mixrl.core as core
 from mixrl.errors import ConfigError, did_you_mean
 
 # config path pattern -> (module, registry attribute, human kind)
@@ -66,8 +68,7 @@ def component_kind(section: str) -> str | None:
 
 
 def registry_for(section: str):
-    import importlib
-
+    """The registry a component section selects from (by module and attribute name)."""
     module, attr, _ = _SECTION_REGISTRY[_pattern(section)]
     return getattr(importlib.import_module(module), attr)
 
@@ -201,8 +202,6 @@ def validate_components(cfg: DictConfig) -> None:
     if unknown:
         key = sorted(unknown)[0]
         raise ConfigError(f"unknown key 'algo.kl.{key}'{did_you_mean(key, ['coef', 'estimator'])}")
-    import mixrl.core as core
-
     est = kl.get("estimator", "k3")
     if est not in core.KL_ESTIMATORS:
         names = core.KL_ESTIMATORS.names()

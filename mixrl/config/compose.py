@@ -8,17 +8,26 @@ the typed schema and validates components and cross-field rules.
 
 from __future__ import annotations
 
+import importlib
 import itertools
-import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
 
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import OverrideParseException
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
+from mixrl.config import validate as validation
+from mixrl.config.components import component_kind, component_param_names
 from mixrl.config.schema import GROUPS, RunConfig
+from mixrl.config.validate import flat_keys
 from mixrl.errors import ConfigError, did_you_mean
+from mixrl.rewards import REWARDS, reward_params
 
 RECIPE_GROUP = "recipe"
 DROP = "\0drop:"  # marks a leftover component key to remove after composition (its value is null)
@@ -93,8 +102,6 @@ def load_recipe(name: str) -> DictConfig:
 @lru_cache(maxsize=1)
 def _register_recipes() -> None:
     """Recipes live in ``recipes/`` beside the groups; expose them as the ``recipe`` group."""
-    from hydra.core.config_store import ConfigStore
-
     cs = ConfigStore.instance()
     for name in list_recipe_names():
         node = load_recipe(name)
@@ -103,10 +110,8 @@ def _register_recipes() -> None:
 
 
 # --------------------------------------------------------------------------- overrides
-def _parse(overrides: list[str]):
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import OverrideParseException
-
+def parse_overrides(overrides: list[str]):
+    """Hydra's parse of each override; ConfigError (one line) for one that does not parse."""
     parser = OverridesParser.create()
     parsed = []
     for text in overrides:
@@ -121,7 +126,7 @@ def _parse(overrides: list[str]):
 def expand_sweeps(overrides: list[str]) -> list[list[str]]:
     """Cartesian product of sweep overrides (``seed=1,2,3``, ``x=range(1,4)``) -> one list per job."""
     choices: list[list[str]] = []
-    for ov in _parse(expand_aliases(list(overrides))):
+    for ov in parse_overrides(expand_aliases(list(overrides))):
         key = ov.input_line.split("=", 1)[0]
         if ov.is_sweep_override():
             choices.append([f"{key}={v}" for v in ov.sweep_string_iterator()])
@@ -131,23 +136,10 @@ def expand_sweeps(overrides: list[str]) -> list[list[str]]:
 
 
 def _compose_raw(overrides: list[str]) -> DictConfig:
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
     _register_recipes()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides)
-
-
-def _flat_keys(node: Any, prefix: str = "") -> list[str]:
-    keys = []
-    if isinstance(node, DictConfig):
-        for k in node.keys():
-            full = f"{prefix}{k}"
-            keys.append(full)
-            keys.extend(_flat_keys(node._get_node(k), full + "."))
-    return keys
+        return hydra_compose(config_name="config", overrides=overrides)
 
 
 def _check_group_override(group: str, value: str) -> None:
@@ -162,11 +154,9 @@ def _check_group_override(group: str, value: str) -> None:
 
 def _prepare_value_overrides(base: DictConfig, value_overrides: list) -> list[str]:
     """Check each key exists; add '+' for parameters of a component not yet listed."""
-    from mixrl.config.components import component_kind, component_param_names
-
-    known = set(_flat_keys(base))
+    known = set(flat_keys(base))
     try:
-        schema_keys = set(_flat_keys(OmegaConf.merge(OmegaConf.structured(RunConfig), base)))
+        schema_keys = set(flat_keys(OmegaConf.merge(OmegaConf.structured(RunConfig), base)))
     except OmegaConfBaseException:
         schema_keys = known  # a type error in a group file; validate() reports it
     # a component's name may itself be overridden in the same command
@@ -229,15 +219,13 @@ def _prepare_value_overrides(base: DictConfig, value_overrides: list) -> list[st
 
 def _reward_param_names(name) -> set[str] | None:
     """Parameters of a registered reward factory (None for a dotted path or unknown name)."""
-    from mixrl.rewards import REWARDS, reward_params
-
     return set(reward_params(REWARDS[name])) if isinstance(name, str) and name in REWARDS else None
 
 
 def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     """Compose, check and validate a run config. Raises ConfigError with one line."""
     overrides = expand_aliases(list(overrides))
-    parsed = _parse(overrides)
+    parsed = parse_overrides(overrides)
     group_ovs, value_ovs = [], []
     for ov in parsed:
         if ov.is_sweep_override():
@@ -279,8 +267,6 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
 def import_plugins(modules: list) -> None:
     """Import the ``plugins`` modules (a user's own sources, injections, terms, losses...):
     importing them registers their components before the config is checked."""
-    import importlib
-
     for name in modules:
         try:
             importlib.import_module(str(name))
@@ -299,7 +285,7 @@ def compose_stages(cfg: DictConfig, overrides: list[str]) -> list[tuple[str, Dic
     if not stages:
         return [("main", cfg)]
     keep = []
-    for ov in _parse(list(overrides)):
+    for ov in parse_overrides(list(overrides)):
         key = ov.key_or_group
         if key == "algo" or key.startswith("algo."):
             continue  # algo settings of a stage come from its own algo and overrides
@@ -324,100 +310,18 @@ def compose_stages(cfg: DictConfig, overrides: list[str]) -> list[tuple[str, Dic
     return out
 
 
+_parse = parse_overrides  # the name trainer.resume and mixrl eval import
+
+
 # --------------------------------------------------------------------------- validation
 def validate(raw: DictConfig) -> DictConfig:
-    """Merge onto the typed schema, then check components and cross-field rules."""
-    schema = OmegaConf.structured(RunConfig)
-    try:
-        cfg = OmegaConf.merge(schema, raw)
-        OmegaConf.resolve(cfg)  # surface interpolation errors here, with their key
-    except OmegaConfBaseException as e:
-        key = getattr(e, "full_key", None) or _section_of(str(e)) or "?"
-        msg = str(e).strip().splitlines()[0]
-        if "nterpolation" in type(e).__name__ or "nterpolation" in msg:
-            raise ConfigError(f"bad interpolation in '{_bad_interpolation_key(raw) or key}': {msg}") from None
-        if "not in struct" in msg or "Key '" in msg and "not in" in msg:
-            parent, _, leaf = key.rpartition(".")
-            siblings = _flat_keys(OmegaConf.select(schema, parent) if parent else schema)
-            raise ConfigError(f"unknown key '{key}'{did_you_mean(leaf, siblings)}") from None
-        raise ConfigError(f"wrong type for '{key}': {msg}") from None
-    from mixrl.config.components import validate_components
-    from mixrl.config.rules import validate_rules
-
-    try:
-        from mixrl.config.checks import check_settings
-
-        check_settings(cfg)
-        validate_components(cfg)
-        validate_rules(cfg)
-        from mixrl.config.checks import validate_run
-        validate_run(cfg)
-        _validate_rewards(cfg)
-    except OmegaConfBaseException as e:
-        key = getattr(e, "full_key", None) or "?"
-        raise ConfigError(f"invalid value for '{key}': {str(e).strip().splitlines()[0]}") from None
-    check_world_size(cfg)
-    OmegaConf.set_readonly(cfg, False)
-    return cfg
-
-
-def _bad_interpolation_key(cfg: DictConfig) -> str | None:
-    """The first key whose interpolation does not resolve."""
-    for key in _flat_keys(cfg):
-        try:
-            OmegaConf.select(cfg, key, throw_on_resolution_failure=True)
-        except OmegaConfBaseException:
-            node = OmegaConf.select(cfg, key, throw_on_resolution_failure=False)
-            if not isinstance(node, DictConfig):
-                return key
-    return None
-
-
-def _section_of(message: str) -> str | None:
-    """Name the config section whose dataclass appears in an OmegaConf message."""
-    import dataclasses
-    import re
-
-    m = re.search(r"(\w+Config)\b", message)
-    if not m:
-        return None
-    for f in dataclasses.fields(RunConfig):
-        if getattr(f.type, "__name__", str(f.type)) == m.group(1) or str(f.type) == m.group(1):
-            return f.name
-    return None
-
-
-def _validate_rewards(cfg: DictConfig) -> None:
-    """Build each reward function now (cheap, no model), so a bad name, path or
-    parameter fails before anything is loaded."""
-    from mixrl.rewards import build_reward
-
-    specs = [(cfg.reward.name, cfg.reward.params)] + [(x.get("name"), x.get("params") or {}) for x in cfg.reward.extra]
-    for name, params in specs:
-        build_reward(str(name), **(OmegaConf.to_container(params) if isinstance(params, DictConfig) else dict(params)))
+    """:func:`mixrl.config.validate.validate_config`, under the name ``mixrl eval`` and
+    ``resume=`` import (looked up at each call, so the one validation is the one that runs)."""
+    return validation.validate_config(raw)
 
 
 def to_yaml(cfg: DictConfig) -> str:
     return OmegaConf.to_yaml(cfg, resolve=True)
-
-
-def env_world_size() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1"))
-
-
-def check_world_size(cfg: DictConfig, *, launching: bool = False) -> None:
-    """``hardware.num_processes`` must match the launcher (torchrun sets WORLD_SIZE), so
-    that the batch geometry derived from it is the one that runs. Composing a multi-GPU
-    recipe in a single process (``config show``) is fine; training it (``launching``) is not."""
-    from mixrl.launch import world_size
-
-    world, n = env_world_size(), world_size(cfg)
-    if world == n or (world == 1 and not launching and "WORLD_SIZE" not in os.environ):
-        return
-    raise ConfigError(
-        f"hardware.num_processes x hardware.num_machines = {n} but {world} process(es) were launched; "
-        f"run `mixrl train` without a launcher (it starts the processes itself) or set hardware.num_processes={world}"
-    )
 
 
 __all__ = [

@@ -1,8 +1,8 @@
-"""From ``cfg.algo`` / ``cfg.offpolicy`` to the objective, source and injection a run trains
-with, and the one validation pass every command goes through.
+"""The objective's checks: is the objective, source and injection a config describes one a
+run can train? (They are built by :mod:`mixrl.config.builders`, re-exported here.)
 
-:func:`check_objective` runs when a config is composed (``mixrl train``, ``config show``,
-``explain``, every recipe test), before any model loads. Each rule below belongs to what a
+:func:`check_objective` is part of :func:`mixrl.config.validate.validate_config` (through
+:func:`mixrl.config.rules.validate_rules`), which every command runs before any model loads. Each rule below belongs to what a
 component declares about itself, so a new component brings its own checks:
 
 * a term selects provenances that exist; a term that takes a ratio (``needs_behaviour``)
@@ -20,26 +20,29 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from mixrl.config.builders import (  # noqa: F401 - build_* are imported from here by their callers
+    CHECK_LIMIT,
+    build_controller,
+    build_engine_correction,
+    build_injection,
+    build_objective,
+    build_source,
+    build_teacher,
+    check_steps,
+    component,
+    controller_class,
+    plain,
+)
+from mixrl.config.geometry import geometry
+from mixrl.core import provenance as prov
+from mixrl.core.engine_mismatch import check_bounds
 from mixrl.core.objective import Objective, TermSpec, parse_weight_ref
+from mixrl.core.schedules import resolve_schedule
+from mixrl.core.terms import term_needs, term_needs_behaviour
 from mixrl.errors import ConfigError
-
-#: how far schedules are checked when trainer.max_steps is huge
-CHECK_LIMIT = 200_000
-
-
-def plain(node: Any) -> Any:
-    """A config node as plain Python (dicts, lists, scalars), interpolations resolved."""
-    if isinstance(node, DictConfig) or OmegaConf.is_list(node):
-        return OmegaConf.to_container(node, resolve=True)
-    return node
-
-
-def component(node: Any) -> tuple[str | None, dict]:
-    """``(name, params)`` of a component section (``{name: ..., <params>}``) or ``(None, {})``."""
-    d = dict(plain(node) or {})
-    return d.pop("name", None), d
+from mixrl.sources import INJECTIONS, SOURCES
 
 
 def _g(x: Any) -> str:
@@ -48,104 +51,9 @@ def _g(x: Any) -> str:
     return f"{x:.6g}" if isinstance(x, float) else str(x)
 
 
-# --------------------------------------------------------------------------- building
-def build_objective(cfg: DictConfig) -> Objective:
-    """The :class:`Objective` of ``cfg.algo``: its terms, then KL and entropy on rollout tokens."""
-    a = cfg.algo
-    agg_name, agg_params = component(a.aggregation)
-    coefs = dict(plain(a.get("coefs")) or {})
-    terms: list[TermSpec] = []
-    for label, node in (plain(a.get("terms")) or {}).items():
-        d = dict(node)
-        kind = d.pop("name")
-        tokens = tuple(d.pop("tokens", None) or ("on_policy",))
-        norm = d.pop("normalise_over", None)
-        weight = d.pop("weight", 1.0)
-        t_agg, t_agg_params = component(d.pop("aggregation", None)) if d.get("aggregation") else (agg_name, agg_params)
-        if kind == "policy" and not d.get("loss"):
-            d["loss"] = plain(a.loss)
-        d = {k: v for k, v in d.items() if v is not None}
-        terms.append(TermSpec(label, kind, tokens, tuple(norm) if norm else None, weight, t_agg, t_agg_params, d))
-    kl_coef = float(a.kl.coef)
-    if kl_coef:
-        terms.append(TermSpec("kl", "kl", ("on_policy",), None, kl_coef, agg_name, agg_params,
-                              {"estimator": str(a.kl.estimator)}))
-    if _entropy_term_needed(cfg):
-        coefs["entropy_coef"] = plain(a.entropy_coef)
-        terms.append(TermSpec("entropy_bonus", "entropy", ("on_policy",), None, "-entropy_coef", "token-mean", {}, {}))
-    return Objective(terms, coefs, engine_correction=build_engine_correction(cfg))
-
-
-def build_engine_correction(cfg: DictConfig):
-    """The engine-mismatch correction of ``algo.engine_correction`` when vLLM generates
-    (``hardware.use_vllm``) and it is enabled; None otherwise. ``ValueError`` for bad bounds."""
-    from mixrl.core.engine_mismatch import EngineCorrection
-
-    node = cfg.algo.get("engine_correction")
-    if node is None or not bool(node.enabled) or not bool(cfg.hardware.use_vllm):
-        return None
-    return EngineCorrection(
-        mode=str(node.mode),
-        c_min=None if node.c_min is None else float(node.c_min),
-        c_max=None if node.c_max is None else float(node.c_max),
-    )
-
-
-def _entropy_term_needed(cfg: DictConfig) -> bool:
-    from mixrl.core.schedules import resolve_schedule
-
-    name, _ = component(cfg.algo.get("controller"))
-    if name is not None and "entropy_coef" in _controller_class(name).knob_names:
-        return True
-    fn = resolve_schedule(plain(cfg.algo.entropy_coef))
-    return any(fn(s) != 0.0 for s in _steps(cfg))
-
-
-def _controller_class(name: str):
-    from mixrl.core import CONTROLLERS
-
-    return CONTROLLERS.get(name)
-
-
-def _steps(cfg: DictConfig) -> range:
-    return range(0, min(int(cfg.trainer.max_steps), CHECK_LIMIT) + 1)
-
-
-def build_source(cfg: DictConfig):
-    from mixrl.sources import SOURCES
-
-    name, params = component(cfg.offpolicy.source)
-    return SOURCES.get(name)(**params)
-
-
-def build_teacher(cfg: DictConfig):
-    """The configured teacher source (``teacher.source``), or None (``teacher=none``)."""
-    from mixrl.sources import SOURCES
-
-    node = cfg.get("teacher")
-    name, params = component(node.source) if node is not None else (None, {})
-    if name in (None, "none"):
-        return None
-    return SOURCES.get(name)(**params)
-
-
 def _teacher_name(cfg: DictConfig) -> str:
     node = cfg.get("teacher")
     return "none" if node is None else str(component(node.source)[0] or "none")
-
-
-def build_injection(cfg: DictConfig, *, source=None, geometry=None):
-    """The configured injection (``algo.inject``), holding its source."""
-    from mixrl.sources import INJECTIONS
-
-    name, params = component(cfg.algo.inject)
-    return INJECTIONS.get(name)(source=source, geometry=geometry, seed=int(cfg.seed), **params)
-
-
-def build_controller(cfg: DictConfig):
-    """The configured controller instance (``algo.controller``), or None."""
-    name, params = component(cfg.algo.get("controller"))
-    return None if name is None else _controller_class(name)(**params)
 
 
 # --------------------------------------------------------------------------- checks
@@ -153,8 +61,6 @@ def check_objective(cfg: DictConfig) -> list[str]:
     """Raise :class:`ConfigError` (one line) for a contradictory objective; return notes
     (non-fatal remarks) for the rest. A staged algo is checked stage by stage when its
     stages are composed."""
-    from mixrl.core import provenance as prov
-
     algo, notes = cfg.algo, []
     if list(algo.get("stages") or []):
         return notes
@@ -217,7 +123,7 @@ def check_objective(cfg: DictConfig) -> list[str]:
     ctrl_name, ctrl_params = component(algo.get("controller"))
     if ctrl_name is not None:
         try:
-            controller = _controller_class(ctrl_name)(**ctrl_params)
+            controller = controller_class(ctrl_name)(**ctrl_params)
         except (ValueError, TypeError) as e:
             raise ConfigError(f"algo.controller ({ctrl_name}): {str(e).splitlines()[0]}") from None
         _check_controller(cfg, ctrl_name, controller, objective)
@@ -228,8 +134,6 @@ def check_objective(cfg: DictConfig) -> list[str]:
 def _check_engine_correction(cfg: DictConfig) -> None:
     """``algo.engine_correction``: a known mode and bounds TRL accepts (checked with vLLM off
     too, so a config fails here rather than on the GPU machine)."""
-    from mixrl.core.engine_mismatch import check_bounds
-
     node = cfg.algo.get("engine_correction")
     if node is None:
         return
@@ -245,9 +149,6 @@ def _check_engine_correction(cfg: DictConfig) -> None:
 def _injection_provenances(cfg: DictConfig, source_name: str, inject_name: str) -> tuple[set[str], set[str]]:
     """(provenances the configured injection puts in the batch, those it may leave untrained):
     what the injection declares, else its source's material."""
-    from mixrl.config.rules import geometry
-    from mixrl.sources import INJECTIONS
-
     cls = INJECTIONS.get(inject_name)
     declared = cls.provenances
     if isinstance(declared, property):  # depends on the injection's parameters
@@ -262,16 +163,12 @@ def _injection_provenances(cfg: DictConfig, source_name: str, inject_name: str) 
 
 def _injected_provenances(source_name: str) -> set[str]:
     """What the configured source's material is, as provenances (declared by the source)."""
-    from mixrl.sources import SOURCES
-
     return set(SOURCES.get(source_name).provenances)
 
 
 def _check_teacher(cfg: DictConfig, inject_name: str, objective: Objective) -> None:
     """The teacher source's own constructor checks; an injection that needs a teacher has one
     that can generate (not ``self``)."""
-    from mixrl.sources import INJECTIONS
-
     try:
         teacher = build_teacher(cfg)
     except (ValueError, TypeError) as e:
@@ -283,8 +180,6 @@ def _check_teacher(cfg: DictConfig, inject_name: str, objective: Objective) -> N
         if "self" in teacher.models:
             raise ConfigError(f"algo.inject={inject_name} needs teacher models that generate; teacher.source.models "
                               "lists 'self' (the policy); name real teacher models")
-    from mixrl.core.terms import term_needs
-
     reads = any("teacher_logp" in term_needs(t.kind) for t in objective.terms)
     if teacher is not None and not reads and not getattr(INJECTIONS.get(inject_name), "needs_teacher", False):
         raise ConfigError(
@@ -294,27 +189,18 @@ def _check_teacher(cfg: DictConfig, inject_name: str, objective: Objective) -> N
 
 
 def _needs_source(inject_name: str) -> bool:
-    from mixrl.sources import INJECTIONS
-
     return bool(INJECTIONS.get(inject_name).needs_source)
 
 
 def _injection_class(inject_name: str):
-    from mixrl.sources import INJECTIONS
-
     return INJECTIONS.get(inject_name)
 
 
 def _skips_generation(inject_name: str) -> bool:
-    from mixrl.sources import INJECTIONS
-
     return bool(INJECTIONS.get(inject_name).skips_generation)
 
 
 def _check_term(t: TermSpec, where: str, available: set[str], cfg: DictConfig) -> None:
-    from mixrl.core import provenance as prov
-    from mixrl.core.terms import term_needs, term_needs_behaviour
-
     if t.label in (cfg.algo.get("terms") or {}) and t.kind in ("kl", "entropy"):
         raise ConfigError(
             f"{where}: the {t.kind} term is set by algo.{'kl.coef' if t.kind == 'kl' else 'entropy_coef'}; "
@@ -346,8 +232,6 @@ def _check_term(t: TermSpec, where: str, available: set[str], cfg: DictConfig) -
 
 
 def _check_weight(objective: Objective, t: TermSpec, where: str, cfg: DictConfig) -> None:
-    from mixrl.core.schedules import resolve_schedule
-
     if isinstance(t.weight, str):
         try:
             sign, name = parse_weight_ref(t.weight)
@@ -364,7 +248,7 @@ def _check_weight(objective: Objective, t: TermSpec, where: str, cfg: DictConfig
             0.0, math.inf, "a negative coefficient turns the term around (gradient ascent on what it should minimise)")
         if name == "entropy_coef":
             why = "a negative coefficient pushes entropy down"
-        for s in _steps(cfg):
+        for s in check_steps(cfg):
             v = fn(s)
             if not (lo <= v <= hi) or not math.isfinite(v):
                 rng = "in [0, 1]" if sign == "1-" else ">= 0"
@@ -375,7 +259,7 @@ def _check_weight(objective: Objective, t: TermSpec, where: str, cfg: DictConfig
         fn(0)
     except (ValueError, TypeError, KeyError) as e:
         raise ConfigError(f"{where}.weight: {str(e).splitlines()[0]}") from None
-    for s in _steps(cfg):
+    for s in check_steps(cfg):
         v = fn(s)
         if not (math.isfinite(v) and v >= 0):
             raise ConfigError(
@@ -386,8 +270,6 @@ def _check_weight(objective: Objective, t: TermSpec, where: str, cfg: DictConfig
 
 def _check_injection(cfg: DictConfig) -> None:
     """The injection's own constructor checks (with the batch geometry)."""
-    from mixrl.config.rules import geometry
-
     build_injection(cfg, geometry=geometry(cfg))
 
 
@@ -407,8 +289,6 @@ def _check_policy_loss(cfg: DictConfig) -> None:
 def _check_controller(cfg: DictConfig, name: str, controller, objective: Objective) -> None:
     """The controller's own ``check(objective)``; and a coefficient it sets must not also be
     set by the config."""
-    from mixrl.core.schedules import resolve_schedule
-
     if not any(t.kind == "policy" for t in objective.terms) and any(k.startswith("loss.") for k in controller.knob_names):
         raise ConfigError(f"algo.controller={name} sets policy-loss knobs, but the objective has no policy term")
     try:
@@ -420,7 +300,7 @@ def _check_controller(cfg: DictConfig, name: str, controller, objective: Objecti
             continue
         spec = plain(cfg.algo.get(knob)) if knob in cfg.algo else objective.coefs.get(knob, 0.0)
         fn = resolve_schedule(spec)
-        if any(fn(s) != 0.0 for s in _steps(cfg)):
+        if any(fn(s) != 0.0 for s in check_steps(cfg)):
             raise ConfigError(
                 f"algo.controller={name} sets {knob} every step, which would overwrite algo.{knob}; set algo.{knob}=0"
             )

@@ -1,82 +1,15 @@
-"""Cross-field rules and the batch geometry derived from one config.
-
-The user states the rollout geometry once (``trainer.prompts_per_step``,
-``algo.num_generations``, ``trainer.micro_batch_size``, ``hardware.num_processes``);
-every other size (gradient accumulation, generation batch, expert rows) is derived here
-and checked, never repeated in the config.
-"""
+"""Cross-field rules of one config: the batch geometry divides (:mod:`mixrl.config.geometry`),
+settings that contradict each other (staleness, asynchronous generation, devices), then the
+objective's checks (:mod:`mixrl.config.objective`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from omegaconf import DictConfig
 
+from mixrl.config.geometry import Geometry, geometry  # noqa: F401 - mixrl.config.rules.geometry is the name callers use
+from mixrl.config.objective import build_injection, check_objective, component
 from mixrl.errors import ConfigError
-
-@dataclass(frozen=True)
-class Geometry:
-    prompts_per_step: int
-    num_generations: int
-    rollouts_per_step: int  # on-policy rows per optimizer step, all processes
-    world_size: int
-    micro_batch_size: int  # rows per forward/backward per process
-    grad_accum: int  # micro-batches per optimizer step per process
-    rows_per_process: int
-    expert_rows_per_step: int = 0  # rows an injection appends beside the rollouts per optimizer step (CHORD), all processes
-
-    @property
-    def expert_rows_per_process(self) -> int:
-        return self.expert_rows_per_step // self.world_size
-
-    def describe(self) -> str:
-        text = (
-            f"{self.prompts_per_step} prompts x {self.num_generations} generations = {self.rollouts_per_step} rollouts/step "
-            f"= {self.world_size} process(es) x {self.grad_accum} micro-batch(es) x {self.micro_batch_size} rows"
-        )
-        if self.expert_rows_per_step:
-            text += f", + {self.expert_rows_per_step} appended rows/step ({self.expert_rows_per_process // self.grad_accum} per micro-batch)"
-        return text
-
-
-def geometry(cfg: DictConfig) -> Geometry:
-    P, G = int(cfg.trainer.prompts_per_step), int(cfg.algo.num_generations)
-    W = int(cfg.hardware.num_processes) * int(cfg.hardware.get("num_machines", 1) or 1)  # the world size
-    M = int(cfg.trainer.micro_batch_size) if cfg.trainer.micro_batch_size is not None else P * G // max(W, 1)
-    if P < 1 or G < 1 or W < 1 or M < 1:
-        raise ConfigError(
-            "trainer.prompts_per_step, algo.num_generations, trainer.micro_batch_size and hardware.num_processes must be >= 1"
-        )
-    rows = P * G
-    if rows % W:
-        raise ConfigError(
-            f"{P} prompts x {G} generations = {rows} rollouts cannot be split over hardware.num_processes={cfg.hardware.num_processes}"
-            + (f" x hardware.num_machines={cfg.hardware.num_machines} = {W} processes" if W != int(cfg.hardware.num_processes) else "") + "; "
-            f"make trainer.prompts_per_step a multiple of {W // _gcd(G, W)}"
-        )
-    per_proc = rows // W
-    if per_proc % M:
-        options = [m for m in range(1, per_proc + 1) if per_proc % m == 0]
-        raise ConfigError(
-            f"trainer.micro_batch_size={M} does not divide the {per_proc} rollouts per process per step "
-            f"({P} prompts x {G} generations / {W} process(es)); choose one of {', '.join(map(str, options))}"
-        )
-    ga = per_proc // M
-    return Geometry(P, G, rows, W, M, ga, per_proc, _expert_rows(cfg, rows, W * ga))
-
-
-def _expert_rows(cfg: DictConfig, rollouts: int, unit: int) -> int:
-    """Rows the configured injection appends per step (``extra_rows_per_step``), with
-    ``unit`` = processes x micro-batches so that every micro-batch can hold the same number."""
-    from mixrl.config.objective import build_injection
-
-    return build_injection(cfg).extra_rows_per_step(rollouts, unit)
-
-
-def _gcd(a: int, b: int) -> int:
-    while b:
-        a, b = b, a % b
-    return a
+from mixrl.sources.base import Injection
 
 
 def _check_staleness(cfg: DictConfig) -> None:
@@ -115,9 +48,6 @@ def _check_async(cfg: DictConfig) -> None:
         raise ConfigError("hardware.vllm_async=true sets the staleness itself (hardware.vllm_async_max_staleness); set trainer.staleness=0")
     if int(cfg.trainer.num_iterations) != 1:
         raise ConfigError(f"hardware.vllm_async=true trains each batch once; set trainer.num_iterations=1 (got {cfg.trainer.num_iterations})")
-    from mixrl.config.objective import build_injection, component
-    from mixrl.sources.base import Injection
-
     inj = build_injection(cfg)
     kind = type(inj)
     changes = [what for what, bad in (
@@ -133,9 +63,7 @@ def _check_async(cfg: DictConfig) -> None:
 
 
 def validate_rules(cfg: DictConfig) -> None:
-    """Cross-field rules, then the objective's checks (the one validation pass)."""
-    from mixrl.config.objective import check_objective
-
+    """Cross-field rules, then the objective's checks (a step of :func:`mixrl.config.validate.validate_config`)."""
     geometry(cfg)
     algo = cfg.algo
     if algo.num_generations < 2 and algo.advantage.name in ("grpo", "dr_grpo", "rloo"):

@@ -26,6 +26,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from mixrl.errors import ConfigError
+from mixrl.rewards import REWARDS
 
 TRUST_FLAG = "--trust-run-code"
 _TRUE = {"true", "yes", "y", "on", "1"}
@@ -64,8 +65,6 @@ def _auto_map_files(folders: Iterable[Path]) -> list[str]:
 def run_code(saved: DictConfig, run_dir: str | Path, user_keys: Iterable[str] = ()) -> list[str]:
     """What loading ``saved`` (a run's config) would execute, one phrase per item; values
     the user set on the command line (``user_keys``) are left out."""
-    from mixrl.rewards import REWARDS
-
     user_keys = list(user_keys)
     items: list[str] = []
     plugins = list(_get(saved, "plugins") or [])

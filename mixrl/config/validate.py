@@ -1,0 +1,120 @@
+"""The one validation of a run config: :func:`validate_config`.
+
+Every command reaches it through the same call: ``mixrl train``, ``explain``, ``plan``,
+``config show`` and ``eval`` compose their config with
+:func:`mixrl.config.compose.compose_config`, which ends with it; ``train resume=RUN_DIR`` and
+``mixrl eval RUN_DIR`` validate the run's saved ``config.yaml`` with it
+(:func:`mixrl.config.compose.validate`). It runs once per composed config, before anything is
+loaded or created, and checks only the config:
+
+1. structure and types (the typed schema, :mod:`mixrl.config.schema`);
+2. ranges: the run's settings (:data:`mixrl.config.checks.SETTING_BOUNDS`), no NaN or
+   infinite number, and every component section (loss, term, token weight, aggregation,
+   advantage, schedule, controller, injection, source) against its registration, whose
+   ``bounds=`` sit next to its formula (:mod:`mixrl.config.components`);
+3. cross-field rules and the objective (:mod:`mixrl.config.rules`, :mod:`mixrl.config.objective`);
+4. the hardware group (:mod:`mixrl.config.hardware`) and values no run can use;
+5. the reward functions, built without a model;
+6. the process count against a launcher's ``WORLD_SIZE``.
+
+Two kinds of checks stay outside, each where its input first exists, still before anything
+is created: what this machine lacks (CUDA, packages, a writable ``run_dir``:
+:func:`mixrl.config.checks.check_environment`, ``mixrl train`` only, so that a GPU recipe can be
+explained and planned anywhere), and the data checks that need the tokenizer (characters,
+prompt lengths, chat template, rewards on the first rows:
+:func:`mixrl.config.checks.check_training_data`, run where the data is loaded, before the model).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from mixrl.config.checks import check_settings, validate_run
+from mixrl.config.components import validate_components
+from mixrl.config.hardware import check_world_size, validate_hardware
+from mixrl.config.rules import validate_rules
+from mixrl.config.schema import RunConfig
+from mixrl.errors import ConfigError, did_you_mean
+from mixrl.rewards import build_reward
+
+
+def validate_config(raw: DictConfig) -> DictConfig:
+    """THE validation of a config (see the module docstring): merge ``raw`` onto the typed
+    schema, then check, in order, the run's settings, every component section (names,
+    parameters, types, declared ranges), the cross-field rules and the objective, the
+    hardware group, the values no run can use, the reward functions and the world size.
+    Returns the typed config; raises ConfigError (one line) at the first problem."""
+    schema = OmegaConf.structured(RunConfig)
+    try:
+        cfg = OmegaConf.merge(schema, raw)
+        OmegaConf.resolve(cfg)  # surface interpolation errors here, with their key
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or _section_of(str(e)) or "?"
+        msg = str(e).strip().splitlines()[0]
+        if "nterpolation" in type(e).__name__ or "nterpolation" in msg:
+            raise ConfigError(f"bad interpolation in '{_bad_interpolation_key(raw) or key}': {msg}") from None
+        if "not in struct" in msg or "Key '" in msg and "not in" in msg:
+            parent, _, leaf = key.rpartition(".")
+            siblings = flat_keys(OmegaConf.select(schema, parent) if parent else schema)
+            raise ConfigError(f"unknown key '{key}'{did_you_mean(leaf, siblings)}") from None
+        raise ConfigError(f"wrong type for '{key}': {msg}") from None
+    try:
+        check_settings(cfg)
+        validate_components(cfg)
+        validate_rules(cfg)
+        validate_hardware(cfg)
+        validate_run(cfg)
+        _validate_rewards(cfg)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or "?"
+        raise ConfigError(f"invalid value for '{key}': {str(e).strip().splitlines()[0]}") from None
+    check_world_size(cfg)
+    OmegaConf.set_readonly(cfg, False)
+    return cfg
+
+
+def _bad_interpolation_key(cfg: DictConfig) -> str | None:
+    """The first key whose interpolation does not resolve."""
+    for key in flat_keys(cfg):
+        try:
+            OmegaConf.select(cfg, key, throw_on_resolution_failure=True)
+        except OmegaConfBaseException:
+            node = OmegaConf.select(cfg, key, throw_on_resolution_failure=False)
+            if not isinstance(node, DictConfig):
+                return key
+    return None
+
+
+def _section_of(message: str) -> str | None:
+    """Name the config section whose dataclass appears in an OmegaConf message."""
+    m = re.search(r"(\w+Config)\b", message)
+    if not m:
+        return None
+    for f in dataclasses.fields(RunConfig):
+        if getattr(f.type, "__name__", str(f.type)) == m.group(1) or str(f.type) == m.group(1):
+            return f.name
+    return None
+
+
+def _validate_rewards(cfg: DictConfig) -> None:
+    """Build each reward function now (cheap, no model), so a bad name, path or
+    parameter fails before anything is loaded."""
+    specs = [(cfg.reward.name, cfg.reward.params)] + [(x.get("name"), x.get("params") or {}) for x in cfg.reward.extra]
+    for name, params in specs:
+        build_reward(str(name), **(OmegaConf.to_container(params) if isinstance(params, DictConfig) else dict(params)))
+
+
+def flat_keys(node: Any, prefix: str = "") -> list[str]:
+    """Every key path of ``node`` (``trainer``, ``trainer.max_steps``, ...), depth first."""
+    keys = []
+    if isinstance(node, DictConfig):
+        for k in node.keys():
+            full = f"{prefix}{k}"
+            keys.append(full)
+            keys.extend(flat_keys(node._get_node(k), full + "."))
+    return keys

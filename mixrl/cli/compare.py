@@ -77,7 +77,7 @@ def eval_model(
     Given a run directory (or its model/), the run's own config.yaml (data, reward, template,
     held-out split) is used, with any overrides applied on top. Code that config names runs
     only with --trust-run-code."""
-    from mixrl.evaluation.saved import resolve_model_dir
+    from mixrl.evaluation.saved import resolve_model_dir  # deferred: mixrl eval only, with the trainer stack below
     from mixrl.trainer.saved_eval import eval_config, evaluate_saved_model  # deferred: imports torch
 
     out, err = _consoles()

@@ -19,6 +19,7 @@ registry                 kind                              module
 from mixrl.core import (  # noqa: F401  (import = registration)
     advantages,
     aggregation,
+    alol,
     controllers,
     distill,
     policy_losses,

@@ -39,3 +39,24 @@ def test_alol_trains_offline_on_expert_rows_against_the_reference(fast_overrides
     assert 0.0 < first["alol/kept"] <= 1.0  # the expert rows beat the rollouts' mean reward somewhere
     assert abs(first["alol/weight"] - 1.0) < 1e-4
     assert first["expert/rows"] > 0
+
+
+REWARD = "def half(prompts, completions, **kw):\n    return [float(len(c) % 2 == 0) for c in completions]\n"
+
+
+def test_palu_controller_sets_a_budget_from_the_rollouts(fast_overrides, tmp_path):
+    """A reward that marks about half the rollouts correct (even length). target 0: the constraint
+    always holds, so the multiplier sits at 0 and the budget moves to the correct rollouts' lengths;
+    target 1: it never holds, the multiplier sits at its upper extreme and no budget is set."""
+    (tmp_path / "half.py").write_text(REWARD)
+    reward = f"reward.name={tmp_path / 'half.py'}:half"
+    trainer, logs, moved = _train([*fast_overrides, "recipe=palu/arith-tiny", "algo.controller.target=0", reward])
+    assert len(logs) == 2 and moved
+    assert all(r["palu/lambda"] == 0.0 for r in logs)
+    c = trainer.controller
+    assert c.num_updates == 2 and c.lam == 0.0
+    assert 1 <= c.budget <= 24 and logs[-1]["palu/budget"] == c.budget
+    assert 0 < logs[0]["palu/accuracy"] < 1
+    trainer, logs, _ = _train([*fast_overrides, "recipe=palu/arith-tiny", "algo.controller.target=1", reward,
+                               f"run_dir={tmp_path / 'run-2'}"])
+    assert all(r["palu/lambda"] == 1.0 for r in logs) and trainer.controller.budget is None

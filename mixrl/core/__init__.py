@@ -22,6 +22,7 @@ from mixrl.core import (  # noqa: F401  (import = registration)
     alol,
     controllers,
     distill,
+    palu,
     policy_losses,
     provenance,
     regularizers,

@@ -224,6 +224,7 @@ class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, Checkpoi
             for inj in self.injections:
                 rewards = inj.after_rewards(ctx, inputs, rewards)
             ctx.batch = None
+            rewards = self._controller_after_rewards(out, rewards, rpf[:, 0])  # PALU's length budget
             if "policy_version" in out:  # rows an injection rewrote (replayed, expert) were not sampled by this run's policy now
                 out["policy_version"] = out["policy_version"].masked_fill(out["row_source"] != prov.ON_POLICY, -1)
                 if asynchronous:

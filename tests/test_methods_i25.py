@@ -60,3 +60,15 @@ def test_palu_controller_sets_a_budget_from_the_rollouts(fast_overrides, tmp_pat
     trainer, logs, _ = _train([*fast_overrides, "recipe=palu/arith-tiny", "algo.controller.target=1", reward,
                                f"run_dir={tmp_path / 'run-2'}"])
     assert all(r["palu/lambda"] == 1.0 for r in logs) and trainer.controller.budget is None
+
+
+def test_srpo_routes_failed_rollouts_to_weighted_self_distillation(fast_overrides, tmp_path):
+    """With about half the rollouts correct, both routes train: the policy term on correct rollouts,
+    the distillation on failed ones, weighted by the self-teacher's entropies (in (0, 1])."""
+    (tmp_path / "half.py").write_text(REWARD)
+    trainer, logs, moved = _train([*fast_overrides, "recipe=srpo/arith-tiny", f"reward.name={tmp_path / 'half.py'}:half"])
+    assert len(logs) == 2 and moved
+    for r in logs:
+        assert r["srpo/failed_rows"] > 0 and math.isfinite(r["loss/distill"]) and math.isfinite(r["loss/policy"])
+        assert 0.0 < r["srpo/weight"] <= 1.0 and r["srpo/teacher_entropy"] > 0.0
+        assert r["failed/rows"] == r["srpo/failed_rows"]

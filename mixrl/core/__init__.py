@@ -27,6 +27,7 @@ from mixrl.core import (  # noqa: F401  (import = registration)
     provenance,
     regularizers,
     schedules,
+    srpo,
     terms,
     token_weights,
 )

@@ -72,3 +72,12 @@ def test_srpo_routes_failed_rollouts_to_weighted_self_distillation(fast_override
         assert r["srpo/failed_rows"] > 0 and math.isfinite(r["loss/distill"]) and math.isfinite(r["loss/policy"])
         assert 0.0 < r["srpo/weight"] <= 1.0 and r["srpo/teacher_entropy"] > 0.0
         assert r["failed/rows"] == r["srpo/failed_rows"]
+
+
+def test_rl_plus_trains_rollouts_and_external_rows(fast_overrides):
+    trainer, logs, moved = _train([*fast_overrides, "recipe=rl_plus/arith-tiny"])
+    assert len(logs) == 2 and moved
+    for r in logs:
+        assert r["expert/rows"] > 0 and math.isfinite(r["loss/external"]) and math.isfinite(r["loss/policy"])
+        # first pass: pi_old = p, so r = p / (p / 2 + 1 / 2) lies in (0, 1]; C = 1 - p in [0, 1)
+        assert 0.0 < r["rlplus/ratio"] <= 1.0 + 1e-6 and 0.0 <= r["rlplus/explore"] < 1.0

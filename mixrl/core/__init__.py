@@ -26,6 +26,7 @@ from mixrl.core import (  # noqa: F401  (import = registration)
     policy_losses,
     provenance,
     regularizers,
+    rlplus,
     schedules,
     srpo,
     terms,

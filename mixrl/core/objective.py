@@ -188,6 +188,7 @@ def compute_objective(
             entropies=entropies,
             overrides=loss_knobs if term.kind == "policy" else {},
             teacher_entropy=None if teacher_entropy is None else torch.where(sel, teacher_entropy, torch.zeros_like(logp.detach())),
+            old_logp=_finite_on(old_logp.detach(), sel, logp),
         )
         if getattr(TERMS.get(term.kind), "needs_behaviour", False) and bool(sel.any()):
             _check_behaviour(term, behaviour, sel, token_source)

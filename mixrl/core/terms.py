@@ -53,6 +53,9 @@ class TermInputs:
     overrides: dict = field(default_factory=dict)
     #: the teacher's next-token entropy at each position (SRPO's weights; NaN where not scored)
     teacher_entropy: Tensor | None = None
+    #: log-probs of the policy at generation time (pi_old) on every selected token, whatever its
+    #: provenance (RL-PLUS's mixture denominator on expert tokens); None: not given
+    old_logp: Tensor | None = None
 
 
 @dataclass

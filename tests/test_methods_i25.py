@@ -81,3 +81,19 @@ def test_rl_plus_trains_rollouts_and_external_rows(fast_overrides):
         assert r["expert/rows"] > 0 and math.isfinite(r["loss/external"]) and math.isfinite(r["loss/policy"])
         # first pass: pi_old = p, so r = p / (p / 2 + 1 / 2) lies in (0, 1]; C = 1 - p in [0, 1)
         assert 0.0 < r["rlplus/ratio"] <= 1.0 + 1e-6 and 0.0 <= r["rlplus/explore"] < 1.0
+
+
+def test_soup_continues_historical_prefixes_on_policy(fast_overrides, tmp_path):
+    """Step 1 stores rollouts; steps 2-3 revisit their prompts and continue prefixes of them, whose
+    tokens are trained with a ratio against the log-probs they were sampled with."""
+    (tmp_path / "half.py").write_text(REWARD)
+    trainer, logs, moved = _train([*fast_overrides, "recipe=soup/arith-tiny", "trainer.max_steps=3", "algo.inject.per_group=2",
+                                   f"reward.name={tmp_path / 'half.py'}:half"])
+    assert len(logs) == 3 and moved
+    assert logs[0].get("soup/prefixed_rows", 0.0) == 0.0  # an empty buffer: nothing historical yet
+    later = logs[1:]
+    assert any(r.get("soup/prefixed_rows", 0.0) > 0 for r in later)
+    assert any(r.get("historical/rows", 0.0) > 0 for r in later)
+    for r in later:
+        if r.get("historical/rows", 0.0) > 0:
+            assert math.isfinite(r["historical/token_prob"]) and math.isfinite(r["loss/policy"])

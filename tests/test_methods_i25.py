@@ -97,3 +97,24 @@ def test_soup_continues_historical_prefixes_on_policy(fast_overrides, tmp_path):
     for r in later:
         if r.get("historical/rows", 0.0) > 0:
             assert math.isfinite(r["historical/token_prob"]) and math.isfinite(r["loss/policy"])
+
+
+def test_reference_terms_on_rows_appended_after_scoring_are_refused():
+    """A-LoL reads reference log-probs on expert rows: group_replace puts them in the batch TRL
+    scores (allowed); append_rows adds them after, where none are computed (one-line refusal)."""
+    import pytest
+
+    from mixrl.errors import ConfigError
+
+    assert compose_config(["algo=alol"]).algo.inject.name == "group_replace"
+    with pytest.raises(ConfigError, match="needs reference log-probs"):
+        compose_config(["algo=alol", "algo.inject.name=append_rows"])
+
+
+def test_palu_without_a_policy_term_is_refused():
+    import pytest
+
+    from mixrl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="no policy term"):
+        compose_config(["algo=opsd", "+algo.controller={name: palu}"])

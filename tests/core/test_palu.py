@@ -69,3 +69,25 @@ def test_palu_ranges_are_declared():
 
     with pytest.raises(ComponentParamError, match="quantile"):
         CONTROLLERS.check_ranges("palu", {"quantile": 0.0}, "algo.controller")
+
+
+def test_a_correct_rollout_past_the_budget_is_pushed_down_by_hand():
+    """Budget 5 (set by one length step): rewards [1, 1, 0, 0], lengths [3, 9, 3, 3] -> R' = [1, 0, 0, 0];
+    the GRPO advantage of R' (mean 0.25, unbiased std 0.5) is [1.5, -0.5, -0.5, -0.5]: the correct but
+    long row 1 now has a negative advantage. One token per row, r = 1, token-mean: dL/dlogp = -A / 4."""
+    from mixrl.core import ADVANTAGES
+    from mixrl.core.objective import Objective, TermSpec, compute_objective
+
+    c = PaluController(target=0.5, quantile=0.5)
+    c.budget = 5.0
+    rewards = c.step({"rewards": torch.tensor([1.0, 1.0, 0.0, 0.0]), "lengths": torch.tensor([3, 9, 3, 3]),
+                      "correct": torch.tensor([True, True, False, False])})
+    assert c.budget == 5.0 and rewards.tolist() == [1.0, 0.0, 0.0, 0.0]  # quantile of [3, 9] = 6 > 5: kept at 5
+    adv = ADVANTAGES.get("grpo")(rewards, torch.zeros(4, dtype=torch.long))
+    assert adv.tolist() == pytest.approx([1.5, -0.5, -0.5, -0.5], rel=1e-5)
+    logp = torch.full((4, 1), -1.0, requires_grad=True)
+    obj = Objective([TermSpec("policy", "policy", ("on_policy",), None, 1.0, "token-mean", {}, {"loss": {"name": "ppo_clip"}})])
+    loss, _ = compute_objective(obj, logp=logp, mask=torch.ones(4, 1), advantages=adv)
+    assert loss.item() == pytest.approx(0.0, abs=1e-6)  # -mean(A) with r = 1
+    loss.backward()
+    assert logp.grad.flatten().tolist() == pytest.approx([-0.375, 0.125, 0.125, 0.125], rel=1e-5)

@@ -213,7 +213,9 @@ def _check_term(t: TermSpec, where: str, available: set[str], cfg: DictConfig) -
                 f"{where} ({t.kind}) takes an importance ratio, but '{unknown[0]}' tokens have no behaviour "
                 f"probability; train them with a term that needs none (nll, shaped) instead"
             )
-    if "ref_logp" in term_needs(t.kind) and set(t.tokens) - {"on_policy"}:
+    if "ref_logp" in term_needs(t.kind) and set(t.tokens) - {"on_policy"} and not getattr(
+        _injection_class(str(cfg.algo.inject.name)), "rows_scored_with_rollouts", False
+    ):
         raise ConfigError(
             f"{where} ({t.kind}) needs reference log-probs, which are computed for rollout tokens only; "
             f"set its tokens to [on_policy]"

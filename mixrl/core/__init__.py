@@ -19,12 +19,16 @@ registry                 kind                              module
 from mixrl.core import (  # noqa: F401  (import = registration)
     advantages,
     aggregation,
+    alol,
     controllers,
     distill,
+    palu,
     policy_losses,
     provenance,
     regularizers,
+    rlplus,
     schedules,
+    srpo,
     terms,
     token_weights,
 )

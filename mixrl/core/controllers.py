@@ -4,7 +4,9 @@ Registered entries are *classes*; their keyword-only constructor parameters are 
 config parameters. One interface, statistics in and knob values out:
 
 * ``when``: ``"step_start"`` (consulted on the first micro-batch of each optimizer step,
-  before its loss) or ``"step_end"`` (after the step's last micro-batch);
+  before its loss), ``"step_end"`` (after the step's last micro-batch) or ``"after_rewards"``
+  (once per generation batch, before the advantages: ``step`` returns the rollouts' rewards,
+  reshaped; PALU in :mod:`mixrl.core.palu`);
 * ``needs``: the statistics ``step`` reads: ``ratio``, ``advantages``, ``mask`` (the policy
   term's tokens) or ``entropy`` (the step's token-mean entropy of on-policy tokens);
 * ``step(stats, reduce=None)``: update from ``stats``; ``reduce(tensor)`` sums a tensor

@@ -139,6 +139,7 @@ def compute_objective(
     ref_logp: torch.Tensor | None = None,
     teacher_logp: torch.Tensor | None = None,
     engine_logp: torch.Tensor | None = None,
+    teacher_entropy: torch.Tensor | None = None,
     entropies: torch.Tensor | None = None,
     step: int = 0,
     normalisers: Mapping[str, tuple[float, float]] | None = None,
@@ -152,6 +153,7 @@ def compute_objective(
     provenances (NaN where not recorded). ``engine_logp``: the log-probs the inference engine
     reported when it sampled each token (NaN where it sampled none); with
     ``objective.engine_correction`` they weight the engine-corrected terms (module docstring).
+    ``teacher_entropy``: the teacher's next-token entropy per position (NaN where not scored).
     ``normalisers[population_key] = (tokens, rows)``:
     the effective counts each population divides by; without them, this micro-batch's own
     counts. ``knobs``: controller values for this step: ``loss.<param>`` for the policy loss,
@@ -181,6 +183,8 @@ def compute_objective(
             teacher_logp=None if teacher_logp is None else _finite_on(teacher_logp, sel, logp),
             entropies=entropies,
             overrides=loss_knobs if term.kind == "policy" else {},
+            teacher_entropy=None if teacher_entropy is None else torch.where(sel, teacher_entropy, torch.zeros_like(logp.detach())),
+            old_logp=_finite_on(old_logp.detach(), sel, logp),
         )
         if getattr(TERMS.get(term.kind), "needs_behaviour", False) and bool(sel.any()):
             _check_behaviour(term, behaviour, sel, token_source)

@@ -16,7 +16,8 @@ Attributes a term function may declare (read by config validation and ``mixrl ex
 
 * ``needs_behaviour = True``: it takes a ratio, so every provenance it selects must have a
   known behaviour probability (see :mod:`mixrl.core.provenance`);
-* ``needs = ("ref_logp",)`` / ``("teacher_logp",)``: per-token inputs it reads;
+* ``needs = ("ref_logp",)`` / ``("teacher_logp",)`` / ``("teacher_logp", "teacher_entropy")``:
+  per-token inputs it reads;
 * ``engine_corrected = True``: when an inference engine generates, the objective multiplies
   its per-token loss on policy-sampled tokens by the engine-mismatch weight
   (:mod:`mixrl.core.engine_mismatch`), as TRL multiplies its policy loss.
@@ -56,6 +57,11 @@ class TermInputs:
     teacher_logp: Tensor | None = None
     entropies: Tensor | None = None
     overrides: dict = field(default_factory=dict)
+    #: the teacher's next-token entropy at each position (SRPO's weights; NaN where not scored)
+    teacher_entropy: Tensor | None = None
+    #: log-probs of the policy at generation time (pi_old) on every selected token, whatever its
+    #: provenance (RL-PLUS's mixture denominator on expert tokens); None: not given
+    old_logp: Tensor | None = None
 
 
 @dataclass

@@ -62,6 +62,15 @@ def _first_clause(text: str) -> str:
     return text.strip()
 
 
+def abstract_and_reading(text: str) -> list[str]:
+    """Bullets for what the paper's abstract fixes and what is mixrl's reading, from a preset's
+    header comment sentences ``Abstract fixes: ...`` and ``Our reading: ...`` (none when absent)."""
+    fixes = re.search(r"Abstract fixes:\s*(.*?)\s*(?=Our reading:|$)", text)
+    reading = re.search(r"Our reading:\s*(.*)$", text)
+    out = [f"- **the abstract fixes**: {fixes.group(1)}"] if fixes else []
+    return out + ([f"- **our reading**: {reading.group(1).strip()}"] if reading else [])
+
+
 @lru_cache(maxsize=None)
 def _objective(name: str) -> str:
     cfg = compose_config([f"algo={name}"])
@@ -133,6 +142,7 @@ def render_methods(results_root: str | Path = "docs/results") -> str:
         out += [f"## `{name}`", "",
                 f"- **paper**: {paper}",
                 f"- **mechanism**: {mech}" if mech else "- **mechanism**: see `conf/algo/" + name + ".yaml`",
+                *abstract_and_reading(_header_comment(conf_dir() / "algo" / f"{name}.yaml")),
                 f"- **objective**: {_objective(name)}",
                 "- **recipes**:" + ("" if rs else f" none (use `algo={name}`)")]
         out += [f"  - `{r}`: {desc}" for r, desc in rs]

@@ -236,6 +236,8 @@ def _controller_row(cfg: DictConfig) -> str:
         return "none"
     _, knobs = controller_knobs(cfg)
     sets = [f"algo.{k}" if "." in k else f"coefficient {k}" for k in knobs]
+    if getattr(CONTROLLERS.get(name), "when", None) == "after_rewards":  # PALU
+        sets.append("the rollouts' rewards, before the advantages")
     return f"{name}: {CONTROLLERS.formula(name, params)}; sets {', '.join(sets) or 'nothing'}"
 
 

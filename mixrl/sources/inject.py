@@ -39,6 +39,9 @@ class GroupReplace(Injection):
         per_group (1): expert completions per group (k), between 1 and num_generations - 1.
     """
 
+    #: its rows replace rollouts before TRL scores the batch, so they get reference log-probs too (A-LoL reads them)
+    rows_scored_with_rollouts = True
+
     def __init__(self, *, per_group: int = 1, source=None, geometry=None, seed: int = 0):
         super().__init__(source=source, geometry=geometry, seed=seed)
         if geometry is not None and not 1 <= per_group < geometry.num_generations:

@@ -1,6 +1,7 @@
 """When a controller (``mixrl.core.CONTROLLERS``) steps during training.
 
-``step_start`` controllers (BAPO) decide on the first micro-batch of each optimizer step from
+``after_rewards`` controllers (PALU) reshape a generation batch's rollout rewards before its
+advantages; ``step_start`` controllers (BAPO) decide on the first micro-batch of each optimizer step from
 the policy term's tokens (ratios and advantages summed over processes); ``step_end``
 controllers (EntroPIC) see the step's mean entropy after its last micro-batch. This mixin of
 :class:`mixrl.trainer.grpo.MixrlGRPOTrainer` feeds them; ``_compute_loss`` calls it and reads
@@ -33,6 +34,20 @@ class ControllerHooks:
         sel = inputs["completion_mask"].bool() & prov.select(inputs["token_source"], tokens)
         ratio = torch.exp((logps.detach() - torch.where(sel, old, logps.detach())).clamp(-20, 20))
         c.step({"ratio": ratio, "advantages": inputs["advantages"], "mask": sel.float()}, reduce=self._reduce_sum())
+
+    def _controller_after_rewards(self, out: dict, rewards: torch.Tensor, primary: torch.Tensor) -> torch.Tensor:
+        """``after_rewards`` controllers (PALU) see the generation batch's rollouts (gathered
+        rewards, lengths and successes: the first reward function >= 1) before the advantages,
+        and return the rewards the advantages are computed from."""
+        c = self.controller
+        if c is None or getattr(c, "when", None) != "after_rewards":
+            return rewards
+        lengths = self.accelerator.gather(out["completion_mask"].sum(-1))
+        rows = self.accelerator.gather(out["row_source"]) == prov.ON_POLICY
+        shaped = c.step({"rewards": rewards[rows], "lengths": lengths[rows], "correct": primary[rows] >= 1.0 - 1e-6})
+        rewards = rewards.clone()
+        rewards[rows] = shaped.to(rewards.dtype)
+        return rewards
 
     def _controller_step_end(self, metrics: dict) -> None:
         """``step_end`` controllers (EntroPIC) see the step's mean entropy after its last micro-batch."""

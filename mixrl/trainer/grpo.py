@@ -124,6 +124,7 @@ class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, Checkpoi
         self._teacher_models: list = self._load_teachers(teacher) if teacher is not None else []
         fit_tile_to_vocab([self.accelerator.unwrap_model(self.model), *(m for m in self._teacher_models if m is not _SELF)])
         self._teacher_tokens = tuple(sorted({p for t in objective.terms if "teacher_logp" in term_needs(t.kind) for p in t.tokens}))
+        self._teacher_entropy = any("teacher_entropy" in term_needs(t.kind) for t in objective.terms)  # SRPO's weights
         if self.async_generation:
             self._setup_async()
 
@@ -224,6 +225,7 @@ class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, Checkpoi
             for inj in self.injections:
                 rewards = inj.after_rewards(ctx, inputs, rewards)
             ctx.batch = None
+            rewards = self._controller_after_rewards(out, rewards, rpf[:, 0])  # PALU's length budget
             if "policy_version" in out:  # rows an injection rewrote (replayed, expert) were not sampled by this run's policy now
                 out["policy_version"] = out["policy_version"].masked_fill(out["row_source"] != prov.ON_POLICY, -1)
                 if asynchronous:
@@ -358,6 +360,7 @@ class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, Checkpoi
             behaviour_logp=inputs.get("behaviour_logp"),
             ref_logp=inputs.get("ref_per_token_logps"),
             teacher_logp=inputs.get("teacher_logp"),
+            teacher_entropy=inputs.get("teacher_entropy"),
             engine_logp=inputs.get("sampling_per_token_logps"),  # what vLLM reported when it sampled each token
             entropies=entropies,
             step=self.state.global_step,

@@ -54,9 +54,10 @@ class TeacherService:
             models.append(m)
         return models
 
-    def _score_padded(self, model, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
+    def _score_padded(self, model, prompt_ids, prompt_mask, completion_ids, completion_mask, entropies: list | None = None) -> torch.Tensor:
         """Per-token log-probs [B, T] (float32, on the policy's device) of the completions under
-        ``model`` (``_SELF``: the policy as it is now), under no_grad."""
+        ``model`` (``_SELF``: the policy as it is now), under no_grad. ``entropies``: a list to
+        append the model's next-token entropies [B, T] to (SRPO's weights)."""
         is_policy = model is _SELF or model is self.model
         model = self.model if model is _SELF else model
         dev = next(model.parameters()).device
@@ -66,8 +67,11 @@ class TeacherService:
         ctx = disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs) if is_policy else contextlib.nullcontext()
         with torch.no_grad(), ctx:
             missing = self._forward_deficit(-(-ids.size(0) // batch_size)) if is_policy else 0
-            lp, _, _ = self._get_per_token_logps_and_entropies(model, ids, att, completion_ids.size(1), batch_size=batch_size)
+            lp, ent, _ = self._get_per_token_logps_and_entropies(model, ids, att, completion_ids.size(1), batch_size=batch_size,
+                                                                 compute_entropy=entropies is not None)
             self._dummy_forwards(missing)
+        if entropies is not None:
+            entropies.append(ent.float().to(self.accelerator.device))
         return lp.float().to(self.accelerator.device)
 
     def _pad(self, prompts: list[list[int]], completions: list[list[int]]):
@@ -157,9 +161,14 @@ class TeacherService:
                 p_ids, p_mask, _, _ = self._pad(p_list, [[0]] * len(p_list))
             else:
                 p_ids, p_mask = out["prompt_ids"][rows], out["prompt_mask"][rows]
-            lp = combine_logps([self._score_padded(m, p_ids, p_mask, c_ids, c_mask) for m in self._teacher_models], teacher.combine)
+            ents: list | None = [] if getattr(self, "_teacher_entropy", False) else None
+            lp = combine_logps([self._score_padded(m, p_ids, p_mask, c_ids, c_mask, ents) for m in self._teacher_models], teacher.combine)
             block = torch.where(c_mask.bool(), lp, torch.full_like(lp, float("nan")))
             result[rows, :width] = block
+            if ents is not None:  # several teachers: the mean of their entropies (not the mixture's)
+                ent = torch.stack(ents).mean(0)
+                out["teacher_entropy"] = torch.full_like(result, float("nan"))
+                out["teacher_entropy"][rows, :width] = torch.where(c_mask.bool(), ent, torch.full_like(ent, float("nan")))
             scored = c_mask.bool()
             self._metrics[mode]["teacher/logp"].append(float(lp[scored].mean()) if scored.any() else float("nan"))
             old = out.get("old_per_token_logps")

@@ -22,6 +22,7 @@ from mixrl.core import (  # noqa: F401  (import = registration)
     controllers,
     distill,
     policy_losses,
+    preference,
     provenance,
     regularizers,
     schedules,

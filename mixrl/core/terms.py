@@ -17,6 +17,8 @@ Attributes a term function may declare (read by config validation and ``mixrl ex
 * ``needs_behaviour = True``: it takes a ratio, so every provenance it selects must have a
   known behaviour probability (see :mod:`mixrl.core.provenance`);
 * ``needs = ("ref_logp",)`` / ``("teacher_logp",)``: per-token inputs it reads;
+* ``row_loss = True``: its per-token loss spreads a per-row (per-pair) loss over the row's
+  tokens, so it is aggregated with ``seq-mean-token-sum`` (the preference terms);
 * ``engine_corrected = True``: when an inference engine generates, the objective multiplies
   its per-token loss on policy-sampled tokens by the engine-mismatch weight
   (:mod:`mixrl.core.engine_mismatch`), as TRL multiplies its policy loss.
@@ -50,6 +52,8 @@ class TermInputs:
     teacher_logp: Tensor | None = None
     entropies: Tensor | None = None
     overrides: dict = field(default_factory=dict)
+    #: per-row fields [B] of the batch a term may read (the pair links of :mod:`mixrl.core.preference`)
+    rows: dict | None = None
 
 
 @dataclass

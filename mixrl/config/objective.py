@@ -62,6 +62,8 @@ def build_objective(cfg: DictConfig) -> Objective:
         norm = d.pop("normalise_over", None)
         weight = d.pop("weight", 1.0)
         t_agg, t_agg_params = component(d.pop("aggregation", None)) if d.get("aggregation") else (agg_name, agg_params)
+        if _row_loss(kind) and not node.get("aggregation"):
+            t_agg, t_agg_params = ROW_LOSS_AGGREGATION, {}  # a per-pair loss: the mean over pairs
         if kind == "policy" and not d.get("loss"):
             d["loss"] = plain(a.loss)
         d = {k: v for k, v in d.items() if v is not None}
@@ -74,6 +76,16 @@ def build_objective(cfg: DictConfig) -> Objective:
         coefs["entropy_coef"] = plain(a.entropy_coef)
         terms.append(TermSpec("entropy_bonus", "entropy", ("on_policy",), None, "-entropy_coef", "token-mean", {}, {}))
     return Objective(terms, coefs, engine_correction=build_engine_correction(cfg))
+
+
+#: the aggregation of terms that declare ``row_loss`` (a per-row / per-pair loss spread over the row's tokens)
+ROW_LOSS_AGGREGATION = "seq-mean-token-sum"
+
+
+def _row_loss(kind: str) -> bool:
+    from mixrl.core import TERMS
+
+    return kind in TERMS and bool(getattr(TERMS.get(kind), "row_loss", False))
 
 
 def build_engine_correction(cfg: DictConfig):
@@ -327,10 +339,16 @@ def _check_term(t: TermSpec, where: str, available: set[str], cfg: DictConfig) -
                 f"{where} ({t.kind}) takes an importance ratio, but '{unknown[0]}' tokens have no behaviour "
                 f"probability; train them with a term that needs none (nll, shaped) instead"
             )
-    if "ref_logp" in term_needs(t.kind) and set(t.tokens) - {"on_policy"}:
+    with_ref = {"on_policy", *getattr(_injection_class(cfg.algo.inject.name), "ref_provenances", ())}
+    if "ref_logp" in term_needs(t.kind) and set(t.tokens) - with_ref:
         raise ConfigError(
-            f"{where} ({t.kind}) needs reference log-probs, which are computed for rollout tokens only; "
-            f"set its tokens to [on_policy]"
+            f"{where} ({t.kind}) needs reference log-probs, which are computed for "
+            + ("rollout" if with_ref == {"on_policy"} else ", ".join(sorted(with_ref))) + " tokens only; set its tokens to [on_policy]"
+        )
+    if _row_loss(t.kind) and t.aggregation != ROW_LOSS_AGGREGATION:
+        raise ConfigError(
+            f"{where} ({t.kind}) is a loss per pair spread over its rows' tokens, so it is averaged over rows; "
+            f"remove {where}.aggregation (or set it to {{name: {ROW_LOSS_AGGREGATION}}})"
         )
     if "teacher_logp" in term_needs(t.kind) and _teacher_name(cfg) == "none":
         raise ConfigError(f"{where} ({t.kind}) needs teacher log-probs, but no teacher is configured; add teacher=tiny "

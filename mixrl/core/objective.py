@@ -144,7 +144,7 @@ def compute_objective(
     step: int = 0,
     normalisers: Mapping[str, tuple[float, float]] | None = None,
     knobs: Mapping[str, float] | None = None,
-    rows: Mapping[str, torch.Tensor] | None = None,
+    row_fields: Mapping[str, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Loss of one micro-batch and its parts (floats, for logging).
 
@@ -157,7 +157,7 @@ def compute_objective(
     ``normalisers[population_key] = (tokens, rows)``:
     the effective counts each population divides by; without them, this micro-batch's own
     counts. ``knobs``: controller values for this step: ``loss.<param>`` for the policy loss,
-    any other name for a coefficient. ``rows``: per-row fields [B] terms may read (pair links).
+    any other name for a coefficient. ``row_fields``: per-row fields [B] terms may read (pair links).
     """
     from mixrl.core import AGGREGATIONS, TERMS
     from mixrl.core.terms import TermInputs
@@ -186,7 +186,7 @@ def compute_objective(
             teacher_logp=None if teacher_logp is None else _finite_on(teacher_logp, sel, logp),
             entropies=entropies,
             overrides=loss_knobs if term.kind == "policy" else {},
-            rows=dict(rows) if rows else None,
+            rows=dict(row_fields) if row_fields else None,
         )
         if getattr(TERMS.get(term.kind), "needs_behaviour", False) and bool(sel.any()):
             _check_behaviour(term, behaviour, sel, token_source)

@@ -110,7 +110,7 @@ def _pair_metrics(prefix: str, margin: Tensor, v: PairView) -> dict[str, float]:
     if not bool(sel.any()):
         return {}
     mg = margin.detach()[sel].float()
-    return {f"{prefix}/margin": float(mg.mean()), f"{prefix}/accuracy": float((mg > 0).float().mean()), f"{prefix}/pairs": float(sel.sum())}
+    return {f"{prefix}/margin": float(mg.mean()), f"{prefix}/accuracy": float((mg > 0).float().mean())}
 
 
 def dpo_margin(v: PairView, beta: float) -> Tensor:

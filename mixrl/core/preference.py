@@ -61,8 +61,11 @@ class PairView:
         return torch.where(self.chosen, own, partner), torch.where(self.chosen, partner, own)
 
 
-def pair_view(x: TermInputs) -> PairView:
-    """Sequence log-probs of each row's side and of its partner (see the module docstring)."""
+def pair_view(x: TermInputs) -> PairView | None:
+    """Sequence log-probs of each row's side and of its partner (see the module docstring);
+    None when the term selects no token here (a micro-batch, or a step, without pairs)."""
+    if not bool(x.mask.any()):
+        return None
     rows = x.rows or {}
     missing = [k for k in PAIR_FIELDS if k not in rows]
     if missing:
@@ -98,6 +101,11 @@ def pair_view(x: TermInputs) -> PairView:
     )
 
 
+def _no_pairs(x: TermInputs) -> TermOutput:
+    """No selected token: a zero loss that still depends on logp (every process joins backward)."""
+    return TermOutput(x.logp * 0.0)
+
+
 def _to_tokens(row_loss: Tensor, v: PairView, mask: Tensor) -> Tensor:
     """Spread each active row's loss evenly over its selected tokens (row token sum = row loss)."""
     per_row = torch.where(v.active, 2.0 * row_loss - row_loss.detach(), torch.zeros_like(row_loss))
@@ -130,6 +138,8 @@ def dpo(x: TermInputs, *, beta: float = 0.1) -> TermOutput:
         beta (0.1): inverse temperature of the implicit reward.
     """
     v = pair_view(x)
+    if v is None:
+        return _no_pairs(x)
     h = dpo_margin(v, beta)
     return TermOutput(_to_tokens(-F.logsigmoid(h), v, x.mask), _pair_metrics("dpo", h, v))
 
@@ -149,6 +159,8 @@ def ipo(x: TermInputs, *, tau: float = 0.1) -> TermOutput:
         tau (0.1): regularisation strength (TRL's beta for ipo).
     """
     v = pair_view(x)
+    if v is None:
+        return _no_pairs(x)
     own = (v.own - v.own_ref) / v.own_len.clamp(min=1.0)
     partner = (v.partner - v.partner_ref) / v.partner_len.clamp(min=1.0)
     w, l = v.chosen_rejected(own, partner)
@@ -175,6 +187,8 @@ def rpo(x: TermInputs, *, beta: float = 0.1, alpha: float = 1.0) -> TermOutput:
         alpha (1.0): weight of the chosen side's per-token NLL.
     """
     v = pair_view(x)
+    if v is None:
+        return _no_pairs(x)
     h = dpo_margin(v, beta)
     row = -F.logsigmoid(h)
     # the NLL is the chosen row's own: twice on it (the rejected row carries none) keeps the pair mean
@@ -203,6 +217,8 @@ def wpo(x: TermInputs, *, beta: float = 0.1) -> TermOutput:
         beta (0.1): inverse temperature of the implicit reward.
     """
     v = pair_view(x)
+    if v is None:
+        return _no_pairs(x)
     h = dpo_margin(v, beta)
     log_w = (v.own.detach() / v.own_len.clamp(min=1.0)) + (v.partner / v.partner_len.clamp(min=1.0))
     weight = log_w.exp().detach()

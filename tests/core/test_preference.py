@@ -157,3 +157,13 @@ def test_preference_terms_declare_their_ranges(kind, param):
     assert param in TERMS.bounds(kind)
     assert getattr(TERMS.get(kind), "row_loss", False)
     assert "ref_logp" in TERMS.get(kind).needs
+
+
+@pytest.mark.parametrize("kind", ["dpo", "ipo", "rpo", "wpo"])
+def test_a_micro_batch_without_pairs_gives_zero_loss_without_pair_fields(kind):
+    """A step whose groups all tied appends no pair (no pair_* fields in the batch): zero loss, no error."""
+    logp = torch.zeros(2, 3, requires_grad=True)
+    x = TermInputs(logp=logp, mask=torch.zeros(2, 3, dtype=torch.bool), advantages=torch.zeros(2),
+                   behaviour_logp=logp.detach(), ref_logp=logp.detach())
+    out = TERMS.get(kind)(x)
+    assert float(out.per_token.abs().sum()) == 0.0 and out.per_token.requires_grad

@@ -1,6 +1,6 @@
 """Preference pairs in the RL batch (mixrl.sources.pairs): the pairs source, the on-policy pair
 builder, the rows and links it appends, the config checks, and two training steps of every
-preference recipe (simplemix, wpo, hypo, rpo, grpo_dpo) through the CLI."""
+preference algo (``mixrl train algo=simplemix``, wpo, hypo, rpo, grpo_dpo) through the CLI."""
 
 from __future__ import annotations
 
@@ -191,7 +191,7 @@ runner = CliRunner()
 @pytest.mark.parametrize("algo", ALGOS)
 def test_preference_recipe_trains_two_steps(algo, fast_overrides):
     run_dir = next(o for o in fast_overrides if o.startswith("run_dir=")).split("=", 1)[1]
-    res = runner.invoke(app, ["train", f"recipe={algo}/arith-tiny", *fast_overrides, "trainer.eval_size=0"])
+    res = runner.invoke(app, ["train", f"algo={algo}", *fast_overrides, "trainer.eval_size=0"])  # the embedded default task
     assert res.exit_code == 0, (res.stdout[-1500:], res.stderr[-1500:] if res.stderr else "", res.exception)
     from pathlib import Path
 

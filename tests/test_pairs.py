@@ -63,6 +63,8 @@ def test_a_missing_pair_column_names_the_key_to_set(tmp_path):
     f.write_text(json.dumps({"prompt": "1+2=", "chosen": "3", "worse": "1"}) + "\n")
     with pytest.raises(DataError, match="offpolicy.source.rejected_column"):
         PairSource(dataset=str(f)).prepare(None, SimpleNamespace(source="x", system_prompt=None))
+    with pytest.raises(DataError, match="offpolicy.source.dataset"):
+        PairSource(dataset=str(tmp_path / "missing.jsonl")).prepare(None, SimpleNamespace(source="x", system_prompt=None))
     with pytest.raises(DataError, match="rejected_column"):
         PairSource(rejected_from="column").prepare(_arith_rows(), SimpleNamespace(source="builtin:arith", system_prompt=None))
 

@@ -121,7 +121,10 @@ class PairSource(Source):
     def _from_dataset(self, data_cfg) -> list[tuple]:
         from mixrl.data.loading import _column_getter, _load_raw, expert_completions, standardize_rows
 
-        raw, where = _load_raw(self.dataset, split="train", subset=None, config_prefix="offpolicy.source")
+        try:
+            raw, where = _load_raw(self.dataset, split="train", subset=None, config_prefix="offpolicy.source")
+        except DataError as e:  # the loader names its key <prefix>.source; here it is offpolicy.source.dataset
+            raise DataError(str(e).replace("offpolicy.source.source", "offpolicy.source.dataset")) from None
         if len(raw) == 0:
             raise DataError(f"{where} has no rows; point offpolicy.source.dataset at a file of preference pairs")
         prefix = "offpolicy.source"

@@ -128,10 +128,10 @@ def test_group_pairs_take_best_and_worst_and_skip_ties():
     assert new["group_id"][8:].tolist() == [-1, -1] and new["advantages"][8:].tolist() == [0.0, 0.0]
     # links: each side carries its partner's sequence log-prob under the policy now and the reference
     assert new["pair_partner_logp"][8:].tolist() == pytest.approx([-0.2, -0.3])
-    assert new["pair_partner_ref_logp"][8:].tolist() == pytest.approx([-0.6, -0.9])
+    assert new["pair_partner_ref_logp"][8:].tolist() == pytest.approx([-1.0, -1.5])
     assert new["pair_partner_len"][8:].tolist() == [2.0, 3.0]
-    # reference log-probs of the new rows; behaviour: the rollouts' recorded old log-probs
-    assert new["ref_per_token_logps"][8, :3].tolist() == pytest.approx([-0.3] * 3)
+    # reference log-probs of the new rows: the rollouts' own (TRL computed them); behaviour: their old log-probs
+    assert new["ref_per_token_logps"][8, :3].tolist() == pytest.approx([-0.5] * 3)
     assert new["behaviour_logp"][9, :2].tolist() == pytest.approx([-0.2, -0.2])
     assert torch.isnan(new["behaviour_logp"][9, 2:]).all()
 
@@ -158,6 +158,8 @@ def test_mixed_pairs_keep_the_stated_ratio_and_whole_micro_batches():
     assert (new["completion_ids"].shape[0] - 12) % 3 == 0
     assert new["row_source"][12:].tolist() == [PAIR_ON_POLICY] * 2 + [PAIR_OFF_POLICY] * 4
     assert torch.isnan(new["behaviour_logp"][14:]).all()  # off-policy: behaviour unknown
+    # off-policy rows: reference log-probs from the reference model (the fake: -0.3 per token)
+    assert new["ref_per_token_logps"][14, :8].tolist() == pytest.approx([-0.3] * 8)
     assert set(MixedPairs(pairs=4, on_policy=0.0).provenances) == {"pair_off_policy"}
     assert set(MixedPairs(pairs=4, on_policy=1.0).provenances) == {"pair_on_policy"}
 

@@ -254,7 +254,19 @@ class GroupPairs(Injection):
         policy = ctx.behaviour_logps(prompts, completions)  # the policy now: what trains on these rows this step
         if ctx.ref_logps is None:
             raise RuntimeError("preference pairs need reference log-probs, but the trainer computes none (TRL's beta is 0)")
-        ref = ctx.ref_logps(prompts, completions)
+        # reference log-probs: the rollouts' own where TRL computed them, the reference model's for the rest
+        known_ref: list[list[float] | None] = []
+        rollout_ref = out.get("ref_per_token_logps")
+        for pair in on:
+            for i in pair:
+                lp = rollout_ref[i][cm[i]] if rollout_ref is not None else None
+                known_ref.append(lp.tolist() if lp is not None and bool(torch.isfinite(lp).all()) else None)
+        known_ref += [None] * (len(codes) - len(known_ref))
+        todo = [k for k, r in enumerate(known_ref) if r is None]
+        scored = ctx.ref_logps([prompts[k] for k in todo], [completions[k] for k in todo]) if todo else []
+        ref = list(known_ref)
+        for k, lp in zip(todo, scored):
+            ref[k] = list(lp)
         for k, code in enumerate(codes):  # on-policy rows: the rollout's behaviour, else the policy now (which sampled it)
             if code == PAIR_ON_POLICY and behaviour[k] is None:
                 behaviour[k] = list(policy[k])

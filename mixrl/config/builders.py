@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from mixrl.core import CONTROLLERS
+from mixrl.core import CONTROLLERS, TERMS
 from mixrl.core.engine_mismatch import EngineCorrection
 from mixrl.core.objective import Objective, TermSpec
 from mixrl.core.schedules import resolve_schedule
@@ -51,6 +51,8 @@ def build_objective(cfg: DictConfig) -> Objective:
         norm = d.pop("normalise_over", None)
         weight = d.pop("weight", 1.0)
         t_agg, t_agg_params = component(d.pop("aggregation", None)) if d.get("aggregation") else (agg_name, agg_params)
+        if _row_loss(kind) and not node.get("aggregation"):
+            t_agg, t_agg_params = ROW_LOSS_AGGREGATION, {}  # a per-pair loss: the mean over pairs
         if kind == "policy" and not d.get("loss"):
             d["loss"] = plain(a.loss)
         d = {k: v for k, v in d.items() if v is not None}
@@ -63,6 +65,14 @@ def build_objective(cfg: DictConfig) -> Objective:
         coefs["entropy_coef"] = plain(a.entropy_coef)
         terms.append(TermSpec("entropy_bonus", "entropy", ("on_policy",), None, "-entropy_coef", "token-mean", {}, {}))
     return Objective(terms, coefs, engine_correction=build_engine_correction(cfg))
+
+
+#: the aggregation of terms that declare ``row_loss`` (a per-row / per-pair loss spread over the row's tokens)
+ROW_LOSS_AGGREGATION = "seq-mean-token-sum"
+
+
+def _row_loss(kind: str) -> bool:
+    return kind in TERMS and bool(getattr(TERMS.get(kind), "row_loss", False))
 
 
 def build_engine_correction(cfg: DictConfig):

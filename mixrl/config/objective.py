@@ -24,6 +24,8 @@ from omegaconf import DictConfig
 
 from mixrl.config.builders import (  # noqa: F401 - build_* are imported from here by their callers
     CHECK_LIMIT,
+    ROW_LOSS_AGGREGATION,
+    _row_loss,
     build_controller,
     build_engine_correction,
     build_injection,
@@ -213,12 +215,18 @@ def _check_term(t: TermSpec, where: str, available: set[str], cfg: DictConfig) -
                 f"{where} ({t.kind}) takes an importance ratio, but '{unknown[0]}' tokens have no behaviour "
                 f"probability; train them with a term that needs none (nll, shaped) instead"
             )
-    if "ref_logp" in term_needs(t.kind) and set(t.tokens) - {"on_policy"} and not getattr(
+    with_ref = {"on_policy", *getattr(_injection_class(cfg.algo.inject.name), "ref_provenances", ())}
+    if "ref_logp" in term_needs(t.kind) and set(t.tokens) - with_ref and not getattr(
         _injection_class(str(cfg.algo.inject.name)), "rows_scored_with_rollouts", False
     ):
         raise ConfigError(
-            f"{where} ({t.kind}) needs reference log-probs, which are computed for rollout tokens only; "
-            f"set its tokens to [on_policy]"
+            f"{where} ({t.kind}) needs reference log-probs, which are computed for "
+            + ("rollout" if with_ref == {"on_policy"} else ", ".join(sorted(with_ref))) + " tokens only; set its tokens to [on_policy]"
+        )
+    if _row_loss(t.kind) and t.aggregation != ROW_LOSS_AGGREGATION:
+        raise ConfigError(
+            f"{where} ({t.kind}) is a loss per pair spread over its rows' tokens, so it is averaged over rows; "
+            f"remove {where}.aggregation (or set it to {{name: {ROW_LOSS_AGGREGATION}}})"
         )
     if "teacher_logp" in term_needs(t.kind) and _teacher_name(cfg) == "none":
         raise ConfigError(f"{where} ({t.kind}) needs teacher log-probs, but no teacher is configured; add teacher=tiny "

@@ -24,6 +24,7 @@ from mixrl.core import (  # noqa: F401  (import = registration)
     distill,
     palu,
     policy_losses,
+    preference,
     provenance,
     regularizers,
     rlplus,

@@ -144,6 +144,7 @@ def compute_objective(
     step: int = 0,
     normalisers: Mapping[str, tuple[float, float]] | None = None,
     knobs: Mapping[str, float] | None = None,
+    row_fields: Mapping[str, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Loss of one micro-batch and its parts (floats, for logging).
 
@@ -157,7 +158,7 @@ def compute_objective(
     ``normalisers[population_key] = (tokens, rows)``:
     the effective counts each population divides by; without them, this micro-batch's own
     counts. ``knobs``: controller values for this step: ``loss.<param>`` for the policy loss,
-    any other name for a coefficient.
+    any other name for a coefficient. ``row_fields``: per-row fields [B] terms may read (pair links).
     """
     valid = mask.bool() if mask.dtype != torch.bool else mask
     if token_source is None:
@@ -185,6 +186,7 @@ def compute_objective(
             overrides=loss_knobs if term.kind == "policy" else {},
             teacher_entropy=None if teacher_entropy is None else torch.where(sel, teacher_entropy, torch.zeros_like(logp.detach())),
             old_logp=_finite_on(old_logp.detach(), sel, logp),
+            rows=dict(row_fields) if row_fields else None,
         )
         if getattr(TERMS.get(term.kind), "needs_behaviour", False) and bool(sel.any()):
             _check_behaviour(term, behaviour, sel, token_source)

@@ -18,6 +18,8 @@ Attributes a term function may declare (read by config validation and ``mixrl ex
   known behaviour probability (see :mod:`mixrl.core.provenance`);
 * ``needs = ("ref_logp",)`` / ``("teacher_logp",)`` / ``("teacher_logp", "teacher_entropy")``:
   per-token inputs it reads;
+* ``row_loss = True``: its per-token loss spreads a per-row (per-pair) loss over the row's
+  tokens, so it is aggregated with ``seq-mean-token-sum`` (the preference terms);
 * ``engine_corrected = True``: when an inference engine generates, the objective multiplies
   its per-token loss on policy-sampled tokens by the engine-mismatch weight
   (:mod:`mixrl.core.engine_mismatch`), as TRL multiplies its policy loss.
@@ -62,6 +64,8 @@ class TermInputs:
     #: log-probs of the policy at generation time (pi_old) on every selected token, whatever its
     #: provenance (RL-PLUS's mixture denominator on expert tokens); None: not given
     old_logp: Tensor | None = None
+    #: per-row fields [B] of the batch a term may read (the pair links of :mod:`mixrl.core.preference`)
+    rows: dict | None = None
 
 
 @dataclass

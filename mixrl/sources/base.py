@@ -72,6 +72,9 @@ class InjectContext:
     score: Callable[[list[dict], list[list[int]]], torch.Tensor] | None = None
     #: ``behaviour_logps(prompt_ids, completion_ids) -> per-token log-probs`` of the policy now (no grad)
     behaviour_logps: Callable[[list[list[int]], list[list[int]]], list[list[float]]] | None = None
+    #: ``ref_logps(prompt_ids, completion_ids) -> per-token log-probs`` under the reference model (no grad;
+    #: set when the run computes reference log-probs, i.e. a term reads ``ref_logp``)
+    ref_logps: Callable[[list[list[int]], list[list[int]]], list[list[float]]] | None = None
     #: ``log(key, value)``: a training metric for this generation batch (already global)
     log: Callable[[str, float], None] | None = None
     #: at ``after_rewards``: the first reward function's value per global row (success is read from it)

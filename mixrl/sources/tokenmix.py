@@ -32,7 +32,8 @@ import torch
 from mixrl.core import provenance as prov
 from mixrl.errors import ConfigError
 from mixrl.sources.base import INJECTIONS, InjectContext, Rollouts
-from mixrl.sources.replay import ReplaySource, _ReplayInjection
+from mixrl.sources.replay import ReplaySource
+from mixrl.sources.replay_inject import _ReplayInjection
 
 HISTORICAL = prov.register_provenance(
     "historical", behaviour="stored",

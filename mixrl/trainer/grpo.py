@@ -366,6 +366,7 @@ class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, Checkpoi
             step=self.state.global_step,
             normalisers=self._mixrl_normalisers if mode == "train" else None,
             knobs=knobs,
+            row_fields={k: v for k, v in inputs.items() if k.startswith("pair_")} or None,  # pair links (mixrl.core.preference)
         )
         if mode == "train":
             self._controller_step_end(metrics)

@@ -37,6 +37,7 @@ class InjectionServices:
             generate=self._mixrl_generate,
             score=self._mixrl_score,
             behaviour_logps=self._mixrl_behaviour_logps,
+            ref_logps=self._mixrl_ref_logps if self.beta != 0.0 else None,
             log=lambda key, value: self._metrics["train"][key].append(float(value)),
             teachers=[m for m in self._teacher_models if m is not _SELF],
             policy=self.model,
@@ -72,6 +73,18 @@ class InjectionServices:
         as it is now (the behaviour of a completion sampled in another context than the one
         it is trained in). No gradient."""
         return self._score_token_lists(_SELF, prompt_ids, completion_ids)
+
+    def _mixrl_ref_logps(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
+        """Per-token log-probs of ``completion_ids[i]`` after ``prompt_ids[i]`` under the reference
+        model, as TRL computes them for rollouts: its ``ref_model``, or with a PEFT adapter the
+        base model (the adapter disabled; an initial copy named "ref" when re-training one). No gradient."""
+        if self.ref_model is not None:
+            return self._score_token_lists(self.ref_model, prompt_ids, completion_ids)
+        from trl.trainer.grpo_trainer import use_adapter
+
+        model = self.accelerator.unwrap_model(self.model)
+        with use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None):
+            return self._score_token_lists(_SELF, prompt_ids, completion_ids)
 
     def _injecting(self) -> bool:
         return bool(self.injections) and self.model.training and self._mixrl_batch_inputs is not None

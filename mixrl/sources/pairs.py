@@ -1,0 +1,336 @@
+"""Preference pairs in the RL batch: a source of (prompt, chosen, rejected) rows, and the
+injections that append pairs beside the rollouts, on-policy (the best and the worst rollout of a
+GRPO group), off-policy (the source's pairs) or both in a stated ratio.
+
+A pair enters the batch as two appended rows (its chosen and its rejected completion of the same
+prompt, in no group, advantage 0), linked by the per-row fields the preference terms read
+(:mod:`mixrl.core.preference`): ``pair_index``, ``pair_side`` (1 chosen, 0 rejected) and the
+partner's sequence log-probs under the policy (now: the policy that trains on the pair this step)
+and the reference model, with its length. Every pair row gets reference log-probs
+(``ref_per_token_logps``) from the reference model, which the run loads because the preference
+terms read ``ref_logp``.
+
+Provenance of the two sides:
+
+* ``pair_on_policy``: rows copied from this batch's own rollouts; behaviour ``stored``, with the
+  rollout's behaviour log-probs (TRL's ``old_per_token_logps`` when it computed them, else the
+  policy's log-probs now, which is the policy that sampled them: appended rows are built after
+  the previous optimizer step and before this one);
+* ``pair_off_policy``: rows of the source; behaviour ``unknown`` (nobody recorded how they were
+  sampled), so no ratio may be taken on them.
+
+Pairs are appended per process; a pair's rows are each other's partner whichever micro-batch
+TRL's shuffle puts them in. The rows appended per process are a multiple of the gradient
+accumulation, so TRL's split into micro-batches drops none (surplus on-policy pairs are dropped).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import torch
+
+from mixrl.core import provenance as prov
+from mixrl.errors import ConfigError, DataError
+from mixrl.sources.base import INJECTIONS, SOURCES, InjectContext, Injection, Source
+from mixrl.sources.rows import append_rows
+
+PAIR_ON_POLICY = prov.register_provenance(
+    "pair_on_policy", behaviour="stored",
+    description="a side of a pair built from the policy's own rollouts (best vs worst of a group); behaviour: the rollout's log-probs",
+).code
+PAIR_OFF_POLICY = prov.register_provenance(
+    "pair_off_policy", behaviour="unknown",
+    description="a side of an off-policy preference pair (from a file or the task's data); behaviour probability unknown",
+).code
+
+#: ``rejected_from`` values: where a training row's rejected completion comes from
+REJECTED_FROM = ("auto", "column", "arith_careless")
+
+
+@SOURCES.register("pairs")
+class PairSource(Source):
+    """Off-policy preference pairs (prompt, chosen, rejected): rows of a dataset with a column
+    mapping (``dataset`` + ``prompt_column`` / ``chosen_column`` / ``rejected_column``), or, with
+    ``dataset: null``, the training rows: chosen = the row's expert completion (``data.expert_column``),
+    rejected = its ``rejected_column``, or on the built-in task (``rejected_from: arith_careless``) the
+    careless demonstrator's solution, which forgets the last term (a wrong answer,
+    :func:`mixrl.tasks.arith.careless_solution`; ``auto``, the default: that on the built-in task,
+    the column otherwise).
+
+    Formula: (x, y_w, y_l): y_w preferred to y_l; provenance pair_off_policy, no behaviour probability
+    Paper: the off-policy preference data of DPO (arXiv 2305.18290) and SimpleMix (arXiv 2505.02363).
+
+    Parameters:
+        dataset (None): a file, folder or hub id of preference rows; null: pairs from the training rows.
+        prompt_column (prompt): the dataset's prompt column.
+        chosen_column (chosen): the dataset's preferred completion (text, or a conversation whose last reply is used).
+        rejected_column (rejected): the dispreferred completion (same forms); with dataset null, a column of the training data.
+        rejected_from (auto): auto | column | arith_careless (dataset null only: the built-in task's careless solution; auto: that on data=arith, else column).
+    """
+
+    provenances = ("pair_off_policy",)
+
+    def __init__(self, *, dataset: str | None = None, prompt_column: str = "prompt", chosen_column: str = "chosen",
+                 rejected_column: str = "rejected", rejected_from: str = "auto"):
+        if rejected_from not in REJECTED_FROM:
+            raise ValueError(f"rejected_from must be one of {', '.join(REJECTED_FROM)}, got {rejected_from!r}")
+        if dataset and rejected_from == "arith_careless":
+            raise ValueError(f"rejected_from={rejected_from} builds rejected completions from the training rows; "
+                             "with a dataset, rejected completions come from its rejected_column (rejected_from=column)")
+        self.dataset, self.rejected_from = dataset, rejected_from
+        self.prompt_column, self.chosen_column, self.rejected_column = prompt_column, chosen_column, rejected_column
+        self.pool: list[tuple] = []
+        self.reads_expert_column = not dataset
+
+    def prepare(self, train_ds, data_cfg):
+        """Build the pool of (prompt, chosen, rejected) once; the training rows are unchanged."""
+        if self.rejected_from == "auto":
+            builtin = str(getattr(data_cfg, "source", "")).startswith("builtin:arith") if data_cfg is not None else False
+            self.rejected_from = "arith_careless" if builtin and not self.dataset else "column"
+        self.pool = self._from_dataset(data_cfg) if self.dataset else self._from_training_rows(train_ds)
+        if not self.pool:
+            where = self.dataset or "the training data"
+            raise DataError(f"no preference pair in {where}: every row lacks a chosen or a rejected completion; "
+                            "check offpolicy.source.chosen_column / rejected_column")
+        return train_ds
+
+    def _from_training_rows(self, train_ds) -> list[tuple]:
+        if "expert" not in train_ds.column_names:
+            raise DataError("the pairs source takes chosen completions from the training data's expert column, which it has "
+                            "none of; set data.expert_column=<column> or offpolicy.source.dataset=<file of pairs>")
+        if self.rejected_from == "arith_careless":
+            from mixrl.tasks import arith
+
+            if "solution" not in train_ds.column_names or "level" not in train_ds.column_names:
+                raise DataError("offpolicy.source.rejected_from=arith_careless needs the built-in task (data=arith); "
+                                "for other data set rejected_from=column and offpolicy.source.rejected_column")
+            rejected = [arith.careless_solution(r) for r in train_ds]
+        else:
+            if self.rejected_column not in train_ds.column_names:
+                raise DataError(f"column {self.rejected_column!r} not found in the training data; columns present: "
+                                f"{', '.join(train_ds.column_names)}; set offpolicy.source.rejected_column "
+                                "(or offpolicy.source.dataset=<file of pairs>)")
+            from mixrl.data.loading import expert_completions
+
+            rejected = [(expert_completions(r) or [None])[0] for r in train_ds[self.rejected_column]]
+        return [(row["prompt"], row["expert"][0], rej) for row, rej in zip(train_ds, rejected)
+                if row.get("expert") and rej and rej != row["expert"][0]]
+
+    def _from_dataset(self, data_cfg) -> list[tuple]:
+        from mixrl.data.loading import _column_getter, _load_raw, expert_completions, standardize_rows
+
+        try:
+            raw, where = _load_raw(self.dataset, split="train", subset=None, config_prefix="offpolicy.source")
+        except DataError as e:  # the loader names its key <prefix>.source; here it is offpolicy.source.dataset
+            raise DataError(str(e).replace("offpolicy.source.source", "offpolicy.source.dataset")) from None
+        if len(raw) == 0:
+            raise DataError(f"{where} has no rows; point offpolicy.source.dataset at a file of preference pairs")
+        prefix = "offpolicy.source"
+        get_c = _column_getter(raw, self.chosen_column, "chosen_column", where, prefix, {self.prompt_column})
+        get_r = _column_getter(raw, self.rejected_column, "rejected_column", where, prefix, {self.prompt_column, self.chosen_column})
+        chosen = [(expert_completions(get_c(r)) or [None])[-1] for r in raw]
+        rejected = [(expert_completions(get_r(r)) or [None])[-1] for r in raw]
+        ds = standardize_rows(raw, where=where, prompt_column=self.prompt_column, answer_column=None,
+                              system_prompt=data_cfg.system_prompt, config_prefix=prefix)
+        if len(ds) != len(raw):  # rows with an empty prompt were dropped: keep the columns aligned
+            keep = [i for i in range(len(raw)) if raw[i][self.prompt_column]]
+            chosen, rejected = [chosen[i] for i in keep], [rejected[i] for i in keep]
+        return [(p, c, r) for p, c, r in zip(ds["prompt"], chosen, rejected) if c and r]
+
+    def sample(self, rng: random.Random, n: int) -> list[tuple]:
+        """``n`` (prompt, chosen, rejected) drawn from the pool with ``rng``."""
+        return [self.pool[rng.randrange(len(self.pool))] for _ in range(n)]
+
+
+@INJECTIONS.register("group_pairs", bounds={"pairs": (">= 1", "pairs appended per step, all processes")})
+class GroupPairs(Injection):
+    """On-policy preference pairs: after advantages, for up to ``pairs`` groups per step whose
+    rewards differ, the best and the worst rollout of the group (by the run's weighted reward;
+    the first of tied ones) are appended again as a (chosen, rejected) pair. Groups whose rollouts
+    all got the same reward give no pair.
+
+    Formula: y_w = argmax_i r(y_i), y_l = argmin_i r(y_i) over a group {y_1..y_G ~ pi_old(.|x)}, kept iff r(y_w) > r(y_l); up to {pairs} pairs per step
+    Paper: on-policy pairs as in SimpleMix (arXiv 2505.02363) and "Iterative Reasoning Preference Optimization" (arXiv 2404.19733): correct vs incorrect samples of the policy.
+
+    Parameters:
+        pairs (8): pairs per optimizer step, all processes (a multiple of the processes).
+    """
+
+    needs_source = False
+    provenances = ("pair_on_policy",)
+    #: provenances whose rows get reference log-probs (config validation lets ref_logp terms select them)
+    ref_provenances = ("pair_on_policy", "pair_off_policy")
+    on_policy_share = 1.0
+
+    def __init__(self, *, pairs: int = 8, source=None, geometry=None, seed: int = 0):
+        super().__init__(source=source, geometry=geometry, seed=seed)
+        self.pairs = int(pairs)
+        if geometry is not None and self.pairs % geometry.world_size:
+            raise ConfigError(f"algo.inject.pairs={pairs} must be a multiple of the {geometry.world_size} processes")
+        self.metrics: dict[str, float] = {}
+
+    def extra_rows_per_step(self, rollouts_per_step: int, unit: int) -> int:
+        """At most two rows per pair (fewer when groups tie)."""
+        return 2 * self.pairs
+
+    # ---------------------------------------------------------------- counts
+    def _targets(self, ctx: InjectContext) -> tuple[int, int]:
+        """(on-policy, off-policy) pairs this process appends at most."""
+        per_process = self.pairs // max(ctx.num_processes, 1)
+        n_on = round(self.on_policy_share * per_process)
+        return n_on, per_process - n_on
+
+    def _rng(self, ctx: InjectContext) -> random.Random:
+        return random.Random(hash(("pairs", self.seed, ctx.process_index, ctx.global_step, ctx.micro_step)))
+
+    # ---------------------------------------------------------------- on-policy pairs
+    def _group_pairs(self, ctx: InjectContext, out: dict, rng: random.Random, n: int) -> list[tuple[int, int]]:
+        """(chosen row, rejected row) local indices of up to ``n`` groups whose rows are all local
+        rollouts and whose rewards differ."""
+        if n <= 0 or "mixrl_reward" not in out:
+            return []
+        reward, group = out["mixrl_reward"].tolist(), out["group_id"].tolist()
+        source = out["row_source"].tolist()
+        rows: dict[int, list[int]] = {}
+        for i, g in enumerate(group):
+            if g >= 0:
+                rows.setdefault(g, []).append(i)
+        found, tied = [], 0
+        for g, members in rows.items():
+            if len(members) != ctx.num_generations or any(source[i] != prov.ON_POLICY for i in members):
+                continue  # a group split over processes, or holding other rows: not a pair of rollouts
+            best = max(members, key=lambda i: reward[i])
+            worst = min(members, key=lambda i: reward[i])
+            if not reward[best] > reward[worst]:
+                tied += 1
+                continue
+            found.append((best, worst))
+        self.metrics["pairs/tied_groups"] = float(tied)
+        if len(found) > n:
+            found = sorted(rng.sample(found, n))
+        return found
+
+    # ---------------------------------------------------------------- the hook
+    def after_advantages(self, ctx: InjectContext, inputs: list[dict], out: dict) -> dict:
+        rng = self._rng(ctx)
+        n_on, n_off = self._targets(ctx)
+        on = self._group_pairs(ctx, out, rng, n_on)
+        off = self.source.sample(rng, n_off) if n_off and self.source is not None else []
+        ga = self.geometry.grad_accum if self.geometry is not None else 1
+        unit = ga // math.gcd(2, ga)  # pairs whose 2 rows per pair split evenly into ga micro-batches
+        surplus = (len(on) + len(off)) % unit
+        drop_on = min(surplus, len(on))  # every micro-batch split must keep all rows: drop on-policy pairs first
+        on, off = on[: len(on) - drop_on], off[: len(off) - (surplus - drop_on)]
+        self.metrics["pairs/on_policy"] = float(len(on))
+        self.metrics["pairs/off_policy"] = float(len(off))
+        if not on and not off:
+            return out
+        return self._append(ctx, out, on, off)
+
+    def _append(self, ctx: InjectContext, out: dict, on: list[tuple[int, int]], off: list[tuple]) -> dict:
+        prompts: list[list[int]] = []
+        completions: list[list[int]] = []
+        codes: list[int] = []
+        behaviour: list[list[float] | None] = []
+        pm, cm = out["prompt_mask"].bool(), out["completion_mask"].bool()
+        old = out.get("old_per_token_logps")
+        for pair in on:
+            for i in pair:
+                prompts.append(out["prompt_ids"][i][pm[i]].tolist())
+                completions.append(out["completion_ids"][i][cm[i]].tolist())
+                codes.append(PAIR_ON_POLICY)
+                lp = old[i][cm[i]] if old is not None else None
+                behaviour.append(lp.tolist() if lp is not None and bool(torch.isfinite(lp).all()) else None)
+        if off:
+            off_prompts = ctx.tokenize_prompts([p for p, _, _ in off])
+            for p, (_, chosen, rejected) in zip(off_prompts, off):
+                for text in (chosen, rejected):
+                    prompts.append(list(p))
+                    completions.append(ctx.completion_ids(text))
+                    codes.append(PAIR_OFF_POLICY)
+                    behaviour.append(None)
+        policy = ctx.behaviour_logps(prompts, completions)  # the policy now: what trains on these rows this step
+        if ctx.ref_logps is None:
+            raise RuntimeError("preference pairs need reference log-probs, but the trainer computes none (TRL's beta is 0)")
+        # reference log-probs: the rollouts' own where TRL computed them, the reference model's for the rest
+        known_ref: list[list[float] | None] = []
+        rollout_ref = out.get("ref_per_token_logps")
+        for pair in on:
+            for i in pair:
+                lp = rollout_ref[i][cm[i]] if rollout_ref is not None else None
+                known_ref.append(lp.tolist() if lp is not None and bool(torch.isfinite(lp).all()) else None)
+        known_ref += [None] * (len(codes) - len(known_ref))
+        todo = [k for k, r in enumerate(known_ref) if r is None]
+        scored = ctx.ref_logps([prompts[k] for k in todo], [completions[k] for k in todo]) if todo else []
+        ref = list(known_ref)
+        for k, lp in zip(todo, scored):
+            ref[k] = list(lp)
+        for k, code in enumerate(codes):  # on-policy rows: the rollout's behaviour, else the policy now (which sampled it)
+            if code == PAIR_ON_POLICY and behaviour[k] is None:
+                behaviour[k] = list(policy[k])
+        n_old = out["prompt_ids"].shape[0]
+        new = append_rows(
+            out, prompts, completions, pad_id=ctx.tokenizer.pad_token_id,
+            row_source=torch.tensor(codes, dtype=torch.long),
+            behaviour_logp=[b if b is not None else [float("nan")] * len(c) for b, c in zip(behaviour, completions)],
+        )
+        dev = new["prompt_ids"].device
+        e = len(codes)
+        width = new["completion_ids"].shape[1]
+        ref_t = torch.full((e, width), float("nan"), dtype=torch.float32, device=dev)
+        for k, lp in enumerate(ref):
+            ref_t[k, : len(lp)] = torch.as_tensor(lp, dtype=torch.float32, device=dev)
+        if new.get("ref_per_token_logps") is not None:
+            new["ref_per_token_logps"][n_old:] = ref_t.to(new["ref_per_token_logps"].dtype)
+        else:
+            new["ref_per_token_logps"] = torch.cat([torch.full((n_old, width), float("nan"), device=dev), ref_t])
+        seq = [float(sum(lp)) for lp in policy]
+        seq_ref = [float(sum(lp)) for lp in ref]
+        partner = [k + 1 if k % 2 == 0 else k - 1 for k in range(e)]
+        fields = {
+            "pair_index": (torch.long, -1, [k // 2 for k in range(e)]),
+            "pair_side": (torch.long, -1, [1 - k % 2 for k in range(e)]),
+            "pair_partner_logp": (torch.float32, float("nan"), [seq[j] for j in partner]),
+            "pair_partner_ref_logp": (torch.float32, float("nan"), [seq_ref[j] for j in partner]),
+            "pair_partner_len": (torch.float32, float("nan"), [float(len(completions[j])) for j in partner]),
+        }
+        for key, (dtype, fill, values) in fields.items():
+            head = out[key] if key in out else torch.full((n_old,), fill, dtype=dtype, device=dev)
+            new[key] = torch.cat([head.to(dev), torch.tensor(values, dtype=dtype, device=dev)])
+        return new
+
+
+@INJECTIONS.register("pairs", bounds={
+    "pairs": (">= 1", "pairs appended per step, all processes"),
+    "on_policy": ("[0, 1]", "the share of on-policy pairs among the appended pairs"),
+})
+class MixedPairs(GroupPairs):
+    """Preference pairs mixed in a stated ratio: per step, ``on_policy`` x ``pairs`` on-policy pairs
+    (best vs worst rollout of a group, as ``group_pairs``) and the rest off-policy pairs drawn from
+    the source (a seeded generator per step). When fewer groups have a reward spread, fewer
+    on-policy pairs enter (``pairs/on_policy`` logs how many did).
+
+    Formula: batch = {rollouts} + {round({on_policy} P) pairs (best, worst) of groups} + {P - round({on_policy} P) source pairs}, P = {pairs}
+    Paper: SimpleMix, "SIMPLEMIX: Frustratingly Simple Mixing of Off- and On-policy Data in Language Model Preference Learning" (arXiv 2505.02363): the union of on- and off-policy pairs.
+
+    Parameters:
+        pairs (8): pairs per optimizer step, all processes (a multiple of the processes).
+        on_policy (0.5): share of on-policy pairs, in [0, 1] (0: off-policy pairs only; 1: on-policy only).
+    """
+
+    needs_source = True
+    sources = ("pairs",)
+    may_leave_untrained = ()
+
+    def __init__(self, *, pairs: int = 8, on_policy: float = 0.5, source=None, geometry=None, seed: int = 0):
+        super().__init__(pairs=pairs, source=source, geometry=geometry, seed=seed)
+        if not 0.0 <= float(on_policy) <= 1.0:
+            raise ConfigError(f"algo.inject.on_policy={on_policy} must be in [0, 1]")
+        self.on_policy_share = float(on_policy)
+
+    @property
+    def provenances(self) -> tuple[str, ...]:
+        return tuple(p for p, share in (("pair_on_policy", self.on_policy_share), ("pair_off_policy", 1.0 - self.on_policy_share))
+                     if round(share * self.pairs) > 0 or share == 1.0)

@@ -183,7 +183,9 @@ class GroupPairs(Injection):
         return n_on, per_process - n_on
 
     def _rng(self, ctx: InjectContext) -> random.Random:
-        return random.Random(hash(("pairs", self.seed, ctx.process_index, ctx.global_step, ctx.micro_step)))
+        # a str seed is hashed with SHA-512 by random.Random: the same in every process; hash() of a
+        # tuple holding a str is salted per process (PYTHONHASHSEED), and made runs irreproducible
+        return random.Random(f"pairs:{self.seed}:{ctx.process_index}:{ctx.global_step}:{ctx.micro_step}")
 
     # ---------------------------------------------------------------- on-policy pairs
     def _group_pairs(self, ctx: InjectContext, out: dict, rng: random.Random, n: int) -> list[tuple[int, int]]:

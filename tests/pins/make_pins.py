@@ -50,6 +50,7 @@ import argparse
 import hashlib
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -248,6 +249,17 @@ MORE_TRAINER_CASES = {
     "algo=remix|max_steps=2": ["algo=remix", "trainer.max_steps=2"],
     "algo=exgrpo|max_steps=2": ["algo=exgrpo", "trainer.max_steps=2"],
     "algo=repo_replay|max_steps=2": ["algo=repo_replay", "trainer.max_steps=2"],
+    # added with --missing (each case records the commit that made it)
+    "algo=alol": ["algo=alol"],
+    "algo=palu": ["algo=palu", "algo.controller.target=0"],
+    "algo=rl_plus": ["algo=rl_plus"],
+    "algo=srpo": ["algo=srpo"],
+    "algo=soup|max_steps=2": ["algo=soup", "trainer.max_steps=2", "algo.inject.per_group=2"],
+    "algo=simplemix": ["algo=simplemix"],
+    "algo=wpo": ["algo=wpo"],
+    "algo=hypo": ["algo=hypo"],
+    "algo=rpo": ["algo=rpo"],
+    "algo=grpo_dpo": ["algo=grpo_dpo"],
 }
 #: the rollouts of each case (a function of tests/pins/rollouts.py): tolerant_completion, except
 #: where the second step's groups must all fail for the replay fill to act
@@ -263,13 +275,15 @@ def resolve_overrides(overrides: list[str], model_path: str) -> list[str]:
     return [o.replace(PIN_MODEL, str(model_path)) for o in overrides]
 
 
-def make_more_trainer_pins(model_path: str, work: Path) -> dict:
-    """The ``trainer_pins_more.json`` cases, run with ``rollouts.tolerant_completion``."""
+def make_more_trainer_pins(model_path: str, work: Path, skip: set[str] = frozenset()) -> dict:
+    """The ``trainer_pins_more.json`` cases (those not in ``skip``), run with ``rollouts.tolerant_completion``."""
     import rollouts
     from harness import run_one_step
 
     cases, timing = {}, {}
     for key, overrides in more_trainer_cases().items():
+        if key in skip:
+            continue
         t0 = time.perf_counter()
         completion = MORE_ROLLOUTS.get(key, "tolerant_completion")
         result = run_one_step(resolve_overrides(overrides, model_path), model_path,
@@ -347,6 +361,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", choices=["objective", "trainer", "trainer-more"],
                     help="generate one fixture only (trainer-more: only trainer_pins_more.json; never by default)")
+    ap.add_argument("--missing", action="store_true",
+                    help="with --only trainer-more: run only the cases the file lacks (a new algo) and add them, each with "
+                         "the commit that made it; every existing case stays as it is")
     ap.add_argument("--more-out", type=Path, default=HERE / "trainer_pins_more.json")
     ap.add_argument("--objective-out", type=Path, default=HERE / "objective_pins.json")
     ap.add_argument("--trainer-out", type=Path, default=HERE / "trainer_pins.json")
@@ -361,8 +378,16 @@ def main(argv: list[str] | None = None) -> int:
         for s in skipped:
             print(f"  skipped {s}", file=sys.stderr)
     if a.only == "trainer-more":  # on the committed pin model
+        old = json.loads(a.more_out.read_text()) if a.missing else None
+        keep = set(old["cases"]) if old else set()
         with tempfile.TemporaryDirectory(prefix="mixrl-pins-") as tmp:
-            data = make_more_trainer_pins(a.model or str(REPO / "tests" / "fixtures" / "pin-model"), Path(tmp) / "runs")
+            data = make_more_trainer_pins(a.model or str(REPO / "tests" / "fixtures" / "pin-model"), Path(tmp) / "runs",
+                                          skip=keep)
+        if old:
+            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
+            for case in data["cases"].values():
+                case["commit"] = commit
+            data = {"meta": old["meta"], "cases": {**old["cases"], **data["cases"]}}
         write_json(a.more_out, data)
         print(f"{a.more_out}: {len(data['cases'])} cases", file=sys.stderr)
     if a.only in (None, "trainer"):

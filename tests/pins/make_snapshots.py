@@ -143,7 +143,19 @@ def differences(rendered: dict[tuple[str, str], str], complete: bool = True) -> 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="compare with the stored snapshots; write nothing")
+    ap.add_argument("--missing", action="store_true",
+                    help="write the snapshots of recipes that have none (a new recipe); leave every existing one as it is")
     a = ap.parse_args(argv)
+    if a.missing:
+        new = [r for r in recipes() if not all(snapshot_path(c, r).exists() for c in COMMANDS)]
+        rendered = render_all(only=new) if new else {}
+        for (command, recipe), text in rendered.items():
+            path = snapshot_path(command, recipe)
+            if not path.exists():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
+        print(f"new recipes: {', '.join(new) or 'none'}", file=sys.stderr)
+        return 0
     rendered = render_all()
     if a.check:
         bad = differences(rendered)

@@ -1,6 +1,7 @@
 """Trainer pins for the algos the first 21 cases left out (``trainer_pins_more.json``, made at
-commit 452baff by ``make_pins.py --only trainer-more``): with these, every ``conf/algo/*.yaml``
-has at least one trainer pin (``test_every_shipped_algo_is_pinned``).
+commit 452baff by ``make_pins.py --only trainer-more``; the algos added since, by
+``make_pins.py --only trainer-more --missing``, each case with the commit that made it): with these,
+every ``conf/algo/*.yaml`` has at least one trainer pin (``test_every_shipped_algo_is_pinned``).
 
 Same harness, model and tolerances as ``test_trainer_pins.py`` (read its docstring): each case
 runs ``harness.run_one_step`` on the committed pin model for one optimizer step (two for the

@@ -154,4 +154,7 @@ def validate_rules(cfg: DictConfig) -> None:
         raise ConfigError("algo.kl.coef must be >= 0")
     _check_staleness(cfg)
     _check_async(cfg)
+    from mixrl.config.sampler import check_sampler
+
+    check_sampler(cfg)
     check_objective(cfg)

@@ -297,6 +297,9 @@ def build_trainer(cfg: DictConfig, *, model_path: str, tokenizer, train_ds, rewa
         teacher.resolve(progress=bool(cfg.logger.progress))
         teacher.check_tokenizer(tokenizer)
         train_ds = teacher.prepare(train_ds, cfg.data)
+    from mixrl.config.sampler import build_sampler
+
+    sampler, sampler_length = build_sampler(cfg, train_ds)
     with _colocated_engine(cfg, model_path):
         trainer = MixrlGRPOTrainer(
             model=model_path,
@@ -313,6 +316,8 @@ def build_trainer(cfg: DictConfig, *, model_path: str, tokenizer, train_ds, rewa
             teacher=teacher,
             staleness=int(cfg.trainer.get("staleness", 0) or 0),
             async_generation=int(cfg.hardware.get("vllm_async_max_staleness", 1)) if cfg.hardware.get("vllm_async", False) else 0,
+            sampler=sampler,
+            sampler_length=sampler_length,
         )
     trainer.vllm_sync_tolerance = _sync_tolerance(cfg, model_path)  # checked after every weight sync (engine_sync)
     trainer.remove_callback(PrinterCallback)  # mixrl prints its own progress and summary

@@ -151,3 +151,34 @@ def test_resume_with_sampler_state_is_exact(sampler, fast_overrides, tmp_path, m
     a = json.loads((tmp_path / "full" / "trainer" / "checkpoint-4" / "mixrl_sampler.json").read_text())
     b = json.loads((cut / "trainer" / "checkpoint-4" / "mixrl_sampler.json").read_text())
     assert a == b
+
+
+def test_length_curriculum_and_row_filter(fast_overrides, tmp_path, monkeypatch):
+    """``sampler.length`` caps each step's completions (linear 4 -> 16 over 2 steps: 4, then 10);
+    a row filter (A-LoL's) zeroes the advantage of the rows it drops, and only theirs."""
+    from mixrl.trainer.grpo import MixrlGRPOTrainer
+
+    widths, advantages = [], []
+    original = MixrlGRPOTrainer._sampler_filter_rows
+
+    def spy(self, rewards, adv):
+        out = original(self, rewards, adv)
+        advantages.append((adv.clone(), out.clone()))
+        return out
+
+    generate = MixrlGRPOTrainer._sampler_generate
+
+    def spy_generate(self, *args, **kwargs):
+        out, rows = generate(self, *args, **kwargs)
+        widths.append(int(out["completion_mask"].sum(1).max()))
+        return out, rows
+
+    monkeypatch.setattr(MixrlGRPOTrainer, "_sampler_filter_rows", spy)
+    monkeypatch.setattr(MixrlGRPOTrainer, "_sampler_generate", spy_generate)
+    _train(fast_overrides, tmp_path / "run", ["+sampler.rows.alol={name: nonnegative_advantage}",
+                                              "sampler.length={name: linear, start: 4, end: 16, steps: 2}"])
+    rows = _rows(tmp_path / "run")
+    assert [r["sampler/max_completion_length"] for r in rows] == [4.0, 10.0]
+    assert widths[0] <= 4 and widths[1] <= 10
+    for before, after in advantages:
+        assert torch.equal(after, before.clamp(min=0) * (before >= 0))  # negative ones are 0, the rest unchanged

@@ -18,7 +18,11 @@ def test_group_options_and_defaults():
     cfg = compose_config(["sampler=dynamic"])
     assert cfg.sampler.keep.name == "nonzero_variance" and cfg.sampler.keep.eps == 1e-6  # defaults filled in
     assert cfg.sampler.max_rounds == 3
-    assert "sampler:" in to_yaml(cfg) and "sampler:" not in to_yaml(compose_config([]))
+    assert "sampler:" in to_yaml(cfg) and "sampler:" in to_yaml(compose_config([]))  # the run's config.yaml has it
+    shown = runner.invoke(app, ["config", "show"])
+    assert shown.exit_code == 0 and "\nsampler:" not in shown.output and "\nalgo:" in shown.output  # config show leaves none out
+    shown = runner.invoke(app, ["config", "show", "sampler=dynamic"])
+    assert "\nsampler:\n  name: dynamic\n" in shown.output
 
 
 @pytest.mark.parametrize("overrides, words", [

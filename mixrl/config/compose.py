@@ -398,10 +398,7 @@ def _validate_rewards(cfg: DictConfig) -> None:
 
 
 def to_yaml(cfg: DictConfig) -> str:
-    """The resolved config as YAML (``sampler`` left out when it is ``none``: mixrl.config.sampler)."""
-    from mixrl.config.sampler import without_inactive_sampler
-
-    return OmegaConf.to_yaml(without_inactive_sampler(cfg), resolve=True)
+    return OmegaConf.to_yaml(cfg, resolve=True)
 
 
 def env_world_size() -> int:

@@ -44,7 +44,16 @@ def test_dynamic_sampling_trains_informative_groups_and_reports_what_it_paid(fas
         trained_groups.append((rewards.max(1).values - rewards.min(1).values).tolist())
         return out, rows
 
+    filtered = []
+    original_filter = MixrlGRPOTrainer._sampler_filter_rows
+
+    def spy_filter(self, rewards, advantages):
+        out = original_filter(self, rewards, advantages)
+        filtered.append((self._sampler_filled.clone(), out.view(-1, self.num_generations).clone()))
+        return out
+
     monkeypatch.setattr(MixrlGRPOTrainer, "_sampler_generate", spy)
+    monkeypatch.setattr(MixrlGRPOTrainer, "_sampler_filter_rows", spy_filter)
     res = _train(fast_overrides, tmp_path / "run", ["sampler=dynamic", "sampler.max_rounds=8"])
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     s = summary["sampler"]
@@ -55,8 +64,11 @@ def test_dynamic_sampling_trains_informative_groups_and_reports_what_it_paid(fas
     rows = _rows(tmp_path / "run")
     assert [r["sampler/generated_per_trained"] for r in rows] and all(r["sampler/generated_per_trained"] >= 1 for r in rows)
     assert len(trained_groups) == 2
-    if s["short_groups"] == 0:  # every trained group had rewards that differ
-        assert all(spread > 0 for step in trained_groups for spread in step), trained_groups
+    assert int(sum(f.sum() for f, _ in filtered)) == s["short_groups"]
+    for (filled, adv), spreads in zip(filtered, trained_groups):
+        for is_filled, a, spread in zip(filled.tolist(), adv, spreads):
+            # a kept group's rewards differ; a topped-up (dropped) group trains with advantage 0
+            assert (bool((a == 0).all()) and spread == 0) if is_filled else spread > 0, (is_filled, a, spread)
 
 
 def test_no_sampler_is_todays_trainer(fast_overrides, tmp_path):

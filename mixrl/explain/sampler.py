@@ -28,7 +28,7 @@ def sampler_rows(cfg: DictConfig) -> list[tuple[str, str]]:
     text = f"groups kept: {keep}: {GROUP_FILTERS.formula(keep, keep_params)}"
     if int(s.max_rounds) > 1:
         text += (f"; up to {s.max_rounds} generation rounds per step until every group of the step is kept "
-                 "(then topped up with dropped groups); metric sampler/generated_per_trained")
+                 "(then topped up with dropped groups, their advantages set to 0); metric sampler/generated_per_trained")
     rows.append(("", text))
     for label in s.rows or {}:
         name, params = component(s.rows[label])

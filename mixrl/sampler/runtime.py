@@ -8,8 +8,8 @@ generation batch:
    and :meth:`Sampler.keep_groups` (the group filter);
 3. :meth:`Sampler.assemble`: which generated groups fill the step: the kept groups in the order
    they were generated, cut to the step's size; when ``max_rounds`` rounds did not give enough,
-   the step is topped up with dropped groups (their advantages are 0 under a zero-variance filter,
-   so they add no gradient) and ``short`` counts the missing ones;
+   the step is topped up with dropped groups (the trainer sets their advantages to 0, so they keep
+   the batch's shape and add no gradient) and ``short`` counts them;
 4. :meth:`Sampler.row_keep`: the row filters' mask of the assembled batch.
 
 Its draws come from ``numpy.random.Generator(seed, draws)``, ``draws`` counting every draw, so

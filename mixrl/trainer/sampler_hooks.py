@@ -14,7 +14,8 @@ batch goes:
    history (times seen, rewards, Beta counts); the group filter marks the groups kept. While fewer
    than ``prompts_per_step`` groups are kept and rounds are left (``sampler.max_rounds``), another
    batch of prompts is generated (the picker's, or uniform draws from the training set). The
-   step then trains on the first kept groups (topped up with dropped ones if the rounds ran out).
+   step then trains on the first kept groups; if the rounds ran out, it is topped up with dropped
+   groups whose advantages are set to 0 (the batch keeps its shape, they add no gradient).
    Each round passes through the injections' ``before_generation`` / ``after_generation`` like
    a plain batch, so expert rows, replay and teachers see the chosen prompts.
 3. **row filters** zero the advantage of the rollouts they drop (:meth:`_sampler_filter_rows`).
@@ -112,7 +113,10 @@ class SamplerHooks:
                     break
                 rows, indices = self._sampler_more(n_groups)
                 inputs = prepare(rows)
+        short = s.short
         chosen = s.assemble(keeps, n_groups)
+        filled = s.short - short  # the last `filled` groups of the step were dropped ones
+        self._sampler_filled = torch.arange(n_groups) >= n_groups - filled
         generated = sum(len(r[3]) for r in rounds)
         s.generated += generated
         s.trained += n_groups * g
@@ -156,11 +160,17 @@ class SamplerHooks:
 
     # ------------------------------------------------------------------ rows, length
     def _sampler_filter_rows(self, rewards: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
-        """Advantages with the rollouts the row filters drop set to 0 (the group's rows: the
-        first ``groups x G``; rows an injection appended later are not filtered)."""
+        """Advantages with the rollouts of topped-up groups (dropped by the group filter) and those
+        the row filters drop set to 0 (the groups' rows: the first ``groups x G``; rows an
+        injection appended later are not filtered)."""
         g = self.num_generations
         n = (advantages.shape[0] // g) * g
         keep = self.sampler.row_keep(rewards[:n].view(-1, g), advantages[:n].view(-1, g))
+        filled = getattr(self, "_sampler_filled", None)
+        if filled is not None and filled.numel() == n // g and bool(filled.any()):
+            kept_groups = (~filled).unsqueeze(1).expand(-1, g).to(rewards.device)
+            keep = kept_groups if keep is None else keep & kept_groups
+            self._metrics["train"]["sampler/filled_groups"].append(float(filled.sum()))
         if keep is None:
             return advantages
         out = advantages.clone()

@@ -170,3 +170,19 @@ def test_sampler_row_keep_and_summary():
     s.generated, s.trained, s.rounds, s.batches = 48, 32, 3, 2
     assert s.summary().startswith("sampler: 48 rollouts generated for 32 trained (16 extra, 1.50 generated per trained")
     assert s.metrics()["sampler/generated_per_trained"] == 1.5
+
+
+def test_hard_routing_counts_unguided_rollouts_only():
+    s = Sampler(hard_below=0.3)
+    assert not s.is_hard(0)  # unseen: not hard
+    r = torch.tensor([[0.0, 0.0, 1.0, 1.0]])
+    correct = r >= 1
+    free = torch.tensor([[True, True, False, False]])  # the two successes were guided
+    s.observe([0], r, correct, step=1, free=free)
+    # only the 2 free failures count: (1 + 0) / (2 + 2) = 0.25 < 0.3
+    assert s.state.accuracy(0) == pytest.approx(0.25) and s.state.records[0].rollouts == 2
+    assert s.is_hard(0)
+    s.observe([1], r, correct, step=1, free=torch.zeros(1, 4, dtype=torch.bool))  # no free rollout: not counted
+    assert s.state.seen(1) == 0 and not s.is_hard(1)
+    s.observe([2], r, correct, step=1)  # all count: (1 + 2) / (2 + 4) = 0.5
+    assert s.state.accuracy(2) == pytest.approx(0.5) and not s.is_hard(2)

@@ -193,3 +193,31 @@ def test_length_curriculum_and_row_filter(fast_overrides, tmp_path, monkeypatch)
     assert widths[0] <= 4 and widths[1] <= 10
     for before, after in advantages:
         assert torch.equal(after, before.clamp(min=0) * (before >= 0))  # negative ones are 0, the rest unchanged
+
+
+def test_hard_only_routing_prefixes_exactly_the_prompts_the_history_marks_hard(fast_overrides, tmp_path, monkeypatch):
+    """POPE routed by the sampler: on levels 5-6 (the tiny model fails them) with 4 training
+    prompts, 2 per step, every prompt is seen by step 2; from then on the first 2 rollouts of
+    its group (per_group=2 of 4) continue from an oracle prefix, and a prompt not yet seen (or
+    not hard) never gets one."""
+    from mixrl.sources.prefix import PrefixCondition
+
+    calls = []
+    original = PrefixCondition.generation_prefixes
+
+    def spy(self, ctx, inputs):
+        hard = [ctx.prompt_hard(row) for row in inputs]
+        prefixes = original(self, ctx, inputs)
+        calls.append((ctx.global_step, hard, [len(p) > 0 for p in prefixes]))
+        return prefixes
+
+    monkeypatch.setattr(PrefixCondition, "generation_prefixes", spy)
+    _train(fast_overrides, tmp_path / "run", ["recipe=pope/hard-routed-arith-tiny", "data.levels=[5,6]",
+                                              "data.train_size=4", "trainer.max_steps=4", "sampler.hard_below=0.5",
+                                              "algo.inject.per_group=2"])
+    assert len(calls) == 4
+    for step, hard, prefixed in calls:
+        expected = [h and i % 4 < 2 for i, h in enumerate(hard)]
+        assert prefixed == expected, (step, hard, prefixed)  # prefixed iff the history says hard (first 2 slots)
+    assert not any(calls[0][1])  # step 0: nothing seen, nothing hard
+    assert any(p for _, _, pre in calls[2:] for p in pre)  # seen prompts that failed get guided later

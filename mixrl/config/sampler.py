@@ -18,8 +18,9 @@ def sampler_active(cfg: DictConfig) -> bool:
     s = cfg.get("sampler")
     if s is None:
         return False
+    routed = cfg.algo.inject.get("prompts") == "hard"  # a guided injection routes on the sampler's history
     return (s.pick.name != "data" or s.keep.name != "all" or bool(s.rows) or int(s.max_rounds) != 1
-            or s.get("length") is not None)
+            or s.get("length") is not None or routed)
 
 
 def without_inactive_sampler(cfg: DictConfig) -> DictConfig:
@@ -40,6 +41,8 @@ def check_sampler(cfg: DictConfig) -> None:
         raise ConfigError(f"sampler.max_rounds={s.max_rounds} is out of range: generation rounds per step need >= 1; set sampler.max_rounds >= 1")
     if not 0.0 <= float(s.decay) <= 1.0:
         raise ConfigError(f"sampler.decay={s.decay} is out of range: the per-update decay of a prompt's counts is in [0, 1]; set sampler.decay in [0, 1]")
+    if not 0.0 <= float(s.get("hard_below", 0.2)) <= 1.0:
+        raise ConfigError(f"sampler.hard_below={s.hard_below} is out of range: an accuracy in [0, 1]; set sampler.hard_below in [0, 1]")
     if int(s.max_rounds) > 1 and s.keep.name == "all":
         raise ConfigError(f"sampler.max_rounds={s.max_rounds} generates more only when a group filter drops groups, "
                           "but sampler.keep.name=all keeps every group; set sampler.keep.name (e.g. nonzero_variance) or sampler.max_rounds=1")
@@ -81,5 +84,5 @@ def build_sampler(cfg: DictConfig, train_ds=None):
         arms = [str(v) for v in train_ds[s.arms_column]] if train_ds is not None else None
     spec = lambda node: OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node  # noqa: E731
     sampler = Sampler(pick=spec(s.pick), keep=spec(s.keep), rows=spec(s.rows), max_rounds=int(s.max_rounds),
-                      decay=float(s.decay), seed=int(cfg.seed), arms=arms)
+                      decay=float(s.decay), seed=int(cfg.seed), arms=arms, hard_below=float(s.get("hard_below", 0.2)))
     return sampler, spec(s.get("length"))

@@ -115,6 +115,7 @@ class SamplerConfig:
     decay: float = 1.0
     arms_column: Optional[str] = None
     length: Any = None
+    hard_below: float = 0.2  # a seen prompt whose accuracy estimate is below it is hard (algo.inject.prompts=hard)
 
 
 @dataclass

@@ -22,9 +22,13 @@ def sampler_rows(cfg: DictConfig) -> list[tuple[str, str]]:
     pick, pick_params = component(s.pick)
     keep, keep_params = component(s.keep)
     rows = [("sampler", f"{s.name}: prompts: {pick}: {PICKERS.formula(pick, pick_params)}")]
-    if pick != "data":
+    routed = cfg.algo.inject.get("prompts") == "hard"
+    if pick != "data" or routed:
         rows.append(("", f"per-prompt history: Beta(1 + s_i, 1 + f_i) of its accuracy, counts decayed by {s.decay} "
                          "per update; saved in checkpoints" + (f"; bandit arms: data column {s.arms_column}" if s.arms_column else "")))
+    if routed:
+        rows.append(("", f"routing: the guided injection (algo.inject.prompts=hard) guides only prompts the history marks "
+                         f"hard: seen, accuracy estimate (unguided rollouts) < {s.hard_below} (sampler.hard_below)"))
     text = f"groups kept: {keep}: {GROUP_FILTERS.formula(keep, keep_params)}"
     if int(s.max_rounds) > 1:
         text += (f"; up to {s.max_rounds} generation rounds per step until every group of the step is kept "

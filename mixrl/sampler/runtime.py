@@ -42,7 +42,8 @@ class Sampler:
     accuracy buckets)."""
 
     def __init__(self, *, pick: dict | None = None, keep: dict | None = None, rows: dict | None = None,
-                 max_rounds: int = 1, decay: float = 1.0, seed: int = 0, arms: list | None = None):
+                 max_rounds: int = 1, decay: float = 1.0, seed: int = 0, arms: list | None = None,
+                 hard_below: float = 0.2):
         self.pick_name, self.pick_params = _split(pick, "data")
         self.keep_name, self.keep_params = _split(keep, "all")
         self.rows = [_split(spec, "") for spec in (rows or {}).values()]
@@ -51,6 +52,7 @@ class Sampler:
             raise ValueError("max_rounds must be >= 1")
         self.seed = int(seed)
         self.arms = arms
+        self.hard_below = float(hard_below)
         self.state = PromptState(decay=decay)
         self.values: dict[str, float] = {}  # bandit arm -> value
         self.draws = 0
@@ -84,9 +86,16 @@ class Sampler:
         """The group filter's keep mask of one round, ``[groups]``."""
         return GROUP_FILTERS.get(self.keep_name)(rewards, correct, **self.keep_params)
 
-    def observe(self, indices: list[int | None], rewards: torch.Tensor, correct: torch.Tensor, step: int) -> None:
+    def is_hard(self, index: int) -> bool:
+        """Seen at least once and its accuracy estimate below ``hard_below``."""
+        return self.state.seen(index) > 0 and self.state.accuracy(index) < self.hard_below
+
+    def observe(self, indices: list[int | None], rewards: torch.Tensor, correct: torch.Tensor, step: int,
+                free: torch.Tensor | None = None) -> None:
         """Update the history of each generated group's prompt (``None``: a prompt outside the
-        training set, skipped), and the bandit's arm values with the groups' mean |advantage|."""
+        training set, skipped) with its unguided rollouts (``free`` ``[groups, G]``; None: all; a
+        group without one is not counted), and the bandit's arm values with the groups' mean
+        |advantage| (all rollouts)."""
         gains: dict[str, list[float]] = {}
         buckets = int(self.pick_params.get("buckets", 4))
         for i, idx in enumerate(indices):
@@ -95,7 +104,10 @@ class Sampler:
             r = [float(x) for x in rewards[i].tolist()]
             if self.pick_name == "bandit":  # the arm it was drawn from: before this update
                 gains.setdefault(arm_of(self.state, idx, buckets, self.arms), []).append(group_abs_advantage(r))
-            self.state.update(idx, r, [bool(c) for c in correct[i].tolist()], step)
+            own = free[i].tolist() if free is not None else [True] * len(r)
+            if any(own):
+                self.state.update(idx, [x for x, o in zip(r, own) if o],
+                                  [bool(c) for c, o in zip(correct[i].tolist(), own) if o], step)
         if gains:
             td_update(self.values, gains, float(self.pick_params.get("lr", 0.5)))
 

@@ -84,6 +84,12 @@ class SamplerHooks:
             chosen = self.sampler.draw_uniform(len(self.train_dataset), n)
         return self._sampler_rows(chosen), list(chosen)
 
+    def _sampler_hard(self, row: dict) -> bool:
+        """Is the row's prompt hard by the sampler's history (seen, accuracy estimate below
+        ``hard_below``)? What a guided injection routes on (``algo.inject.prompts=hard``)."""
+        idx = self._sampler_indices([row] * self.num_generations)[0]
+        return idx is not None and self.sampler.is_hard(idx)
+
     # ------------------------------------------------------------------ rounds
     def _sampler_round_rewards(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The round's (weighted rewards, correct) ``[groups, G]``; correct: primary reward >= 1."""
@@ -91,6 +97,14 @@ class SamplerHooks:
         rewards = (rpf * self.reward_weights.to(rpf.device).unsqueeze(0)).nansum(dim=1)
         g = self.num_generations
         return rewards.view(-1, g).cpu(), (rpf[:, 0] >= 1.0 - 1e-6).view(-1, g).cpu()
+
+    def _sampler_free_rows(self) -> torch.Tensor | None:
+        """``[groups, G]``: rollouts the policy generated unguided (no prefix, no hint): the
+        only ones a prompt's history counts (None: all are)."""
+        r = self._mixrl_rollouts
+        if r is None or not any(r.guided):
+            return None
+        return (torch.tensor(r.guided) == 0).view(-1, self.num_generations)
 
     def _sampler_generate(self, inputs: list[dict], indices: list[int | None], generate: Callable,
                           prepare: Callable) -> tuple[dict, list[dict]]:
@@ -106,7 +120,7 @@ class SamplerHooks:
                 self._mixrl_batch_inputs = inputs
                 out = generate(inputs)
                 rewards, correct = self._sampler_round_rewards()
-                s.observe(indices, rewards, correct, step)
+                s.observe(indices, rewards, correct, step, free=self._sampler_free_rows())
                 keeps.append(s.keep_groups(rewards, correct))
                 rounds.append((out, self._mixrl_rollouts, self._mixrl_rewards_per_func, inputs))
                 if not s.wants_more(keeps, n_groups):

@@ -31,7 +31,7 @@ layer  modules
 =====  =====================================================================================
 0      ``core`` (pure tensor math); ``errors`` (exception types, imported everywhere);
        ``stats`` (statistics of result tables: pure numbers, no config)
-1      ``sources``, ``data``, ``rewards``, ``models``, ``tasks``
+1      ``sources``, ``sampler``, ``data``, ``rewards``, ``models``, ``tasks``
 2      ``config`` (compose and validate)
 3      ``trainer``; ``vllm_cpu``, ``vllm_file_transfer`` (the trainer's vLLM plumbing);
        ``explain`` (reads a composed config and renders its objective: a consumer of config
@@ -59,7 +59,7 @@ from pathlib import Path
 #: first path component below the package -> layer (see the module docstring)
 LAYERS = {
     "": 0, "core": 0, "errors": 0, "stats": 0,
-    "sources": 1, "data": 1, "rewards": 1, "models": 1, "tasks": 1,
+    "sources": 1, "sampler": 1, "data": 1, "rewards": 1, "models": 1, "tasks": 1,
     "config": 2,
     "trainer": 3, "vllm_cpu": 3, "vllm_file_transfer": 3, "explain": 3,
     "launch": 4, "plan": 4, "compare": 4, "claims": 4, "suites": 4, "reproduce": 4, "methods": 4,

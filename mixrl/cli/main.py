@@ -192,8 +192,10 @@ def plan(
 def config_show(overrides: Optional[List[str]] = OVERRIDES):
     """Print the fully resolved config as YAML."""
     from mixrl.config.compose import compose_config, to_yaml  # deferred: imports torch; `mixrl --help` stays fast
+    from mixrl.config.sampler import without_inactive_sampler  # deferred: beside compose (imports torch)
 
-    sys.stdout.write(to_yaml(compose_config(list(overrides or []))))
+    # sampler=none is left out: configs without a sampler print as they did before the group existed
+    sys.stdout.write(to_yaml(without_inactive_sampler(compose_config(list(overrides or [])))))
 
 
 @config_app.command("groups")

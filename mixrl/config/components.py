@@ -35,6 +35,10 @@ _SECTION_REGISTRY = {
     "algo.inject": ("mixrl.sources", "INJECTIONS", "injection"),
     "offpolicy.source": ("mixrl.sources", "SOURCES", "off-policy source"),
     "teacher.source": ("mixrl.sources", "SOURCES", "teacher source"),
+    "sampler.pick": ("mixrl.sampler", "PICKERS", "prompt picker"),
+    "sampler.keep": ("mixrl.sampler", "GROUP_FILTERS", "group filter"),
+    "sampler.rows.*": ("mixrl.sampler", "ROW_FILTERS", "row filter"),
+    "sampler.length": ("mixrl.core", "SCHEDULES", "schedule"),
     "algo.coefs.*": ("mixrl.core", "SCHEDULES", "schedule"),
     "algo.terms.*": ("mixrl.core", "TERMS", "term"),
     "algo.terms.*.token_weight": ("mixrl.core", "TOKEN_WEIGHTS", "token weight"),
@@ -43,9 +47,9 @@ _SECTION_REGISTRY = {
     "algo.terms.*.weight": ("mixrl.core", "SCHEDULES", "schedule"),
 }
 #: sections that may also be a plain number (a constant schedule) or a string (a term weight)
-_SCALAR_OK = ("algo.entropy_coef", "algo.coefs.*", "algo.terms.*.weight")
+_SCALAR_OK = ("algo.entropy_coef", "algo.coefs.*", "algo.terms.*.weight", "sampler.length")
 #: sections that may be null (the term inherits the algo-level component)
-_NULL_OK = ("algo.terms.*.token_weight", "algo.terms.*.loss", "algo.terms.*.aggregation", "algo.controller")
+_NULL_OK = ("algo.terms.*.token_weight", "algo.terms.*.loss", "algo.terms.*.aggregation", "algo.controller", "sampler.length")
 #: keys every term has besides its own parameters
 TERM_KEYS = ("tokens", "normalise_over", "weight", "aggregation")
 # keyword-only arguments that the trainer passes at run time; not config parameters

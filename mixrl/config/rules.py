@@ -8,6 +8,7 @@ from omegaconf import DictConfig
 
 from mixrl.config.geometry import Geometry, geometry  # noqa: F401 - mixrl.config.rules.geometry is the name callers use
 from mixrl.config.objective import build_injection, check_objective, component
+from mixrl.config.sampler import check_sampler
 from mixrl.errors import ConfigError
 from mixrl.sources.base import Injection
 
@@ -82,4 +83,5 @@ def validate_rules(cfg: DictConfig) -> None:
         raise ConfigError("algo.kl.coef must be >= 0")
     _check_staleness(cfg)
     _check_async(cfg)
+    check_sampler(cfg)
     check_objective(cfg)

@@ -98,6 +98,27 @@ class TeacherConfig:
 
 
 @dataclass
+class SamplerConfig:
+    """Which prompts a step trains on and which of their groups it keeps (``mixrl.sampler``):
+    ``pick`` a prompt picker, ``keep`` a group filter, ``rows`` label -> row filter, each a
+    component ``{name, ...}``; ``max_rounds`` generation rounds per batch until the step is full
+    of kept groups (1: none extra); ``decay`` the per-update decay of each prompt's Beta counts;
+    ``arms_column`` a data column naming each prompt's bandit arm (null: accuracy buckets);
+    ``length`` a schedule of the max completion length per step (null: trainer.max_completion_length).
+    ``name: none`` is today's behaviour: data order, every group trains."""
+
+    name: str = "none"
+    pick: dict = field(default_factory=lambda: {"name": "data"})
+    keep: dict = field(default_factory=lambda: {"name": "all"})
+    rows: dict = field(default_factory=dict)
+    max_rounds: int = 1
+    decay: float = 1.0
+    arms_column: Optional[str] = None
+    length: Any = None
+    hard_below: float = 0.2  # a seen prompt whose accuracy estimate is below it is hard (algo.inject.prompts=hard)
+
+
+@dataclass
 class RewardConfig:
     name: str = "exact"  # a registered reward or a dotted path 'pkg.module:fn'
     params: dict = field(default_factory=dict)
@@ -210,6 +231,7 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     offpolicy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
@@ -218,4 +240,4 @@ class RunConfig:
     recipe_info: RecipeInfo = field(default_factory=RecipeInfo)
 
 
-GROUPS = ("algo", "data", "offpolicy", "model", "reward", "hardware", "logger", "teacher")
+GROUPS = ("algo", "data", "offpolicy", "model", "reward", "hardware", "logger", "teacher", "sampler")

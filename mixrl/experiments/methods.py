@@ -154,7 +154,27 @@ def render_methods(results_root: str | Path = "docs/results") -> str:
                 out.append(f"  | {sname} | {c.paper} | {c.claim} | {c.describe()} ({c.better} is better) | "
                            f"`{c.method}` vs `{c.baseline}` | {_verdict(c, measured[sname])} |")
         out.append("")
+    out += _sampler_section()
     return "\n".join(out).rstrip() + "\n"
+
+
+def _sampler_section() -> list[str]:
+    """``## Samplers``: each ``conf/sampler`` option (its header comment) and each sampler
+    component with its formula and paper (``mixrl.sampler`` registries); samplers compose with every algo."""
+    from mixrl.config.compose import conf_dir, group_options
+    from mixrl.sampler import GROUP_FILTERS, PICKERS, ROW_FILTERS
+
+    out = ["## Samplers (`sampler=NAME`)", "",
+           "Which prompts a step trains on, which generated groups it keeps and which rows train "
+           "(`conf/sampler/`, `mixrl/sampler/`); a sampler composes with every algo (`mixrl train algo=grpo sampler=dynamic`).", ""]
+    out += [f"- `{name}`: {_header_comment(conf_dir() / 'sampler' / f'{name}.yaml')}" for name in group_options("sampler")]
+    out += ["", "Components (`sampler.pick`, `sampler.keep`, `sampler.rows.<label>`):", ""]
+    for reg in (PICKERS, GROUP_FILTERS, ROW_FILTERS):
+        for name in reg.names():
+            d = reg.declaration(name)
+            paper = f" ({d['paper'].rstrip('.')})" if d["paper"] else ""
+            out.append(f"- {reg.kind} `{name}`: `{reg.formula(name)}`{paper}")
+    return out + [""]
 
 
 def main() -> None:  # pragma: no cover

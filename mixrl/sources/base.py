@@ -89,6 +89,9 @@ class InjectContext:
     #: per-token log-probs of completions under a model (no_grad): score_tokens(model, prompt_ids, completion_ids)
     score_tokens: Callable[[Any, list[list[int]], list[list[int]]], list[list[float]]] | None = None
     batch: dict | None = None  # the scored local batch, during after_rewards only
+    #: ``prompt_hard(row) -> bool``: the sampler's per-prompt history marks the row's prompt hard
+    #: (seen, accuracy estimate below ``sampler.hard_below``); None without a sampler
+    prompt_hard: Callable[[dict], bool] | None = None
 
     def completion_ids(self, text: str) -> list[int]:
         """Token ids of a written completion, ended by eos and cut to max_completion_length."""

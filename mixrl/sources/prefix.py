@@ -118,7 +118,9 @@ class PrefixCondition(Injection):
     whose length ``PrefixLength`` draws per rollout; the others are free. ``prompts: failed``
     prefixes only prompts whose unguided rollouts all failed the last time the prompt was
     seen (POPE's hard-only guidance); that memory is part of the injection's checkpointed
-    state. Prompts without a solution stay free.
+    state. ``prompts: hard`` prefixes only prompts the sampler's per-prompt history marks hard
+    (``InjectContext.prompt_hard``: seen, estimated accuracy below ``sampler.hard_below``), so
+    the sampler routes easy and hard prompts. Prompts without a solution stay free.
 
     Formula: y_i = (s_{<l_i}, y~_i), y~_i ~ pi_old(. | x, s_{<l_i}) for i < k = {per_group}; l_i = {sample}({fraction}) x |s|; prefix tokens: provenance prefix
     Paper: Prefix-RFT, "Blending Supervised and Reinforcement Fine-Tuning with Prefix Sampling" (arXiv 2507.01679); UFT, "UFT: Unifying Supervised and Reinforcement Fine-Tuning" (arXiv 2505.16984); POPE, "POPE: Learning to Reason on Hard Problems via Privileged On-Policy Exploration".
@@ -128,7 +130,7 @@ class PrefixCondition(Injection):
         tokens (None): a token count (or [lo, hi]) instead of a fraction.
         sample (fixed): fixed | uniform | binomial (UFT: l ~ Binomial(|s|, fraction)).
         per_group (None): rollouts per group that get a prefix (the first k slots); null = all.
-        prompts (all): all | failed (only prompts whose unguided rollouts all failed when last seen).
+        prompts (all): all | failed (only prompts whose unguided rollouts all failed when last seen) | hard (only prompts the sampler's history marks hard).
         success (1.0): a rollout succeeds when its first reward function gives at least this.
     """
 
@@ -141,8 +143,8 @@ class PrefixCondition(Injection):
         self.length = PrefixLength(fraction, tokens, sample)
         if source is not None:
             source.requires_expert_column = True
-        if prompts not in ("all", "failed"):
-            raise ConfigError(f"algo.inject.prompts must be all or failed, got {prompts!r}")
+        if prompts not in ("all", "failed", "hard"):
+            raise ConfigError(f"algo.inject.prompts must be all, failed or hard, got {prompts!r}")
         G = geometry.num_generations if geometry is not None else None
         if per_group is not None and (int(per_group) < 0 or (G is not None and int(per_group) > G)):
             raise ConfigError(f"algo.inject.per_group={per_group} must be between 0 and num_generations={G} (or null: all)")
@@ -151,10 +153,12 @@ class PrefixCondition(Injection):
         self._last: tuple[list[int], list[int]] | None = None  # (prompt keys, prefix lengths) of the local rows
 
     # ----------------------------------------------------------------- which rows, which prefix
-    def wants_prefix(self, key: int, slot: int, num_generations: int) -> bool:
+    def wants_prefix(self, key: int, slot: int, num_generations: int, hard: bool = False) -> bool:
         k = num_generations if self.per_group is None else int(self.per_group)
         if slot >= k:
             return False
+        if self.prompts == "hard":
+            return hard
         return self.prompts == "all" or self.failed.get(key, False)
 
     def solutions(self, row: dict) -> list[str]:
@@ -167,7 +171,8 @@ class PrefixCondition(Injection):
             key = prompt_key(inputs[i]["prompt"])
             keys.append(key)
             sols = self.solutions(inputs[i])
-            if not sols or not self.wants_prefix(key, g % G, G):
+            hard = self.prompts == "hard" and ctx.prompt_hard is not None and ctx.prompt_hard(inputs[i])
+            if not sols or not self.wants_prefix(key, g % G, G, hard):
                 prefixes.append([])
                 continue
             rng = random.Random(hash((self.seed, ctx.global_step, ctx.micro_step, g)))

@@ -396,6 +396,9 @@ def trainer_from_config(cfg: DictConfig, *, inputs: RunInputs | None = None, cal
         teacher.resolve(progress=bool(cfg.logger.progress))
         teacher.check_tokenizer(tokenizer)
         train_ds = teacher.prepare(train_ds, cfg.data)
+    from mixrl.config.sampler import build_sampler
+
+    sampler, sampler_length = build_sampler(cfg, train_ds)
     with _colocated_engine(cfg, model_path):
         trainer = MixrlGRPOTrainer(
             model=model_path,
@@ -412,6 +415,8 @@ def trainer_from_config(cfg: DictConfig, *, inputs: RunInputs | None = None, cal
             teacher=teacher,
             staleness=int(cfg.trainer.get("staleness", 0) or 0),
             async_generation=int(cfg.hardware.get("vllm_async_max_staleness", 1)) if cfg.hardware.get("vllm_async", False) else 0,
+            sampler=sampler,
+            sampler_length=sampler_length,
         )
     trainer.vllm_sync_tolerance = _sync_tolerance(cfg, model_path)  # checked after every weight sync (engine_sync)
     trainer.remove_callback(PrinterCallback)  # mixrl prints its own progress and summary

@@ -37,6 +37,7 @@ that says what it owns (the class below lists them; their methods are reached th
 * :mod:`~mixrl.trainer.controller_hooks`: when a controller (BAPO, EntroPIC) steps.
 * :mod:`~mixrl.trainer.checkpoint_state`: mixrl's files in a checkpoint.
 * :mod:`~mixrl.trainer.sharded_forward`: under FSDP / ZeRO-3 every process joins every policy forward.
+* :mod:`~mixrl.trainer.sampler_hooks`: the sampler (``cfg.sampler``): which prompts, which groups train.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ from mixrl.trainer.checkpoint_state import CheckpointState
 from mixrl.trainer.controller_hooks import ControllerHooks
 from mixrl.trainer.inject_services import InjectionServices
 from mixrl.trainer.lm_head import fit_tile_to_vocab
+from mixrl.trainer.sampler_hooks import SamplerHooks
 from mixrl.trainer.sharded_forward import ShardedForwards
 from mixrl.trainer.staleness import LaggedWeights
 from mixrl.trainer.teacher_service import _SELF, TeacherService
@@ -76,7 +78,7 @@ OVERRIDDEN = (
 )
 
 
-class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, CheckpointState, AsyncGenerationHooks, TeacherService, LaggedWeights, ShardedForwards, GRPOTrainer):
+class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, CheckpointState, AsyncGenerationHooks, TeacherService, LaggedWeights, ShardedForwards, SamplerHooks, GRPOTrainer):
     """GRPOTrainer whose advantage and loss come from ``mixrl.core`` registries.
 
     Extra constructor arguments:
@@ -84,6 +86,8 @@ class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, Checkpoi
         advantage: ``(name, params, include_offpolicy)`` for ``mixrl.core.ADVANTAGES``.
         injections: ``mixrl.sources`` injections (each holding its source), called in order.
         controller: an optional ``mixrl.core.CONTROLLERS`` instance.
+        sampler: an optional :class:`mixrl.sampler.runtime.Sampler` (``sampler_length``: its
+            max-completion-length schedule, or None).
     """
 
     #: mean |Δ log p| between vLLM and the trainer above which a weight sync is broken (mixrl.trainer.engine_sync)
@@ -99,8 +103,12 @@ class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, Checkpoi
         teacher: Any = None,
         staleness: int = 0,
         async_generation: int = 0,
+        sampler: Any = None,
+        sampler_length: Any = None,
         **kwargs,
     ):
+        self.sampler = sampler
+        self._sampler_length_spec = sampler_length
         self.objective = objective
         self.staleness = int(staleness)
         self.async_generation = int(async_generation)  # k > 0: vLLM server generates ahead, rows at most k versions old
@@ -187,10 +195,11 @@ class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, Checkpoi
     # ------------------------------------------------------------------ batch
     def _generate_and_score_completions(self, inputs):
         training = self.model.training
+        sampling = training and self.sampler is not None
+        if sampling:
+            inputs, prompt_indices = self._sampler_pick(inputs)
         if training and self.injections:
-            ctx = self._inject_context()
-            for inj in self.injections:
-                inputs = inj.before_generation(ctx, inputs)
+            inputs = self._before_generation(inputs)
         self._mixrl_rollouts = None
         self._mixrl_batch_inputs = inputs
         lagged = training and self.staleness > 0
@@ -200,7 +209,11 @@ class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, Checkpoi
                 out, version = self._async_generate_and_score(inputs)
             else:
                 with self._lagged_weights() if lagged else contextlib.nullcontext():
-                    out = super()._generate_and_score_completions(inputs)
+                    if sampling:
+                        out, inputs = self._sampler_generate(inputs, prompt_indices, super()._generate_and_score_completions,
+                                                             self._before_generation if self.injections else (lambda rows: rows))
+                    else:
+                        out = super()._generate_and_score_completions(inputs)
                     if lagged:
                         out["old_per_token_logps"] = self._behaviour_logps(out)
                 version = int(self.state.global_step) - self._lag_used if lagged else None
@@ -238,6 +251,8 @@ class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, Checkpoi
         include = None if self.advantage_include_offpolicy else policy_rows
         advantages = ADVANTAGES.get(self.advantage_name)(rewards, group_ids, include=include, **self.advantage_params)
         advantages = torch.nan_to_num(advantages, nan=0.0)
+        if sampling:
+            advantages = self._sampler_filter_rows(rewards, advantages)
         n_local = out["completion_ids"].shape[0]
         start = self.accelerator.process_index * n_local
         out["advantages"] = advantages[start : start + n_local]
@@ -280,6 +295,13 @@ class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, Checkpoi
         self._mixrl_normalisers = self._global_counts(out)
         return out
 
+    def _before_generation(self, inputs):
+        """The injections' ``before_generation``, in order."""
+        ctx = self._inject_context()
+        for inj in self.injections:
+            inputs = inj.before_generation(ctx, inputs)
+        return inputs
+
     def _save_checkpoint(self, model, trial):
         """mixrl's files go into the checkpoint folder *before* TRL writes its own, so a
         checkpoint that looks complete (``trainer_state.json`` is written last) has them even
@@ -287,11 +309,13 @@ class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, Checkpoi
         injections' state (an injection with ``state_in_file``: one torch.save file per process)."""
         folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         self._save_mixrl_state(folder)
+        self._save_sampler_state(folder)
         super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
         self._load_mixrl_state(checkpoint)
+        self._load_sampler_state(checkpoint)
 
     # ------------------------------------------------------------------ loss
     def _forward_by_row_kind(self, model, inputs):

@@ -44,6 +44,7 @@ class InjectionServices:
             rewards=self._local_rewards,
             generate_with=self._sample,
             score_tokens=self._score_token_lists,
+            prompt_hard=self._sampler_hard if self.sampler is not None else None,
         )
 
     def _mixrl_generate(self, prompt_ids: list[list[int]]):

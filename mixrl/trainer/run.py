@@ -248,6 +248,8 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
             f"continue with: mixrl train resume={run_dir}"
         )
     train_s = time.perf_counter() - t1
+    if trainer.sampler is not None:  # what the sampler paid: extra rollouts beyond those trained
+        console.print(trainer.sampler.summary(), highlight=False, soft_wrap=True)
     after = _eval(trainer, tokenizer, eval_rows, reward_funcs[0], cfg, console, "held-out eval (after)")
     if cfg.logger.report_to:
         from mixrl.trainer.publish import log_heldout
@@ -295,6 +297,11 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
     }
     if trainer.is_fsdp_enabled:
         summary["sharding"] = _sharding(trainer)
+    if trainer.sampler is not None:
+        s = trainer.sampler
+        summary["sampler"] = {"name": str(cfg.sampler.name), "generated": s.generated, "trained": s.trained,
+                              "generated_per_trained": s.generated / s.trained if s.trained else None,
+                              "rounds_per_batch": s.rounds / s.batches if s.batches else None, "short_groups": s.short}
     if trainer.accelerator.is_main_process:
         from mixrl.trainer.publish import save_merged, write_model_card
 

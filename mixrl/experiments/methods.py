@@ -17,6 +17,7 @@ import json
 import re
 from functools import lru_cache
 from pathlib import Path
+import sys
 
 from mixrl.config.compose import compose_config, conf_dir, group_options, list_recipe_names
 from mixrl.explain.render import objective_equation
@@ -148,8 +149,6 @@ def render_methods(results_root: str | Path = "docs/results") -> str:
 
 
 def main() -> None:  # pragma: no cover
-    import sys
-
     sys.stdout.write(render_methods())
 
 

@@ -27,6 +27,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import argparse
+import json
+import sys
+
+import torch.nn.functional as F
+
+from mixrl.vllm_file_transfer import BACKEND, register_engine
 
 #: set on the patched methods, so that tests and a second registration can see the patch in place
 PATCHED = "_mixrl_reloadable_on_cpu"
@@ -36,13 +43,12 @@ def register() -> None:
     """vLLM general-plugin entry point: patch the CPU platform's weight packing (no-op elsewhere)."""
     if os.environ.get("MIXRL_VLLM_CPU_PACKED_WEIGHTS") == "1":
         return
-    from vllm.platforms import current_platform
+    from vllm.platforms import current_platform  # deferred: vllm is optional (the vllm extras) and loaded only when an engine is used
 
     if not current_platform.is_cpu():
         return
-    import torch.nn.functional as F
-    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
-    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod  # deferred: vllm is optional (the vllm extras) and loaded only when an engine is used
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod  # deferred: vllm is optional (the vllm extras) and loaded only when an engine is used
 
     def keep_weight(self, layer) -> None:
         # vLLM's CPU GEMM dispatch calls layer.cpu_linear(x, layer.weight, bias): with the plain
@@ -54,14 +60,12 @@ def register() -> None:
         if not getattr(cls.process_weights_after_loading, PATCHED, False):
             cls.process_weights_after_loading = keep_weight
 
-    from mixrl.vllm_file_transfer import register_engine
-
     register_engine()  # server mode on CPU: weights come through files (mixrl.vllm_file_transfer)
 
 
 def patched() -> bool:
     """True when :func:`register` has patched vLLM in this process (CPU platform only)."""
-    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod  # deferred: vllm is optional (the vllm extras) and loaded only when an engine is used
 
     return bool(getattr(UnquantizedLinearMethod.process_weights_after_loading, PATCHED, False))
 
@@ -72,7 +76,7 @@ def engine_dtype(model_dtype: str, model_path: str) -> str:
     checkpoint names none). vLLM's own ``auto`` would run a float32 checkpoint in bfloat16."""
     if model_dtype and model_dtype != "auto":
         return str(model_dtype)
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # deferred: transformers is heavy; the light commands (--help, config show, plan) never load it
 
     dtype = getattr(AutoConfig.from_pretrained(model_path), "dtype", None)
     return str(dtype).removeprefix("torch.") if dtype is not None else "float32"
@@ -84,7 +88,7 @@ def colocated_engine_dtype(dtype: str):
     ``dtype``: TRL 1.16 passes none, and vLLM's ``auto`` downcasts float32 checkpoints to
     bfloat16, which on CPU (where the trainer runs float32) makes the engine sample from a
     perturbed policy. Restores TRL's module afterwards."""
-    from trl.generation import vllm_generation
+    from trl.generation import vllm_generation  # deferred: trl imports transformers; the light commands (--help, config show, plan) never load it
 
     original = vllm_generation.LLM
 
@@ -109,11 +113,6 @@ def serve_command(model: str, *, host: str = "127.0.0.1", port: int = 8000, dtyp
     module directly: ``vllm serve`` and ``trl vllm-serve`` (which runs it) stop at start-up with
     the CPU build 0.30, whose CLI asks for the version of a package named ``vllm``
     (``PackageNotFoundError``; the CPU build's package is ``vllm-cpu``)."""
-    import json
-    import sys
-
-    from mixrl.vllm_file_transfer import BACKEND
-
     cmd = [
         python or sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
         "--host", host, "--port", str(port), "--dtype", dtype, "--enforce-eager",
@@ -126,9 +125,6 @@ def serve_command(model: str, *, host: str = "127.0.0.1", port: int = 8000, dtyp
 def main(argv: list[str] | None = None) -> None:
     """``python -m mixrl.vllm_cpu --model DIR [--port 8000] [--host H] [--dtype float32] [--max-model-len N]``:
     run the CPU vLLM server for ``hardware.vllm_mode=server`` (replaces this process)."""
-    import argparse
-    import sys
-
     p = argparse.ArgumentParser(prog="python -m mixrl.vllm_cpu", description=main.__doc__)
     p.add_argument("--model", required=True)
     p.add_argument("--host", default="127.0.0.1")

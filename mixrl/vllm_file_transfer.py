@@ -33,6 +33,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
+from mixrl.errors import ConfigError
+
 BACKEND = "mixrl_file"
 #: set on the patched client methods
 PATCHED = "_mixrl_file_transfer"
@@ -41,14 +45,14 @@ PATCHED = "_mixrl_file_transfer"
 # --------------------------------------------------------------------------- server side (vLLM workers)
 def register_engine() -> None:
     """Register :class:`FileWeightTransferEngine` with vLLM's weight-transfer factory (once)."""
-    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory  # deferred: vllm is optional (the vllm extras) and loaded only when an engine is used
 
     if BACKEND not in WeightTransferEngineFactory._registry:
         WeightTransferEngineFactory.register_engine(BACKEND, "mixrl.vllm_file_transfer", "FileWeightTransferEngine")
 
 
 def _engine_classes():
-    from vllm.distributed.weight_transfer.base import WeightTransferEngine, WeightTransferInitInfo, WeightTransferUpdateInfo
+    from vllm.distributed.weight_transfer.base import WeightTransferEngine, WeightTransferInitInfo, WeightTransferUpdateInfo  # deferred: vllm is optional (the vllm extras) and loaded only when an engine is used
 
     @dataclass
     class FileInitInfo(WeightTransferInitInfo):
@@ -78,7 +82,7 @@ def _engine_classes():
             self.receive_weights(self.parse_update_info(update_info))  # no device to synchronize on CPU
 
         def receive_weights(self, update_info) -> None:
-            from safetensors.torch import load_file
+            from safetensors.torch import load_file  # deferred: safetensors is needed only when weights are read or written
 
             tensors = load_file(update_info.path, device="cpu")
             self.model.load_weights(list(tensors.items()))
@@ -104,8 +108,7 @@ def transfer_dir() -> Path:
 
 def install_client() -> None:
     """Patch TRL's ``VLLMClient`` so that a CPU trainer syncs weights through files (idempotent)."""
-    import torch
-    from trl.generation.vllm_client import VLLMClient
+    from trl.generation.vllm_client import VLLMClient  # deferred: trl imports transformers; the light commands (--help, config show, plan) never load it
 
     if getattr(VLLMClient.init_communicator, PATCHED, False):
         return
@@ -116,8 +119,6 @@ def install_client() -> None:
             return nccl_init(self, device)
         config = self.get_server_info().get("weight_transfer_config") or {}
         if config.get("backend") != BACKEND:
-            from mixrl.errors import ConfigError
-
             raise ConfigError(
                 f"the vLLM server at {self.base_url} has weight-transfer backend {config.get('backend')!r}, but a CPU trainer "
                 f"syncs weights through files: start it with --weight-transfer-config '{{\"backend\": \"{BACKEND}\"}}' "
@@ -132,7 +133,7 @@ def install_client() -> None:
         folder = getattr(self, "_mixrl_dir", None)
         if folder is None:
             return nccl_update(self, metadata, named_params)
-        from safetensors.torch import save_file
+        from safetensors.torch import save_file  # deferred: safetensors is needed only when weights are read or written
 
         path = folder / "update.safetensors"
         save_file({name: t.detach().to("cpu").contiguous() for name, t in named_params}, str(path))

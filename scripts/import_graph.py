@@ -21,7 +21,8 @@ What it prints, and how each number is defined:
 * **function-level imports**: import statements inside a function or method body (module-level
   ``if``/``try`` blocks and class bodies run at import time and count as module level), split into
   mixrl-internal, standard library and third-party (one per statement; ``import a, b`` is
-  counted once, by its first module).
+  counted once, by its first module). Each must carry ``# deferred: <why>`` on its line
+  (:func:`undeferred_imports` lists those that do not).
 
 The intended layer order (the architecture step's plan), with where the modules outside the
 named packages are put, and why:
@@ -135,6 +136,25 @@ def _resolve(module: str, node: ast.ImportFrom | ast.Import, files: dict[str, Pa
 def layer_of(module: str, pkg: str) -> int | None:
     parts = module.split(".")[1:]
     return LAYERS.get(parts[0] if parts else "")
+
+
+DEFERRED = "# deferred:"
+
+
+def undeferred_imports(root: Path) -> list[str]:
+    """``"path:line: statement"`` for every function-level import under the package folder ``root``
+    with no ``# deferred: <why>`` comment on one of its lines (issue 23's rule: an import stays
+    inside a function only to defer a heavy or optional package, and says so where it stands)."""
+    root = Path(root).resolve()
+    missing = []
+    for path in module_files(root).values():
+        text = path.read_text()
+        lines = text.splitlines()
+        for node, function_level in _imports(ast.parse(text, filename=str(path))):
+            if function_level and not any(DEFERRED in lines[i] for i in range(node.lineno - 1, node.end_lineno)):
+                rel = path.relative_to(root.parent)
+                missing.append(f"{rel}:{node.lineno}: {lines[node.lineno - 1].strip()}")
+    return missing
 
 
 # --------------------------------------------------------------------------- graph

@@ -1,5 +1,6 @@
 """The config layer's house rules: one validation that every command goes through, once, and
-an import graph with no cycle and no upward import through config, launch, plan or the CLI.
+an import graph with no cycle and no upward import through config, launch, plan or the CLI
+(the rule on function-level imports, for the whole package, is in tests/test_import_graph.py).
 
 The commands run through Typer's test runner with the one validation
 (:func:`mixrl.config.validate.validate_config`) replaced: by one that refuses (each command
@@ -8,7 +9,6 @@ must exit 2 with its line and create nothing) or by one that counts its calls.
 
 from __future__ import annotations
 
-import ast
 import math
 import sys
 from pathlib import Path
@@ -113,53 +113,6 @@ def test_no_cycle_and_no_upward_import_through_config_launch_plan_cli():
     r = import_graph.analyse(REPO / "mixrl")
     assert [c for c in r["cycles"] if any(_mine(m) for m in c)] == []
     assert [u for u in r["upward_imports"] if _mine(u["from"])] == []
-
-
-def _function_level_imports(path: Path) -> list[ast.stmt]:
-    tree = ast.parse(path.read_text())
-    found: dict[int, ast.stmt] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            for sub in ast.walk(node):
-                if isinstance(sub, (ast.Import, ast.ImportFrom)):
-                    found[sub.lineno] = sub
-    return [found[k] for k in sorted(found)]
-
-
-def _deferral_stated(lines: list[str], lineno: int) -> bool:
-    """``# deferred: <why>`` on the import's line, or on a line of the run of imports (and
-    the comment line just above it) that the import belongs to."""
-    i = lineno - 1
-    while i >= 0:
-        text = lines[i].strip()
-        if "# deferred:" in text:
-            return True
-        if not (text.startswith(("import ", "from ")) or text == ""):
-            return False
-        i -= 1
-    return False
-
-
-def test_every_function_level_import_of_the_config_layer_launch_and_cli_says_why():
-    paths = [*sorted((REPO / "mixrl" / "config").glob("*.py")), REPO / "mixrl" / "launch.py", REPO / "mixrl" / "plan.py",
-             *sorted((REPO / "mixrl" / "cli").glob("*.py"))]
-    missing = []
-    for path in paths:
-        lines = path.read_text().splitlines()
-        for node in _function_level_imports(path):
-            if not _deferral_stated(lines, node.lineno):
-                missing.append(f"{path.relative_to(REPO)}:{node.lineno}: {lines[node.lineno - 1].strip()}")
-    assert missing == []
-
-
-def test_the_deferral_check_fails_on_an_unexplained_import(tmp_path):
-    """The check above can fail: an import inside a function with no reason is found."""
-    bad = tmp_path / "bad.py"
-    bad.write_text("def f():\n    x = 1\n    import json\n    return json\n\n\ndef g():\n    # deferred: heavy\n"
-                   "    import torch\n    import numpy\n    return torch, numpy\n")
-    lines = bad.read_text().splitlines()
-    verdicts = [(n.lineno, _deferral_stated(lines, n.lineno)) for n in _function_level_imports(bad)]
-    assert verdicts == [(3, False), (9, True), (10, True)]
 
 
 # --------------------------------------------------------------------------- declared ranges

@@ -22,6 +22,7 @@ from rich.table import Table
 from mixrl.cli.errors import user_errors
 from mixrl.experiments.compare import compare as run_compare
 from mixrl.experiments.report import table_cells, table_header
+from mixrl.evaluation.saved import resolve_model_dir
 
 
 def _consoles() -> tuple[Console, Console]:
@@ -77,8 +78,7 @@ def eval_model(
     Given a run directory (or its model/), the run's own config.yaml (data, reward, template,
     held-out split) is used, with any overrides applied on top. Code that config names runs
     only with --trust-run-code."""
-    from mixrl.evaluation.saved import resolve_model_dir  # deferred: mixrl eval only, with the trainer stack below
-    from mixrl.trainer.saved_eval import eval_config, evaluate_saved_model  # deferred: imports torch
+    from mixrl.trainer.saved_eval import eval_config, evaluate_saved_model  # deferred: trainer.saved_eval imports transformers; `mixrl --help` never loads it
 
     out, err = _consoles()
     cfg, saved = eval_config(model_dir, list(overrides or []), trust_run_code=trust_run_code)  # a bad override fails before any model is loaded

@@ -18,6 +18,8 @@ from rich.table import Table
 from rich.text import Text
 
 from mixrl.errors import MixrlUserError
+from mixrl.config.compose import compose_config, compose_stages
+from mixrl.explain import explain_text, plot_schedules, require_matplotlib, schedule_rows
 
 
 def explain(
@@ -38,10 +40,6 @@ def explain(
 
 
 def _explain(overrides: list[str], plot: Optional[Path], steps: int, out: Console) -> None:
-    # deferred: both import torch; `mixrl --help` stays fast
-    from mixrl.config.compose import compose_config, compose_stages
-    from mixrl.explain import explain_text, plot_schedules, require_matplotlib, schedule_rows
-
     if plot is not None:
         require_matplotlib()
     cfg = compose_config(overrides)

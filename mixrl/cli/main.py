@@ -11,14 +11,30 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 from rich.table import Table
+from omegaconf import OmegaConf
+import torch.distributed as dist
 
 from mixrl.cli.errors import user_errors
 from mixrl.config.schema import GROUPS
 from mixrl.errors import ConfigError
 from mixrl.experiments.methods import render_methods
 from mixrl.models import tiny, tiny_bpe
-from mixrl.experiments.reproduce import default_out_dir, reproduce_suite
+from mixrl.experiments import reproduce as experiments_reproduce
+from mixrl.experiments.reproduce import default_out_dir
 from mixrl.experiments.suites import load_suite
+from mixrl import launch
+from mixrl.config.checks import check_environment
+from mixrl.config.compose import (
+    compose_config, compose_stages, expand_sweeps, group_options, list_recipe_names, load_recipe, parse_overrides,
+    recipes_dir, to_yaml,
+)
+from mixrl.config.geometry import geometry
+from mixrl.config.sampler import without_inactive_sampler
+from mixrl.plan import render_plan
+from mixrl.trainer.resume import resume_config
+from mixrl.trainer import run as trainer_run
+from mixrl.trainer.rundir import resume_checkpoint
+from mixrl.sources.docs import render_components_markdown
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -64,7 +80,7 @@ def _summary_table(summary: dict) -> Table:
         f"reward (last step) {reward_text}; wall-clock {summary['wall_seconds']:.0f}s "
         f"(setup {summary['setup_seconds']:.0f}s, train {summary['train_seconds']:.0f}s)"
     )
-    from mixrl.trainer.callbacks import engine_mismatch_text  # deferred: imports torch; `mixrl --help` stays fast
+    from mixrl.trainer.callbacks import engine_mismatch_text  # deferred: trainer.callbacks imports transformers; `mixrl --help` never loads it
 
     engine = engine_mismatch_text(final)
     if engine is not None:
@@ -84,13 +100,6 @@ def train(
     ),
 ):
     """Train. With no overrides: GRPO on the built-in arithmetic task with the tiny model (CPU, minutes)."""
-    from mixrl import launch  # deferred: imports torch; `mixrl --help` stays fast
-    from mixrl.config.checks import check_environment
-    from mixrl.config.compose import compose_config, compose_stages, expand_sweeps, parse_overrides
-    from mixrl.trainer.resume import resume_config
-    from mixrl.trainer.rundir import resume_checkpoint
-    from mixrl.trainer.run import train_stages
-
     overrides = list(overrides or [])
     jobs = expand_sweeps(overrides) if multirun else [overrides]
     resume = [ov.value() for ov in parse_overrides(list(overrides)) if ov.key_or_group == "resume"]
@@ -118,7 +127,7 @@ def train(
     for i, cfg in enumerate(cfgs):
         if multirun:
             err.print(f"[bold]job {i + 1}/{len(cfgs)}[/]: {' '.join(jobs[i])}")
-        result = train_stages(cfg, staged[i], console=err)
+        result = trainer_run.train_stages(cfg, staged[i], console=err)
         results.append(result)
         if int(os.environ.get("RANK", "0")) != 0:
             continue  # under torchrun only rank 0 reports
@@ -142,8 +151,6 @@ def _close_process_group() -> None:
     """Under a launcher: every process waits until rank 0 has written the run, then the process
     group closes. (A gloo process left to the interpreter's exit while its peer still works
     may abort: seen with FSDP on CPU, 'terminate called without an active exception'.)"""
-    import torch.distributed as dist  # deferred: imports torch; `mixrl --help` stays fast
-
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
@@ -151,8 +158,6 @@ def _close_process_group() -> None:
 
 def _launch_jobs(cfgs, jobs, overrides, multirun: bool) -> int:
     """Each job through :func:`mixrl.launch.launch` (one after another); the first failure stops."""
-    from mixrl.launch import launch  # deferred: imports torch; `mixrl --help` stays fast
-
     for i, (cfg, job) in enumerate(zip(cfgs, jobs)):
         if multirun:
             tag = "_".join(o.replace("/", "-").replace("=", "-") for o in job if o not in overrides) or "job"
@@ -160,7 +165,7 @@ def _launch_jobs(cfgs, jobs, overrides, multirun: bool) -> int:
             cfg.run_dir = str(Path(cfg.run_dir) / f"{i}" if cfg.run_dir else root / f"{i}-{tag}")
             job = [o for o in job if not o.startswith("run_dir=")] + [f"run_dir={cfg.run_dir}"]
             err.print(f"[bold]job {i + 1}/{len(cfgs)}[/]: {' '.join(jobs[i])}")
-        rc = launch(cfg, list(job), say=lambda text: err.print(text, soft_wrap=True, highlight=False, markup=False))
+        rc = launch.launch(cfg, list(job), say=lambda text: err.print(text, soft_wrap=True, highlight=False, markup=False))
         if rc != 0:
             err.print(f"[red]the launched run failed (exit status {rc})[/]")
             return rc
@@ -179,9 +184,6 @@ def plan(
     `mixrl plan recipe=chord/qwen2.5-7b-openr1` (a bare recipe name works too). The estimate
     (weights, gradients, optimizer state per ZeRO stage / FSDP, activations per micro-batch,
     vLLM share) is explained in mixrl/plan.py."""
-    from mixrl.config.compose import compose_config, list_recipe_names  # deferred: imports torch; `mixrl --help` stays fast
-    from mixrl.plan import render_plan
-
     overrides = [f"recipe={o}" if "=" not in o and o in list_recipe_names() else o for o in (overrides or [])]
     sys.stdout.write(render_plan(compose_config(overrides), overrides, prompt_tokens=prompt_tokens))
 
@@ -191,9 +193,6 @@ def plan(
 @user_errors
 def config_show(overrides: Optional[List[str]] = OVERRIDES):
     """Print the fully resolved config as YAML."""
-    from mixrl.config.compose import compose_config, to_yaml  # deferred: imports torch; `mixrl --help` stays fast
-    from mixrl.config.sampler import without_inactive_sampler  # deferred: beside compose (imports torch)
-
     # sampler=none is left out: configs without a sampler print as they did before the group existed
     sys.stdout.write(to_yaml(without_inactive_sampler(compose_config(list(overrides or [])))))
 
@@ -202,8 +201,6 @@ def config_show(overrides: Optional[List[str]] = OVERRIDES):
 @user_errors
 def config_groups():
     """List the config groups and their options."""
-    from mixrl.config.compose import group_options  # deferred: imports torch; `mixrl --help` stays fast
-
     table = Table(title="config groups")
     table.add_column("group")
     table.add_column("options")
@@ -214,11 +211,6 @@ def config_groups():
 
 # --------------------------------------------------------------------------- recipes
 def _recipe_row(name: str) -> dict:
-    # deferred: both take a while to import (torch, omegaconf's grammar); `mixrl --help` stays fast
-    from omegaconf import OmegaConf
-
-    from mixrl.config.compose import compose_config
-
     cfg = compose_config([f"recipe={name}"])
     info = cfg.recipe_info
     return {
@@ -235,8 +227,6 @@ def _recipe_row(name: str) -> dict:
 
 
 def _recipe_path(name: str) -> Path:
-    from mixrl.config.compose import recipes_dir  # deferred: imports torch; `mixrl --help` stays fast
-
     return recipes_dir() / f"{name}.yaml"
 
 
@@ -244,8 +234,6 @@ def _recipe_path(name: str) -> Path:
 @user_errors
 def recipes_list():
     """Table of shipped recipes: name, paper, model, data, hardware it needs."""
-    from mixrl.config.compose import list_recipe_names  # deferred: imports torch; `mixrl --help` stays fast
-
     table = Table(title="mixrl recipes (mixrl train recipe=NAME)")
     table.add_column("name", no_wrap=True)  # a name is what the user types: never cut
     for col in ("paper", "algo", "model", "data", "hardware"):
@@ -260,9 +248,6 @@ def recipes_list():
 @user_errors
 def recipes_show(name: str = typer.Argument(..., help="Recipe name, e.g. grpo/arith-tiny")):
     """Print one recipe: its overlay file and what it resolves to."""
-    from mixrl.config.compose import load_recipe  # deferred: imports torch; `mixrl --help` stays fast
-    from mixrl.config.geometry import geometry
-
     load_recipe(name)  # clear error for an unknown name
     r = _recipe_row(name)
     out.print(f"[bold]{name}[/] — {r['paper']}: {r['description']}")
@@ -311,7 +296,7 @@ def reproduce(
         raise ConfigError("--seeds must be >= 1 (use --seeds N with N >= 1)")
     out_dir = out_dir or default_out_dir(s.name)
     err.print(f"writing to [bold]{out_dir}[/]")
-    result = reproduce_suite(s, out_dir, seeds=seeds, jobs=jobs, extra=list(overrides or []), log=err.print, plots=plots,
+    result = experiments_reproduce.reproduce_suite(s, out_dir, seeds=seeds, jobs=jobs, extra=list(overrides or []), log=err.print, plots=plots,
                              only=[x.strip() for x in only.split(",") if x.strip()] if only else ())
     out.print(Path(result["compare"]).read_text())
     out.print(f"written: [bold]{out_dir}[/] (README.md, compare.md, plots, runs/)")
@@ -323,8 +308,6 @@ def docs_components(
     out_path: Path = typer.Option(Path("docs/components.md"), "--out", help="Where to write the page ('-' for stdout)."),
 ):
     """Regenerate the reference page of every registered component from the code."""
-    from mixrl.sources.docs import render_components_markdown  # deferred: imports torch; `mixrl --help` stays fast
-
     _write_page(render_components_markdown(), out_path)
 
 

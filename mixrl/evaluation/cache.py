@@ -21,6 +21,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
 
 def _model_fingerprint(model_path: str) -> list:
     p = Path(model_path)
@@ -46,8 +48,6 @@ def cache_key(cfg, model_path: str, rows: list[dict]) -> str:
 
 
 def _plain(node):
-    from omegaconf import OmegaConf
-
     return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
 
 

@@ -56,13 +56,13 @@ def adapter_base(path: Path) -> str | None:
 
 def load_saved_model(path: Path, cfg, dtype=None):
     """The model in ``path``: a full model folder, or a LoRA adapter merged into its base model."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # deferred: transformers is heavy; the light commands (--help, config show, plan) never load it
 
     trust = bool(cfg.model.trust_remote_code)
     base = adapter_base(path)
     if base is None:
         return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, trust_remote_code=trust)
-    from peft import PeftModel
+    from peft import PeftModel  # deferred: peft imports transformers; only a LoRA/adapter path needs it
 
     model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype, trust_remote_code=trust)
     return PeftModel.from_pretrained(model, str(path)).merge_and_unload()

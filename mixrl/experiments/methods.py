@@ -17,9 +17,11 @@ import json
 import re
 from functools import lru_cache
 from pathlib import Path
+import sys
 
 from mixrl.config.compose import compose_config, conf_dir, group_options, list_recipe_names
 from mixrl.explain.render import objective_equation
+from mixrl.sampler import GROUP_FILTERS, PICKERS, ROW_FILTERS
 from mixrl.experiments.suites import load_suite, suite_names
 
 HEADER = "# Methods mixrl ships"
@@ -161,8 +163,6 @@ def render_methods(results_root: str | Path = "docs/results") -> str:
 def _sampler_section() -> list[str]:
     """``## Samplers``: each ``conf/sampler`` option (its header comment) and each sampler
     component with its formula and paper (``mixrl.sampler`` registries); samplers compose with every algo."""
-    from mixrl.config.compose import conf_dir, group_options
-    from mixrl.sampler import GROUP_FILTERS, PICKERS, ROW_FILTERS
 
     out = ["## Samplers (`sampler=NAME`)", "",
            "Which prompts a step trains on, which generated groups it keeps and which rows train "
@@ -178,8 +178,6 @@ def _sampler_section() -> list[str]:
 
 
 def main() -> None:  # pragma: no cover
-    import sys
-
     sys.stdout.write(render_methods())
 
 

@@ -31,10 +31,10 @@ def _aggregate(series: list[tuple[list[float], list[float]]], band: str):
 
 
 def _plot(path: Path, title: str, ylabel: str, groups: dict[str, list[tuple[list[float], list[float]]]], band: str) -> None:
-    import matplotlib
+    import matplotlib  # deferred: matplotlib is optional (the plot extra)
 
     matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: matplotlib is optional (the plot extra)
 
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
     for i, (label, series) in enumerate(groups.items()):
@@ -58,7 +58,7 @@ def _plot(path: Path, title: str, ylabel: str, groups: dict[str, list[tuple[list
 
 def require_matplotlib():
     try:
-        import matplotlib  # noqa: F401
+        import matplotlib  # noqa: F401  # deferred: matplotlib is optional (the plot extra)
     except ImportError:
         raise ConfigError("plots need matplotlib: pip install 'mixrl[plot]' (or pass --no-plots)") from None
 

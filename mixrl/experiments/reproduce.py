@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+import dataclasses
 
 from mixrl.config.compose import compose_config
 from mixrl.errors import ConfigError, did_you_mean
@@ -131,8 +132,6 @@ def reproduce_suite(suite, out_dir: Path, *, seeds: int | None = None, jobs: int
             if label not in s.methods:
                 raise ConfigError(f"--only: '{label}' is not a method of suite {s.name}{did_you_mean(label, list(s.methods))}; "
                                   f"methods: {', '.join(s.methods)}")
-        import dataclasses
-
         s = dataclasses.replace(s, methods={k: v for k, v in s.methods.items() if k in only})
     n_seeds = s.seeds if seeds is None else int(seeds)
     n_jobs = s.jobs if jobs is None else int(jobs)

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from mixrl.errors import MixrlUserError
 
 SUMMARY = "summary.json"
@@ -172,8 +174,6 @@ class Run:
         if key in ("seed", "algo", "recipe"):
             return self.summary.get(key)
         if self.config is None:
-            import yaml
-
             p = self.path / CONFIG
             self.config = yaml.safe_load(p.read_text()) if p.is_file() else {}
         node: Any = self.config

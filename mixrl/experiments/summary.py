@@ -14,6 +14,9 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+import hashlib
+
+import yaml
 
 from mixrl.experiments.runs import CONFIG, Run, _num
 from mixrl.experiments.stats import mean_ci
@@ -75,8 +78,6 @@ def config_differences(runs: Sequence[Run]) -> list[str]:
     flats = []
     for run in runs:
         if run.config is None:
-            import yaml
-
             p = run.path / CONFIG
             run.config = yaml.safe_load(p.read_text()) if p.is_file() else {}
         flats.append(_flat(run.config or {}))
@@ -104,8 +105,6 @@ def group_runs(runs: Sequence[Run], by: Sequence[str] = ()) -> dict[str, list[Ru
             if diff:
                 sub += " " + ",".join(f"{k}={_fmt_value(run.config_value(k))}" for k in diff[:3])
                 if len(diff) > 3:  # the other differing values, as a short digest
-                    import hashlib
-
                     rest = json.dumps([_flat(run.config).get(k) for k in diff[3:]])
                     sub += f",+{len(diff) - 3} more keys #{hashlib.sha1(rest.encode()).hexdigest()[:6]}"
             split.setdefault(sub, []).append(run)

@@ -16,10 +16,19 @@ from __future__ import annotations
 from typing import Any
 
 from omegaconf import DictConfig
+from omegaconf import OmegaConf
 
 from mixrl.core.registry import format_value
 from mixrl.errors import ConfigError
+from mixrl.explain.sampler import sampler_rows
 from mixrl.explain.schedules import component, constant_value, controller_knobs, objective
+from mixrl.config.components import component_kind, registry_for
+from mixrl.config.objective import check_objective
+from mixrl.config.rules import geometry
+from mixrl.core import ADVANTAGES, AGGREGATIONS, CONTROLLERS, SCHEDULES, TERMS, provenance as prov
+from mixrl.core.objective import parse_weight_ref, uses_rows
+from mixrl.core.schedules import describe_schedule, split_spec
+from mixrl.sources import INJECTIONS, SOURCES
 
 NOTATION = (
     "p_t = pi_theta(y_t|s_t); r_t = p_t / pi_b(y_t|s_t), the ratio to the behaviour probability "
@@ -49,8 +58,6 @@ def coefficient_symbol(cfg: DictConfig, name: str) -> str:
 
 def _weight_factor(cfg: DictConfig, term) -> tuple[str, str]:
     """``(sign, factor)`` of a term's weight in the equation: ``("+", "(1 - mu) * ")``."""
-    from mixrl.core.objective import parse_weight_ref
-
     w = term.weight
     if isinstance(w, str):
         sign, name = parse_weight_ref(w)
@@ -66,9 +73,6 @@ def _weight_factor(cfg: DictConfig, term) -> tuple[str, str]:
 
 def _weight_text(cfg: DictConfig, term) -> str:
     """The weight of a term in words, for its row."""
-    from mixrl.core.objective import parse_weight_ref
-    from mixrl.core.schedules import describe_schedule
-
     w = term.weight
     if isinstance(w, str):
         sign, name = parse_weight_ref(w)
@@ -81,8 +85,6 @@ def _weight_text(cfg: DictConfig, term) -> str:
 
 
 def _population_text(term) -> str:
-    from mixrl.core.objective import uses_rows
-
     unit = "rows" if uses_rows(term.aggregation) else "tokens"
     return f"{' + '.join(term.population)} {unit}"
 
@@ -116,8 +118,6 @@ def objective_equation(cfg: DictConfig) -> str:
 # --------------------------------------------------------------------------- rows
 def _nested(term, section: str) -> tuple[Any, str] | None:
     """The registry of a term parameter that is itself a component (``loss``, ``token_weight``)."""
-    from mixrl.config.components import component_kind, registry_for
-
     path = f"algo.terms.{term.label}.{section}"
     if component_kind(path) is None:
         return None
@@ -125,8 +125,6 @@ def _nested(term, section: str) -> tuple[Any, str] | None:
 
 
 def _term_rows(cfg: DictConfig, term) -> list[tuple[str, str]]:
-    from mixrl.core import AGGREGATIONS, TERMS
-
     ctrl, knobs = controller_knobs(cfg)
     head = (
         f"{term.kind} term on {' + '.join(term.tokens)} tokens, weight {_weight_text(cfg, term)}; "
@@ -154,9 +152,6 @@ def _term_rows(cfg: DictConfig, term) -> list[tuple[str, str]]:
 
 
 def _coefficient_rows(cfg: DictConfig) -> list[tuple[str, str]]:
-    from mixrl.core import SCHEDULES
-    from mixrl.core.schedules import describe_schedule, split_spec
-
     ctrl, knobs = controller_knobs(cfg)
     rows = []
     for name, spec in objective(cfg).coefs.items():
@@ -175,8 +170,6 @@ def _coefficient_rows(cfg: DictConfig) -> list[tuple[str, str]]:
 
 
 def _advantage_row(cfg: DictConfig, inject: str) -> str:
-    from mixrl.core import ADVANTAGES
-
     name, params = component(cfg.algo.advantage)
     text = f"{name}: {ADVANTAGES.formula(name, params)}"
     if inject != "none":
@@ -189,9 +182,6 @@ def _advantage_row(cfg: DictConfig, inject: str) -> str:
 
 
 def _injection_row(cfg: DictConfig) -> str:
-    from mixrl.config.rules import geometry
-    from mixrl.sources import INJECTIONS
-
     name, params = component(cfg.algo.inject)
     geo = geometry(cfg)
     rows = f"{geo.prompts_per_step} prompts x {geo.num_generations} = {geo.rollouts_per_step} rows in groups"
@@ -203,8 +193,6 @@ def _injection_row(cfg: DictConfig) -> str:
 
 
 def _source_row(cfg: DictConfig) -> str:
-    from mixrl.sources import SOURCES
-
     name, params = component(cfg.offpolicy.source)
     text = f"{name}: {SOURCES.formula(name, params)}"
     provenances = tuple(getattr(SOURCES.get(name), "provenances", ()))
@@ -215,10 +203,6 @@ def _source_row(cfg: DictConfig) -> str:
 
 def _teacher_row(cfg: DictConfig) -> str | None:
     """The teacher (``teacher.source``), or None without one."""
-    from omegaconf import OmegaConf
-
-    from mixrl.sources import SOURCES
-
     node = OmegaConf.select(cfg, "teacher.source")
     name, params = component(node) if node is not None else (None, {})
     if name in (None, "none"):
@@ -229,8 +213,6 @@ def _teacher_row(cfg: DictConfig) -> str | None:
 
 
 def _controller_row(cfg: DictConfig) -> str:
-    from mixrl.core import CONTROLLERS
-
     name, params = component(cfg.algo.get("controller"))
     if name is None:
         return "none"
@@ -242,8 +224,6 @@ def _controller_row(cfg: DictConfig) -> str:
 
 
 def _provenance_row(cfg: DictConfig) -> str:
-    from mixrl.core import provenance as prov
-
     obj = objective(cfg)
     used = sorted({p for t in obj.terms for p in (*t.tokens, *t.population)}, key=prov.code)
     return "; ".join(
@@ -267,8 +247,6 @@ def explain_lines(cfg: DictConfig) -> list[tuple[str, str]]:
     """``(label, text)`` rows: each term (with the formulas of its components), each
     coefficient, the advantage, injection, source, controller, tokens and batch geometry.
     A label of ``""`` continues the row above."""
-    from mixrl.config.rules import geometry
-
     rows: list[tuple[str, str]] = []
     for term in objective(cfg).terms:
         rows += _term_rows(cfg, term)
@@ -286,7 +264,6 @@ def explain_lines(cfg: DictConfig) -> list[tuple[str, str]]:
         rows.append(("engine", engine))
     rows.append(("tokens", _provenance_row(cfg)))
     rows.append(("batch", geometry(cfg).describe()))
-    from mixrl.explain.sampler import sampler_rows
 
     rows += sampler_rows(cfg)
     k = int(cfg.trainer.get("staleness", 0) or 0)
@@ -303,8 +280,6 @@ def explain_text(cfg: DictConfig, *, title: str | None = None) -> str:
     Raises :class:`ConfigError` (one line) for a contradictory config, from
     :func:`mixrl.config.objective.check_objective`; a staged algo is explained stage by stage.
     """
-    from mixrl.config.objective import check_objective
-
     if list(cfg.algo.get("stages") or []):
         raise ConfigError(
             f"algo={cfg.algo.name} runs {len(cfg.algo.stages)} stages; explain each stage's config "

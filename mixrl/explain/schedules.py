@@ -15,17 +15,19 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from omegaconf import DictConfig
+import torch
 
 from mixrl.config.objective import CHECK_LIMIT as _CHECK_LIMIT  # how far schedules are evaluated
 from mixrl.config.objective import component  # noqa: F401  (re-exported for render)
 from mixrl.config.objective import plain as _plain
 from mixrl.errors import ConfigError
+from mixrl.config.objective import build_objective
+from mixrl.core import CONTROLLERS, SCHEDULES
+from mixrl.core.schedules import resolve_schedule, schedule_knots as declared_knots
 
 
 def objective(cfg: DictConfig):
     """The :class:`mixrl.core.objective.Objective` the trainer builds from ``cfg``."""
-    from mixrl.config.objective import build_objective
-
     try:
         return build_objective(cfg)
     except ConfigError:
@@ -37,8 +39,6 @@ def objective(cfg: DictConfig):
 
 def controller_knobs(cfg: DictConfig) -> tuple[str | None, tuple[str, ...]]:
     """The configured controller's name and the knobs it sets (``knob_names``)."""
-    from mixrl.core import CONTROLLERS
-
     name, _ = component(cfg.algo.get("controller"))
     if name is None:
         return None, ()
@@ -47,8 +47,6 @@ def controller_knobs(cfg: DictConfig) -> tuple[str | None, tuple[str, ...]]:
 
 def constant_value(spec: Any, max_steps: int) -> float | None:
     """The schedule's value if it is the same at every step of the run, else None."""
-    from mixrl.core.schedules import resolve_schedule
-
     fn = resolve_schedule(spec)
     first = float(fn(0))
     for step in range(1, min(int(max_steps), _CHECK_LIMIT) + 1):
@@ -59,8 +57,6 @@ def constant_value(spec: Any, max_steps: int) -> float | None:
 
 def _extra_schedules(node: Any, prefix: str, skip: tuple[str, ...]) -> dict[str, Any]:
     """Mappings under ``algo`` that are schedule specs (``{name: cosine, ...}``), by path."""
-    from mixrl.core import SCHEDULES
-
     out: dict[str, Any] = {}
     if prefix in skip or any(prefix.startswith(s + ".") for s in skip):
         return out
@@ -89,8 +85,7 @@ def schedule_specs(cfg: DictConfig) -> dict[str, Any]:
 
 def _lr_schedule(cfg: DictConfig) -> Callable[[int], float]:
     """The learning rate at each optimizer step (transformers' scheduler, as the trainer uses)."""
-    import torch
-    from transformers import get_scheduler
+    from transformers import get_scheduler  # deferred: transformers is heavy; the light commands (--help, config show, plan) never load it
 
     t = cfg.trainer
     param = torch.nn.Parameter(torch.zeros(1))
@@ -116,8 +111,6 @@ def _lr_schedule(cfg: DictConfig) -> Callable[[int], float]:
 def schedules(cfg: DictConfig, *, include_lr: bool = True) -> dict[str, Callable[[int], float]]:
     """Each scheduled value of the run as ``label -> f(step)``, in display order:
     :func:`schedule_specs`, then ``lr`` (the optimizer's learning rate)."""
-    from mixrl.core.schedules import resolve_schedule
-
     out = {label: resolve_schedule(spec) for label, spec in schedule_specs(cfg).items()}
     if include_lr:
         out["lr"] = _lr_schedule(cfg)
@@ -136,8 +129,6 @@ def table_steps(max_steps: int, n: int = 5, knots: list[int] | tuple[int, ...] =
 def schedule_knots(cfg: DictConfig) -> list[int]:
     """Steps where a schedule changes regime (as each schedule declares: end of warmup, end
     of decay, a switch), and the end of the learning-rate warmup."""
-    from mixrl.core.schedules import schedule_knots as declared_knots
-
     max_steps = int(cfg.trainer.max_steps)
     knots: set[int] = set()
     for spec in schedule_specs(cfg).values():
@@ -158,7 +149,7 @@ def schedule_rows(cfg: DictConfig, n: int = 5) -> tuple[list[str], list[list[flo
 def require_matplotlib():
     """The matplotlib module, or ConfigError with the install hint."""
     try:
-        import matplotlib
+        import matplotlib  # deferred: matplotlib is optional (the plot extra)
     except ImportError:
         raise ConfigError("--plot needs matplotlib: pip install 'mixrl[plot]'") from None
     return matplotlib
@@ -172,7 +163,7 @@ def plot_schedules(stages: DictConfig | list[tuple[str, DictConfig]], path: str)
     """
     matplotlib = require_matplotlib()
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: matplotlib is optional (the plot extra)
 
     if isinstance(stages, DictConfig):
         stages = [("", stages)]

@@ -32,9 +32,11 @@ import random
 import torch
 
 from mixrl.core import provenance as prov
+from mixrl.data.cells import expert_completions
 from mixrl.errors import ConfigError, DataError
 from mixrl.sources.base import INJECTIONS, SOURCES, InjectContext, Injection, Source
 from mixrl.sources.rows import append_rows
+from mixrl.tasks import arith
 
 PAIR_ON_POLICY = prov.register_provenance(
     "pair_on_policy", behaviour="stored",
@@ -101,8 +103,6 @@ class PairSource(Source):
             raise DataError("the pairs source takes chosen completions from the training data's expert column, which it has "
                             "none of; set data.expert_column=<column> or offpolicy.source.dataset=<file of pairs>")
         if self.rejected_from == "arith_careless":
-            from mixrl.tasks import arith
-
             if "solution" not in train_ds.column_names or "level" not in train_ds.column_names:
                 raise DataError("offpolicy.source.rejected_from=arith_careless needs the built-in task (data=arith); "
                                 "for other data set rejected_from=column and offpolicy.source.rejected_column")
@@ -112,14 +112,14 @@ class PairSource(Source):
                 raise DataError(f"column {self.rejected_column!r} not found in the training data; columns present: "
                                 f"{', '.join(train_ds.column_names)}; set offpolicy.source.rejected_column "
                                 "(or offpolicy.source.dataset=<file of pairs>)")
-            from mixrl.data.loading import expert_completions
-
             rejected = [(expert_completions(r) or [None])[0] for r in train_ds[self.rejected_column]]
         return [(row["prompt"], row["expert"][0], rej) for row, rej in zip(train_ds, rejected)
                 if row.get("expert") and rej and rej != row["expert"][0]]
 
     def _from_dataset(self, data_cfg) -> list[tuple]:
-        from mixrl.data.loading import _column_getter, _load_raw, expert_completions, standardize_rows
+        from mixrl.data.columns import _column_getter  # deferred: mixrl.data's readers load `datasets`; config paths import sources
+        from mixrl.data.loading import standardize_rows  # deferred: as above
+        from mixrl.data.reading import _load_raw  # deferred: as above
 
         try:
             raw, where = _load_raw(self.dataset, split="train", subset=None, config_prefix="offpolicy.source")

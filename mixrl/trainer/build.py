@@ -16,13 +16,27 @@ from typing import Any
 
 from omegaconf import DictConfig
 from rich.console import Console
+import torch
 
 from mixrl.config.objective import component as _component
 from mixrl.config.objective import plain as _plain
 from mixrl.config.rules import Geometry, geometry
+from mixrl.config.sampler import build_sampler
 from mixrl.errors import ConfigError, DataError
 from mixrl.models import builtin
 from mixrl.trainer import fsdp
+from mixrl.config.checks import check_train_size, check_training_data, row_texts
+from mixrl.config.objective import build_controller, build_injection, build_objective, build_source, build_teacher
+from mixrl.core.terms import term_needs
+from mixrl.data.cells import to_chat_prompt
+from mixrl.evaluation.heldout import describe, separate_heldout
+from mixrl.models import tiny_bpe
+from mixrl.rewards import build_reward
+from mixrl.sources import SOURCES
+from mixrl.tasks import arith
+from mixrl.trainer.engine_sync import default_tolerance
+from mixrl.vllm_cpu import colocated_engine_dtype, engine_dtype
+from mixrl.vllm_file_transfer import install_client
 
 BUILTIN = "builtin:"
 
@@ -43,7 +57,7 @@ def resolve_model_path(cfg: DictConfig, *, progress: bool = True) -> str:
 
 
 def load_tokenizer(model_path: str, cfg: DictConfig):
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # deferred: transformers is heavy; the light commands (--help, config show, plan) never load it
 
     try:
         tok = AutoTokenizer.from_pretrained(model_path, trust_remote_code=cfg.model.trust_remote_code)
@@ -61,7 +75,7 @@ def load_tokenizer(model_path: str, cfg: DictConfig):
 def tiny_missing_characters(cfg: DictConfig, model_path: str, tokenizer, texts: list[str]) -> list[str]:
     """Characters of ``texts`` the tiny model (``model.path=builtin:tiny`` or a folder with
     ``mixrl_tiny.json``) lacks and will be extended with; ``[]`` for any other model."""
-    from mixrl.models import tiny_vocab
+    from mixrl.models import tiny_vocab  # deferred: tiny_vocab imports transformers; `mixrl plan` imports this module and must not load it
 
     if cfg.model.path != "builtin:tiny" and not tiny_vocab.is_tiny(model_path):
         return []
@@ -71,7 +85,7 @@ def tiny_missing_characters(cfg: DictConfig, model_path: str, tokenizer, texts: 
 def extend_tiny(cfg: DictConfig, model_path: str, chars: list[str], say=print) -> tuple[str, Any]:
     """``(model_path, tokenizer)`` of the tiny model extended with ``chars`` (built once, cached;
     see :mod:`mixrl.models.tiny_vocab`)."""
-    from mixrl.models import tiny_vocab
+    from mixrl.models import tiny_vocab  # deferred: tiny_vocab imports transformers; `mixrl plan` imports this module and must not load it
 
     path = str(tiny_vocab.extend(model_path, chars))
     shown = "".join(chars[:20]) + ("..." if len(chars) > 20 else "")
@@ -88,8 +102,6 @@ def builtin_system_prompt(cfg: DictConfig) -> str | None:
     else None (plain-text prompts). ``data.system_prompt=''`` gives the BPE model plain text."""
     if cfg.data.system_prompt is not None:
         return cfg.data.system_prompt or None
-    from mixrl.models import tiny_bpe
-
     return tiny_bpe.SYSTEM_PROMPT if tiny_bpe.is_tiny_bpe(cfg.model.path) else None
 
 
@@ -98,8 +110,6 @@ def _builtin_rows(cfg: DictConfig, split: str, n: int, seed: int) -> list[dict]:
     name = cfg.data.source[len(BUILTIN):]
     if name != "arith":
         raise ConfigError(f"unknown built-in dataset '{cfg.data.source}'; the built-in task is builtin:arith")
-    from mixrl.tasks import arith
-
     levels = list(cfg.data.levels)
     try:
         if split == "train":
@@ -110,15 +120,13 @@ def _builtin_rows(cfg: DictConfig, split: str, n: int, seed: int) -> list[dict]:
         raise ConfigError(f"data.levels: {e}") from None
     system = builtin_system_prompt(cfg)
     if system:
-        from mixrl.data.cells import to_chat_prompt
-
         rows = [{**r, "prompt": to_chat_prompt(r["prompt"], system)} for r in rows]
     return rows
 
 
 def load_train_rows(cfg: DictConfig):
     """The training dataset (a ``datasets.Dataset`` with prompt, answer[, expert] columns)."""
-    from datasets import Dataset
+    from datasets import Dataset  # deferred: datasets is heavy; the light commands (--help, config show, plan) never load it
 
     d = cfg.data
     if d.source.startswith(BUILTIN):
@@ -127,8 +135,7 @@ def load_train_rows(cfg: DictConfig):
         if d.expert_column:
             ds = ds.map(lambda r: {"expert": [r[d.expert_column]]})
         return ds
-    from mixrl.data.loading import load_dataset_rows
-    from mixrl.sources import SOURCES
+    from mixrl.data.loading import load_dataset_rows  # deferred: data.loading imports datasets; `mixrl plan` imports this module and must not load it
 
     return load_dataset_rows(
         d.source, split=d.split, subset=d.subset, prompt_column=d.prompt_column, answer_column=d.answer_column,
@@ -146,7 +153,7 @@ def load_eval_rows(cfg: DictConfig) -> list[dict]:
     source = d.eval_source or d.source
     if source.startswith(BUILTIN):
         return _builtin_rows(cfg, "heldout", n, 0)
-    from mixrl.data.loading import load_dataset_rows
+    from mixrl.data.loading import load_dataset_rows  # deferred: data.loading imports datasets; `mixrl plan` imports this module and must not load it
 
     try:
         ds = load_dataset_rows(
@@ -160,8 +167,6 @@ def load_eval_rows(cfg: DictConfig) -> list[dict]:
 
 # --------------------------------------------------------------------------- rewards
 def build_reward_funcs(cfg: DictConfig) -> tuple[list, list[float]]:
-    from mixrl.rewards import build_reward
-
     specs = [{"name": cfg.reward.name, "weight": cfg.reward.weight, "params": _plain(cfg.reward.params) or {}}]
     specs += [dict(_plain(x)) for x in cfg.reward.extra]
     funcs, weights = [], []
@@ -181,7 +186,7 @@ def advantage_spec(cfg: DictConfig) -> tuple[str, dict, bool]:
 
 # --------------------------------------------------------------------------- TRL args
 def grpo_args(cfg: DictConfig, run_dir: Path, geom: Geometry | None = None):
-    from trl import GRPOConfig
+    from trl import GRPOConfig  # deferred: trl imports transformers; the light commands (--help, config show, plan) never load it
 
     geom = geom or geometry(cfg)
     t, hw = cfg.trainer, cfg.hardware
@@ -254,9 +259,6 @@ def _engine_correction_args(cfg: DictConfig) -> dict:
 def _needs_ref_logp(cfg: DictConfig) -> bool:
     """Does a term other than the KL term (e.g. kl_convex) read reference log-probs? mixrl
     computes its own loss, so TRL's beta only decides whether they are computed."""
-    from mixrl.config.objective import build_objective
-    from mixrl.core.terms import term_needs
-
     return any("ref_logp" in term_needs(t.kind) for t in build_objective(cfg).terms)
 
 
@@ -264,7 +266,7 @@ def peft_config(cfg: DictConfig):
     lora = _plain(cfg.model.lora) or {}
     if not lora.get("enabled"):
         return None
-    from peft import LoraConfig
+    from peft import LoraConfig  # deferred: peft imports transformers; only a LoRA/adapter path needs it
 
     return LoraConfig(
         r=int(lora.get("r", 16)), lora_alpha=int(lora.get("alpha", 32)), lora_dropout=float(lora.get("dropout", 0.0)),
@@ -275,8 +277,6 @@ def peft_config(cfg: DictConfig):
 # --------------------------------------------------------------------------- inputs
 def _set_threads(cfg: DictConfig) -> None:
     """``hardware.torch_threads``: torch's CPU threads (0 leaves torch's default)."""
-    import torch
-
     if cfg.hardware.torch_threads:
         torch.set_num_threads(int(cfg.hardware.torch_threads))
 
@@ -284,8 +284,6 @@ def _set_threads(cfg: DictConfig) -> None:
 def heldout_rows(cfg: DictConfig):
     """``(train_ds, eval_rows, info)``: the training rows and held-out rows of ``cfg``, never
     sharing a prompt (see :mod:`mixrl.evaluation.heldout` for the rule)."""
-    from mixrl.evaluation.heldout import separate_heldout
-
     train_ds = load_train_rows(cfg)
     eval_rows = load_eval_rows(cfg)
     source = str(cfg.data.eval_source or cfg.data.source)
@@ -296,8 +294,6 @@ def heldout_rows(cfg: DictConfig):
 
 def describe_heldout(info: dict) -> str:
     """One line saying where the held-out rows come from and how they are kept apart from training."""
-    from mixrl.evaluation.heldout import describe
-
     if info["rule"] == "builtin":
         return f"held-out: {info['n_eval']} problems of the built-in task's held-out split (disjoint from training)"
     return describe(info)
@@ -326,9 +322,7 @@ def prepare_inputs(cfg: DictConfig, console: Console, *, check: bool = True) -> 
     directory behind. The tiny model's extended vocabulary (a cache, not the run) is built here too.
     ``check=False`` loads the same inputs without those checks (they only refuse, never change
     what is loaded): :func:`trainer_from_config` for tests and tools."""
-    from transformers import set_seed
-
-    from mixrl.config.checks import check_train_size, check_training_data, row_texts
+    from transformers import set_seed  # deferred: transformers is heavy; the light commands (--help, config show, plan) never load it
 
     t0, cpu0 = time.perf_counter(), time.process_time()
     _set_threads(cfg)
@@ -339,14 +333,12 @@ def prepare_inputs(cfg: DictConfig, console: Console, *, check: bool = True) -> 
     reward_funcs, reward_weights = build_reward_funcs(cfg)
     new_chars = tiny_missing_characters(cfg, model_path, tokenizer, row_texts(train_ds) + row_texts(eval_rows))
     if new_chars:  # the tiny model learns the data's characters: check with its extended tokenizer
-        from mixrl.models.tiny_vocab import extend_tokenizer
+        from mixrl.models.tiny_vocab import extend_tokenizer  # deferred: tiny_vocab imports transformers; `mixrl plan` imports this module and must not load it
 
         tokenizer = extend_tokenizer(tokenizer, new_chars)
     if check:
         check_training_data(cfg, tokenizer, train_ds, reward_funcs, model_path)  # before the model loads
         check_train_size(cfg, train_ds, heldout)
-    from mixrl.config.objective import build_teacher
-
     teacher = build_teacher(cfg) if check else None  # unchecked: the assembly checks the teacher as it builds it
     if teacher is not None:  # a missing teacher folder or another vocabulary fails here, not after the run directory exists
         teacher.check_builtin_teacher(tokenizer)  # before building it
@@ -374,10 +366,9 @@ def trainer_from_config(cfg: DictConfig, *, inputs: RunInputs | None = None, cal
     silent by default). ``run_dir``: where TRL
     writes checkpoints (default ``cfg.run_dir``); ``arg_overrides`` set extra ``GRPOConfig``
     fields (the benchmark's ``generation_kwargs``)."""
-    from transformers import PrinterCallback
+    from transformers import PrinterCallback  # deferred: transformers is heavy; the light commands (--help, config show, plan) never load it
 
-    from mixrl.config.objective import build_controller, build_injection, build_objective, build_source, build_teacher
-    from mixrl.trainer.grpo import MixrlGRPOTrainer
+    from mixrl.trainer.grpo import MixrlGRPOTrainer  # deferred: trainer.grpo imports trl and transformers; `mixrl plan` imports this module and must not load them
 
     if inputs is None:
         inputs = prepare_inputs(cfg, console or Console(quiet=True), check=False)
@@ -396,7 +387,6 @@ def trainer_from_config(cfg: DictConfig, *, inputs: RunInputs | None = None, cal
         teacher.resolve(progress=bool(cfg.logger.progress))
         teacher.check_tokenizer(tokenizer)
         train_ds = teacher.prepare(train_ds, cfg.data)
-    from mixrl.config.sampler import build_sampler
 
     sampler, sampler_length = build_sampler(cfg, train_ds)
     with _colocated_engine(cfg, model_path):
@@ -433,26 +423,18 @@ def _colocated_engine(cfg: DictConfig, model_path: str):
     server client syncing weights through files (mixrl.vllm_file_transfer); else nothing."""
     hw = cfg.hardware
     if hw.use_vllm and hw.device == "cpu" and hw.vllm_mode == "server":
-        from mixrl.vllm_file_transfer import install_client
-
         install_client()
     if not _cpu_colocated(cfg):
         return contextlib.nullcontext()
-    from mixrl.vllm_cpu import colocated_engine_dtype, engine_dtype
-
     return colocated_engine_dtype(engine_dtype(str(cfg.model.dtype), model_path))
 
 
 def _sync_tolerance(cfg: DictConfig, model_path: str) -> float:
     """``hardware.vllm_sync_tolerance``, or its default for this device and engine dtype."""
-    from mixrl.trainer.engine_sync import default_tolerance
-
     tol = cfg.hardware.get("vllm_sync_tolerance", None)
     if tol is not None:
         return float(tol)
     dtype = None
     if _cpu_colocated(cfg):
-        from mixrl.vllm_cpu import engine_dtype
-
         dtype = engine_dtype(str(cfg.model.dtype), model_path)
     return default_tolerance(str(cfg.hardware.device), dtype)

@@ -57,8 +57,8 @@ def training_args(cfg: DictConfig) -> dict:
 def enable_on_cpu() -> None:
     """Let accelerate's FSDP plugin through on ``MULTI_CPU`` (see the module docstring).
     Idempotent; changes nothing for a state created without an FSDP plugin."""
-    from accelerate.state import AcceleratorState, PartialState
-    from accelerate.utils import DistributedType
+    from accelerate.state import AcceleratorState, PartialState  # deferred: accelerate is heavy; only a distributed run needs it
+    from accelerate.utils import DistributedType  # deferred: accelerate is heavy; only a distributed run needs it
 
     init = AcceleratorState.__init__
     if getattr(init, "_mixrl_cpu_fsdp", False):

@@ -22,6 +22,7 @@ import torch
 from transformers import TrainerCallback
 
 from mixrl.errors import TrainingDiverged
+from mixrl.rewards.deadline import RewardSignal, in_reward_call
 
 
 def likely_cause(learning_rate: float | None) -> str:
@@ -62,8 +63,6 @@ class InterruptGuard(TrainerCallback):
             self.restore()
             raise KeyboardInterrupt
         self.signum = signum
-        from mixrl.rewards.deadline import RewardSignal, in_reward_call
-
         if in_reward_call():  # a reward may never return: stop it now (the run saves a checkpoint)
             self.say(f"{self.name}: stopping the running reward function, saving a checkpoint, then stopping")
             raise RewardSignal(self.name)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 from trl.data_utils import is_conversational
+from trl.trainer.grpo_trainer import use_adapter
 
 from mixrl.sources.base import InjectContext
 from mixrl.trainer.teacher_service import _SELF
@@ -81,7 +82,6 @@ class InjectionServices:
         base model (the adapter disabled; an initial copy named "ref" when re-training one). No gradient."""
         if self.ref_model is not None:
             return self._score_token_lists(self.ref_model, prompt_ids, completion_ids)
-        from trl.trainer.grpo_trainer import use_adapter
 
         model = self.accelerator.unwrap_model(self.model)
         with use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None):

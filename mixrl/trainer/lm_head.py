@@ -17,14 +17,14 @@ never the values (a smaller width than a model's vocabulary would only mean more
 
 from __future__ import annotations
 
+from trl.trainer import utils as trl_utils
+
 TRL_TILE_VOCAB = 32768  # trl.trainer.utils._CHUNKED_LOGPROB_CHUNK_SIZE in TRL 1.16
 
 
 def fit_tile_to_vocab(models) -> int:
     """Set TRL's tile width to ``min(32768, the largest vocabulary of models)``; returns the width.
     (Another trainer built later in the same process sets it again for its own models.)"""
-    from trl.trainer import utils as trl_utils
-
     vocab = 0
     for m in models:
         emb = m.get_output_embeddings() if hasattr(m, "get_output_embeddings") else None

@@ -22,6 +22,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 from transformers import TrainerCallback
+import torch
+from transformers import AutoTokenizer
+
+from mixrl.evaluation.saved import load_saved_model
 
 
 def tracker_callbacks(trainer) -> list:
@@ -123,15 +127,9 @@ def write_model_card(model_dir: Path, cfg: DictConfig, summary: dict, *, base_mo
 def save_merged(model_dir: Path, cfg: DictConfig, out_dir: Path) -> Path:
     """Merge the LoRA adapter in ``model_dir`` into its base model (loaded from disk, so it works
     whatever the training strategy sharded) and save a plain transformers folder in ``out_dir``."""
-    import torch
-
-    from mixrl.evaluation.saved import load_saved_model
-
     dtype = None if cfg.model.dtype == "auto" else getattr(torch, str(cfg.model.dtype))
     merged = load_saved_model(Path(model_dir), cfg, dtype)
     out_dir = Path(out_dir)
     merged.save_pretrained(str(out_dir))
-    from transformers import AutoTokenizer
-
     AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=bool(cfg.model.trust_remote_code)).save_pretrained(str(out_dir))
     return out_dir

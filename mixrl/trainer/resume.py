@@ -26,6 +26,9 @@ from pathlib import Path
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from mixrl.errors import ConfigError
+from mixrl.config.compose import _parse, compose_config, expand_aliases, import_plugins, validate
+from mixrl.config.schema import GROUPS
+from mixrl.config.trust import require_trust
 
 #: keys a resumed run may override (prefix match): none of them changes the trajectory
 RESUME_SAFE = (
@@ -93,8 +96,6 @@ def _value_difference(saved: DictConfig, ov, theirs) -> tuple[str, object, objec
     """Apply one ``key=value`` override to a copy of the run's saved config, validate it (as
     composition would) and compare under its key; a value that does not validate on that run
     is a change."""
-    from mixrl.config.compose import validate
-
     key = ov.key_or_group
     trial = copy.deepcopy(saved)
     try:
@@ -129,10 +130,6 @@ def resume_config(run_dir: str, overrides: list[str], composed: DictConfig | Non
     ``trust_run_code`` is not set (:mod:`mixrl.config.trust`): nothing of it is imported before
     that check.
     """
-    from mixrl.config.compose import _parse, expand_aliases, import_plugins, validate
-    from mixrl.config.schema import GROUPS
-    from mixrl.config.trust import require_trust
-
     path = Path(run_dir)
     cfg_file = path / "config.yaml"
     if not cfg_file.is_file():
@@ -168,8 +165,6 @@ def resume_config(run_dir: str, overrides: list[str], composed: DictConfig | Non
         theirs = _plain(run_cfg, "" if key == "recipe" else key)
         if key in GROUPS or key == "recipe":  # an option's (or a recipe's) values, composed as for a new run
             if composed is None:
-                from mixrl.config.compose import compose_config
-
                 composed = compose_config([t for t, _ in parsed])
             scope = "" if key == "recipe" else key  # a recipe may set any key: compare everything
             found = first_difference(_plain(composed, scope), theirs, scope)

@@ -14,9 +14,12 @@ import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+import warnings
 
 from omegaconf import DictConfig
 from rich.console import Console
+import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from mixrl.config.rules import geometry
 from mixrl.errors import MixrlUserError, RewardError, RunInterrupted, TrainingDiverged, storage_error
@@ -37,6 +40,10 @@ from mixrl.trainer.rundir import (
     resume_checkpoint,
     truncate_jsonl,
 )
+from mixrl.evaluation import cache as eval_cache
+from mixrl.evaluation.accuracy import evaluate_accuracy
+from mixrl.models import tiny_bpe
+from mixrl.rewards.deadline import RewardInterrupted, RewardTooSlow
 
 
 @dataclass
@@ -51,10 +58,8 @@ def _rank() -> int:
 
 def quiet_libraries() -> None:
     """mixrl draws its own progress bars: silence the libraries' bars and deprecation noise."""
-    import warnings
-
-    import datasets
-    import transformers
+    import datasets  # deferred: datasets is heavy; the light commands (--help, config show, plan) never load it
+    import transformers  # deferred: transformers is heavy; the light commands (--help, config show, plan) never load it
 
     datasets.disable_progress_bars()
     transformers.utils.logging.set_verbosity_error()
@@ -64,15 +69,9 @@ def quiet_libraries() -> None:
 
 
 def _eval(trainer, tokenizer, rows, reward_fn, cfg, console: Console, label: str) -> dict:
-    from mixrl.evaluation.accuracy import evaluate_accuracy
-
     if not rows:
         return {}
     show = cfg.logger.progress and trainer.accelerator.is_main_process
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    import torch
-
     # sampled pass@k must not move the training RNG: evaluate in a forked, seeded stream
     with torch.random.fork_rng(devices=[]), Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, disable=not show, transient=True) as prog:
@@ -92,8 +91,6 @@ def _eval_start(trainer, tokenizer, rows, reward_fn, cfg, console: Console, mode
     cache_dir = cfg.trainer.get("eval_before_cache")
     if not cache_dir or not rows:
         return _eval(trainer, tokenizer, rows, reward_fn, cfg, console, "held-out eval (before)")
-    from mixrl.evaluation import cache as eval_cache
-
     key = eval_cache.cache_key(cfg, model_path, rows)
     cached = eval_cache.load(cache_dir, key)
     if cached is not None:
@@ -106,8 +103,6 @@ def _eval_start(trainer, tokenizer, rows, reward_fn, cfg, console: Console, mode
 
 
 def _finite_params(model) -> bool:
-    import torch
-
     return all(bool(torch.isfinite(p).all()) for p in model.parameters())
 
 
@@ -121,7 +116,7 @@ def train(cfg: DictConfig, console: Console | None = None, *, before: dict | Non
     failed start leaves nothing behind. ``cfg.resume`` set: continue that run from its last
     checkpoint (see :mod:`mixrl.trainer.resume`). A failure after the run directory exists
     writes the ``FAILED`` marker; SIGINT / SIGTERM save a checkpoint and raise :class:`RunInterrupted`."""
-    from mixrl.trainer.guards import InterruptGuard
+    from mixrl.trainer.guards import InterruptGuard  # deferred: trainer.guards imports transformers; `mixrl plan` imports this module and must not load it
 
     console = console or Console(stderr=True)
     quiet_libraries()
@@ -167,9 +162,8 @@ def train(cfg: DictConfig, console: Console | None = None, *, before: dict | Non
 
 
 def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before: dict | None, inputs: RunInputs) -> RunResult:
-    from mixrl.rewards.deadline import RewardInterrupted, RewardTooSlow
-    from mixrl.trainer.callbacks import MetricsJsonlCallback, RichProgressCallback
-    from mixrl.trainer.guards import CollapseWatch, DivergenceGuard
+    from mixrl.trainer.callbacks import MetricsJsonlCallback, RichProgressCallback  # deferred: trainer.callbacks imports transformers; `mixrl plan` imports this module and must not load it
+    from mixrl.trainer.guards import CollapseWatch, DivergenceGuard  # deferred: trainer.guards imports transformers; `mixrl plan` imports this module and must not load it
 
     t0, cpu0 = time.perf_counter() - inputs.seconds, time.process_time() - inputs.cpu_seconds  # setup includes the inputs
     geom = geometry(cfg)
@@ -177,7 +171,7 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
     if resume_from is not None:
         start_step = checkpoint_step(resume_from)
         truncate_jsonl(run_dir / "metrics.jsonl", start_step)
-        from mixrl.evaluation.periodic import EVAL_FILE
+        from mixrl.evaluation.periodic import EVAL_FILE  # deferred: evaluation.periodic imports transformers; `mixrl plan` imports this module and must not load it
 
         truncate_jsonl(run_dir / EVAL_FILE, start_step)
         if before is None and (run_dir / EVAL_BEFORE).is_file():
@@ -199,11 +193,11 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
     if cfg.logger.progress:
         callbacks.append(RichProgressCallback(console, description=f"{cfg.algo.name} s{cfg.seed}"))
     if cfg.logger.report_to:  # the starting model's held-out results open the trackers' eval/* curves
-        from mixrl.trainer.publish import HeldoutBeforeCallback
+        from mixrl.trainer.publish import HeldoutBeforeCallback  # deferred: trainer.publish imports transformers; `mixrl plan` imports this module and must not load it
 
         callbacks.append(HeldoutBeforeCallback(lambda: before, trainer=lambda: trainer))
     if cfg.trainer.eval_every > 0:  # held-out accuracy every N steps -> eval.jsonl (the lambda: trainer is built below)
-        from mixrl.evaluation.periodic import PeriodicEvalCallback
+        from mixrl.evaluation.periodic import PeriodicEvalCallback  # deferred: evaluation.periodic imports transformers; `mixrl plan` imports this module and must not load it
         callbacks.append(PeriodicEvalCallback.from_config(cfg, run_dir, tokenizer, eval_rows, reward_funcs[0], trainer=lambda: trainer))
     trainer = build.trainer_from_config(cfg, inputs=inputs, callbacks=callbacks, run_dir=run_dir)
     setup_s = time.perf_counter() - t0
@@ -224,7 +218,7 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
         text = str(e)
         if "inf" not in text and "nan" not in text:
             raise
-        from mixrl.trainer.guards import likely_cause
+        from mixrl.trainer.guards import likely_cause  # deferred: trainer.guards imports transformers; `mixrl plan` imports this module and must not load it
 
         raise TrainingDiverged(
             f"training diverged at step {trainer.state.global_step + 1}: the policy's probabilities are not finite "
@@ -252,7 +246,7 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
         console.print(trainer.sampler.summary(), highlight=False, soft_wrap=True)
     after = _eval(trainer, tokenizer, eval_rows, reward_funcs[0], cfg, console, "held-out eval (after)")
     if cfg.logger.report_to:
-        from mixrl.trainer.publish import log_heldout
+        from mixrl.trainer.publish import log_heldout  # deferred: trainer.publish imports transformers; `mixrl plan` imports this module and must not load it
 
         log_heldout(trainer, after)
     collapse.final_check(before.get("accuracy"), after.get("accuracy"), float(cfg.trainer.learning_rate))
@@ -267,8 +261,6 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
         trainer.save_model(str(model_dir))
     if trainer.accelerator.is_main_process:
         tokenizer.save_pretrained(str(model_dir))
-        from mixrl.models import tiny_bpe
-
         if tiny_bpe.is_tiny_bpe(model_path):  # still the BPE chat model: later stages and `mixrl eval` give it chat prompts
             tiny_bpe.mark_derived(model_dir, model_path)
     summary = {
@@ -303,7 +295,7 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
                               "generated_per_trained": s.generated / s.trained if s.trained else None,
                               "rounds_per_batch": s.rounds / s.batches if s.batches else None, "short_groups": s.short}
     if trainer.accelerator.is_main_process:
-        from mixrl.trainer.publish import save_merged, write_model_card
+        from mixrl.trainer.publish import save_merged, write_model_card  # deferred: trainer.publish imports transformers; `mixrl plan` imports this module and must not load it
 
         if (cfg.model.lora or {}).get("enabled") and (cfg.model.lora or {}).get("save_merged"):
             merged = save_merged(model_dir, cfg, run_dir / MERGED_DIR)

@@ -38,6 +38,7 @@ import re
 import shutil
 from datetime import datetime
 from pathlib import Path
+import zipfile
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -66,7 +67,7 @@ class RunDirLock:
         if os.environ.get(HELD_ENV) == os.path.realpath(run_dir):
             return  # the launcher that started this process holds it
         try:
-            import fcntl
+            import fcntl  # deferred: fcntl is POSIX only; without it no lock is taken
         except ImportError:  # not a POSIX system: no locking
             return
         path = Path(run_dir) / LOCK_FILE
@@ -91,7 +92,7 @@ class RunDirLock:
     def release(self) -> None:
         if self.fd is None:
             return
-        import fcntl
+        import fcntl  # deferred: fcntl is POSIX only (see acquire); this module must import on any system
 
         try:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
@@ -296,13 +297,11 @@ def unreadable_checkpoint_file(ckpt: Path) -> tuple[str, str] | None:
     all can. Cheap, so it runs before anything of a resume is written: a safetensors file's header
     (its tensors' offsets must fit the file), a torch.save file's zip directory (at its end, so a
     truncated file fails), a JSON file's text. Bit flips inside tensor data are not detected."""
-    import zipfile
-
     for f in sorted(p for p in Path(ckpt).rglob("*") if p.is_file()):
         name = str(f.relative_to(ckpt))
         try:
             if f.suffix == ".safetensors":
-                from safetensors import safe_open
+                from safetensors import safe_open  # deferred: safetensors is needed only when weights are read or written
 
                 with safe_open(str(f), framework="pt") as st:
                     list(st.keys())

@@ -31,12 +31,15 @@ and ``_metrics``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Callable
 
 import torch
 
+from mixrl.core.schedules import resolve_schedule
+from mixrl.errors import ConfigError
 from mixrl.sources.base import Rollouts
 
 SAMPLER_FILE = "mixrl_sampler.json"
@@ -194,12 +197,10 @@ class SamplerHooks:
 
     def _sampler_length(self):
         """The length curriculum: the generation's max completion length at this step."""
-        import contextlib
 
         spec = getattr(self, "_sampler_length_spec", None)
         if spec is None or not hasattr(self, "generation_config"):
             return contextlib.nullcontext()
-        from mixrl.core.schedules import resolve_schedule
 
         cap = int(self.max_completion_length)
         length = max(1, min(cap, int(round(resolve_schedule(spec)(int(self.state.global_step))))))
@@ -221,7 +222,6 @@ class SamplerHooks:
             with open(path) as f:
                 self.sampler.load_state_dict(json.load(f))
         elif int(self.state.global_step) > 0:
-            from mixrl.errors import ConfigError
 
             raise ConfigError(f"resume: {path} is missing (the run was started without this sampler); "
                               "resume with the run's own sampler, or start a new run")

@@ -417,7 +417,7 @@ def build_trl_trainer(cfg, out_dir: Path, callbacks: list):
     from transformers import PrinterCallback
     from trl import GRPOTrainer
 
-    from mixrl.config.rules import geometry
+    from mixrl.config.geometry import geometry
     from mixrl.trainer import build
 
     geom = geometry(cfg)
@@ -443,7 +443,7 @@ class FloorLoop:
         import torch
         from transformers import AutoModelForCausalLM, GenerationConfig, Trainer
 
-        from mixrl.config.rules import geometry
+        from mixrl.config.geometry import geometry
         from mixrl.trainer import build
 
         self.cfg, self.timer, self.steps, self.device = cfg, timer, steps, device
@@ -635,7 +635,7 @@ def run(opts: argparse.Namespace, log: Callable[[str], None]) -> dict:
         profile_steps = {W + S + 1: "cprofile", W + S + 2: "torch"}
     turns = Turns(variants, seed=0, interleaved=opts.schedule == "interleaved", device=opts.device)
     participants: dict[str, tuple[StepTimer, Any]] = {}
-    from mixrl.config.rules import geometry
+    from mixrl.config.geometry import geometry
 
     geom = geometry(compose("grpo", overrides, 1))  # checks the overrides before any model loads
     geom_text = geom.describe()

@@ -216,7 +216,7 @@ def run(opts, log) -> dict:
 
 
 def _geometry(sets: list[str]) -> str:
-    from mixrl.config.rules import geometry
+    from mixrl.config.geometry import geometry
 
     return geometry(tp.compose("grpo", ["logger.progress=false", *sets], 1)).describe()
 

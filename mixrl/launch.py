@@ -40,15 +40,8 @@ import yaml
 from omegaconf import DictConfig
 from rich.console import Console
 
-from mixrl.config.hardware import (  # noqa: F401 - the config's questions, re-exported for the launcher's callers
-    STRATEGIES,
-    VLLM_MODES,
-    check_packages,
-    launched,
-    needs_launch,
+from mixrl.config.hardware import (
     starts_vllm_server,
-    validate_hardware,
-    vllm_build,
     world_size,
 )
 from mixrl.errors import ConfigError

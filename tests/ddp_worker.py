@@ -97,7 +97,7 @@ def patch_chord_sample() -> None:
 def make_trainer(overrides: list[str], callbacks: list):
     """What ``mixrl.trainer.run.train`` builds (the same assembly; without its evaluation and saving)."""
     from mixrl.config.compose import compose_config
-    from mixrl.config.rules import geometry
+    from mixrl.config.geometry import geometry
     from mixrl.trainer import build
 
     cfg = compose_config(overrides)

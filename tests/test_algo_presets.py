@@ -61,7 +61,7 @@ def test_preset_file_names_its_paper(name):
 
 
 def test_dr_grpo_max_len_follows_max_completion_length():
-    from mixrl.config.objective import build_objective
+    from mixrl.config.builders import build_objective
 
     cfg = compose_config(["algo=dr_grpo", "trainer.max_completion_length=48"])
     assert build_objective(cfg).terms[0].aggregation_params == {"max_len": 48}

@@ -123,7 +123,7 @@ def test_the_student_scores_every_failed_group_in_one_call_made_even_with_none()
 
 
 def test_per_group_must_leave_a_rollout():
-    from mixrl.config.rules import geometry
+    from mixrl.config.geometry import geometry
     from mixrl.config.compose import compose_config
     from mixrl.errors import ConfigError
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from mixrl.cli.main import app
 from mixrl.config.compose import compose_config
-from mixrl.config.objective import build_objective
+from mixrl.config.builders import build_objective
 from mixrl.errors import ConfigError
 from mixrl.explain import explain_text
 

@@ -96,7 +96,7 @@ def _cfg(tiny_model_path, run_dir: Path, extra: list[str]):
 def _mixrl(cfg, out_dir: Path):
     from omegaconf import OmegaConf
 
-    from mixrl.config.objective import build_objective
+    from mixrl.config.builders import build_objective
     from mixrl.trainer import build
     from mixrl.trainer.callbacks import MetricsJsonlCallback
 

@@ -73,7 +73,7 @@ def test_the_loss_composes_is_range_checked_and_explained(plugin):
 
 def test_the_loss_value_and_gradient_by_hand(plugin):
     cfg = compose_config(OVERRIDES)
-    from mixrl.config.objective import build_objective
+    from mixrl.config.builders import build_objective
     from mixrl.core.objective import compute_objective
     from mixrl.core.provenance import code
 

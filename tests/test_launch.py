@@ -19,7 +19,8 @@ import yaml
 
 from mixrl.config.compose import compose_config, group_options
 from mixrl.errors import ConfigError
-from mixrl.launch import accelerate_config, deepspeed_config, needs_launch, plan_launch, world_size, write_plan
+from mixrl.launch import accelerate_config, deepspeed_config, plan_launch, write_plan
+from mixrl.config.hardware import needs_launch, world_size
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_OPTIONS = [o for o in group_options("hardware") if o.startswith("gpu-")]

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from mixrl.cli.main import app
 from mixrl.config.compose import compose_config
-from mixrl.config.rules import geometry
+from mixrl.config.geometry import geometry
 from mixrl.core import provenance as prov
 from mixrl.errors import ConfigError, DataError
 from mixrl.sources import InjectContext
@@ -179,7 +179,7 @@ def test_contradictory_pair_configs_are_refused(overrides, match):
 
 
 def test_pair_terms_average_over_pairs_by_default():
-    from mixrl.config.objective import build_objective
+    from mixrl.config.builders import build_objective
 
     cfg = compose_config(["algo=grpo_dpo"])
     terms = {t.label: t for t in build_objective(cfg).terms}

@@ -12,7 +12,7 @@ import pytest
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from mixrl.config.compose import compose_config, list_recipe_names, load_recipe, recipes_dir
-from mixrl.config.rules import geometry
+from mixrl.config.geometry import geometry
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -137,7 +137,7 @@ def test_record_stores_rollout_rows_with_their_behaviour_logps():
 
 
 def test_replay_append_adds_rows_with_stored_logps_and_advantages():
-    from mixrl.config.rules import Geometry
+    from mixrl.config.geometry import Geometry
 
     geom = Geometry(2, 4, 8, 1, 8, 1, 8, expert_rows_per_step=2)
     src = ReplaySource(sampling="recent")

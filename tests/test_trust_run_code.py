@@ -162,13 +162,14 @@ def test_a_plain_run_names_no_code():
 def test_a_launched_resume_passes_the_flag_to_its_processes(run, tmp_path, monkeypatch):
     """Multi-process resumes re-run `mixrl train` under a launcher; each process loads the run's
     config again, so the user's --trust-run-code goes on their command line (and only then)."""
+    import mixrl.config.hardware
     import mixrl.launch
 
     reward = run / "launch_reward.py"
     reward.write_text(REWARD_BODY)
     _edit(run, lambda c: c["reward"].update(name=f"{reward}:fn", params={}))
     seen: list[list[str]] = []
-    monkeypatch.setattr(mixrl.launch, "needs_launch", lambda cfg, environ=None: True)
+    monkeypatch.setattr(mixrl.config.hardware, "needs_launch", lambda cfg, environ=None: True)
     monkeypatch.setattr(mixrl.launch, "launch", lambda cfg, overrides, say=print: seen.append(list(overrides)) or 0)
     res = runner.invoke(app, ["train", f"resume={run}", "trainer.max_steps=3", "--trust-run-code"])
     assert res.exit_code == 0, res.output[-2000:]

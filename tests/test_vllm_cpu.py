@@ -276,7 +276,7 @@ def test_installed_vllm_is_the_cpu_build_and_loads_mixrls_plugin():
 
     from vllm.plugins import load_general_plugins
 
-    from mixrl.launch import vllm_build
+    from mixrl.config.hardware import vllm_build
     from mixrl.vllm_cpu import patched
     from mixrl.vllm_file_transfer import BACKEND
 

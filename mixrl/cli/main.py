@@ -28,6 +28,7 @@ from mixrl.config.compose import (
     compose_config, compose_stages, expand_sweeps, group_options, list_recipe_names, load_recipe, parse_overrides,
     recipes_dir, to_yaml,
 )
+from mixrl.config import hardware
 from mixrl.config.geometry import geometry
 from mixrl.config.sampler import without_inactive_sampler
 from mixrl.plan import render_plan
@@ -112,7 +113,7 @@ def train(
         cfgs = [compose_config(job) for job in jobs]  # validate every job before loading any model
     for cfg in cfgs:
         check_environment(cfg)  # what this machine lacks for it (the config itself is validated above)
-    if any(launch.needs_launch(cfg) for cfg in cfgs):  # hardware asks for processes: start them through the launcher
+    if any(hardware.needs_launch(cfg) for cfg in cfgs):  # hardware asks for processes: start them through the launcher
         # the launched processes load the resumed run's config again: they need the user's consent too
         launched = [[*job, "--trust-run-code"] for job in jobs] if trust_run_code and cfgs[0].resume else jobs
         raise typer.Exit(_launch_jobs(cfgs, launched, overrides, multirun))

@@ -22,15 +22,11 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from mixrl.config.builders import (  # noqa: F401 - build_* are imported from here by their callers
-    CHECK_LIMIT,
+from mixrl.config.builders import (
     ROW_LOSS_AGGREGATION,
     _row_loss,
-    build_controller,
-    build_engine_correction,
     build_injection,
     build_objective,
-    build_source,
     build_teacher,
     check_steps,
     component,

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from mixrl.config.geometry import Geometry, geometry  # noqa: F401 - mixrl.config.rules.geometry is the name callers use
-from mixrl.config.objective import build_injection, check_objective, component
+from mixrl.config.geometry import geometry
+from mixrl.config.builders import build_injection, component
+from mixrl.config.objective import check_objective
 from mixrl.config.sampler import check_sampler
 from mixrl.errors import ConfigError
 from mixrl.sources.base import Injection

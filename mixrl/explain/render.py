@@ -24,7 +24,7 @@ from mixrl.explain.sampler import sampler_rows
 from mixrl.explain.schedules import component, constant_value, controller_knobs, objective
 from mixrl.config.components import component_kind, registry_for
 from mixrl.config.objective import check_objective
-from mixrl.config.rules import geometry
+from mixrl.config.geometry import geometry
 from mixrl.core import ADVANTAGES, AGGREGATIONS, CONTROLLERS, SCHEDULES, TERMS, provenance as prov
 from mixrl.core.objective import parse_weight_ref, uses_rows
 from mixrl.core.schedules import describe_schedule, split_spec

@@ -17,11 +17,11 @@ from typing import Any
 from omegaconf import DictConfig
 import torch
 
-from mixrl.config.objective import CHECK_LIMIT as _CHECK_LIMIT  # how far schedules are evaluated
-from mixrl.config.objective import component  # noqa: F401  (re-exported for render)
-from mixrl.config.objective import plain as _plain
+from mixrl.config.builders import CHECK_LIMIT as _CHECK_LIMIT  # how far schedules are evaluated
+from mixrl.config.builders import component  # noqa: F401  (re-exported for render)
+from mixrl.config.builders import plain as _plain
 from mixrl.errors import ConfigError
-from mixrl.config.objective import build_objective
+from mixrl.config.builders import build_objective
 from mixrl.core import CONTROLLERS, SCHEDULES
 from mixrl.core.schedules import resolve_schedule, schedule_knots as declared_knots
 

@@ -18,15 +18,15 @@ from omegaconf import DictConfig
 from rich.console import Console
 import torch
 
-from mixrl.config.objective import component as _component
-from mixrl.config.objective import plain as _plain
-from mixrl.config.rules import Geometry, geometry
+from mixrl.config.builders import component as _component
+from mixrl.config.builders import plain as _plain
+from mixrl.config.geometry import Geometry, geometry
 from mixrl.config.sampler import build_sampler
 from mixrl.errors import ConfigError, DataError
 from mixrl.models import builtin
 from mixrl.trainer import fsdp
 from mixrl.config.checks import check_train_size, check_training_data, row_texts
-from mixrl.config.objective import build_controller, build_injection, build_objective, build_source, build_teacher
+from mixrl.config.builders import build_controller, build_injection, build_objective, build_source, build_teacher
 from mixrl.core.terms import term_needs
 from mixrl.data.cells import to_chat_prompt
 from mixrl.evaluation.heldout import describe, separate_heldout

@@ -21,7 +21,7 @@ from rich.console import Console
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from mixrl.config.rules import geometry
+from mixrl.config.geometry import geometry
 from mixrl.errors import MixrlUserError, RewardError, RunInterrupted, TrainingDiverged, storage_error
 from mixrl.trainer import build
 from mixrl.trainer.build import RunInputs, prepare_inputs

@@ -28,7 +28,7 @@ if str(HERE) not in sys.path:
 from batch import make_batch  # noqa: E402
 
 from mixrl.config.compose import compose_config  # noqa: E402
-from mixrl.config.objective import build_objective  # noqa: E402
+from mixrl.config.builders import build_objective  # noqa: E402
 from mixrl.core.objective import compute_objective, population_key  # noqa: E402
 from mixrl.errors import ConfigError  # noqa: E402
 

@@ -96,21 +96,28 @@ def _recipes_by_algo() -> dict[str, list[tuple[str, str]]]:
 
 
 def _measured(results_root: Path, suite: str) -> list[dict] | None:
-    p = results_root / suite / "compare.json"
-    if not p.is_file():
-        return None
-    try:
-        data = json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    return data.get("claims") or None
+    """The judged claims of ``docs/results/<suite>/``, then those of its variants
+    ``docs/results/<suite>-*/`` (the same suite run on part of its grid or another budget, e.g.
+    ``hard-50steps``), each variant claim tagged with its folder; the first match wins."""
+    out = []
+    for folder in [results_root / suite, *sorted(results_root.glob(f"{suite}-*"))]:
+        p = folder / "compare.json"
+        if not p.is_file():
+            continue
+        try:
+            data = json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        variant = None if folder.name == suite else folder.name
+        out += [{**c, "results": variant} for c in data.get("claims") or []]
+    return out or None
 
 
 def _verdict(claim, measured: list[dict] | None) -> str:
     for m in measured or []:
         if (m.get("paper"), m.get("claim"), m.get("method"), m.get("baseline")) == (claim.paper, claim.claim, claim.method, claim.baseline):
             if m.get("verdict") == "not measured":
-                break
+                continue
             diff = m.get("diff")
             lo, hi = m.get("low"), m.get("high")
             detail = f"difference {diff:.3f}" if isinstance(diff, (int, float)) else ""
@@ -118,7 +125,8 @@ def _verdict(claim, measured: list[dict] | None) -> str:
                 detail += f" [{lo:.3f}, {hi:.3f}]"
             if m.get("p") is not None:
                 detail += f", p = {m['p']:.3g}"
-            return f"**{m['verdict']}** ({m.get('test', '')}; {detail})"
+            where = f"; in docs/results/{m['results']}" if m.get("results") else ""
+            return f"**{m['verdict']}** ({m.get('test', '')}; {detail}{where})"
     return "not measured yet"
 
 

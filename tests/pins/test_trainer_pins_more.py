@@ -102,13 +102,35 @@ def test_every_shipped_algo_is_pinned():
     assert shipped - pinned == set()
 
 
+#: a preference term's margin below this is float noise (at the pinned step the policy is its reference)
+TIED_MARGIN = 1e-6
+
+
+def sign_of_noise(pinned_row: dict) -> set[str]:
+    """The ``<term>/accuracy`` metrics (share of pairs with margin > 0) of a pinned row whose
+    ``<term>/margin`` is float noise: their value is the sign of that noise, which differs between
+    CPU kernel sets (the avx2 run gave 1/3 where avx512 gave 0). The margin itself stays pinned."""
+    return {k.removesuffix("/margin") + "/accuracy" for k, v in pinned_row.items()
+            if k.endswith("/margin") and abs(v) < TIED_MARGIN}
+
+
+def comparable(result: dict, pinned: dict) -> dict:
+    rows = [{k: v for k, v in row.items() if not k.endswith("seconds") and k not in sign_of_noise(p)}
+            for row, p in zip(result["metrics"], pinned["metrics"])]
+    return {**result, "metrics": rows}
+
+
+def test_only_tied_preference_accuracies_are_left_out():
+    assert sign_of_noise({"dpo/margin": -2.5e-08, "dpo/accuracy": 0.0, "wpo/margin": 0.3, "accuracy": 0.5}) == {"dpo/accuracy"}
+
+
 @pytest.mark.parametrize("key", list(PINS["cases"]))
 def test_trainer_pin_more(key, pin_model, tmp_path):
     case = PINS["cases"][key]
     overrides = [o.replace(PLACEHOLDER, pin_model) for o in case["overrides"]]
     got = run_one_step(overrides, pin_model, tmp_path, completion=getattr(rollouts, case["rollouts"]))
     got["metrics"] = [{k: v for k, v in row.items() if not k.endswith("seconds")} for row in got["metrics"]]
-    bad, worst = deviations(case["result"], got)
+    bad, worst = deviations(comparable(case["result"], case["result"]), comparable(got, case["result"]))
     print(f"{key}: {worst:.4f} of the tolerance")  # shown with -s: the measure in the docstring
     assert not bad, f"{key}: " + "; ".join(bad[:8]) + (f" (+{len(bad) - 8} more)" if len(bad) > 8 else "")
 

@@ -38,6 +38,40 @@ class _ReplayInjection(Injection):
         super().load_state_dict(state)
         self._seeded = True  # the generator state came with the checkpoint
 
+    def _revisit_candidate(self, entry) -> bool:
+        """A stored entry a revisited prompt may come from: a past success, what a failing group can be refilled with."""
+        return self.source.buffer.is_success(entry)
+
+    def _revisit(self, ctx: InjectContext, inputs: list[dict], label: str) -> list[dict]:
+        """The revisit share of the whole groups on this process take buffered prompts (entries old
+        enough that :meth:`_revisit_candidate` accepts); metric ``<label>/prompts_revisited``."""
+        if self.revisit <= 0.0 or not isinstance(self.source, ReplaySource):
+            return inputs
+        self._seed(ctx)
+        G, n = ctx.num_generations, len(inputs)
+        start = ctx.process_index * n
+        whole = [g for g in range(start // G, (start + n) // G + 1) if g * G >= start and (g + 1) * G <= start + n]
+        want = round(self.revisit * len(whole))
+        if want == 0:
+            return inputs
+        buf, rows = self.source.buffer, self.source.rows
+        ok = [e for e in buf.entries if tuple(e.prompt) in rows and ctx.global_step - e.step >= self.min_age
+              and self._revisit_candidate(e)]
+        picked, seen = [], set()
+        for e in buf.sample(len(ok), ok):  # in the sampling rule's order; first entry of each prompt
+            key = tuple(e.prompt)
+            if key not in seen:
+                seen.add(key)
+                picked.append(rows[key])
+            if len(picked) == want:
+                break
+        inputs = list(inputs)
+        for g, row in zip(reversed(whole), picked):
+            for r in range(g * G, (g + 1) * G):
+                inputs[r - start] = dict(row)
+        self.metrics[f"{label}/prompts_revisited"] = float(len(picked))
+        return inputs
+
 
 @INJECTIONS.register("replay_append", bounds={
     "ratio": ("(0, 1)", "the share of replayed rows among all rows of a step"),
@@ -134,32 +168,7 @@ class ReplayFill(_ReplayInjection):
     def before_generation(self, ctx: InjectContext, inputs: list[dict]) -> list[dict]:
         """Revisit: the last groups lying wholly on this process get prompts drawn from the
         buffer (by its sampling rule, one entry per prompt) whose rows it remembers."""
-        if self.revisit <= 0.0 or not isinstance(self.source, ReplaySource):
-            return inputs
-        self._seed(ctx)
-        G, n = ctx.num_generations, len(inputs)
-        start = ctx.process_index * n
-        whole = [g for g in range(start // G, (start + n) // G + 1) if g * G >= start and (g + 1) * G <= start + n]
-        want = round(self.revisit * len(whole))
-        if want == 0:
-            return inputs
-        buf, rows = self.source.buffer, self.source.rows
-        ok = [e for e in buf.entries if tuple(e.prompt) in rows and ctx.global_step - e.step >= self.min_age
-              and buf.is_success(e)]  # a past success: what a failing group can be refilled with
-        picked, seen = [], set()
-        for e in buf.sample(len(ok), ok):  # in the sampling rule's order; first entry of each prompt
-            key = tuple(e.prompt)
-            if key not in seen:
-                seen.add(key)
-                picked.append(rows[key])
-            if len(picked) == want:
-                break
-        inputs = list(inputs)
-        for g, row in zip(reversed(whole), picked):
-            for r in range(g * G, (g + 1) * G):
-                inputs[r - start] = dict(row)
-        self.metrics["replay/prompts_revisited"] = float(len(picked))
-        return inputs
+        return self._revisit(ctx, inputs, "replay")
 
     def after_advantages(self, ctx: InjectContext, inputs: list[dict], out: dict) -> dict:
         if self.revisit > 0.0 and isinstance(self.source, ReplaySource):

@@ -93,31 +93,11 @@ class HistoricalPrefix(_ReplayInjection):
     def before_generation(self, ctx: InjectContext, inputs: list[dict]) -> list[dict]:
         """The last ``revisit`` share of the groups lying wholly on this process get prompts
         drawn from the buffer (one stored rollout old enough per prompt) whose rows it remembers."""
-        if self.revisit <= 0.0 or not isinstance(self.source, ReplaySource):
-            return inputs
-        self._seed(ctx)
-        G, n = ctx.num_generations, len(inputs)
-        start = ctx.process_index * n
-        whole = [g for g in range(start // G, (start + n) // G + 1) if g * G >= start and (g + 1) * G <= start + n]
-        want = round(self.revisit * len(whole))
-        if want == 0:
-            return inputs
-        buf, rows = self.source.buffer, self.source.rows
-        ok = [e for e in buf.entries if tuple(e.prompt) in rows and ctx.global_step - e.step >= self.min_age and len(e.completion) >= 2]
-        picked, seen = [], set()
-        for e in buf.sample(len(ok), ok):
-            key = tuple(e.prompt)
-            if key not in seen:
-                seen.add(key)
-                picked.append(rows[key])
-            if len(picked) == want:
-                break
-        inputs = list(inputs)
-        for g, row in zip(reversed(whole), picked):
-            for r in range(g * G, (g + 1) * G):
-                inputs[r - start] = dict(row)
-        self.metrics["soup/prompts_revisited"] = float(len(picked))
-        return inputs
+        return self._revisit(ctx, inputs, "soup")
+
+    def _revisit_candidate(self, entry) -> bool:
+        """A stored rollout long enough to cut a prefix from (any outcome)."""
+        return len(entry.completion) >= 2
 
     # ----------------------------------------------------------------- prefixes
     def generation_prefixes(self, ctx: InjectContext, inputs: list[dict]) -> list[list[int]]:

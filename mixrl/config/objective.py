@@ -36,6 +36,7 @@ from mixrl.config.builders import (
 from mixrl.config.geometry import geometry
 from mixrl.core import provenance as prov
 from mixrl.core.engine_mismatch import check_bounds
+from mixrl.core.offpolicy_reinforce import LOSS_CHOICES
 from mixrl.core.objective import Objective, TermSpec, parse_weight_ref
 from mixrl.core.schedules import resolve_schedule
 from mixrl.core.terms import term_needs, term_needs_behaviour
@@ -285,6 +286,9 @@ def _check_policy_loss(cfg: DictConfig) -> None:
         raise ConfigError(f"algo.loss.budget_over must be all or harmful, got {lp['budget_over']}")
     if name == "topr" and lp.get("taper", "token") not in ("token", "trajectory"):
         raise ConfigError(f"algo.loss.taper must be token or trajectory, got {lp['taper']}")
+    for param, choices in LOSS_CHOICES.get(name, {}).items():
+        if param in lp and lp[param] not in choices:
+            raise ConfigError(f"algo.loss.{param} must be one of {', '.join(choices)}, got {lp[param]}")
     if name == "sft" and float(cfg.algo.kl.coef) > 0:
         raise ConfigError(
             f"algo.loss.name=sft with algo.kl.coef={_g(float(cfg.algo.kl.coef))}: a supervised loss has no reference "
@@ -312,7 +316,10 @@ def _check_controller(cfg: DictConfig, name: str, controller, objective: Objecti
             )
 
 
-RATIO_WHAT = {"ppo_clip": "clip", "gspo": "clip", "cispo": "IS-weight clip", "sapo": "gate", "m2po": "M2 mask", "topr": "IS taper"}
+RATIO_WHAT = {
+    "ppo_clip": "clip", "gspo": "clip", "cispo": "IS-weight clip", "sapo": "gate", "m2po": "M2 mask", "topr": "IS taper",
+    "rec": "token clip", "sppo": "clip", "vespo": "kernel",
+}
 
 
 def _notes(cfg: DictConfig, objective: Objective) -> list[str]:

@@ -6,7 +6,8 @@ component in its registry:
 ======================  ================================  ===================
 registry                 kind                              module
 ======================  ================================  ===================
-``POLICY_LOSSES``        policy loss                       ``policy_losses``
+``POLICY_LOSSES``        policy loss                       ``policy_losses``,
+                                                           ``offpolicy_reinforce``, ``vespo``
 ``TOKEN_WEIGHTS``        token weight                      ``token_weights``
 ``AGGREGATIONS``         aggregation                       ``aggregation``
 ``ADVANTAGES``           advantage                         ``advantages``
@@ -22,6 +23,7 @@ from mixrl.core import (  # noqa: F401  (import = registration)
     alol,
     controllers,
     distill,
+    offpolicy_reinforce,
     palu,
     policy_losses,
     preference,
@@ -32,6 +34,7 @@ from mixrl.core import (  # noqa: F401  (import = registration)
     srpo,
     terms,
     token_weights,
+    vespo,
 )
 from mixrl.core.advantages import ADVANTAGES
 from mixrl.core.aggregation import AGGREGATIONS, aggregate

@@ -11,6 +11,8 @@ SFT loss is ``-sg(w(p)) * log p``. ``cutoff``: tokens with ``p > cutoff`` get we
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -59,21 +61,44 @@ def prob(logp: Tensor, *, cutoff: float | None = None) -> Tensor:
 
 
 @TOKEN_WEIGHTS.register("chord_phi", bounds={"cutoff": ("[0, 1]", "a probability")})
-def chord_phi(logp: Tensor, *, cutoff: float | None = None) -> Tensor:
+def chord_phi(logp: Tensor, *, cutoff: float | None = None, cutoff_mode: str = "zero") -> Tensor:
     """CHORD-phi: ``w = sg(p (1 - p))``, peaks at p = 0.5 with value 1/4.
 
     Down-weights tokens the policy already knows (p -> 1) and tokens far from it (p -> 0).
 
     Formula: ``w(p) = sg(p (1 - p))``, 0 where p > {cutoff} (None: no cutoff)
 
+    ``cutoff_mode: clamp`` is Trinity-RFT's ``sft_phi`` convention (``cutoff_prob``): it keeps
+    ``w = p (1 - p)`` and the ``nll`` term clamps ``log p`` at ``log(cutoff)`` instead, so a
+    token above the cutoff contributes the constant ``-p (1 - p) log(cutoff)`` to the loss
+    value (``zero``, the default: 0). Both give such tokens a zero gradient, and the same
+    gradient everywhere else; only the loss value differs.
+
     Paper: CHORD with phi on, "On-Policy RL Meets Off-Policy Experts: Harmonizing
-    Supervised Fine-Tuning and Reinforcement Learning via Dynamic Weighting".
+    Supervised Fine-Tuning and Reinforcement Learning via Dynamic Weighting" (arXiv 2508.11408).
 
     Parameters:
         cutoff (None): tokens with p > cutoff get weight 0.
+        cutoff_mode (zero): zero (weight 0 above the cutoff) | clamp (Trinity-RFT: the nll term clamps log p at log cutoff).
     """
+    if cutoff_mode not in CUTOFF_MODES:
+        raise ValueError(f"chord_phi: cutoff_mode must be zero or clamp, got {cutoff_mode!r}")
+    if cutoff_mode == "clamp" and cutoff is not None and cutoff <= 0.0:
+        raise ValueError("chord_phi: cutoff_mode clamp needs cutoff > 0 (log p is clamped at log cutoff)")
     p = logp.detach().exp()
-    return _apply_cutoff(p * (1.0 - p), p, cutoff)
+    return _apply_cutoff(p * (1.0 - p), p, None if cutoff_mode == "clamp" else cutoff)
+
+
+#: how a token weight's cutoff acts: zero its weight, or clamp log p at log(cutoff) (Trinity-RFT)
+CUTOFF_MODES = ("zero", "clamp")
+
+
+def clamped_logp(logp: Tensor, cutoff: float | None) -> Tensor:
+    """``min(log p, log cutoff)`` (Trinity-RFT's ``sft_phi`` cutoff): the loss keeps a
+    constant value above the cutoff, with zero gradient there; ``logp`` when cutoff is None."""
+    if cutoff is None:
+        return logp
+    return torch.clamp(logp, max=math.log(cutoff))
 
 
 @TOKEN_WEIGHTS.register("luffy", bounds={
@@ -113,3 +138,33 @@ def luffy_shaped_ratio(logp: Tensor, gamma: float = 0.1) -> Tensor:
     """
     p = logp.exp()
     return p / (p + gamma)
+
+
+#: LUFFY's ``off_policy_reshape`` forms (``p_div_p_0.1`` = ``p_div_p`` with gamma 0.1, ...)
+OFF_POLICY_RESHAPES = ("no_reshape", "p_div_p", "logp", "p_logp", "square_root", "pow")
+
+
+def luffy_off_policy_ratio(
+    logp: Tensor, reshape: str = "p_div_p", *, gamma: float = 0.1, weight: float = 0.1, pow_exp: float = 0.5
+) -> Tensor:
+    """LUFFY's reshaped off-policy "ratio" f(p) of an expert token, WITH gradient (its verl
+    fork's ``off_policy_reshape``; the behaviour probability is taken as 1, so r = p).
+
+    ``no_reshape``: p; ``p_div_p``: p / (p + gamma) (LUFFY's ``p_div_p_0.1`` / ``_0.3`` /
+    ``_0.5`` are gamma 0.1 / 0.3 / 0.5); ``logp``: weight * log p; ``p_logp``:
+    p + weight * log p; ``square_root``: sqrt(p); ``pow``: p ** pow_exp.
+    """
+    if reshape not in OFF_POLICY_RESHAPES:
+        raise ValueError(f"off-policy reshape must be one of {', '.join(OFF_POLICY_RESHAPES)}, got {reshape!r}")
+    p = logp.exp()
+    if reshape == "no_reshape":
+        return p
+    if reshape == "p_div_p":
+        return p / (p + gamma)
+    if reshape == "logp":
+        return weight * logp
+    if reshape == "p_logp":
+        return p + weight * logp
+    if reshape == "square_root":
+        return p.sqrt()
+    return p.pow(pow_exp)

@@ -40,7 +40,7 @@ from mixrl.core.objective import Objective, TermSpec, parse_weight_ref
 from mixrl.core.policy_losses import ON_POLICY_RESHAPES
 from mixrl.core.schedules import resolve_schedule
 from mixrl.core.terms import term_needs, term_needs_behaviour
-from mixrl.core.token_weights import CUTOFF_MODES, OFF_POLICY_RESHAPES
+from mixrl.core.token_weights import OFF_POLICY_RESHAPES
 from mixrl.errors import ConfigError
 from mixrl.sources import INJECTIONS, SOURCES
 
@@ -241,17 +241,12 @@ def _check_term(t: TermSpec, where: str, available: set[str], cfg: DictConfig) -
 
 
 def _check_choices(t: TermSpec, where: str) -> None:
-    """String options of the peers' loss variants (LUFFY's reshapes, Trinity-RFT's cutoff)."""
+    """String options of the peers' loss variants (LUFFY's reshapes)."""
     loss = t.params.get("loss") or {} if t.kind == "policy" else {}
     if loss.get("name") == "reshaped_ppo" and loss.get("reshape", "no_reshape") not in ON_POLICY_RESHAPES:
         raise ConfigError(f"{where}.loss.reshape must be one of {', '.join(ON_POLICY_RESHAPES)}, got {loss['reshape']}")
     if t.kind == "reshaped" and t.params.get("reshape", "p_div_p") not in OFF_POLICY_RESHAPES:
         raise ConfigError(f"{where}.reshape must be one of {', '.join(OFF_POLICY_RESHAPES)}, got {t.params['reshape']}")
-    tw = t.params.get("token_weight") or {} if t.kind == "nll" else {}
-    if tw.get("cutoff_mode", "zero") not in CUTOFF_MODES:
-        raise ConfigError(f"{where}.token_weight.cutoff_mode must be zero or clamp, got {tw['cutoff_mode']}")
-    if tw.get("cutoff_mode") == "clamp" and tw.get("cutoff") is not None and float(tw["cutoff"]) <= 0:
-        raise ConfigError(f"{where}.token_weight.cutoff_mode=clamp clamps log p at log(cutoff); set a cutoff > 0")
 
 
 def _check_weight(objective: Objective, t: TermSpec, where: str, cfg: DictConfig) -> None:

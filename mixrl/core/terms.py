@@ -126,9 +126,10 @@ def nll(x: TermInputs, *, token_weight: dict | None = None) -> TermOutput:
         token_weight (None): ``{name, params...}`` from the token-weight registry; default one.
     """
     spec = dict(token_weight or {"name": "one"})
-    weight = TOKEN_WEIGHTS.get(spec.pop("name"))(x.logp, **spec)
+    fn = TOKEN_WEIGHTS.get(spec.pop("name"))
+    weight = fn(x.logp, **spec)
     logp = x.logp
-    if spec.get("cutoff_mode") == "clamp":  # Trinity-RFT's cutoff: log p clamped at log(cutoff)
+    if getattr(fn, "clamps_logp", False):  # Trinity-RFT's cutoff: log p clamped at log(cutoff)
         logp = token_weights.clamped_logp(logp, spec.get("cutoff"))
     return TermOutput(-weight * logp)
 

@@ -61,36 +61,47 @@ def prob(logp: Tensor, *, cutoff: float | None = None) -> Tensor:
 
 
 @TOKEN_WEIGHTS.register("chord_phi", bounds={"cutoff": ("[0, 1]", "a probability")})
-def chord_phi(logp: Tensor, *, cutoff: float | None = None, cutoff_mode: str = "zero") -> Tensor:
+def chord_phi(logp: Tensor, *, cutoff: float | None = None) -> Tensor:
     """CHORD-phi: ``w = sg(p (1 - p))``, peaks at p = 0.5 with value 1/4.
 
     Down-weights tokens the policy already knows (p -> 1) and tokens far from it (p -> 0).
 
     Formula: ``w(p) = sg(p (1 - p))``, 0 where p > {cutoff} (None: no cutoff)
 
-    ``cutoff_mode: clamp`` is Trinity-RFT's ``sft_phi`` convention (``cutoff_prob``): it keeps
-    ``w = p (1 - p)`` and the ``nll`` term clamps ``log p`` at ``log(cutoff)`` instead, so a
-    token above the cutoff contributes the constant ``-p (1 - p) log(cutoff)`` to the loss
-    value (``zero``, the default: 0). Both give such tokens a zero gradient, and the same
-    gradient everywhere else; only the loss value differs.
-
     Paper: CHORD with phi on, "On-Policy RL Meets Off-Policy Experts: Harmonizing
-    Supervised Fine-Tuning and Reinforcement Learning via Dynamic Weighting" (arXiv 2508.11408).
+    Supervised Fine-Tuning and Reinforcement Learning via Dynamic Weighting".
 
     Parameters:
         cutoff (None): tokens with p > cutoff get weight 0.
-        cutoff_mode (zero): zero (weight 0 above the cutoff) | clamp (Trinity-RFT: the nll term clamps log p at log cutoff).
     """
-    if cutoff_mode not in CUTOFF_MODES:
-        raise ValueError(f"chord_phi: cutoff_mode must be zero or clamp, got {cutoff_mode!r}")
-    if cutoff_mode == "clamp" and cutoff is not None and cutoff <= 0.0:
-        raise ValueError("chord_phi: cutoff_mode clamp needs cutoff > 0 (log p is clamped at log cutoff)")
     p = logp.detach().exp()
-    return _apply_cutoff(p * (1.0 - p), p, None if cutoff_mode == "clamp" else cutoff)
+    return _apply_cutoff(p * (1.0 - p), p, cutoff)
 
 
-#: how a token weight's cutoff acts: zero its weight, or clamp log p at log(cutoff) (Trinity-RFT)
-CUTOFF_MODES = ("zero", "clamp")
+@TOKEN_WEIGHTS.register("chord_phi_clamp", bounds={"cutoff": ("(0, 1]", "a probability; log p is clamped at log(cutoff), so it must be > 0")})
+def chord_phi_clamp(logp: Tensor, *, cutoff: float | None = None) -> Tensor:
+    """CHORD-phi with Trinity-RFT's cutoff: ``w = sg(p (1 - p))`` and ``log p`` clamped at ``log(cutoff)``.
+
+    Formula: ``w(p) = sg(p (1 - p))``; the nll term uses ``min(log p, log {cutoff})`` (None: no cutoff)
+
+    Trinity-RFT's ``sft_phi`` (``cutoff_prob``) keeps the weight of a token above the cutoff
+    and clamps its log-probability instead: the token adds the constant
+    ``-p (1 - p) log(cutoff)`` to the loss, with zero gradient. ``chord_phi`` with a cutoff
+    gives it weight 0 (loss 0, zero gradient). The gradients are the same everywhere; only
+    the loss value differs. The ``nll`` term reads ``clamps_logp`` to apply the clamp.
+
+    Paper: CHORD, "On-Policy RL Meets Off-Policy Experts: Harmonizing Supervised Fine-Tuning
+    and Reinforcement Learning via Dynamic Weighting" (arXiv 2508.11408), as shipped in
+    Trinity-RFT (``sft_phi``).
+
+    Parameters:
+        cutoff (None): log p is clamped at log(cutoff) in the nll term (tokens with p > cutoff get no gradient).
+    """
+    return (logp.detach().exp() * (1.0 - logp.detach().exp())).detach()
+
+
+#: the nll term clamps log p at log(cutoff) instead of zeroing the weight (Trinity-RFT's cutoff)
+chord_phi_clamp.clamps_logp = True
 
 
 def clamped_logp(logp: Tensor, cutoff: float | None) -> Tensor:

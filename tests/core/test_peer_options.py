@@ -3,7 +3,7 @@ computations written from the formulas in plain Python (math, loops), not from m
 
 * CISPO ``trust_mask``: Trinity-RFT's token mask (MiniMax-M1's M_t);
 * SAPO ``detach_gate``: Trinity-RFT's stopped gate;
-* CHORD-phi ``cutoff_mode: clamp``: Trinity-RFT's ``sft_phi`` cutoff (log p clamped);
+* ``chord_phi_clamp``: CHORD-phi with Trinity-RFT's ``sft_phi`` cutoff (log p clamped);
 * LUFFY's off-policy reshapes + max/min clip (``reshaped`` term) and on-policy reshapes
   (``reshaped_ppo`` loss);
 * ``seq-mean-token-sum-norm`` without ``max_len`` in a config.
@@ -133,7 +133,7 @@ def test_chord_phi_cutoff_zero_and_trinity_clamp_by_hand():
     logps = [math.log(p) for p in probs]
     c = 0.6
     v_zero, g_zero = _nll(logps, {"name": "chord_phi", "cutoff": c})
-    v_clamp, g_clamp = _nll(logps, {"name": "chord_phi", "cutoff": c, "cutoff_mode": "clamp"})
+    v_clamp, g_clamp = _nll(logps, {"name": "chord_phi_clamp", "cutoff": c})
     for i, p in enumerate(probs):
         phi = p * (1.0 - p)
         if p > c:
@@ -259,8 +259,7 @@ def test_sum_norm_without_max_len_divides_by_max_completion_length_by_hand():
 @pytest.mark.parametrize("overrides, match", [
     (["algo.loss.name=reshaped_ppo", "algo.loss.reshape=p_div_p_0.1"], "reshape must be one of"),
     (["algo=luffy", "algo.terms.offpolicy.name=reshaped", "+algo.terms.offpolicy.reshape=sqrt"], "reshape must be one of"),
-    (["algo=chord", "+algo.terms.sft.token_weight.cutoff_mode=cut"], "cutoff_mode must be zero or clamp"),
-    (["algo=chord", "algo.terms.sft.token_weight.cutoff=0", "+algo.terms.sft.token_weight.cutoff_mode=clamp"], "cutoff > 0"),
+    (["algo=chord", "algo.terms.sft.token_weight.name=chord_phi_clamp", "algo.terms.sft.token_weight.cutoff=0"], "cutoff"),
 ])
 def test_bad_peer_option_is_one_config_error(overrides, match):
     with pytest.raises(ConfigError, match=match):

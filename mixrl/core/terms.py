@@ -152,8 +152,8 @@ def shaped(x: TermInputs, *, gamma: float = 0.1) -> TermOutput:
     "gamma": ("> 0", "p / (p + gamma): gamma <= 0 inverts the gradient or divides by zero"),
     "logp_coef": (">= 0", "the log p coefficient; a negative one turns the gradient around"),
     "pow_exp": ("> 0", "p ** pow_exp with pow_exp <= 0 decreases in p, turning the gradient around"),
-    "max_clip": ("> 0", "an upper bound on f(p), which is > 0 for the p forms"),
-    "min_clip": (">= 0", "a lower bound on f(p)"),
+    "max_clip": ("> 0", "an upper bound on f(p), as LUFFY's off_policy_max_clip (a probability-like value)"),
+    "min_clip": (">= 0", "a lower bound on f(p), as LUFFY's off_policy_min_clip (a probability-like value)"),
 })
 def reshaped(
     x: TermInputs,

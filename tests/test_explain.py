@@ -194,13 +194,12 @@ def test_scheduled_term_weight_is_a_schedule():
     assert {int(r[0]): r[1] for r in rows}[20] == pytest.approx(0.5)
 
 
-def test_sum_norm_without_max_len_is_a_note():
-    cfg = compose_config(["algo.aggregation.name=seq-mean-token-sum-norm"])
+def test_sum_norm_without_max_len_divides_by_the_max_completion_length():
+    cfg = compose_config(["algo.aggregation.name=seq-mean-token-sum-norm", "trainer.max_completion_length=24"])
     notes = check_objective(cfg)
-    assert any("padded width" in n for n in notes)
+    assert not any("seq-mean-token-sum-norm" in n for n in notes)
     text = explain_text(cfg)
-    assert "(None: the padded width T of each micro-batch)" in text
-    assert "note: seq-mean-token-sum-norm without algo.aggregation.max_len" in text
+    assert "sum_t l_t / 24, N = the population's rows" in text
 
 
 def test_staged_top_level_config_is_explained_by_stage():

@@ -41,7 +41,7 @@ def component(node: Any) -> tuple[str | None, dict]:
 def build_objective(cfg: DictConfig) -> Objective:
     """The :class:`Objective` of ``cfg.algo``: its terms, then KL and entropy on rollout tokens."""
     a = cfg.algo
-    agg_name, agg_params = component(a.aggregation)
+    agg_name, agg_params = _aggregation(cfg, a.aggregation)
     coefs = dict(plain(a.get("coefs")) or {})
     terms: list[TermSpec] = []
     for label, node in (plain(a.get("terms")) or {}).items():
@@ -50,7 +50,7 @@ def build_objective(cfg: DictConfig) -> Objective:
         tokens = tuple(d.pop("tokens", None) or ("on_policy",))
         norm = d.pop("normalise_over", None)
         weight = d.pop("weight", 1.0)
-        t_agg, t_agg_params = component(d.pop("aggregation", None)) if d.get("aggregation") else (agg_name, agg_params)
+        t_agg, t_agg_params = _aggregation(cfg, d.pop("aggregation", None)) if d.get("aggregation") else (agg_name, agg_params)
         if _row_loss(kind) and not node.get("aggregation"):
             t_agg, t_agg_params = ROW_LOSS_AGGREGATION, {}  # a per-pair loss: the mean over pairs
         if kind == "policy" and not d.get("loss"):
@@ -65,6 +65,21 @@ def build_objective(cfg: DictConfig) -> Objective:
         coefs["entropy_coef"] = plain(a.entropy_coef)
         terms.append(TermSpec("entropy_bonus", "entropy", ("on_policy",), None, "-entropy_coef", "token-mean", {}, {}))
     return Objective(terms, coefs, engine_correction=build_engine_correction(cfg))
+
+
+#: aggregations whose ``max_len`` defaults to ``trainer.max_completion_length`` when not set
+FIXED_LENGTH_AGGREGATIONS = ("seq-mean-token-sum-norm",)
+
+
+def _aggregation(cfg: DictConfig, node: Any) -> tuple[str | None, dict]:
+    """``(name, params)`` of an aggregation section. ``seq-mean-token-sum-norm`` without
+    ``max_len`` divides by ``trainer.max_completion_length``: verl's default (its ``agg_loss``
+    divides by ``loss_scale_factor``, None = the response tensor's width, which verl pads to
+    the maximum response length), constant over the run."""
+    name, params = component(node)
+    if name in FIXED_LENGTH_AGGREGATIONS and params.get("max_len") is None:
+        params["max_len"] = int(cfg.trainer.max_completion_length)
+    return name, params
 
 
 #: the aggregation of terms that declare ``row_loss`` (a per-row / per-pair loss spread over the row's tokens)

@@ -38,8 +38,10 @@ from mixrl.core import provenance as prov
 from mixrl.core.engine_mismatch import check_bounds
 from mixrl.core.offpolicy_reinforce import LOSS_CHOICES
 from mixrl.core.objective import Objective, TermSpec, parse_weight_ref
+from mixrl.core.policy_losses import ON_POLICY_RESHAPES
 from mixrl.core.schedules import resolve_schedule
 from mixrl.core.terms import term_needs, term_needs_behaviour
+from mixrl.core.token_weights import OFF_POLICY_RESHAPES
 from mixrl.errors import ConfigError
 from mixrl.sources import INJECTIONS, SOURCES
 
@@ -200,6 +202,7 @@ def _skips_generation(inject_name: str) -> bool:
 
 
 def _check_term(t: TermSpec, where: str, available: set[str], cfg: DictConfig) -> None:
+    _check_choices(t, where)
     if t.label in (cfg.algo.get("terms") or {}) and t.kind in ("kl", "entropy"):
         raise ConfigError(
             f"{where}: the {t.kind} term is set by algo.{'kl.coef' if t.kind == 'kl' else 'entropy_coef'}; "
@@ -236,6 +239,15 @@ def _check_term(t: TermSpec, where: str, available: set[str], cfg: DictConfig) -
             f"{where} trains on '{missing[0]}' tokens, but nothing puts them in the batch "
             f"(algo.inject={cfg.algo.inject.name}, offpolicy.source={cfg.offpolicy.source.name}); {fix}"
         )
+
+
+def _check_choices(t: TermSpec, where: str) -> None:
+    """String options of the peers' loss variants (LUFFY's reshapes)."""
+    loss = t.params.get("loss") or {} if t.kind == "policy" else {}
+    if loss.get("name") == "reshaped_ppo" and loss.get("reshape", "no_reshape") not in ON_POLICY_RESHAPES:
+        raise ConfigError(f"{where}.loss.reshape must be one of {', '.join(ON_POLICY_RESHAPES)}, got {loss['reshape']}")
+    if t.kind == "reshaped" and t.params.get("reshape", "p_div_p") not in OFF_POLICY_RESHAPES:
+        raise ConfigError(f"{where}.reshape must be one of {', '.join(OFF_POLICY_RESHAPES)}, got {t.params['reshape']}")
 
 
 def _check_weight(objective: Objective, t: TermSpec, where: str, cfg: DictConfig) -> None:
@@ -284,6 +296,8 @@ def _check_policy_loss(cfg: DictConfig) -> None:
     name, lp = component(cfg.algo.loss)  # numeric ranges: the losses' declared bounds (mixrl.core.registry)
     if name == "m2po" and lp.get("budget_over", "all") not in ("all", "harmful"):
         raise ConfigError(f"algo.loss.budget_over must be all or harmful, got {lp['budget_over']}")
+    if name == "reshaped_ppo" and lp.get("reshape", "no_reshape") not in ON_POLICY_RESHAPES:
+        raise ConfigError(f"algo.loss.reshape must be one of {', '.join(ON_POLICY_RESHAPES)}, got {lp['reshape']}")
     if name == "topr" and lp.get("taper", "token") not in ("token", "trajectory"):
         raise ConfigError(f"algo.loss.taper must be token or trajectory, got {lp['taper']}")
     for param, choices in LOSS_CHOICES.get(name, {}).items():
@@ -317,8 +331,8 @@ def _check_controller(cfg: DictConfig, name: str, controller, objective: Objecti
 
 
 RATIO_WHAT = {
-    "ppo_clip": "clip", "gspo": "clip", "cispo": "IS-weight clip", "sapo": "gate", "m2po": "M2 mask", "topr": "IS taper",
-    "rec": "token clip", "sppo": "clip", "vespo": "kernel",
+    "ppo_clip": "clip", "reshaped_ppo": "clip", "gspo": "clip", "cispo": "IS-weight clip", "sapo": "gate", "m2po": "M2 mask",
+    "topr": "IS taper", "rec": "token clip", "sppo": "clip", "vespo": "kernel",
 }
 
 
@@ -334,12 +348,8 @@ def _notes(cfg: DictConfig, objective: Objective) -> list[str]:
             )
     name, params = component(cfg.algo.aggregation)
     if name == "seq-mean-token-sum-norm":
-        if params.get("max_len") is None:
-            notes.append(
-                "seq-mean-token-sum-norm without algo.aggregation.max_len divides by the padded width of each "
-                "micro-batch, which changes from step to step; set algo.aggregation.max_len=${trainer.max_completion_length}"
-            )
-        elif params["max_len"] < int(cfg.trainer.max_completion_length):
+        # without max_len it divides by trainer.max_completion_length (mixrl.config.builders._aggregation)
+        if params.get("max_len") is not None and params["max_len"] < int(cfg.trainer.max_completion_length):
             notes.append(
                 f"algo.aggregation.max_len={params['max_len']} < trainer.max_completion_length="
                 f"{cfg.trainer.max_completion_length}: long completions weigh more than 1 per row"

@@ -133,6 +133,10 @@ def seq_mean_token_sum_norm(
     be the fixed maximum response length (constant over training); if None, the padded
     width T of this call is used, which varies between micro-batches, so pass it
     explicitly for gradient-accumulation invariance. LUFFY divides by the max length too.
+    In a config, a missing ``max_len`` is ``trainer.max_completion_length`` (verl's default:
+    its ``loss_scale_factor`` None is the response width, padded to the maximum response
+    length). verl divides the batch's token sum by that length only, not also by the number
+    of rows as here and in the Dr.GRPO paper: a constant factor (the rows per micro-batch).
 
     Formula: ``L = (1 / N) sum_b sum_t l_t / {max_len}``, N = the population's rows in the step (None: the padded width T of each micro-batch)
 

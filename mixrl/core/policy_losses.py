@@ -216,22 +216,30 @@ def cispo(
     *,
     clip_low: float = 1.0,
     clip_high: float = 0.28,
+    trust_mask: bool = False,
 ) -> PolicyLossOutput:
     """CISPO: clipped IS-weight policy optimisation (every token keeps its gradient).
 
-    Formula: ``l_t = -sg(clip(r_t, 1 - {clip_low}, 1 + {clip_high})) A log p_t``
+    Formula: ``l_t = -sg(clip(r_t, 1 - {clip_low}, 1 + {clip_high})) A log p_t``, times ``M_t`` if trust_mask ({trust_mask}): ``M_t = 0`` where A > 0 and r_t > 1 + clip_high or A < 0 and r_t < 1 - clip_low, else 1
 
-    Clipped tokens: those whose IS weight was truncated (r outside the bounds). The paper
-    sets no lower bound ("setting eps_low to a large value"); clip_low = 1.0 makes the
-    lower bound 0, i.e. no lower bound, as in Trinity-RFT's implementation, whose clip_high
-    default 0.28 we also use.
+    Clipped tokens: those whose IS weight was truncated (r outside the bounds), and with
+    ``trust_mask`` those masked. The paper sets no lower bound ("setting eps_low to a large
+    value"); clip_low = 1.0 makes the lower bound 0, i.e. no lower bound, as in Trinity-RFT's
+    implementation, whose clip_high default 0.28 we also use.
+
+    ``trust_mask: true`` is the token mask M_t of the report's unified objective (its eq. with
+    M_t, which recovers the PPO trust region) and what Trinity-RFT's ``cispo`` always applies:
+    a token whose ratio already left the band in the direction its advantage pushes gets no
+    gradient. ``false`` (the default) is the CISPO objective itself (M_t = 1), as in verl's
+    ``cispo`` loss mode.
 
     Paper: CISPO, in "MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning
-    Attention" (2025).
+    Attention" (2025, arXiv 2506.13585).
 
     Parameters:
         clip_low (1.0): IS-weight lower bound is 1 - clip_low (1.0 = no lower bound).
         clip_high (0.28): IS-weight upper bound is 1 + clip_high.
+        trust_mask (false): drop tokens with A > 0 and r > 1 + clip_high, or A < 0 and r < 1 - clip_low (Trinity-RFT).
     """
     logp, old_logp, advantages = masked_inputs(logp, old_logp, advantages, mask)
     adv = token_advantages(advantages, logp)
@@ -240,7 +248,83 @@ def cispo(
     weight = torch.clamp(ratio, lo, hi)
     loss = -weight * adv * logp
     clipped = (ratio > hi) | (ratio < lo)
-    return _finish(loss, clipped, mask, _ratio_metrics(ratio, mask))
+    metrics = _ratio_metrics(ratio, mask)
+    if trust_mask:
+        dropped = ((adv > 0) & (ratio > hi)) | ((adv < 0) & (ratio < lo))
+        loss = torch.where(dropped, torch.zeros_like(loss), loss)
+        metrics["masked_frac"] = masked_mean(dropped.to(logp.dtype), mask)
+    return _finish(loss, clipped, mask, metrics)
+
+
+#: LUFFY's ``on_policy_reshape`` forms (``p_div_p_0.1`` = ``p_div_p`` with gamma 0.1)
+ON_POLICY_RESHAPES = ("no_reshape", "p_div_p", "logp", "p_logp", "square_root", "pow")
+
+
+@POLICY_LOSSES.register("reshaped_ppo", bounds={
+    "clip_low": ("[0, 1]", "the reshaped ratio is clipped below at 1 - clip_low"),
+    "clip_high": (">= 0", "the reshaped ratio is clipped above at 1 + clip_high"),
+    "gamma": ("> 0", "f(p) = p / (p + gamma): gamma <= 0 divides by zero or inverts it"),
+    "logp_coef": (">= 0", "the log r coefficient of p_logp; a negative one turns its gradient around"),
+    "pow_exp": ("> 0", "r ** pow_exp with pow_exp <= 0 decreases in r, turning the gradient around"),
+})
+def reshaped_ppo(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    reshape: str = "no_reshape",
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    gamma: float = 0.1,
+    logp_coef: float = 0.1,
+    pow_exp: float = 0.5,
+) -> PolicyLossOutput:
+    """PPO clip on a reshaped ratio (LUFFY's ``on_policy_reshape`` options).
+
+    Formula: ``l_t = max(-A g_t, -A clip(g_t, 1 - {clip_low}, 1 + {clip_high}))``, g = {reshape}: no_reshape r | p_div_p f(p) / f(p_old), f(p) = p / (p + {gamma}) | logp log r | p_logp r + {logp_coef} log r | square_root sqrt(r) | pow r^{pow_exp}
+
+    ``no_reshape`` is ``ppo_clip``. LUFFY's ``p_div_p_0.1`` / ``p_div_p_0.5`` are
+    ``p_div_p`` with gamma 0.1 / 0.5; its ``on_policy_reshape_weight`` is ``logp_coef`` (used
+    by p_logp only; LUFFY's ``logp`` form takes no weight on the on-policy side). Its upper
+    bound ``max(clip_upper_bound, 1 + eps)`` is ``1 + clip_high`` here. Clipped tokens: where
+    the constant branch is active.
+
+    Paper: LUFFY, "Learning to Reason under Off-Policy Guidance" (arXiv 2504.14945), the
+    on_policy_reshape options of its verl fork; PPO ("Proximal Policy Optimization
+    Algorithms", Schulman et al. 2017).
+
+    Parameters:
+        reshape (no_reshape): no_reshape | p_div_p | logp | p_logp | square_root | pow.
+        clip_low (0.2): lower bound 1 - clip_low on the reshaped ratio.
+        clip_high (0.2): upper bound 1 + clip_high on the reshaped ratio.
+        gamma (0.1): p_div_p's constant.
+        logp_coef (0.1): the log r coefficient of p_logp.
+        pow_exp (0.5): the exponent of pow.
+    """
+    if reshape not in ON_POLICY_RESHAPES:
+        raise ValueError(f"reshaped_ppo: reshape must be one of {', '.join(ON_POLICY_RESHAPES)}, got {reshape!r}")
+    logp, old_logp, advantages = masked_inputs(logp, old_logp, advantages, mask)
+    lr = log_ratio(logp, old_logp)
+    ratio = torch.exp(lr)
+    if reshape == "no_reshape":
+        g = ratio
+    elif reshape == "p_div_p":
+        p, p_old = logp.exp(), old_logp.detach().exp()
+        g = (p / (p + gamma)) / (p_old / (p_old + gamma))
+    elif reshape == "logp":
+        g = lr
+    elif reshape == "p_logp":
+        g = ratio + logp_coef * lr
+    elif reshape == "square_root":
+        g = ratio.sqrt()
+    else:
+        g = ratio.pow(pow_exp)
+    adv = token_advantages(advantages, logp)
+    loss1 = -adv * g
+    loss2 = -adv * torch.clamp(g, 1.0 - clip_low, 1.0 + clip_high)
+    loss = torch.maximum(loss1, loss2)
+    return _finish(loss, loss2 > loss1, mask, _ratio_metrics(ratio, mask))
 
 
 @POLICY_LOSSES.register("gspo", bounds={
@@ -304,30 +388,44 @@ def sapo(
     *,
     tau_pos: float = 1.0,
     tau_neg: float = 1.05,
+    detach_gate: bool = False,
 ) -> PolicyLossOutput:
     """SAPO: a smooth sigmoid gate instead of the hard clip.
 
-    Formula: ``l_t = -(4 / tau) sigmoid(tau (r_t - 1)) A``, ``tau = {tau_pos}`` if A > 0 else ``{tau_neg}``
+    Formula: ``l_t = -(4 / tau) sigmoid(tau (r_t - 1)) A``, ``tau = {tau_pos}`` if A > 0 else ``{tau_neg}``; detach_gate = {detach_gate}: ``l_t = -sg((4 / tau) sigmoid(tau (r_t - 1))) A log p_t`` instead
 
     Gradient: ``-A * 4 sigmoid(x)(1 - sigmoid(x)) * r * grad log p`` with x = tau (r - 1):
     equal to the PPO gradient at r = 1 and smoothly attenuated away from it. The gate never
     zeroes a gradient, so ``clipped`` is all False; metric ``gate_mean`` is the mean
     gradient weight ``4 s (1 - s)``.
 
-    Paper: "Soft Adaptive Policy Optimization" (SAPO, Qwen, Gao et al. 2025); tau_pos = 1.0,
-    tau_neg = 1.05 as in the public implementations (Trinity-RFT, verl).
+    ``detach_gate: true`` reproduces Trinity-RFT's ``sapo`` loss, which multiplies
+    ``log p`` by the stopped gate value: its gradient is ``-A (4 / tau) s * grad log p``,
+    i.e. the gate VALUE ``(4 / tau) s`` is used as the token weight instead of the paper's
+    gradient weight ``4 s (1 - s) r`` (at r = 1: 2 / tau against 1; Trinity's weight keeps
+    growing with r where the paper's decays). The default (false) follows the paper, verl and
+    TRL, which differentiate through the gate.
+
+    Paper: "Soft Adaptive Policy Optimization" (SAPO, Qwen, Gao et al. 2025, arXiv
+    2511.20347); tau_pos = 1.0, tau_neg = 1.05 as in the public implementations
+    (Trinity-RFT, verl).
 
     Parameters:
         tau_pos (1.0): gate temperature for A > 0.
         tau_neg (1.05): gate temperature for A <= 0.
+        detach_gate (false): Trinity-RFT's form, -sg(gate) A log p (gate value as token weight).
     """
     logp, old_logp, advantages = masked_inputs(logp, old_logp, advantages, mask)
     ratio = torch.exp(log_ratio(logp, old_logp))
     adv = token_advantages(advantages, logp)
     tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))
     sig = torch.sigmoid(tau * (ratio - 1.0))
-    loss = -(4.0 / tau) * sig * adv
-    gate = (4.0 * sig * (1.0 - sig)).detach()
+    if detach_gate:
+        loss = -((4.0 / tau) * sig).detach() * adv * logp
+        gate = ((4.0 / tau) * sig).detach()
+    else:
+        loss = -(4.0 / tau) * sig * adv
+        gate = (4.0 * sig * (1.0 - sig)).detach()
     metrics = _ratio_metrics(ratio, mask)
     metrics["gate_mean"] = masked_mean(gate, mask)
     return _finish(loss, torch.zeros_like(logp, dtype=torch.bool), mask, metrics)

@@ -126,8 +126,12 @@ def nll(x: TermInputs, *, token_weight: dict | None = None) -> TermOutput:
         token_weight (None): ``{name, params...}`` from the token-weight registry; default one.
     """
     spec = dict(token_weight or {"name": "one"})
-    weight = TOKEN_WEIGHTS.get(spec.pop("name"))(x.logp, **spec)
-    return TermOutput(-weight * x.logp)
+    fn = TOKEN_WEIGHTS.get(spec.pop("name"))
+    weight = fn(x.logp, **spec)
+    logp = x.logp
+    if getattr(fn, "clamps_logp", False):  # Trinity-RFT's cutoff: log p clamped at log(cutoff)
+        logp = token_weights.clamped_logp(logp, spec.get("cutoff"))
+    return TermOutput(-weight * logp)
 
 
 @TERMS.register("shaped", bounds={"gamma": ("> 0", "-A p / (p + gamma): gamma < 0 inverts the gradient (and divides by zero at p = -gamma), gamma = 0 removes it")})
@@ -142,6 +146,49 @@ def shaped(x: TermInputs, *, gamma: float = 0.1) -> TermOutput:
     """
     adv = token_advantages(x.advantages, x.logp)
     return TermOutput(-adv * token_weights.luffy_shaped_ratio(x.logp, gamma=gamma))
+
+
+@TERMS.register("reshaped", bounds={
+    "gamma": ("> 0", "p / (p + gamma): gamma <= 0 inverts the gradient or divides by zero"),
+    "logp_coef": (">= 0", "the log p coefficient; a negative one turns the gradient around"),
+    "pow_exp": ("> 0", "p ** pow_exp with pow_exp <= 0 decreases in p, turning the gradient around"),
+    "max_clip": ("> 0", "an upper bound on f(p), as LUFFY's off_policy_max_clip (a probability-like value)"),
+    "min_clip": (">= 0", "a lower bound on f(p), as LUFFY's off_policy_min_clip (a probability-like value)"),
+})
+def reshaped(
+    x: TermInputs,
+    *,
+    reshape: str = "p_div_p",
+    gamma: float = 0.1,
+    logp_coef: float = 0.1,
+    pow_exp: float = 0.5,
+    max_clip: float | None = None,
+    min_clip: float | None = None,
+) -> TermOutput:
+    """LUFFY's off-policy loss with any of its reshape functions and its max / min clips.
+
+    Formula: l_t = -A clip(f(p_t), {min_clip}, {max_clip}) (None: no bound), f = {reshape}: no_reshape p | p_div_p p / (p + {gamma}) | logp {logp_coef} log p | p_logp p + {logp_coef} log p | square_root sqrt(p) | pow p^{pow_exp}
+    Paper: LUFFY, "Learning to Reason under Off-Policy Guidance" (arXiv 2504.14945); the options of its verl fork (off_policy_reshape, off_policy_max_clip, off_policy_min_clip).
+
+    The behaviour probability is taken as 1 (r = p). With the defaults this is the ``shaped``
+    term (p_div_p, gamma 0.1). A clip bound replaces f by the constant bound where f passes it
+    (zero gradient there), as LUFFY's clamp does; LUFFY's -1 (off) is None here.
+
+    Parameters:
+        reshape (p_div_p): no_reshape | p_div_p | logp | p_logp | square_root | pow (LUFFY's p_div_p_0.1 = p_div_p with gamma 0.1).
+        gamma (0.1): p_div_p's constant.
+        logp_coef (0.1): the log p coefficient of logp and p_logp (LUFFY's off_policy_reshape_weight).
+        pow_exp (0.5): the exponent of pow (LUFFY's off_policy_reshape_pow_exp).
+        max_clip (None): f is clamped above at max_clip (LUFFY's off_policy_max_clip).
+        min_clip (None): f is clamped below at min_clip (LUFFY's off_policy_min_clip).
+    """
+    adv = token_advantages(x.advantages, x.logp)
+    f = token_weights.luffy_off_policy_ratio(x.logp, reshape, gamma=gamma, weight=logp_coef, pow_exp=pow_exp)
+    if max_clip is not None:
+        f = torch.clamp(f, max=max_clip)
+    if min_clip is not None:
+        f = torch.clamp(f, min=min_clip)
+    return TermOutput(-adv * f, {"reshaped/f_mean": float(masked_mean(f.detach(), x.mask))})
 
 
 @TERMS.register("advantage_nll", bounds={"top_entropy": ("(0, 1]", "a share of the selected tokens")})

@@ -57,7 +57,8 @@ def test_check_params():
 
 def test_expected_names_are_registered():
     assert set(core.POLICY_LOSSES.names()) == {
-        "ppo_clip", "reinforce", "topr", "cispo", "gspo", "sapo", "m2po", "sft"}
+        "ppo_clip", "reinforce", "topr", "cispo", "gspo", "sapo", "m2po", "sft",
+        "clip_cov", "kl_cov", "gmpo"}
     assert set(core.TOKEN_WEIGHTS.names()) == {"one", "p", "chord_phi", "luffy"}
     assert set(core.AGGREGATIONS.names()) == {
         "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"}

@@ -137,7 +137,7 @@ def kl_cov(
 ) -> PolicyLossOutput:
     """KL-Cov: a KL penalty on the tokens of largest covariance.
 
-    Formula: ``l_t = -A r_t + {kl_coef} |log r_t|`` for the ``max(1, floor({kl_ratio} N))`` valid tokens of largest ``Cov_t = (log p_t - mean log p)(A_t - mean A)`` (over the N valid tokens), ``l_t = -A r_t`` for the others
+    Formula: ``l_t = -A r_t + {kl_coef} * |log r_t|`` for the ``max(1, floor({kl_ratio} N))`` valid tokens of largest ``Cov_t = (log p_t - mean log p)(A_t - mean A)`` (over the N valid tokens), ``l_t = -A r_t`` for the others
 
     The surrogate is unclipped (paper and verl agree). The penalty ``|log r|`` is verl's
     per-token KL (the paper writes D_KL(pi_old || pi_theta)); its gradient is

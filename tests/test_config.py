@@ -324,6 +324,7 @@ def test_to_yaml_round_trips():
         (["trainer.max_steps=0"], ["trainer.max_steps"]),
         (["algo.kl.coef=-0.1"], ["algo.kl.coef"]),
         (["hardware.device=tpu"], ["hardware.device"]),
+        (["algo=clip_cov", "algo.loss.cov_lower=6"], ["algo.loss.cov_lower=6", "cov_upper=5"]),
     ],
 )
 def test_cross_field_rules(overrides, must_contain):

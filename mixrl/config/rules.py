@@ -64,6 +64,18 @@ def _check_async(cfg: DictConfig) -> None:
                           "use hardware.vllm_async=false for it")
 
 
+def _check_cov_window(cfg: DictConfig) -> None:
+    """clip_cov's covariance window must not be empty by construction (cov_lower <= cov_upper)."""
+    specs = [("algo.loss", cfg.algo.get("loss"))]
+    specs += [(f"algo.terms.{k}.loss", t.get("loss")) for k, t in (cfg.algo.get("terms") or {}).items()]
+    for where, spec in specs:
+        if spec is not None and spec.get("name") == "clip_cov":
+            lo, hi = float(spec.get("cov_lower", 1.0)), float(spec.get("cov_upper", 5.0))
+            if lo > hi:
+                raise ConfigError(f"{where}.cov_lower={lo:g} > {where}.cov_upper={hi:g}: clip_cov's covariance window is empty; "
+                                  "set cov_lower <= cov_upper")
+
+
 def validate_rules(cfg: DictConfig) -> None:
     """Cross-field rules, then the objective's checks (a step of :func:`mixrl.config.validate.validate_config`)."""
     geometry(cfg)
@@ -84,5 +96,6 @@ def validate_rules(cfg: DictConfig) -> None:
         raise ConfigError("algo.kl.coef must be >= 0")
     _check_staleness(cfg)
     _check_async(cfg)
+    _check_cov_window(cfg)
     check_sampler(cfg)
     check_objective(cfg)

@@ -34,7 +34,9 @@ from mixrl.core._tensor import (
 )
 from mixrl.core.registry import Registry
 
-POLICY_LOSSES = Registry("policy loss")
+#: ``generator``: a runtime parameter of losses that draw at random (``clip_cov``): the
+#: caller's ``torch.Generator``; never a config parameter.
+POLICY_LOSSES = Registry("policy loss", runtime=("generator",))
 
 
 @dataclass

@@ -271,20 +271,21 @@ def model_build_tiny(overrides: Optional[List[str]] = typer.Argument(
                      quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar.")):
     """Build (or reuse) the warm-started tiny model and print its cache directory. With data.source=...:
     warm-start it on your own training rows (held-out rows excluded, by the rule `mixrl train` uses)."""
-    progress = not quiet and sys.stderr.isatty()
     overrides = list(overrides or [])
     if overrides:
         if bpe:
             raise ConfigError("--bpe builds the BPE chat model on arithmetic; it takes no overrides")
         cfg = compose_config(overrides)  # validated: a bad key or value exits 2 before anything is read
         if not str(cfg.data.source).startswith("builtin:"):
+            progress = not quiet and sys.stderr.isatty()  # no bar in a log file or a pipe
             _build_tiny_on_data(cfg, overrides, force=force, steps=steps, progress=progress)
             return
+    kwargs = {"force": force, "progress": not quiet, **({"steps": steps} if steps else {})}
     if bpe:
-        path = tiny_bpe.warm_start(force=force, progress=progress, steps=steps)
+        path = tiny_bpe.warm_start(**kwargs)
         out.print(f"tiny BPE model: [bold]{path}[/]")
         return
-    path = tiny.warm_start(force=force, progress=progress, steps=steps)
+    path = tiny.warm_start(**kwargs)
     out.print(f"tiny model: [bold]{path}[/]")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from datetime import datetime
@@ -261,15 +262,53 @@ def recipes_show(name: str = typer.Argument(..., help="Recipe name, e.g. grpo/ar
 # --------------------------------------------------------------------------- model
 @model_app.command("build-tiny")
 @user_errors
-def model_build_tiny(force: bool = typer.Option(False, "--force", help="Rebuild even if cached."),
-                     bpe: bool = typer.Option(False, "--bpe", help="Build the BPE chat model (model=tiny-bpe) instead.")):
-    """Build (or reuse) the warm-started tiny model (or, with --bpe, the BPE chat model) and print its cache directory."""
+def model_build_tiny(overrides: Optional[List[str]] = typer.Argument(
+                         None, help="Hydra overrides naming your data, e.g. data.source=examples/caesar "
+                                    "data.prompt_column=question: warm-start the tiny model on its training rows."),
+                     force: bool = typer.Option(False, "--force", help="Rebuild even if cached."),
+                     bpe: bool = typer.Option(False, "--bpe", help="Build the BPE chat model (model=tiny-bpe) instead."),
+                     steps: Optional[int] = typer.Option(None, "--steps", min=1, help="Warm-start steps (default: the recipe's)."),
+                     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar.")):
+    """Build (or reuse) the warm-started tiny model and print its cache directory. With data.source=...:
+    warm-start it on your own training rows (held-out rows excluded, by the rule `mixrl train` uses)."""
+    overrides = list(overrides or [])
+    if overrides:
+        if bpe:
+            raise ConfigError("--bpe builds the BPE chat model on arithmetic; it takes no overrides")
+        cfg = compose_config(overrides)  # validated: a bad key or value exits 2 before anything is read
+        if not str(cfg.data.source).startswith("builtin:"):
+            progress = not quiet and sys.stderr.isatty()  # no bar in a log file or a pipe
+            _build_tiny_on_data(cfg, overrides, force=force, steps=steps, progress=progress)
+            return
+    kwargs = {"force": force, "progress": not quiet, **({"steps": steps} if steps else {})}
     if bpe:
-        path = tiny_bpe.warm_start(force=force, progress=True)
+        path = tiny_bpe.warm_start(**kwargs)
         out.print(f"tiny BPE model: [bold]{path}[/]")
         return
-    path = tiny.warm_start(force=force, progress=True)
+    path = tiny.warm_start(**kwargs)
     out.print(f"tiny model: [bold]{path}[/]")
+
+
+def _build_tiny_on_data(cfg, overrides: list[str], *, force: bool, steps: Optional[int], progress: bool) -> None:
+    """Warm-start the tiny model on ``cfg``'s training rows; print the folder and the override to train it."""
+    from mixrl.models import tiny_data  # deferred: tiny_data imports the tiny model's builders (transformers); `mixrl --help` never loads it
+    from mixrl.trainer.build import describe_heldout, heldout_rows  # deferred: trainer.build imports TRL; `mixrl --help` never loads it
+
+    trainer_run.quiet_libraries()
+    train_ds, _eval_rows, info = heldout_rows(cfg)  # the rows `mixrl train` would train on: held-out rows excluded
+    err.print(describe_heldout(info), soft_wrap=True, highlight=False)
+    path, built = tiny_data.warm_start_on_rows(
+        [dict(r) for r in train_ds], source=str(cfg.data.source), steps=steps,
+        max_completion_length=int(cfg.trainer.max_completion_length), force=force, progress=progress,
+    )
+    meta = json.loads((path / tiny_data.META_FILE).read_text())
+    how = (f"{meta['warm_start']['steps']} steps on {meta['data']['rows']} rows ({meta['data']['target']}), "
+           f"final loss {meta['final_loss']:.3f}, {meta['train_seconds']:.0f}s")
+    out.print(f"tiny model warm-started on your data: {path}" + ("" if built else " (cached; --force rebuilds)"),
+              soft_wrap=True, highlight=False)
+    out.print(how, highlight=False)
+    rest = " ".join(o for o in overrides if not o.startswith("model.path="))
+    out.print(f"next: mixrl train model.path={path} {rest}", soft_wrap=True, highlight=False)
 
 
 from mixrl.cli.explain import explain  # noqa: E402

@@ -1,6 +1,6 @@
 """The supervised warm start that every built-in model shares (:mod:`mixrl.models.tiny`,
-:mod:`mixrl.models.tiny_bpe`): a short deterministic SFT run on the ``arith`` task, then an atomic
-save of the model and tokenizer with a metadata file."""
+:mod:`mixrl.models.tiny_bpe`, :mod:`mixrl.models.tiny_data`): a short deterministic SFT run on the
+``arith`` task (or on given examples), then an atomic save of the model and tokenizer with a metadata file."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from mixrl.models.tiny_spec import _META_FILE
 from mixrl.tasks import arith
@@ -75,16 +75,22 @@ def train_supervised(
     progress: bool = True,
     description: str = "warm-starting tiny model",
     encode: Encode = encode_plain,
+    examples: tuple[Sequence[dict[str, Any]], Sequence[str]] | None = None,
 ) -> list[float]:
     """Deterministic SFT on ``levels`` (train split); returns per-step losses.
 
     Each example's target is the expert ``solution``, or with probability
     ``careless_fraction`` :func:`mixrl.tasks.arith.careless_solution` (forgets the last term);
     ``encode`` turns an example into prompt and completion ids (default :func:`encode_plain`).
+    ``examples=(problems, completions)`` trains on those instead of ``arith`` (``levels`` and
+    ``careless_fraction`` unused): epochs over them, each in a fresh order drawn from ``seed``.
     """
-    problems = arith.train_split(max(steps * batch_size, 1), seed=seed, levels=levels)
-    rng = random.Random(f"warm-start-{seed}")
-    completions = [arith.careless_solution(p) if rng.random() < careless_fraction else p["solution"] for p in problems]
+    if examples is not None:
+        problems, completions = _epochs(examples, max(steps * batch_size, 1), seed)
+    else:
+        problems = arith.train_split(max(steps * batch_size, 1), seed=seed, levels=levels)
+        rng = random.Random(f"warm-start-{seed}")
+        completions = [arith.careless_solution(p) if rng.random() < careless_fraction else p["solution"] for p in problems]
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=weight_decay)
 
     def lr_at(step: int) -> float:  # linear warmup, cosine decay to 10%
@@ -114,6 +120,20 @@ def train_supervised(
     return losses
 
 
+def _epochs(examples: tuple[Sequence[dict[str, Any]], Sequence[str]], n: int, seed: int) -> tuple[list, list]:
+    """``n`` (problem, completion) pairs: whole epochs over ``examples``, each shuffled (seeded)."""
+    problems, completions = examples
+    if not problems or len(problems) != len(completions):
+        raise ValueError("examples must be two non-empty sequences of the same length")
+    rng = random.Random(f"warm-start-data-{seed}")
+    order: list[int] = []
+    while len(order) < n:
+        epoch = list(range(len(problems)))
+        rng.shuffle(epoch)
+        order.extend(epoch)
+    return [problems[i] for i in order[:n]], [completions[i] for i in order[:n]]
+
+
 class _NoProgress:
     def __enter__(self):
         return self
@@ -137,6 +157,8 @@ def _progress(enabled: bool):
         MofNCompleteColumn(),
         TextColumn("loss {task.fields[loss]:.3f}"),
         TimeElapsedColumn(),
+        TextColumn("left"),
+        TimeRemainingColumn(),
         console=Console(stderr=True),
         transient=False,
     )
@@ -145,12 +167,14 @@ def _progress(enabled: bool):
 
 def train_and_save(final: Path, rec: dict[str, Any], build: Callable[[], tuple[Any, Any]], *, encode: Encode = encode_plain,
                    meta_file: str = _META_FILE, progress: bool = True, description: str = "warm-starting tiny model",
-                   extra_meta: Callable[[Any, Any], dict[str, Any]] | None = None) -> Path:
+                   extra_meta: Callable[[Any, Any], dict[str, Any]] | None = None,
+                   examples: tuple[Sequence[dict[str, Any]], Sequence[str]] | None = None) -> Path:
     """Build ``(model, tokenizer) = build()``, warm-start it with ``rec["warm_start"]``
     (:func:`train_supervised`) and save both atomically to ``final`` with ``meta_file``
     (``rec`` plus the key, final loss, seconds, parameter count, ``extra_meta(model, tokenizer)``).
 
     Deterministic: seeded, in a forked RNG, on one thread. Shared by every built-in model.
+    ``examples``: train on these (problems, completions) instead of ``arith`` (see :func:`train_supervised`).
     """
     final.parent.mkdir(parents=True, exist_ok=True)
     ws = rec["warm_start"]
@@ -172,12 +196,13 @@ def train_and_save(final: Path, rec: dict[str, Any], build: Callable[[], tuple[A
                 lr=ws["lr"],
                 warmup_steps=min(ws["warmup_steps"], max(ws["steps"] // 10, 1)),
                 weight_decay=ws["weight_decay"],
-                levels=ws["levels"],
+                levels=ws.get("levels", ()),
                 seed=ws["seed"],
-                careless_fraction=ws["careless_fraction"],
+                careless_fraction=ws.get("careless_fraction", 0.0),
                 progress=progress,
                 description=description,
                 encode=encode,
+                examples=examples,
             )
     finally:
         torch.set_num_threads(threads)

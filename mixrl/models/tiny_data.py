@@ -1,0 +1,124 @@
+"""The tiny character model warm-started on a user's own rows (``mixrl model build-tiny data.source=DIR``).
+
+The default tiny model (:mod:`mixrl.models.tiny`) is warm-started on arithmetic; on another task it
+starts from nothing the task needs, and RL from a policy that never produces a right answer has no
+signal (every group's rewards are equal). This module builds the same architecture over a vocabulary
+of the task's own characters and warm-starts it, with the same deterministic supervised loop
+(:func:`mixrl.models.supervised.train_and_save`), on the training rows it is given:
+
+* each row's target is its first expert completion (the ``expert`` column) if it has one, else its
+  answer; ``prompt -> target </s>``, the loss on the target only;
+* rows with neither are learned as a language model: ``<s> prompt </s>``, the loss on the prompt;
+* the vocabulary is the arithmetic alphabet plus every character of these rows (so a model built
+  on one task still encodes digits), one id per UTF-8 byte as in :mod:`mixrl.models.tiny_arch`;
+* the context length grows (in steps of 64) when a row does not fit in 64 tokens, with room for
+  ``max_completion_length`` generated tokens.
+
+The caller passes the training rows only (``mixrl model build-tiny`` applies the held-out rule of
+:mod:`mixrl.evaluation.heldout` first, as ``mixrl train`` does), so held-out rows never reach the
+warm start. The result is cached under ``<cache>/tiny-data/<key>/``, ``key`` a hash of the rows,
+the recipe and the architecture; it carries ``mixrl_tiny.json``, so ``mixrl train`` treats it as a
+tiny model (a held-out character it lacks is added by :mod:`mixrl.models.tiny_vocab`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from mixrl.errors import DataError
+from mixrl.models.supervised import train_and_save
+from mixrl.models.tiny_arch import build_model, build_tokenizer
+from mixrl.models.tiny_spec import _META_FILE as META_FILE
+from mixrl.models.tiny_spec import MODEL_SIZE, TINY_VERSION, WARM_START, cache_root, is_complete
+from mixrl.tasks import arith
+
+#: Bump on any change to how rows become examples (part of the cache key).
+DATA_WARM_START_VERSION = "1"
+
+#: The recipe on a user's rows: the default warm start's optimiser, no careless demonstrator.
+DATA_WARM_START: dict[str, Any] = {
+    "steps": 400,
+    "batch_size": 32,
+    "lr": WARM_START["lr"],
+    "warmup_steps": WARM_START["warmup_steps"],
+    "weight_decay": WARM_START["weight_decay"],
+    "seed": 0,
+}
+
+
+def examples_from_rows(rows: list[dict[str, Any]]) -> tuple[list[dict[str, str]], list[str], str]:
+    """``(problems, completions, target)``: one warm-start example per row and what its target is
+    (``expert``, ``answer`` or ``prompt``: the rows as a language model). Plain-text prompts only."""
+    if not rows:
+        raise DataError("no training rows to warm-start on; point data.source at a file with rows")
+    bad = next((i for i, r in enumerate(rows) if not isinstance(r.get("prompt"), str)), None)
+    if bad is not None:
+        raise DataError(f"training row {bad}: the tiny character model takes plain-text prompts, not chat messages; "
+                        "give a text prompt column (data.prompt_column)")
+    if all(r.get("expert") for r in rows):
+        return [{"prompt": r["prompt"]} for r in rows], [str(r["expert"][0]) for r in rows], "expert"
+    if all(r.get("answer") not in (None, "") for r in rows):
+        return [{"prompt": r["prompt"]} for r in rows], [str(r["answer"]) for r in rows], "answer"
+    return [{"prompt": ""} for _ in rows], [r["prompt"] for r in rows], "prompt"
+
+
+def _context(problems: list[dict[str, str]], completions: list[str], max_completion_length: int) -> tuple[int, int]:
+    """``(max_position_embeddings, max_new_tokens)`` that fit every example plus generation."""
+    longest_prompt = max(len(p["prompt"].encode()) for p in problems) + 1  # <s>
+    longest_completion = max(len(c.encode()) for c in completions) + 1  # </s>
+    need = max(longest_prompt + longest_completion, longest_prompt + int(max_completion_length))
+    positions = max(MODEL_SIZE["max_position_embeddings"], -(-need // 64) * 64)
+    return positions, longest_completion
+
+
+def recipe(problems: list[dict[str, str]], completions: list[str], target: str, *, steps: int | None = None,
+           max_completion_length: int = 32, source: str = "") -> dict[str, Any]:
+    """Everything the weights depend on (hashed into the cache key), plus where the rows came from."""
+    ws = dict(DATA_WARM_START)
+    if steps is not None:
+        ws["steps"] = int(steps)
+    chars = sorted({ch for p, c in zip(problems, completions) for ch in p["prompt"] + c} - set(arith.ALPHABET))
+    positions, new_tokens = _context(problems, completions, max_completion_length)
+    digest = hashlib.sha256(json.dumps([[p["prompt"], c] for p, c in zip(problems, completions)]).encode()).hexdigest()
+    return {
+        "tiny_version": TINY_VERSION,
+        "task": "data",
+        "data_warm_start_version": DATA_WARM_START_VERSION,
+        "alphabet": arith.ALPHABET + "".join(chars),
+        "model": {**MODEL_SIZE, "max_position_embeddings": positions},
+        "max_new_tokens": new_tokens,
+        "warm_start": ws,
+        "data": {"source": source, "rows": len(problems), "target": target, "sha256": digest},
+    }
+
+
+def cache_path(rec: dict[str, Any], cache_dir: Path | str | None = None) -> Path:
+    """``<cache_dir or cache_root()/tiny-data>/v<version>-<hash of rec>`` (the source's name is not hashed)."""
+    keyed = {**rec, "data": {k: v for k, v in rec["data"].items() if k != "source"}}
+    digest = hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:12]
+    base = Path(cache_dir).expanduser() if cache_dir is not None else cache_root() / "tiny-data"
+    return base / f"v{TINY_VERSION}-{digest}"
+
+
+def warm_start_on_rows(rows: list[dict[str, Any]], *, source: str = "", steps: int | None = None,
+                       max_completion_length: int = 32, cache_dir: Path | str | None = None, force: bool = False,
+                       progress: bool = True) -> tuple[Path, bool]:
+    """``(path, built)``: the tiny model warm-started on ``rows`` (training rows only), cached by a
+    hash of the rows and the recipe; ``built`` is False when a complete cached copy was reused."""
+    problems, completions, target = examples_from_rows(rows)
+    rec = recipe(problems, completions, target, steps=steps, max_completion_length=max_completion_length, source=source)
+    final = cache_path(rec, cache_dir)
+    if is_complete(final) and not force:
+        return final, False
+
+    def build():
+        tokenizer = build_tokenizer(rec["alphabet"])
+        tokenizer.model_max_length = rec["model"]["max_position_embeddings"]
+        return build_model(tokenizer, max_new_tokens=rec["max_new_tokens"], **rec["model"]), tokenizer
+
+    path = train_and_save(final, rec, build, progress=progress, examples=(problems, completions),
+                          description=f"warm-starting tiny model on {len(problems)} rows ({target})")
+    return path, True

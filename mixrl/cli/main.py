@@ -11,31 +11,17 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 from rich.table import Table
-from omegaconf import OmegaConf
-import torch.distributed as dist
 
 from mixrl.cli.errors import user_errors
+from mixrl.config import hardware
+from mixrl.config.recipe_index import list_recipe_names, recipe_summary, recipes_dir
 from mixrl.config.schema import GROUPS
 from mixrl.errors import ConfigError
-from mixrl.experiments.methods import render_methods
-from mixrl.models import tiny, tiny_bpe
-from mixrl.experiments import reproduce as experiments_reproduce
-from mixrl.experiments.reproduce import default_out_dir
-from mixrl.experiments.suites import load_suite
-from mixrl import launch
-from mixrl.config.checks import check_environment
-from mixrl.config.compose import (
-    compose_config, compose_stages, expand_sweeps, group_options, list_recipe_names, load_recipe, parse_overrides,
-    recipes_dir, to_yaml,
-)
-from mixrl.config import hardware
-from mixrl.config.geometry import geometry
-from mixrl.config.sampler import without_inactive_sampler
-from mixrl.plan import render_plan
-from mixrl.trainer.resume import resume_config
-from mixrl.trainer import run as trainer_run
-from mixrl.trainer.rundir import resume_checkpoint
-from mixrl.sources.docs import render_components_markdown
+from mixrl.progress import progress_bar
+
+# Everything that imports torch, transformers, Hydra or TRL is imported inside the command that
+# needs it (`# deferred:`): `mixrl --help` and `mixrl recipes list` answer in well under two
+# seconds (tests/test_recipes_list.py checks that their path never imports torch).
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -99,8 +85,15 @@ def train(
         help="With resume=RUN_DIR: run the code the run's config.yaml names (plugins, a reward file or module, "
              "model.trust_remote_code); without it such a run is refused.",
     ),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars (they show only on a terminal anyway)."),
 ):
     """Train. With no overrides: GRPO on the built-in arithmetic task with the tiny model (CPU, minutes)."""
+    from mixrl.config.checks import check_environment  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+    from mixrl.config.compose import compose_config, compose_stages, expand_sweeps, parse_overrides  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+    from mixrl.trainer import run as trainer_run  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+    from mixrl.trainer.resume import resume_config  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+    from mixrl.trainer.rundir import resume_checkpoint  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+
     overrides = list(overrides or [])
     jobs = expand_sweeps(overrides) if multirun else [overrides]
     resume = [ov.value() for ov in parse_overrides(list(overrides)) if ov.key_or_group == "resume"]
@@ -111,6 +104,9 @@ def train(
         resume_checkpoint(cfgs[0])  # something to continue from: checked before anything is written
     else:
         cfgs = [compose_config(job) for job in jobs]  # validate every job before loading any model
+    if quiet:
+        for cfg in cfgs:
+            cfg.logger.progress = False
     for cfg in cfgs:
         check_environment(cfg)  # what this machine lacks for it (the config itself is validated above)
     if any(hardware.needs_launch(cfg) for cfg in cfgs):  # hardware asks for processes: start them through the launcher
@@ -152,6 +148,8 @@ def _close_process_group() -> None:
     """Under a launcher: every process waits until rank 0 has written the run, then the process
     group closes. (A gloo process left to the interpreter's exit while its peer still works
     may abort: seen with FSDP on CPU, 'terminate called without an active exception'.)"""
+    import torch.distributed as dist  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
@@ -159,6 +157,8 @@ def _close_process_group() -> None:
 
 def _launch_jobs(cfgs, jobs, overrides, multirun: bool) -> int:
     """Each job through :func:`mixrl.launch.launch` (one after another); the first failure stops."""
+    from mixrl import launch  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+
     for i, (cfg, job) in enumerate(zip(cfgs, jobs)):
         if multirun:
             tag = "_".join(o.replace("/", "-").replace("=", "-") for o in job if o not in overrides) or "job"
@@ -185,6 +185,9 @@ def plan(
     `mixrl plan recipe=chord/qwen2.5-7b-openr1` (a bare recipe name works too). The estimate
     (weights, gradients, optimizer state per ZeRO stage / FSDP, activations per micro-batch,
     vLLM share) is explained in mixrl/plan.py."""
+    from mixrl.config.compose import compose_config  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+    from mixrl.plan import render_plan  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+
     overrides = [f"recipe={o}" if "=" not in o and o in list_recipe_names() else o for o in (overrides or [])]
     sys.stdout.write(render_plan(compose_config(overrides), overrides, prompt_tokens=prompt_tokens))
 
@@ -194,6 +197,9 @@ def plan(
 @user_errors
 def config_show(overrides: Optional[List[str]] = OVERRIDES):
     """Print the fully resolved config as YAML."""
+    from mixrl.config.compose import compose_config, to_yaml  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+    from mixrl.config.sampler import without_inactive_sampler  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+
     # sampler=none is left out: configs without a sampler print as they did before the group existed
     sys.stdout.write(to_yaml(without_inactive_sampler(compose_config(list(overrides or [])))))
 
@@ -202,6 +208,8 @@ def config_show(overrides: Optional[List[str]] = OVERRIDES):
 @user_errors
 def config_groups():
     """List the config groups and their options."""
+    from mixrl.config.compose import group_options  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+
     table = Table(title="config groups")
     table.add_column("group")
     table.add_column("options")
@@ -212,19 +220,10 @@ def config_groups():
 
 # --------------------------------------------------------------------------- recipes
 def _recipe_row(name: str) -> dict:
-    cfg = compose_config([f"recipe={name}"])
-    info = cfg.recipe_info
-    return {
-        "name": name,
-        "paper": info.paper or "-",
-        "algo": cfg.algo.name,
-        "model": cfg.model.path,
-        "data": cfg.data.source,
-        "hardware": info.hardware or cfg.hardware.name,
-        "description": info.description or "",
-        "cfg": cfg,
-        "yaml": OmegaConf.to_yaml(OmegaConf.load(_recipe_path(name))),
-    }
+    """A recipe's table row (its files only) plus its composed config and overlay text."""
+    from mixrl.config.compose import compose_config  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+
+    return {**recipe_summary(name), "cfg": compose_config([f"recipe={name}"])}
 
 
 def _recipe_path(name: str) -> Path:
@@ -240,7 +239,7 @@ def recipes_list():
     for col in ("paper", "algo", "model", "data", "hardware"):
         table.add_column(col)
     for name in list_recipe_names():
-        r = _recipe_row(name)
+        r = recipe_summary(name)  # the YAML files only: no composition, no torch
         table.add_row(r["name"], r["paper"], r["algo"], r["model"], r["data"], r["hardware"])
     out.print(table)
 
@@ -249,6 +248,9 @@ def recipes_list():
 @user_errors
 def recipes_show(name: str = typer.Argument(..., help="Recipe name, e.g. grpo/arith-tiny")):
     """Print one recipe: its overlay file and what it resolves to."""
+    from mixrl.config.compose import load_recipe  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+    from mixrl.config.geometry import geometry  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+
     load_recipe(name)  # clear error for an unknown name
     r = _recipe_row(name)
     out.print(f"[bold]{name}[/] — {r['paper']}: {r['description']}")
@@ -262,13 +264,16 @@ def recipes_show(name: str = typer.Argument(..., help="Recipe name, e.g. grpo/ar
 @model_app.command("build-tiny")
 @user_errors
 def model_build_tiny(force: bool = typer.Option(False, "--force", help="Rebuild even if cached."),
-                     bpe: bool = typer.Option(False, "--bpe", help="Build the BPE chat model (model=tiny-bpe) instead.")):
+                     bpe: bool = typer.Option(False, "--bpe", help="Build the BPE chat model (model=tiny-bpe) instead."),
+                     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars (they show only on a terminal anyway).")):
     """Build (or reuse) the warm-started tiny model (or, with --bpe, the BPE chat model) and print its cache directory."""
+    from mixrl.models import tiny, tiny_bpe  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+
     if bpe:
-        path = tiny_bpe.warm_start(force=force, progress=True)
+        path = tiny_bpe.warm_start(force=force, progress=not quiet)
         out.print(f"tiny BPE model: [bold]{path}[/]")
         return
-    path = tiny.warm_start(force=force, progress=True)
+    path = tiny.warm_start(force=force, progress=not quiet)
     out.print(f"tiny model: [bold]{path}[/]")
 
 
@@ -289,16 +294,21 @@ def reproduce(
     jobs: Optional[int] = typer.Option(None, "--jobs", help="Training processes at a time (one torch thread each when > 1); default: the suite's."),
     plots: bool = typer.Option(True, "--plots/--no-plots", help="Write PNG plots (needs matplotlib)."),
     only: Optional[str] = typer.Option(None, "--only", help="Comma-separated method labels to run (a smoke run), e.g. grpo,luffy-authors."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars (they show only on a terminal anyway)."),
 ):
     """Run a suite: its recipes x seeds at the suite's budget, then compare them (table, plots,
     claims judged over seeds) and write a README with the command, commit and machine."""
+    from mixrl.experiments import reproduce as experiments_reproduce  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+    from mixrl.experiments.suites import load_suite  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+
     s = load_suite(suite)
     if seeds is not None and seeds < 1:
         raise ConfigError("--seeds must be >= 1 (use --seeds N with N >= 1)")
-    out_dir = out_dir or default_out_dir(s.name)
+    out_dir = out_dir or experiments_reproduce.default_out_dir(s.name)
     err.print(f"writing to [bold]{out_dir}[/]")
     result = experiments_reproduce.reproduce_suite(s, out_dir, seeds=seeds, jobs=jobs, extra=list(overrides or []), log=err.print, plots=plots,
-                             only=[x.strip() for x in only.split(",") if x.strip()] if only else ())
+                             only=[x.strip() for x in only.split(",") if x.strip()] if only else (),
+                             progress=progress_bar(err, quiet=quiet))
     out.print(Path(result["compare"]).read_text())
     out.print(f"written: [bold]{out_dir}[/] (README.md, compare.md, plots, runs/)")
 
@@ -309,6 +319,8 @@ def docs_components(
     out_path: Path = typer.Option(Path("docs/components.md"), "--out", help="Where to write the page ('-' for stdout)."),
 ):
     """Regenerate the reference page of every registered component from the code."""
+    from mixrl.sources.docs import render_components_markdown  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+
     _write_page(render_components_markdown(), out_path)
 
 
@@ -329,6 +341,8 @@ def docs_methods(
     results: Path = typer.Option(Path("docs/results"), "--results", help="Folder of suite results (<suite>/compare.json)."),
 ):
     """Regenerate docs/methods.md: every shipped method, its recipes, paper, claims and latest verdicts."""
+    from mixrl.experiments.methods import render_methods  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+
     _write_page(render_methods(results), out_path)
 
 

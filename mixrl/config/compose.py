@@ -24,6 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from mixrl.config import validate as validation
 from mixrl.config.components import component_kind, component_param_names
+from mixrl.config.recipe_index import conf_dir, list_recipe_names, recipes_dir
 from mixrl.config.schema import GROUPS, RunConfig
 from mixrl.config.validate import flat_keys
 from mixrl.errors import ConfigError, did_you_mean
@@ -58,23 +59,7 @@ def expand_aliases(overrides: list[str]) -> list[str]:
 
 
 # --------------------------------------------------------------------------- locations
-def _package_root() -> Path:
-    return Path(__file__).resolve().parent.parent
-
-
-def conf_dir() -> Path:
-    """The config groups: ``mixrl/_conf`` in an installed wheel, else the repo's ``conf/``."""
-    for cand in (_package_root() / "_conf", _package_root().parent / "conf"):
-        if (cand / "config.yaml").is_file():
-            return cand
-    raise ConfigError("mixrl's config groups were not found; reinstall mixrl (pip install -e .)")
-
-
-def recipes_dir() -> Path:
-    for cand in (_package_root() / "_recipes", _package_root().parent / "recipes"):
-        if cand.is_dir():
-            return cand
-    raise ConfigError("mixrl's recipes were not found; reinstall mixrl (pip install -e .)")
+# conf_dir, recipes_dir and list_recipe_names live in mixrl.config.recipe_index (no torch on that path)
 
 
 def group_options(group: str) -> list[str]:
@@ -82,11 +67,6 @@ def group_options(group: str) -> list[str]:
     if group == RECIPE_GROUP:
         return list_recipe_names()
     base = conf_dir() / group
-    return sorted(p.relative_to(base).with_suffix("").as_posix() for p in base.rglob("*.yaml"))
-
-
-def list_recipe_names() -> list[str]:
-    base = recipes_dir()
     return sorted(p.relative_to(base).with_suffix("").as_posix() for p in base.rglob("*.yaml"))
 
 

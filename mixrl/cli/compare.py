@@ -72,6 +72,7 @@ def eval_model(
         help="Run the code the run's config.yaml names (plugins, a reward file or module, model.trust_remote_code); "
              "without it such a run is refused.",
     ),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars (they show only on a terminal anyway)."),
 ):
     """Evaluate a saved model on its run's held-out split (greedy accuracy, per level, pass@k).
 

@@ -134,7 +134,7 @@ def seq_mean_token_sum_norm(
     width T of this call is used, which varies between micro-batches, so pass it
     explicitly for gradient-accumulation invariance. LUFFY divides by the max length too.
 
-    Formula: ``L = (1 / N) sum_b sum_t l_t / {max_len}``, N = the population's rows in the step (None: the padded width T of each micro-batch)
+    Formula: ``L = (1 / N) sum_b sum_t l_t / {max_len|T}``, N = the population's rows in the step, T (max_len unset) the padded width of each micro-batch
 
     Paper: Dr.GRPO, "Understanding R1-Zero-Like Training: A Critical Perspective" (Liu et
     al. 2025, arXiv 2503.20783).

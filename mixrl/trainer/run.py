@@ -199,6 +199,13 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
         from mixrl.evaluation.periodic import PeriodicEvalCallback  # deferred: evaluation.periodic imports transformers; `mixrl plan` imports this module and must not load it
         callbacks.append(PeriodicEvalCallback.from_config(cfg, run_dir, tokenizer, eval_rows, reward_funcs[0], trainer=lambda: trainer))
     trainer = build.trainer_from_config(cfg, inputs=inputs, callbacks=callbacks, run_dir=run_dir)
+    if cfg.logger.report_to:
+        from mixrl.trainer.publish import route_to_trackers, tensorboard_dir  # deferred: trainer.publish imports transformers; `mixrl plan` imports this module and must not load it
+
+        route_to_trackers(trainer)  # held-out eval/* stays eval/* in the trackers (not train/eval/*)
+        events = tensorboard_dir(trainer, run_dir)
+        if events is not None and trainer.accelerator.is_main_process:
+            console.print(f"TensorBoard events: {events} (tensorboard --logdir {events})", highlight=False, soft_wrap=True)
     setup_s = time.perf_counter() - t0
 
     if before is None:

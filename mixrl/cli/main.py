@@ -14,7 +14,7 @@ from rich.table import Table
 
 from mixrl.cli.errors import user_errors
 from mixrl.config import hardware
-from mixrl.config.recipe_index import list_recipe_names, recipe_summary, recipes_dir
+from mixrl.config.recipe_index import group_options, list_recipe_names, recipe_summary, recipes_dir
 from mixrl.config.schema import GROUPS
 from mixrl.errors import ConfigError
 from mixrl.progress import progress_bar
@@ -208,8 +208,6 @@ def config_show(overrides: Optional[List[str]] = OVERRIDES):
 @user_errors
 def config_groups():
     """List the config groups and their options."""
-    from mixrl.config.compose import group_options  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
-
     table = Table(title="config groups")
     table.add_column("group")
     table.add_column("options")

@@ -18,6 +18,9 @@ from omegaconf import OmegaConf
 from mixrl.errors import ConfigError
 
 
+RECIPE_GROUP = "recipe"
+
+
 def _package_root() -> Path:
     return Path(__file__).resolve().parent.parent
 
@@ -39,6 +42,14 @@ def recipes_dir() -> Path:
 
 def list_recipe_names() -> list[str]:
     base = recipes_dir()
+    return sorted(p.relative_to(base).with_suffix("").as_posix() for p in base.rglob("*.yaml"))
+
+
+def group_options(group: str) -> list[str]:
+    """Options of a config group (file names without .yaml), sorted."""
+    if group == RECIPE_GROUP:
+        return list_recipe_names()
+    base = conf_dir() / group
     return sorted(p.relative_to(base).with_suffix("").as_posix() for p in base.rglob("*.yaml"))
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib
 import itertools
 from functools import lru_cache
-from pathlib import Path
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir

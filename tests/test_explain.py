@@ -69,7 +69,7 @@ def test_chord_text():
     assert "dual clip c = 3" in text
     assert "mu = 0.1 (constant over the run: cosine(warmup=0, peak=0.1, decay=0, valley=0.1))" in text
     assert "off-policy rows counted in the statistics: no (algo.advantage_include_offpolicy=false)" in text
-    assert "append_rows: batch = {rollouts} + {E expert rows}" in text and "[ratio=0.2, rows=None]" in text
+    assert "append_rows: batch = {rollouts} + {E expert rows}" in text and "[ratio=0.2, rows=unset]" in text
     assert "128 rows in groups + 32 appended rows" in text  # ratio 0.2 of all rows (rules.geometry)
     assert "expert [behaviour unknown]" in text
 

@@ -3,7 +3,6 @@ model card and load in plain transformers; LoRA runs save a merged model on requ
 
 from __future__ import annotations
 
-import glob
 import importlib.util
 
 import pytest
@@ -14,13 +13,13 @@ from mixrl.trainer.publish import heldout_logs, log_heldout
 TB = importlib.util.find_spec("tensorboard") is not None
 
 
-def _train(overrides):
+def _train(overrides, console=None):
     from rich.console import Console
 
     from mixrl.config.compose import compose_config
     from mixrl.trainer.run import train
 
-    return train(compose_config(overrides), Console(quiet=True))
+    return train(compose_config(overrides), console or Console(quiet=True))
 
 
 def test_heldout_logs_are_the_numbers_of_a_result():
@@ -53,20 +52,25 @@ def test_log_heldout_reaches_every_tracker_callback():
 def test_tensorboard_gets_heldout_passk_mu_and_per_source_metrics(fast_overrides, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    import io
+
+    from rich.console import Console
+
+    console = Console(file=io.StringIO(), width=400)
     result = _train([*fast_overrides, "recipe=chord/arith-tiny", "logger=tensorboard", "trainer.eval_every=1",
-                     "trainer.eval_samples=2", "trainer.eval_pass_at=[1,2]", "logger.progress=false"])
-    logdir = glob.glob(str(result.run_dir / "trainer" / "runs" / "*"))
-    assert len(logdir) == 1
-    ea = EventAccumulator(logdir[0])
+                     "trainer.eval_samples=2", "trainer.eval_pass_at=[1,2]", "logger.progress=false"], console)
+    assert f"TensorBoard events: {result.run_dir / 'tensorboard'}" in console.file.getvalue()  # printed at the start
+    ea = EventAccumulator(str(result.run_dir / "tensorboard"))
     ea.Reload()
     tags = set(ea.Tags()["scalars"])
     steps = lambda tag: [e.step for e in ea.Scalars(tag)]  # noqa: E731
     # held-out accuracy: before (step 0), every step (eval_every=1), after (last step)
-    assert steps("train/eval/accuracy") == [0, 1, 2, 2]
-    assert steps("train/eval/pass@2") == [0, 1, 2, 2]
-    values = [e.value for e in ea.Scalars("train/eval/accuracy")]
+    assert steps("eval/accuracy") == [0, 1, 2, 2]
+    assert steps("eval/pass@2") == [0, 1, 2, 2]
+    values = [e.value for e in ea.Scalars("eval/accuracy")]
     assert values[0] == pytest.approx(result.summary["eval_before"]["accuracy"])
     assert values[-1] == pytest.approx(result.summary["eval_after"]["accuracy"])
+    assert not any(t.startswith("train/eval") for t in tags)  # one name for the held-out series (issue 27)
     # mixrl's step metrics: mu, per-source rows, each loss term
     assert {"train/mu", "train/expert/rows", "train/expert/token_prob", "train/loss/sft", "train/reward_on_policy"} <= tags
 

@@ -16,13 +16,13 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from mixrl.cli.errors import user_errors
 from mixrl.experiments.compare import compare as run_compare
 from mixrl.experiments.report import table_cells, table_header
 from mixrl.evaluation.saved import resolve_model_dir
+from mixrl.progress import progress_bar
 
 
 def _consoles() -> tuple[Console, Console]:
@@ -72,6 +72,7 @@ def eval_model(
         help="Run the code the run's config.yaml names (plugins, a reward file or module, model.trust_remote_code); "
              "without it such a run is refused.",
     ),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars (they show only on a terminal anyway)."),
 ):
     """Evaluate a saved model on its run's held-out split (greedy accuracy, per level, pass@k).
 
@@ -85,9 +86,8 @@ def eval_model(
     resolve_model_dir(model_dir)
     err.print(f"config: {saved} (the run's own{', with the overrides' if overrides else ''})" if saved
               else "config: the defaults and the overrides (no config.yaml next to the model)", highlight=False, soft_wrap=True)
-    with Progress(TextColumn("[bold]held-out eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err, disable=not cfg.logger.progress, transient=True) as prog:
-        task = prog.add_task("eval", total=None)
+    with progress_bar(err, quiet=quiet or not cfg.logger.progress, transient=True) as prog:
+        task = prog.add_task("held-out eval", total=None)
         result = evaluate_saved_model(
             model_dir, cfg, progress=lambda n: prog.advance(task, n), on_rows=lambda n: prog.update(task, total=n)
         )

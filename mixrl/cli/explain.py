@@ -18,8 +18,6 @@ from rich.table import Table
 from rich.text import Text
 
 from mixrl.errors import MixrlUserError
-from mixrl.config.compose import compose_config, compose_stages
-from mixrl.explain import explain_text, plot_schedules, require_matplotlib, schedule_rows
 
 
 def explain(
@@ -40,6 +38,9 @@ def explain(
 
 
 def _explain(overrides: list[str], plot: Optional[Path], steps: int, out: Console) -> None:
+    from mixrl.config.compose import compose_config, compose_stages  # deferred: imports torch; `mixrl --help` must not load it
+    from mixrl.explain import explain_text, plot_schedules, require_matplotlib, schedule_rows  # deferred: imports torch; `mixrl --help` must not load it
+
     if plot is not None:
         require_matplotlib()
     cfg = compose_config(overrides)

@@ -12,31 +12,17 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 from rich.table import Table
-from omegaconf import OmegaConf
-import torch.distributed as dist
 
 from mixrl.cli.errors import user_errors
+from mixrl.config import hardware
+from mixrl.config.recipe_index import group_options, list_recipe_names, recipe_summary, recipes_dir
 from mixrl.config.schema import GROUPS
 from mixrl.errors import ConfigError
-from mixrl.experiments.methods import render_methods
-from mixrl.models import tiny, tiny_bpe
-from mixrl.experiments import reproduce as experiments_reproduce
-from mixrl.experiments.reproduce import default_out_dir
-from mixrl.experiments.suites import load_suite
-from mixrl import launch
-from mixrl.config.checks import check_environment
-from mixrl.config.compose import (
-    compose_config, compose_stages, expand_sweeps, group_options, list_recipe_names, load_recipe, parse_overrides,
-    recipes_dir, to_yaml,
-)
-from mixrl.config import hardware
-from mixrl.config.geometry import geometry
-from mixrl.config.sampler import without_inactive_sampler
-from mixrl.plan import render_plan
-from mixrl.trainer.resume import resume_config
-from mixrl.trainer import run as trainer_run
-from mixrl.trainer.rundir import resume_checkpoint
-from mixrl.sources.docs import render_components_markdown
+from mixrl.progress import progress_bar
+
+# Everything that imports torch, transformers, Hydra or TRL is imported inside the command that
+# needs it (`# deferred:`): `mixrl --help` and `mixrl recipes list` answer in well under two
+# seconds (tests/test_recipes_list.py checks that their path never imports torch).
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -100,8 +86,15 @@ def train(
         help="With resume=RUN_DIR: run the code the run's config.yaml names (plugins, a reward file or module, "
              "model.trust_remote_code); without it such a run is refused.",
     ),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars (they show only on a terminal anyway)."),
 ):
     """Train. With no overrides: GRPO on the built-in arithmetic task with the tiny model (CPU, minutes)."""
+    from mixrl.config.checks import check_environment  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+    from mixrl.config.compose import compose_config, compose_stages, expand_sweeps, parse_overrides  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+    from mixrl.trainer import run as trainer_run  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+    from mixrl.trainer.resume import resume_config  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+    from mixrl.trainer.rundir import resume_checkpoint  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+
     overrides = list(overrides or [])
     jobs = expand_sweeps(overrides) if multirun else [overrides]
     resume = [ov.value() for ov in parse_overrides(list(overrides)) if ov.key_or_group == "resume"]
@@ -112,6 +105,9 @@ def train(
         resume_checkpoint(cfgs[0])  # something to continue from: checked before anything is written
     else:
         cfgs = [compose_config(job) for job in jobs]  # validate every job before loading any model
+    if quiet:
+        for cfg in cfgs:
+            cfg.logger.progress = False
     for cfg in cfgs:
         check_environment(cfg)  # what this machine lacks for it (the config itself is validated above)
     if any(hardware.needs_launch(cfg) for cfg in cfgs):  # hardware asks for processes: start them through the launcher
@@ -153,6 +149,8 @@ def _close_process_group() -> None:
     """Under a launcher: every process waits until rank 0 has written the run, then the process
     group closes. (A gloo process left to the interpreter's exit while its peer still works
     may abort: seen with FSDP on CPU, 'terminate called without an active exception'.)"""
+    import torch.distributed as dist  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
@@ -160,6 +158,8 @@ def _close_process_group() -> None:
 
 def _launch_jobs(cfgs, jobs, overrides, multirun: bool) -> int:
     """Each job through :func:`mixrl.launch.launch` (one after another); the first failure stops."""
+    from mixrl import launch  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+
     for i, (cfg, job) in enumerate(zip(cfgs, jobs)):
         if multirun:
             tag = "_".join(o.replace("/", "-").replace("=", "-") for o in job if o not in overrides) or "job"
@@ -186,6 +186,9 @@ def plan(
     `mixrl plan recipe=chord/qwen2.5-7b-openr1` (a bare recipe name works too). The estimate
     (weights, gradients, optimizer state per ZeRO stage / FSDP, activations per micro-batch,
     vLLM share) is explained in mixrl/plan.py."""
+    from mixrl.config.compose import compose_config  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+    from mixrl.plan import render_plan  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+
     overrides = [f"recipe={o}" if "=" not in o and o in list_recipe_names() else o for o in (overrides or [])]
     sys.stdout.write(render_plan(compose_config(overrides), overrides, prompt_tokens=prompt_tokens))
 
@@ -195,6 +198,9 @@ def plan(
 @user_errors
 def config_show(overrides: Optional[List[str]] = OVERRIDES):
     """Print the fully resolved config as YAML."""
+    from mixrl.config.compose import compose_config, to_yaml  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+    from mixrl.config.sampler import without_inactive_sampler  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+
     # sampler=none is left out: configs without a sampler print as they did before the group existed
     sys.stdout.write(to_yaml(without_inactive_sampler(compose_config(list(overrides or [])))))
 
@@ -213,19 +219,10 @@ def config_groups():
 
 # --------------------------------------------------------------------------- recipes
 def _recipe_row(name: str) -> dict:
-    cfg = compose_config([f"recipe={name}"])
-    info = cfg.recipe_info
-    return {
-        "name": name,
-        "paper": info.paper or "-",
-        "algo": cfg.algo.name,
-        "model": cfg.model.path,
-        "data": cfg.data.source,
-        "hardware": info.hardware or cfg.hardware.name,
-        "description": info.description or "",
-        "cfg": cfg,
-        "yaml": OmegaConf.to_yaml(OmegaConf.load(_recipe_path(name))),
-    }
+    """A recipe's table row (its files only) plus its composed config and overlay text."""
+    from mixrl.config.compose import compose_config  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+
+    return {**recipe_summary(name), "cfg": compose_config([f"recipe={name}"])}
 
 
 def _recipe_path(name: str) -> Path:
@@ -241,7 +238,7 @@ def recipes_list():
     for col in ("paper", "algo", "model", "data", "hardware"):
         table.add_column(col)
     for name in list_recipe_names():
-        r = _recipe_row(name)
+        r = recipe_summary(name)  # the YAML files only: no composition, no torch
         table.add_row(r["name"], r["paper"], r["algo"], r["model"], r["data"], r["hardware"])
     out.print(table)
 
@@ -250,6 +247,9 @@ def recipes_list():
 @user_errors
 def recipes_show(name: str = typer.Argument(..., help="Recipe name, e.g. grpo/arith-tiny")):
     """Print one recipe: its overlay file and what it resolves to."""
+    from mixrl.config.compose import load_recipe  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+    from mixrl.config.geometry import geometry  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+
     load_recipe(name)  # clear error for an unknown name
     r = _recipe_row(name)
     out.print(f"[bold]{name}[/] — {r['paper']}: {r['description']}")
@@ -271,10 +271,14 @@ def model_build_tiny(overrides: Optional[List[str]] = typer.Argument(
                      quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar.")):
     """Build (or reuse) the warm-started tiny model and print its cache directory. With data.source=...:
     warm-start it on your own training rows (held-out rows excluded, by the rule `mixrl train` uses)."""
+    from mixrl.models import tiny, tiny_bpe  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+
     overrides = list(overrides or [])
     if overrides:
         if bpe:
             raise ConfigError("--bpe builds the BPE chat model on arithmetic; it takes no overrides")
+        from mixrl.config.compose import compose_config  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+
         cfg = compose_config(overrides)  # validated: a bad key or value exits 2 before anything is read
         if not str(cfg.data.source).startswith("builtin:"):
             progress = not quiet and sys.stderr.isatty()  # no bar in a log file or a pipe
@@ -292,6 +296,7 @@ def model_build_tiny(overrides: Optional[List[str]] = typer.Argument(
 def _build_tiny_on_data(cfg, overrides: list[str], *, force: bool, steps: Optional[int], progress: bool) -> None:
     """Warm-start the tiny model on ``cfg``'s training rows; print the folder and the override to train it."""
     from mixrl.models import tiny_data  # deferred: tiny_data imports the tiny model's builders (transformers); `mixrl --help` never loads it
+    from mixrl.trainer import run as trainer_run  # deferred: imports torch; `mixrl --help` never loads it
     from mixrl.trainer.build import describe_heldout, heldout_rows  # deferred: trainer.build imports TRL; `mixrl --help` never loads it
 
     trainer_run.quiet_libraries()
@@ -328,16 +333,21 @@ def reproduce(
     jobs: Optional[int] = typer.Option(None, "--jobs", help="Training processes at a time (one torch thread each when > 1); default: the suite's."),
     plots: bool = typer.Option(True, "--plots/--no-plots", help="Write PNG plots (needs matplotlib)."),
     only: Optional[str] = typer.Option(None, "--only", help="Comma-separated method labels to run (a smoke run), e.g. grpo,luffy-authors."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars (they show only on a terminal anyway)."),
 ):
     """Run a suite: its recipes x seeds at the suite's budget, then compare them (table, plots,
     claims judged over seeds) and write a README with the command, commit and machine."""
+    from mixrl.experiments import reproduce as experiments_reproduce  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+    from mixrl.experiments.suites import load_suite  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+
     s = load_suite(suite)
     if seeds is not None and seeds < 1:
         raise ConfigError("--seeds must be >= 1 (use --seeds N with N >= 1)")
-    out_dir = out_dir or default_out_dir(s.name)
+    out_dir = out_dir or experiments_reproduce.default_out_dir(s.name)
     err.print(f"writing to [bold]{out_dir}[/]")
     result = experiments_reproduce.reproduce_suite(s, out_dir, seeds=seeds, jobs=jobs, extra=list(overrides or []), log=err.print, plots=plots,
-                             only=[x.strip() for x in only.split(",") if x.strip()] if only else ())
+                             only=[x.strip() for x in only.split(",") if x.strip()] if only else (),
+                             progress=progress_bar(err, quiet=quiet))
     out.print(Path(result["compare"]).read_text())
     out.print(f"written: [bold]{out_dir}[/] (README.md, compare.md, plots, runs/)")
 
@@ -348,6 +358,8 @@ def docs_components(
     out_path: Path = typer.Option(Path("docs/components.md"), "--out", help="Where to write the page ('-' for stdout)."),
 ):
     """Regenerate the reference page of every registered component from the code."""
+    from mixrl.sources.docs import render_components_markdown  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+
     _write_page(render_components_markdown(), out_path)
 
 
@@ -368,6 +380,8 @@ def docs_methods(
     results: Path = typer.Option(Path("docs/results"), "--results", help="Folder of suite results (<suite>/compare.json)."),
 ):
     """Regenerate docs/methods.md: every shipped method, its recipes, paper, claims and latest verdicts."""
+    from mixrl.experiments.methods import render_methods  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+
     _write_page(render_methods(results), out_path)
 
 

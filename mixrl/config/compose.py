@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib
 import itertools
 from functools import lru_cache
-from pathlib import Path
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
@@ -24,12 +23,12 @@ from omegaconf.errors import OmegaConfBaseException
 
 from mixrl.config import validate as validation
 from mixrl.config.components import component_kind, component_param_names
+from mixrl.config.recipe_index import RECIPE_GROUP, conf_dir, group_options, list_recipe_names, recipes_dir
 from mixrl.config.schema import GROUPS, RunConfig
 from mixrl.config.validate import flat_keys
 from mixrl.errors import ConfigError, did_you_mean
 from mixrl.rewards import REWARDS, reward_params
 
-RECIPE_GROUP = "recipe"
 DROP = "\0drop:"  # marks a leftover component key to remove after composition (its value is null)
 
 #: short keys for the knobs users turn most: `algo.gamma=0.2`, `algo.mu.peak=0.3`
@@ -58,36 +57,7 @@ def expand_aliases(overrides: list[str]) -> list[str]:
 
 
 # --------------------------------------------------------------------------- locations
-def _package_root() -> Path:
-    return Path(__file__).resolve().parent.parent
-
-
-def conf_dir() -> Path:
-    """The config groups: ``mixrl/_conf`` in an installed wheel, else the repo's ``conf/``."""
-    for cand in (_package_root() / "_conf", _package_root().parent / "conf"):
-        if (cand / "config.yaml").is_file():
-            return cand
-    raise ConfigError("mixrl's config groups were not found; reinstall mixrl (pip install -e .)")
-
-
-def recipes_dir() -> Path:
-    for cand in (_package_root() / "_recipes", _package_root().parent / "recipes"):
-        if cand.is_dir():
-            return cand
-    raise ConfigError("mixrl's recipes were not found; reinstall mixrl (pip install -e .)")
-
-
-def group_options(group: str) -> list[str]:
-    """Options of a config group (file names without .yaml), sorted."""
-    if group == RECIPE_GROUP:
-        return list_recipe_names()
-    base = conf_dir() / group
-    return sorted(p.relative_to(base).with_suffix("").as_posix() for p in base.rglob("*.yaml"))
-
-
-def list_recipe_names() -> list[str]:
-    base = recipes_dir()
-    return sorted(p.relative_to(base).with_suffix("").as_posix() for p in base.rglob("*.yaml"))
+# conf_dir, recipes_dir, group_options and list_recipe_names live in mixrl.config.recipe_index (no torch on that path)
 
 
 def load_recipe(name: str) -> DictConfig:

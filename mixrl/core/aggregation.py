@@ -138,7 +138,7 @@ def seq_mean_token_sum_norm(
     length). verl divides the batch's token sum by that length only, not also by the number
     of rows as here and in the Dr.GRPO paper: a constant factor (the rows per micro-batch).
 
-    Formula: ``L = (1 / N) sum_b sum_t l_t / {max_len}``, N = the population's rows in the step (None: the padded width T of each micro-batch)
+    Formula: ``L = (1 / N) sum_b sum_t l_t / {max_len|T}``, N = the population's rows in the step, T (max_len unset) the padded width of each micro-batch
 
     Paper: Dr.GRPO, "Understanding R1-Zero-Like Training: A Critical Perspective" (Liu et
     al. 2025, arXiv 2503.20783).

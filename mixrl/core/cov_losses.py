@@ -75,7 +75,7 @@ def clip_cov(
 ) -> PolicyLossOutput:
     """Clip-Cov: detach the gradient of a few random tokens of high covariance.
 
-    Formula: ``l_t = -A r_t`` for t not in I, ``l_t = 0`` (no gradient) for t in I: I = ``max(1, floor({clip_ratio} N))`` tokens drawn at random among those with ``Cov_t`` in [{cov_lower}, {cov_upper}], ``Cov_t = (log p_t - mean log p)(A_t - mean A)`` over the N valid tokens; PPO clip (clip_low {clip_low}, clip_high {clip_high}; None: off)
+    Formula: ``l_t = -A r_t`` for t not in I, ``l_t = 0`` (no gradient) for t in I: I = ``max(1, floor({clip_ratio} N))`` tokens drawn at random among those with ``Cov_t`` in [{cov_lower}, {cov_upper}], ``Cov_t = (log p_t - mean log p)(A_t - mean A)`` over the N valid tokens; PPO clip: clip_low {clip_low|off}, clip_high {clip_high|off}
 
     Paper form (default, ``clip_low = clip_high = None``): the unclipped surrogate ``-A r``
     with the selected tokens' gradient removed. verl's form (``policy_loss.loss_mode=clip_cov``,

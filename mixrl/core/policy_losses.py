@@ -85,7 +85,7 @@ def ppo_clip(
     """PPO clipped surrogate (PPO / GRPO; the RL term of CHORD, LUFFY; DAPO clip-higher).
 
     Formula: ``l_t = max(-A r_t, -A clip(r_t, 1 - {clip_low}, 1 + {clip_high}))``; dual clip
-    c = {dual_clip_c} (None: off): ``l_t = min(l_t, -c A)`` where A < 0
+    c = {dual_clip_c|inf (off)}: ``l_t = min(l_t, -c A)`` where A < 0
 
     The dual clip (CHORD's code, c = 3) bounds the loss of negative-advantage tokens when r
     is very large. Clipped tokens: those where the constant branch is active (zero gradient).
@@ -130,7 +130,7 @@ def reinforce(
 ) -> PolicyLossOutput:
     """REINFORCE / vanilla policy gradient, optionally with truncated importance sampling.
 
-    Formula: ``l_t = -w_t A log p_t``, ``w_t = sg(min(r_t, {tis_cap}))`` (None: ``w_t = 1``)
+    Formula: ``l_t = -w_t A log p_t``, ``w_t = sg(min(r_t, C))`` with C = {tis_cap|unset, and then w_t = 1}
 
     Without a cap (None) this is plain REINFORCE, unbiased only for on-policy rows.
     Gradient: ``-w A grad log p``; on-policy (old_logp == logp) r = 1, so with any

@@ -228,6 +228,9 @@ class Registry:
     def formula(self, name: str, params: dict[str, Any] | None = None) -> str:
         """The declared formula with ``{param}`` placeholders filled in from ``params``
         (missing ones from the defaults); braces that name no parameter stay as they are.
+        ``{param|TEXT}`` reads TEXT when the parameter is unset (None), its value otherwise;
+        a plain placeholder or a listed parameter that is unset reads ``unset``: the rendered
+        formula never says ``None``.
         Parameters that no placeholder shows are listed after it: ``... [k=v, ...]``.
         Without a ``Formula:`` line, the summary stands in for the formula."""
         decl = self.declaration(name)
@@ -236,14 +239,16 @@ class Registry:
         used: set[str] = set()
 
         def fill(m: re.Match) -> str:
-            key = m.group(1)
+            key, unset = m.group(1), m.group(2)
             if key not in values:
                 return m.group(0)
             used.add(key)
+            if values[key] is None:
+                return unset if unset is not None else UNSET
             return format_value(values[key])
 
         text = _PLACEHOLDER.sub(fill, text)
-        rest = [f"{k}={format_value(v)}" for k, v in values.items() if k not in used]
+        rest = [f"{k}={UNSET if v is None else format_value(v)}" for k, v in values.items() if k not in used]
         return f"{text} [{', '.join(rest)}]" if rest else text
 
     def check_params(self, name: str, overrides: dict[str, Any]) -> None:
@@ -275,7 +280,9 @@ class Registry:
         return f"Registry({self.kind!r}, {self.names()})"
 
 
-_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?:\|([^{}]*))?\}")
+#: how :meth:`Registry.formula` shows a parameter left unset (None) without a text of its own
+UNSET = "unset"
 _SECTIONS = ("Formula:", "Paper:", "Parameters:")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
 

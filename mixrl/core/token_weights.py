@@ -31,7 +31,7 @@ def _apply_cutoff(weight: Tensor, p: Tensor, cutoff: float | None) -> Tensor:
 def one(logp: Tensor, *, cutoff: float | None = None) -> Tensor:
     """Uniform weight: ``w = 1`` (plain SFT, ``-log p``).
 
-    Formula: ``w(p) = 1``, 0 where p > {cutoff} (None: no cutoff)
+    Formula: ``w(p) = 1``, 0 where p > {cutoff|1 (no cutoff)}
 
     Paper: supervised fine-tuning; CHORD with phi off (CHORD-mu), "On-Policy RL Meets
     Off-Policy Experts: Harmonizing Supervised Fine-Tuning and Reinforcement Learning via
@@ -48,7 +48,7 @@ def one(logp: Tensor, *, cutoff: float | None = None) -> Tensor:
 def prob(logp: Tensor, *, cutoff: float | None = None) -> Tensor:
     """Probability weight (IS-SFT): ``w = sg(p)``; loss ``-sg(p) log p``.
 
-    Formula: ``w(p) = sg(p)``, 0 where p > {cutoff} (None: no cutoff)
+    Formula: ``w(p) = sg(p)``, 0 where p > {cutoff|1 (no cutoff)}
 
     Paper: the SFT-IS baseline of CHORD ("On-Policy RL Meets Off-Policy Experts:
     Harmonizing Supervised Fine-Tuning and Reinforcement Learning via Dynamic Weighting").
@@ -66,7 +66,7 @@ def chord_phi(logp: Tensor, *, cutoff: float | None = None) -> Tensor:
 
     Down-weights tokens the policy already knows (p -> 1) and tokens far from it (p -> 0).
 
-    Formula: ``w(p) = sg(p (1 - p))``, 0 where p > {cutoff} (None: no cutoff)
+    Formula: ``w(p) = sg(p (1 - p))``, 0 where p > {cutoff|1 (no cutoff)}
 
     Paper: CHORD with phi on, "On-Policy RL Meets Off-Policy Experts: Harmonizing
     Supervised Fine-Tuning and Reinforcement Learning via Dynamic Weighting".
@@ -122,7 +122,7 @@ def luffy(logp: Tensor, *, cutoff: float | None = None, gamma: float = 0.1) -> T
     This is the weight form; LUFFY itself uses the *shaped ratio* with gradient, see
     ``luffy_shaped_ratio`` (the ``shaped`` term).
 
-    Formula: ``w(p) = sg(p / (p + {gamma}))``, 0 where p > {cutoff} (None: no cutoff)
+    Formula: ``w(p) = sg(p / (p + {gamma}))``, 0 where p > {cutoff|1 (no cutoff)}
 
     Paper: LUFFY, "Learning to Reason under Off-Policy Guidance" (gamma = 0.1 in the
     authors' script).

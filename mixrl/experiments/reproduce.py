@@ -36,6 +36,7 @@ from mixrl.errors import ConfigError, did_you_mean
 from mixrl.experiments.compare import compare
 from mixrl.experiments.runs import find_runs
 from mixrl.experiments.suites import Suite, load_suite
+from mixrl.progress import NoProgress
 
 #: The toy suite's recipes (conf/suites/toy.yaml), kept for callers of reproduce_toy.
 TOY_RECIPES = (
@@ -84,9 +85,10 @@ class GridResult:
 
 
 def run_grid(runs_dir: Path, recipes: Sequence[str], seeds: Sequence[int], *, jobs: int = 2, extra: Sequence[str] = (),
-             log=print, name: str = "grid") -> GridResult:
+             log=print, name: str = "grid", progress=None) -> GridResult:
     """Train every (recipe, seed) not done yet, ``jobs`` processes at a time.
-    Every job's config is checked before any trains."""
+    Every job's config is checked before any trains. ``progress``: a display of
+    :func:`mixrl.progress.progress_bar` counting the runs (none by default)."""
     if not seeds or not recipes:
         raise ConfigError(f"mixrl reproduce {name} needs at least one seed and one recipe; use --seeds N with N >= 1")
     runs_dir = Path(runs_dir)
@@ -112,9 +114,12 @@ def run_grid(runs_dir: Path, recipes: Sequence[str], seeds: Sequence[int], *, jo
         runs_dir.mkdir(parents=True, exist_ok=True)
         (runs_dir / (run_dir.name + ".log")).write_text(proc.stdout + proc.stderr)
         log(f"  {r} seed {s}: {'ok' if proc.returncode == 0 else f'FAILED ({proc.returncode})'} in {time.time() - started:.0f}s")
+        bar.advance(task)
         return proc.returncode
 
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+    bar = progress or NoProgress()  # a display of mixrl.progress: runs done / left, with the time left
+    with bar, ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        task = bar.add_task(f"{name} runs", total=len(todo))
         codes = list(pool.map(run, todo))
     if any(codes):
         raise ConfigError(f"{sum(1 for c in codes if c)} {name} run(s) failed; see the .log files in {runs_dir}")
@@ -122,7 +127,7 @@ def run_grid(runs_dir: Path, recipes: Sequence[str], seeds: Sequence[int], *, jo
 
 
 def reproduce_suite(suite, out_dir: Path, *, seeds: int | None = None, jobs: int | None = None, extra: Sequence[str] = (),
-                    log=print, plots: bool = True, only: Sequence[str] = ()) -> dict:
+                    log=print, plots: bool = True, only: Sequence[str] = (), progress=None) -> dict:
     """Run ``suite`` (a name, a path or a :class:`mixrl.experiments.suites.Suite`) into ``out_dir``:
     ``runs/``, ``compare.md`` / ``compare.json`` / plots, ``reproduce.json`` and ``README.md``.
     ``only``: run just these method labels (a smoke run); claims about the others read "not measured"."""
@@ -138,7 +143,8 @@ def reproduce_suite(suite, out_dir: Path, *, seeds: int | None = None, jobs: int
     out_dir = Path(out_dir)
     seed_list = list(range(n_seeds))
     overrides = [*s.overrides, *extra]
-    grid = run_grid(out_dir / "runs", s.recipes, seed_list, jobs=n_jobs, extra=overrides, log=log, name=s.name)
+    grid = run_grid(out_dir / "runs", s.recipes, seed_list, jobs=n_jobs, extra=overrides, log=log, name=s.name,
+                    progress=progress)
     result = compare([out_dir / "runs"], out_dir, metric=s.metric, target=s.target, claims=s.claims, plots=plots)
     meta = {
         "suite": s.name,

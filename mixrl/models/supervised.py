@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from mixrl.models.tiny_spec import _META_FILE
+from mixrl.progress import progress_bar
 from mixrl.tasks import arith
 
 # --------------------------------------------------------------------------- warm start
@@ -134,35 +134,8 @@ def _epochs(examples: tuple[Sequence[dict[str, Any]], Sequence[str]], n: int, se
     return [problems[i] for i in order[:n]], [completions[i] for i in order[:n]]
 
 
-class _NoProgress:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def add_task(self, *a, **k):
-        return 0
-
-    def update(self, *a, **k):
-        pass
-
-
 def _progress(enabled: bool):
-    if not enabled:
-        return _NoProgress()
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]:.3f}"),
-        TimeElapsedColumn(),
-        TextColumn("left"),
-        TimeRemainingColumn(),
-        console=Console(stderr=True),
-        transient=False,
-    )
-
+    return progress_bar(Console(stderr=True), quiet=not enabled, fields=("loss {task.fields[loss]:.3f}",))
 
 
 def train_and_save(final: Path, rec: dict[str, Any], build: Callable[[], tuple[Any, Any]], *, encode: Encode = encode_plain,

@@ -8,8 +8,9 @@ import time
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from transformers import TrainerCallback
+
+from mixrl.progress import progress_bar
 
 # TRL's metric names -> the names mixrl writes (others are kept as they are)
 RENAMES = {
@@ -73,23 +74,14 @@ class RichProgressCallback(TrainerCallback):
     def __init__(self, console: Console | None = None, description: str = "train"):
         self.console = console or Console(stderr=True)
         self.description = description
-        self.progress: Progress | None = None
+        self.progress = None
         self.task = None
         self.last = ""
 
     def on_train_begin(self, args, state, control, **kwargs):
         if not state.is_world_process_zero:
             return
-        self.progress = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            console=self.console,
-            transient=False,
-        )
+        self.progress = progress_bar(self.console, fields=("{task.fields[info]}",))
         self.progress.start()
         self.task = self.progress.add_task(self.description, total=state.max_steps, info="")
 

@@ -7,7 +7,11 @@ and the periodic held-out evaluation (``eval/*`` every ``trainer.eval_every`` st
 and after training to the same ``eval/*`` series (accuracy, per level, pass@k), at the first
 and the last step, through the trackers' own transformers callbacks, so one curve runs from
 the starting model to the final one. :class:`HeldoutBeforeCallback` does it for the
-evaluation before training, once the trackers are set up.
+evaluation before training, once the trackers are set up. transformers' trackers put every
+key under ``train/`` except ``eval_*`` (``rewrite_logs``), so :func:`route_to_trackers` hands
+them ``eval/<metric>`` as ``eval_<metric>``: the series is ``eval/accuracy`` in TensorBoard and
+W&B alike, as in ``metrics.jsonl``. TensorBoard writes its events to ``RUN_DIR/tensorboard``
+(:func:`tensorboard_dir`).
 
 :func:`write_model_card` writes ``model/README.md`` (recipe, paper, base model, data, held-out
 results before/after, the resolved config, how to load it with plain transformers).
@@ -31,6 +35,32 @@ from mixrl.evaluation.saved import load_saved_model
 def tracker_callbacks(trainer) -> list:
     """The trainer's reporting callbacks (transformers' integrations: TensorBoard, W&B, ...)."""
     return [cb for cb in trainer.callback_handler.callbacks if type(cb).__module__.startswith("transformers.integrations")]
+
+
+def tracker_logs(logs: dict) -> dict:
+    """``eval/<metric>`` keys as ``eval_<metric>``, which transformers' trackers file under
+    ``eval/<metric>`` (any other key goes under ``train/``)."""
+    return {("eval_" + k[len("eval/"):] if k.startswith("eval/") else k): v for k, v in logs.items()}
+
+
+def route_to_trackers(trainer) -> None:
+    """Every tracker callback of ``trainer`` sees its logs through :func:`tracker_logs` (once)."""
+    for cb in tracker_callbacks(trainer):
+        if getattr(cb, "_mixrl_routed", False):
+            continue
+        def on_log(args, state, control, logs=None, _on_log=cb.on_log, **kwargs):
+            return _on_log(args, state, control, logs=tracker_logs(logs or {}), **kwargs)
+        cb.on_log = on_log
+        cb._mixrl_routed = True
+
+
+def tensorboard_dir(trainer, run_dir: Path) -> Path | None:
+    """Point the TensorBoard callback (if any) at ``run_dir/tensorboard`` and return that folder."""
+    for cb in tracker_callbacks(trainer):
+        if type(cb).__name__ == "TensorBoardCallback":
+            cb.logging_dir = str(Path(run_dir) / "tensorboard")
+            return Path(cb.logging_dir)
+    return None
 
 
 def heldout_logs(results: dict) -> dict[str, float]:

@@ -19,9 +19,9 @@ import warnings
 from omegaconf import DictConfig
 from rich.console import Console
 import torch
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from mixrl.config.geometry import geometry
+from mixrl.progress import progress_bar
 from mixrl.errors import MixrlUserError, RewardError, RunInterrupted, TrainingDiverged, storage_error
 from mixrl.trainer import build
 from mixrl.trainer.build import RunInputs, prepare_inputs
@@ -73,8 +73,7 @@ def _eval(trainer, tokenizer, rows, reward_fn, cfg, console: Console, label: str
         return {}
     show = cfg.logger.progress and trainer.accelerator.is_main_process
     # sampled pass@k must not move the training RNG: evaluate in a forked, seeded stream
-    with torch.random.fork_rng(devices=[]), Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, disable=not show, transient=True) as prog:
+    with torch.random.fork_rng(devices=[]), progress_bar(console, quiet=not show, transient=True) as prog:
         torch.manual_seed(int(cfg.seed) + 7919)
         task = prog.add_task(label, total=len(rows))
         return evaluate_accuracy(
@@ -200,6 +199,13 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
         from mixrl.evaluation.periodic import PeriodicEvalCallback  # deferred: evaluation.periodic imports transformers; `mixrl plan` imports this module and must not load it
         callbacks.append(PeriodicEvalCallback.from_config(cfg, run_dir, tokenizer, eval_rows, reward_funcs[0], trainer=lambda: trainer))
     trainer = build.trainer_from_config(cfg, inputs=inputs, callbacks=callbacks, run_dir=run_dir)
+    if cfg.logger.report_to:
+        from mixrl.trainer.publish import route_to_trackers, tensorboard_dir  # deferred: trainer.publish imports transformers; `mixrl plan` imports this module and must not load it
+
+        route_to_trackers(trainer)  # held-out eval/* stays eval/* in the trackers (not train/eval/*)
+        events = tensorboard_dir(trainer, run_dir)
+        if events is not None and trainer.accelerator.is_main_process:
+            console.print(f"TensorBoard events: {events} (tensorboard --logdir {events})", highlight=False, soft_wrap=True)
     setup_s = time.perf_counter() - t0
 
     if before is None:

@@ -116,7 +116,7 @@ def test_declaration_parses_summary_formula_paper():
     assert reg.formula("w", {"alpha": 2.0, "name_like": "k1"}).startswith("w = 2 * x, with KL_k1 and")
     assert reg.formula("w", {"alpha": 1e-6}).startswith("w = 1e-06 * x")
     # no placeholders: every config parameter with its value, after the formula
-    assert reg.formula("bare") == "y = f(x) [beta=3, gamma=None]"
+    assert reg.formula("bare") == "y = f(x) [beta=3, gamma=unset]"  # never "None" (issue 27)
     assert reg.formula("bare", {"gamma": 0.25}) == "y = f(x) [beta=3, gamma=0.25]"
     # a nested component reads as its name
     assert reg.formula("w", {"name_like": {"name": "chord_phi", "cutoff": None}}).endswith("KL_chord_phi and {unknown} braces kept; sum_{b,t} too")
@@ -131,7 +131,9 @@ def test_real_formulas_fill_in_config_values():
         "l_t = -A f(p_t), f(p) = p / (p + 0.3) (behaviour probability taken as 1)")
     assert core.TERMS.formula("policy", {"loss": {"name": "cispo"}}).startswith("l_t = cispo(r_t, A)")
     assert core.ADVANTAGES.formula("dr_grpo") == "A_i = R_i - mean_g R over the prompt's group g (no std division)"
-    assert core.AGGREGATIONS.formula("token-mean").endswith("[max_len=None]")
+    assert core.AGGREGATIONS.formula("token-mean").endswith("[max_len=unset]")
+    assert core.AGGREGATIONS.formula("seq-mean-token-sum-norm").startswith("L = (1 / N) sum_b sum_t l_t / T,")
+    assert core.AGGREGATIONS.formula("seq-mean-token-sum-norm", {"max_len": 32}).startswith("L = (1 / N) sum_b sum_t l_t / 32,")
 
 
 def _all_registries():

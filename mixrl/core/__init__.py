@@ -13,6 +13,7 @@ registry                 kind                              module
 ``KL_ESTIMATORS``        KL estimator                      ``regularizers``
 ``SCHEDULES``            schedule                          ``schedules``
 ``CONTROLLERS``          controller                        ``controllers``
+``VALUE_LOSSES``         value loss (the critic's)         ``gae``
 ======================  ================================  ===================
 """
 
@@ -22,6 +23,7 @@ from mixrl.core import (  # noqa: F401  (import = registration)
     alol,
     controllers,
     distill,
+    gae,
     palu,
     policy_losses,
     preference,
@@ -36,6 +38,7 @@ from mixrl.core import (  # noqa: F401  (import = registration)
 from mixrl.core.advantages import ADVANTAGES
 from mixrl.core.aggregation import AGGREGATIONS, aggregate
 from mixrl.core.controllers import CONTROLLERS, BapoClipController, EntropicController
+from mixrl.core.gae import VALUE_LOSSES, gae_advantage_return
 from mixrl.core.policy_losses import POLICY_LOSSES, PolicyLossOutput
 from mixrl.core.registry import ComponentParamError, Registry, UnknownComponentError
 from mixrl.core.regularizers import (
@@ -58,6 +61,7 @@ REGISTRIES: dict[str, Registry] = {
     "schedule": SCHEDULES,
     "controller": CONTROLLERS,
     "term": TERMS,
+    "value_loss": VALUE_LOSSES,
 }
 
 __all__ = [
@@ -70,6 +74,7 @@ __all__ = [
     "SCHEDULES",
     "TERMS",
     "TOKEN_WEIGHTS",
+    "VALUE_LOSSES",
     "BapoClipController",
     "ComponentParamError",
     "EntropicController",
@@ -79,6 +84,7 @@ __all__ = [
     "aggregate",
     "describe_schedule",
     "entropy_bonus",
+    "gae_advantage_return",
     "kl_penalty",
     "luffy_shaped_ratio",
     "resolve_schedule",

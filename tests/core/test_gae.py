@@ -79,7 +79,6 @@ def test_value_loss_values_and_gradients_by_hand():
 
 
 def test_bounds_refuse_out_of_range():
-    from mixrl.core.registry import ComponentParamError  # noqa: F401
     from mixrl.errors import ConfigError
 
     with pytest.raises(ConfigError):

@@ -324,11 +324,17 @@ def estimate(cfg: DictConfig, shape: ModelShape, *, prompt_tokens: int = 512) ->
                    server_copies=int(hw.vllm_server_gpus) // tp if int(hw.vllm_server_gpus) else None,
                    step_tokens_all=geom.rollouts_per_step * s)
     out["rows_per_process"] = rows
-    held = weights + optim + reference + teachers + buckets
+    # algo.critic (mixrl.trainer.critic): the policy's backbone + a scalar head, unsharded, with its own
+    # gradients and AdamW moments; its forward and backward run while the policy's activations are held
+    critic_params = (N - (0 if shape.tied else shape.vocab * shape.hidden) + shape.hidden) if cfg.algo.get("critic") is not None else 0
+    out["critic_params"] = critic_params
+    out["critic"] = critic_params * p * 3  # weights + AdamW's two moments
+    out["critic_train"] = (critic_params * p + acts) if critic_params else 0.0  # its gradients + activations
+    held = weights + optim + reference + teachers + buckets + out["critic"]
     # vLLM's sleep mode (level 2) frees its weights and KV cache after every generation
     sleeps = colocated and bool(hw.get("vllm_enable_sleep_mode", False))
     out["vllm_sleeps"] = sleeps
-    out["train_phase"] = held + grads + gathered + acts + head["total"] + (0.0 if sleeps else out["vllm_share"])
+    out["train_phase"] = held + grads + gathered + acts + head["total"] + out["critic_train"] + (0.0 if sleeps else out["vllm_share"])
     out["generation_phase"] = held + gathered + gen_gather + out["generation"] + out["vllm_share"]
     out["peak"] = max(out["train_phase"], out["generation_phase"])
     return out
@@ -375,6 +381,10 @@ def render_plan(cfg: DictConfig, overrides: list[str], *, prompt_tokens: int | N
         if e["teachers"] or e["teachers_unknown"]:
             lines.append(f"  teacher model(s)      {_gb(e['teachers'])}  (frozen, whole on every GPU"
                          + (f"; {e['teachers_unknown']} of unknown shape not counted" if e["teachers_unknown"] else "") + ")")
+        if e["critic_params"]:
+            lines.append(f"  critic (algo.critic)  {_gb(e['critic'] + e['critic_train'])}  ({e['critic_params'] / 1e9:,.3f} B parameters: "
+                         f"weights + AdamW {_gb(e['critic'])}, gradients + activations while training {_gb(e['critic_train'])}; "
+                         "not sharded)")
         if e["gathered"]:
             lines.append(f"  gathered for compute  {_gb(e['gathered'])}  (two decoder layers + the LM head unsharded at a time)")
         lines += [f"  activations           {_gb(e['activations'])}  (micro-batch {e['rows_per_micro_batch']} rows x {e['seq_tokens']} tokens"

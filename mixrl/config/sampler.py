@@ -26,7 +26,10 @@ def sampler_active(cfg: DictConfig) -> bool:
 
 def without_inactive_sampler(cfg: DictConfig) -> DictConfig:
     """``cfg`` without its ``sampler`` section when that sampler is :func:`sampler_active`-inactive
-    and named ``none`` (a copy; ``cfg`` itself is left as it is)."""
+    and named ``none``, and without ``algo.critic`` when it is null (a copy; ``cfg`` itself is left as it is)."""
+    if cfg.get("algo") is not None and "critic" in cfg.algo and cfg.algo.critic is None:  # no critic: print as before it existed
+        cfg = OmegaConf.create(OmegaConf.to_container(cfg))
+        del cfg.algo["critic"]
     s = cfg.get("sampler")
     if s is None or sampler_active(cfg) or s.get("name") != "none":
         return cfg

@@ -209,6 +209,7 @@ class AlgoConfig:
     controller: Optional[dict] = None  # {name: bapo|entropic|palu, ...}: sets clip bounds / entropy coef each step, or reshapes rewards (palu)
     stages: list = field(default_factory=list)  # sequential stages (sft_then_rl)
     engine_correction: EngineCorrectionConfig = field(default_factory=EngineCorrectionConfig)  # when vLLM generates
+    critic: Optional[dict] = None  # {lr, value_clip, max_grad_norm, weight_decay}: a learned critic for advantage gae (mixrl.config.critic)
 
 
 @dataclass

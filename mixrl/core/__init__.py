@@ -6,7 +6,7 @@ component in its registry:
 ======================  ================================  ===================
 registry                 kind                              module
 ======================  ================================  ===================
-``POLICY_LOSSES``        policy loss                       ``policy_losses``,
+``POLICY_LOSSES``        policy loss                       ``policy_losses``, ``cov_losses``, ``gmpo``,
                                                            ``offpolicy_reinforce``, ``vespo``
 ``TOKEN_WEIGHTS``        token weight                      ``token_weights``
 ``AGGREGATIONS``         aggregation                       ``aggregation``
@@ -14,6 +14,7 @@ registry                 kind                              module
 ``KL_ESTIMATORS``        KL estimator                      ``regularizers``
 ``SCHEDULES``            schedule                          ``schedules``
 ``CONTROLLERS``          controller                        ``controllers``
+``VALUE_LOSSES``         value loss (the critic's)         ``gae``
 ======================  ================================  ===================
 """
 
@@ -24,6 +25,7 @@ from mixrl.core import (  # noqa: F401  (import = registration)
     controllers,
     cov_losses,
     distill,
+    gae,
     gmpo,
     offpolicy_reinforce,
     palu,
@@ -41,6 +43,7 @@ from mixrl.core import (  # noqa: F401  (import = registration)
 from mixrl.core.advantages import ADVANTAGES
 from mixrl.core.aggregation import AGGREGATIONS, aggregate
 from mixrl.core.controllers import CONTROLLERS, BapoClipController, EntropicController
+from mixrl.core.gae import VALUE_LOSSES, gae_advantage_return
 from mixrl.core.policy_losses import POLICY_LOSSES, PolicyLossOutput
 from mixrl.core.registry import ComponentParamError, Registry, UnknownComponentError
 from mixrl.core.regularizers import (
@@ -63,6 +66,7 @@ REGISTRIES: dict[str, Registry] = {
     "schedule": SCHEDULES,
     "controller": CONTROLLERS,
     "term": TERMS,
+    "value_loss": VALUE_LOSSES,
 }
 
 __all__ = [
@@ -75,6 +79,7 @@ __all__ = [
     "SCHEDULES",
     "TERMS",
     "TOKEN_WEIGHTS",
+    "VALUE_LOSSES",
     "BapoClipController",
     "ComponentParamError",
     "EntropicController",
@@ -84,6 +89,7 @@ __all__ = [
     "aggregate",
     "describe_schedule",
     "entropy_bonus",
+    "gae_advantage_return",
     "kl_penalty",
     "luffy_shaped_ratio",
     "resolve_schedule",

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from mixrl.core.registry import Registry
 
-ADVANTAGES = Registry("advantage", runtime=("include",))
+ADVANTAGES = Registry("advantage", runtime=("include", "token_rewards", "values", "mask"))  # the last three: per-token inputs (gae)
 
 
 def _prepare(rewards: Tensor, include: Tensor | None) -> tuple[Tensor, Tensor]:

@@ -23,6 +23,7 @@ from mixrl.errors import ConfigError
 from mixrl.explain.sampler import sampler_rows
 from mixrl.explain.schedules import component, constant_value, controller_knobs, objective
 from mixrl.config.components import component_kind, registry_for
+from mixrl.config.critic import critic_description
 from mixrl.config.objective import check_objective
 from mixrl.config.geometry import geometry
 from mixrl.core import ADVANTAGES, AGGREGATIONS, CONTROLLERS, SCHEDULES, TERMS, provenance as prov
@@ -253,6 +254,9 @@ def explain_lines(cfg: DictConfig) -> list[tuple[str, str]]:
     rows += _coefficient_rows(cfg)
     inject, _ = component(cfg.algo.inject)
     rows.append(("advantage", _advantage_row(cfg, inject)))
+    critic = critic_description(cfg)
+    if critic is not None:
+        rows.append(("critic", critic))
     rows.append(("injection", _injection_row(cfg)))
     rows.append(("source", _source_row(cfg)))
     teacher = _teacher_row(cfg)

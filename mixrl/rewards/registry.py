@@ -7,6 +7,15 @@ A reward is a TRL reward function ``fn(prompts, completions, **kwargs) -> list[f
 a reward function. ``build_reward`` accepts a registered name or a dotted import path to
 the user's own function or factory (``my_pkg.rewards:fn``, ``my_pkg.rewards.fn`` or
 ``path/to/rewards.py:fn``).
+
+**Dense rewards.** Instead of a float, a reward may return for a completion a *list of floats*,
+one per completion token (the length of that row's ``completion_ids`` argument): a per-token
+(process, or teacher) reward. :class:`CheckedReward` checks the length, hands the trainer the
+row's sum as its outcome reward (what ``grpo`` and the other group advantages see), and keeps
+the list in ``last_dense`` ({row: list}) for the trainer: with ``algo.advantage.name=gae`` each
+token's reward enters GAE (weighted by the reward's weight); without it only the sum is used.
+A per-step reward is written as a list with the step's reward on the step's last token and
+zeros elsewhere.
 """
 
 from __future__ import annotations
@@ -114,6 +123,7 @@ class CheckedReward:
         self.spec = spec
         self.timeout_s = timeout_s  # reward.timeout_s: wall-clock limit per call (mixrl.rewards.deadline)
         self.__name__ = getattr(fn, "__name__", None) or spec
+        self.last_dense: dict[int, list[float]] = {}  # the last call's per-token rewards: row -> one float per token
 
     def __call__(self, *args: Any, **kwargs: Any) -> list:
         prompts = kwargs.get("prompts", args[0] if args else None)
@@ -137,8 +147,33 @@ class CheckedReward:
                 f"reward {self.spec!r} raised {type(e).__name__}: {_first_line(e)}{self._where(row, prompts)}; "
                 "fix the reward function"
             ) from e
+        self.last_dense = {}
+        if not isinstance(out, (str, bytes)) and hasattr(out, "__iter__") and any(isinstance(v, (list, tuple)) for v in out):
+            out = self._split_dense(list(out), kwargs.get("completion_ids"), prompts)
         self.check(out, completions, prompts)
         return out
+
+    def _split_dense(self, out: list, completion_ids: Any, prompts: Any) -> list:
+        """Dense rows (a list of per-token rewards) -> their sum; the lists go to ``last_dense``."""
+        summed = list(out)
+        for i, v in enumerate(out):
+            if not isinstance(v, (list, tuple)):
+                continue
+            if completion_ids is None or i >= len(completion_ids):
+                raise RewardError(f"reward {self.spec!r} returned a list of per-token rewards{self._where(i, prompts)} but the "
+                                  "trainer passed no completion_ids to check its length against")
+            n = len(completion_ids[i])
+            if len(v) != n:
+                raise RewardError(
+                    f"reward {self.spec!r} returned {len(v)} per-token rewards for a completion of {n} tokens"
+                    f"{self._where(i, prompts)}; a dense reward gives one float per completion token")
+            if any(x is None for x in v):
+                raise RewardError(f"reward {self.spec!r} returned None inside a per-token reward list{self._where(i, prompts)}; "
+                                  "use 0.0 for a token without reward (None skips a whole row)")
+            self.check(list(v), None, prompts)  # every entry a finite number
+            self.last_dense[i] = [float(x) for x in v]
+            summed[i] = float(sum(self.last_dense[i]))
+        return summed
 
     def check(self, out: Any, completions: Any, prompts: Any = None) -> None:
         """Raise RewardError unless ``out`` is one finite number or None per completion."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 import torch
 
@@ -407,6 +407,7 @@ def trainer_from_config(cfg: DictConfig, *, inputs: RunInputs | None = None, cal
             async_generation=int(cfg.hardware.get("vllm_async_max_staleness", 1)) if cfg.hardware.get("vllm_async", False) else 0,
             sampler=sampler,
             sampler_length=sampler_length,
+            critic=OmegaConf.to_container(cfg.algo.critic, resolve=True) if cfg.algo.get("critic") is not None else None,
         )
     trainer.vllm_sync_tolerance = _sync_tolerance(cfg, model_path)  # checked after every weight sync (engine_sync)
     trainer.remove_callback(PrinterCallback)  # mixrl prints its own progress and summary

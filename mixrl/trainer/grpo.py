@@ -37,6 +37,7 @@ that says what it owns (the class below lists them; their methods are reached th
 * :mod:`~mixrl.trainer.controller_hooks`: when a controller (BAPO, EntroPIC) steps.
 * :mod:`~mixrl.trainer.checkpoint_state`: mixrl's files in a checkpoint.
 * :mod:`~mixrl.trainer.sharded_forward`: under FSDP / ZeRO-3 every process joins every policy forward.
+* :mod:`~mixrl.trainer.critic`: ``algo.critic``, PPO's learned critic (values, GAE advantages, its own optimizer step).
 * :mod:`~mixrl.trainer.sampler_hooks`: the sampler (``cfg.sampler``): which prompts, which groups train.
 """
 
@@ -61,6 +62,7 @@ from mixrl.trainer.async_glue import AsyncGenerationHooks
 from mixrl.trainer.batch_fields import BatchFields, behaviour_is_policy, behaviour_known
 from mixrl.trainer.checkpoint_state import CheckpointState
 from mixrl.trainer.controller_hooks import ControllerHooks
+from mixrl.trainer.critic import CriticService
 from mixrl.trainer.inject_services import InjectionServices
 from mixrl.trainer.lm_head import fit_tile_to_vocab
 from mixrl.trainer.sampler_hooks import SamplerHooks
@@ -78,7 +80,7 @@ OVERRIDDEN = (
 )
 
 
-class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, CheckpointState, AsyncGenerationHooks, TeacherService, LaggedWeights, ShardedForwards, SamplerHooks, GRPOTrainer):
+class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, CheckpointState, CriticService, AsyncGenerationHooks, TeacherService, LaggedWeights, ShardedForwards, SamplerHooks, GRPOTrainer):
     """GRPOTrainer whose advantage and loss come from ``mixrl.core`` registries.
 
     Extra constructor arguments:
@@ -88,6 +90,7 @@ class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, Checkpoi
         controller: an optional ``mixrl.core.CONTROLLERS`` instance.
         sampler: an optional :class:`mixrl.sampler.runtime.Sampler` (``sampler_length``: its
             max-completion-length schedule, or None).
+        critic: ``algo.critic`` as a dict (a learned critic for ``advantage gae``), or None.
     """
 
     #: mean |Δ log p| between vLLM and the trainer above which a weight sync is broken (mixrl.trainer.engine_sync)
@@ -105,6 +108,7 @@ class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, Checkpoi
         async_generation: int = 0,
         sampler: Any = None,
         sampler_length: Any = None,
+        critic: dict | None = None,
         **kwargs,
     ):
         self.sampler = sampler
@@ -133,6 +137,8 @@ class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, Checkpoi
         fit_tile_to_vocab([self.accelerator.unwrap_model(self.model), *(m for m in self._teacher_models if m is not _SELF)])
         self._teacher_tokens = tuple(sorted({p for t in objective.terms if "teacher_logp" in term_needs(t.kind) for p in t.tokens}))
         self._teacher_entropy = any("teacher_entropy" in term_needs(t.kind) for t in objective.terms)  # SRPO's weights
+        if critic is not None:
+            self._setup_critic(critic)
         if self.async_generation:
             self._setup_async()
 
@@ -257,6 +263,8 @@ class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, Checkpoi
         start = self.accelerator.process_index * n_local
         out["advantages"] = advantages[start : start + n_local]
         out["group_id"] = group_ids[start : start + n_local]
+        if training and self.critic is not None:  # GAE's per-token advantages from the critic's values
+            self._critic_advantages(out, rewards[start : start + n_local], mode)
         if training and self.injections:  # what a replay buffer stores with each rollout
             grouped = rewards.view(-1, num_generations)
             out["mixrl_reward"] = rewards[start : start + n_local].float()
@@ -310,12 +318,14 @@ class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, Checkpoi
         folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         self._save_mixrl_state(folder)
         self._save_sampler_state(folder)
+        self._save_critic(folder)
         super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
         self._load_mixrl_state(checkpoint)
         self._load_sampler_state(checkpoint)
+        self._load_critic(checkpoint)
 
     # ------------------------------------------------------------------ loss
     def _forward_by_row_kind(self, model, inputs):
@@ -394,6 +404,8 @@ class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, Checkpoi
         )
         if mode == "train":
             self._controller_step_end(metrics)
+            if self.critic is not None:
+                self._train_critic(inputs, mode)
         if self.controller is not None:
             metrics.update(self.controller.metrics())
         # loss/* parts are partial sums over this micro-batch: scale so TRL's mean over

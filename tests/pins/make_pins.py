@@ -260,6 +260,14 @@ MORE_TRAINER_CASES = {
     "algo=hypo": ["algo=hypo"],
     "algo=rpo": ["algo=rpo"],
     "algo=grpo_dpo": ["algo=grpo_dpo"],
+    "algo=clip_cov": ["algo=clip_cov", "algo.loss.clip_ratio=0.05"],  # enough candidates that a token is dropped
+    "algo=kl_cov|num_iterations=2": ["algo=kl_cov", "trainer.num_iterations=2"],  # |log r| acts off-policy only
+    "algo=gmpo": ["algo=gmpo"],
+    "algo=opmd|num_iterations=2": ["algo=opmd", "trainer.num_iterations=2"],
+    "algo=asymre": ["algo=asymre"],
+    "algo=rec|num_iterations=2": ["algo=rec", "trainer.num_iterations=2"],
+    "algo=vespo|num_iterations=2": ["algo=vespo", "trainer.num_iterations=2"],
+    "algo=ppo": ["algo=ppo"],
 }
 #: the rollouts of each case (a function of tests/pins/rollouts.py): tolerant_completion, except
 #: where the second step's groups must all fail for the replay fill to act

@@ -18,6 +18,7 @@ import fnmatch
 import importlib
 import inspect
 import math
+import typing
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -100,6 +101,9 @@ def _type_ok(value: Any, annotation: Any) -> tuple[bool, str]:
     A parameter without an annotation takes any value (it checks its own)."""
     if annotation is inspect.Parameter.empty:
         return (True, "any")
+    if typing.get_origin(annotation) is typing.Literal:  # a closed set of choices
+        choices = typing.get_args(annotation)
+        return (value in choices, "one of " + ", ".join(map(str, choices)))
     text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
     text = text.replace("typing.", "").replace("Optional[", "").replace("]", " | None")
     allowed = {t.strip() for t in text.split("|")}

@@ -18,12 +18,12 @@ import fnmatch
 import importlib
 import inspect
 import math
-import typing
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 import mixrl.core as core
+from mixrl.core.advantages import GRPO_SCALES
 from mixrl.errors import ConfigError, did_you_mean
 
 # config path pattern -> (module, registry attribute, human kind)
@@ -101,9 +101,6 @@ def _type_ok(value: Any, annotation: Any) -> tuple[bool, str]:
     A parameter without an annotation takes any value (it checks its own)."""
     if annotation is inspect.Parameter.empty:
         return (True, "any")
-    if typing.get_origin(annotation) is typing.Literal:  # a closed set of choices
-        choices = typing.get_args(annotation)
-        return (value in choices, "one of " + ", ".join(map(str, choices)))
     text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
     text = text.replace("typing.", "").replace("Optional[", "").replace("]", " | None")
     allowed = {t.strip() for t in text.split("|")}
@@ -210,6 +207,9 @@ def validate_components(cfg: DictConfig) -> None:
     if unknown:
         key = sorted(unknown)[0]
         raise ConfigError(f"unknown key 'algo.kl.{key}'{did_you_mean(key, ['coef', 'estimator'])}")
+    adv = cfg.algo.get("advantage")
+    if adv is not None and adv.get("name") == "grpo" and adv.get("scale", "group") not in GRPO_SCALES:
+        raise ConfigError(f"algo.advantage.scale={adv.get('scale')!r} is not one of {', '.join(GRPO_SCALES)} (TRL's scale_rewards)")
     est = kl.get("estimator", "k3")
     if est not in core.KL_ESTIMATORS:
         names = core.KL_ESTIMATORS.names()

@@ -21,8 +21,6 @@ Degenerate groups (documented, tested):
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 from torch import Tensor
 
@@ -32,6 +30,10 @@ from mixrl.core.registry import Registry
 #: their ``needs`` attribute: ``lengths`` (float [N], completion tokens of each row) and
 #: ``baseline_rewards`` (float [N], the reward of a greedy completion of each row's prompt)
 ADVANTAGES = Registry("advantage", runtime=("include", "lengths", "baseline_rewards"))
+
+
+#: the values of ``grpo``'s ``scale`` (TRL's ``scale_rewards``), checked by config validation
+GRPO_SCALES = ("group", "batch", "none")
 
 
 def advantage_needs(fn) -> tuple[str, ...]:
@@ -93,7 +95,7 @@ def grpo(
     include: Tensor | None = None,
     eps: float = 1e-6,
     unbiased: bool = True,
-    scale: Literal["group", "batch", "none"] = "group",
+    scale: str = "group",
 ) -> Tensor:
     """GRPO group-normalised advantage: ``A_i = (r_i - mean_g) / (std_g + eps)``.
 
@@ -121,7 +123,7 @@ def grpo(
     r, _, count, _, mean, std = _group_stats(rewards, group_ids, include, unbiased)
     if scale == "group":
         return _normalise(r, count, mean, std, eps)
-    if scale not in ("batch", "none"):
+    if scale not in GRPO_SCALES:
         raise ValueError(f"grpo scale must be group, batch or none, got {scale!r}")
     centred = torch.where(count >= 1, r - mean, torch.zeros_like(r))
     if scale == "none":

@@ -102,7 +102,7 @@ def policy(x: TermInputs, *, loss: dict | None = None, top_entropy: float | None
     """Policy-gradient term: the configured policy loss on tokens with a known behaviour,
     optionally only on the selected tokens of highest entropy in the micro-batch.
 
-    Formula: l_t = m_t {loss}(r_t, A) with r_t = p_t / pi_b(y_t), pi_b the behaviour policy; m_t = 1[H_t in the top ({top_entropy}) share of the selected tokens' entropies] (1 when null)
+    Formula: l_t = {loss}(r_t, A) m_t with r_t = p_t / pi_b(y_t), pi_b the behaviour policy; m_t = 1[H_t in the top ({top_entropy}) share of the selected tokens' entropies] (1 when null)
     Paper: PPO / GRPO (DeepSeekMath); the loss is any registered policy loss. top_entropy:
     "Beyond the 80/20 Rule: High-Entropy Minority Tokens Drive Effective Reinforcement
     Learning for LLM Reasoning" (arXiv 2506.01939), rho = 0.2; TRL's top_entropy_quantile.

@@ -109,7 +109,7 @@ def grpo(
     (then it equals ``dr_grpo``). With ``batch`` and fewer than 2 included rows in the batch no
     scaling is applied. TRL adds 1e-4 to the std, mixrl ``eps`` (default 1e-6).
 
-    Formula: ``A_i = (R_i - mean_g R) / (std_s R + {eps})`` over the prompt's group g, s = {scale} (group: std_g; batch: std over the batch; none: no division), unbiased (n - 1) std: {unbiased}
+    Formula: ``A_i = (R_i - mean_g R) / (std_g R + {eps})`` over the prompt's group g, unbiased (n - 1) std: {unbiased}; scale={scale} (group: as written; batch: the batch's std instead of std_g; none: no division)
 
     Paper: GRPO, "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open
     Language Models"; CHORD.

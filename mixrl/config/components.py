@@ -23,6 +23,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 import mixrl.core as core
+from mixrl.core.advantages import GRPO_SCALES
 from mixrl.errors import ConfigError, did_you_mean
 
 # config path pattern -> (module, registry attribute, human kind)
@@ -206,6 +207,9 @@ def validate_components(cfg: DictConfig) -> None:
     if unknown:
         key = sorted(unknown)[0]
         raise ConfigError(f"unknown key 'algo.kl.{key}'{did_you_mean(key, ['coef', 'estimator'])}")
+    adv = cfg.algo.get("advantage")
+    if adv is not None and adv.get("name") == "grpo" and adv.get("scale", "group") not in GRPO_SCALES:
+        raise ConfigError(f"algo.advantage.scale={adv.get('scale')!r} is not one of {', '.join(GRPO_SCALES)} (TRL's scale_rewards)")
     est = kl.get("estimator", "k3")
     if est not in core.KL_ESTIMATORS:
         names = core.KL_ESTIMATORS.names()

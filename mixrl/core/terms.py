@@ -74,24 +74,62 @@ class TermOutput:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-@TERMS.register("policy")
-def policy(x: TermInputs, *, loss: dict | None = None) -> TermOutput:
-    """Policy-gradient term: the configured policy loss on tokens with a known behaviour.
+def top_entropy_mask(mask: Tensor, entropies: Tensor | None, top_entropy: float | None) -> Tensor:
+    """The selected tokens (``mask``) whose entropy is among the ``top_entropy`` share of highest
+    entropies of the selection: k = ceil(top_entropy * n) of the n selected tokens (at least 1),
+    plus tokens tied with the k-th. ``top_entropy`` None: ``mask`` itself."""
+    if top_entropy is None:
+        return mask
+    if not 0.0 < float(top_entropy) <= 1.0:
+        raise ValueError(f"top_entropy must be in (0, 1], got {top_entropy}")
+    if entropies is None:
+        raise ValueError("top_entropy needs the per-token entropies")
+    h = entropies.detach()
+    if h.dtype in (torch.float16, torch.bfloat16):
+        h = h.float()  # topk of half precision is not on every device; float32 holds every half value exactly
+    sel = h[mask]
+    if not sel.numel():
+        return mask
+    k = max(1, math.ceil(float(top_entropy) * sel.numel()))
+    # the threshold is one of the entropies, in their own dtype: the k-th token always passes
+    # (a float32-rounded threshold of float64 entropies dropped it when rounding went up)
+    threshold = torch.topk(sel, k).values.min()
+    return mask & (h >= threshold)
 
-    Formula: l_t = {loss}(r_t, A) with r_t = p_t / pi_b(y_t), pi_b the behaviour policy
-    Paper: PPO / GRPO (DeepSeekMath); the loss is any registered policy loss.
+
+@TERMS.register("policy", bounds={"top_entropy": ("(0, 1]", "a share of the selected tokens")})
+def policy(x: TermInputs, *, loss: dict | None = None, top_entropy: float | None = None) -> TermOutput:
+    """Policy-gradient term: the configured policy loss on tokens with a known behaviour,
+    optionally only on the selected tokens of highest entropy in the micro-batch.
+
+    Formula: l_t = {loss}(r_t, A) m_t with r_t = p_t / pi_b(y_t), pi_b the behaviour policy; m_t = 1[H_t in the top {top_entropy|1 (all tokens)} share of the selected tokens' entropies]
+    Paper: PPO / GRPO (DeepSeekMath); the loss is any registered policy loss. top_entropy:
+    "Beyond the 80/20 Rule: High-Entropy Minority Tokens Drive Effective Reinforcement
+    Learning for LLM Reasoning" (arXiv 2506.01939), rho = 0.2; TRL's top_entropy_quantile.
 
     Parameters:
         loss (None): the policy loss ``{name, params...}``; default ``algo.loss``.
+        top_entropy (None): share rho of the selected tokens (highest entropy first) that keep
+            their loss; the others get loss 0 but still count in the aggregation's denominator
+            (as TRL). k = ceil(rho * n) of the n selected tokens of the micro-batch (at least 1);
+            ties with the k-th entropy are kept. null = all tokens.
     """
     spec = dict(loss or {"name": "ppo_clip"})
     name = spec.pop("name")
     spec.update(x.overrides)
     out = POLICY_LOSSES.get(name)(x.logp, x.behaviour_logp, x.advantages, x.mask, **spec)
     metrics = {f"policy/{k}": float(v) for k, v in out.metrics.items()}
-    metrics["clip_frac"] = float(masked_mean(out.clipped.float(), x.mask)) if bool(x.mask.any()) else 0.0
-    metrics.update(ratio_stats(x.logp, x.behaviour_logp, x.mask))
-    return TermOutput(out.per_token_loss, metrics)
+    if top_entropy is not None:
+        keep = top_entropy_mask(x.mask, x.entropies, top_entropy)
+        metrics["policy/entropy_kept"] = float(keep.sum()) / max(float(x.mask.sum()), 1.0)
+        return TermOutput(out.per_token_loss * keep.to(out.per_token_loss.dtype), {**metrics, **_policy_stats(out, x)})
+    return TermOutput(out.per_token_loss, {**metrics, **_policy_stats(out, x)})
+
+
+def _policy_stats(out, x: TermInputs) -> dict[str, float]:
+    stats = {"clip_frac": float(masked_mean(out.clipped.float(), x.mask)) if bool(x.mask.any()) else 0.0}
+    stats.update(ratio_stats(x.logp, x.behaviour_logp, x.mask))
+    return stats
 
 
 def ratio_stats(logp: Tensor, behaviour_logp: Tensor, mask: Tensor) -> dict[str, float]:
@@ -206,20 +244,7 @@ def advantage_nll(x: TermInputs, *, top_entropy: float | None = None) -> TermOut
             k-th entropy are kept too, so ties may keep more than k.
     """
     adv = token_advantages(x.advantages, x.logp)
-    keep = x.mask
-    if top_entropy is not None:
-        if not 0.0 < float(top_entropy) <= 1.0:
-            raise ValueError(f"top_entropy must be in (0, 1], got {top_entropy}")
-        h = x.entropies.detach()
-        if h.dtype in (torch.float16, torch.bfloat16):
-            h = h.float()  # topk of half precision is not on every device; float32 holds every half value exactly
-        sel = h[x.mask]
-        if sel.numel():
-            k = max(1, math.ceil(float(top_entropy) * sel.numel()))
-            # the threshold is one of the entropies, in their own dtype: the k-th token always passes
-            # (a float32-rounded threshold of float64 entropies dropped it when rounding went up)
-            threshold = torch.topk(sel, k).values.min()
-            keep = x.mask & (h >= threshold)
+    keep = top_entropy_mask(x.mask, x.entropies, top_entropy)
     return TermOutput(-adv * keep.to(x.logp.dtype) * x.logp, {"advantage_nll/kept": float(keep.sum()) / max(float(x.mask.sum()), 1.0)})
 
 

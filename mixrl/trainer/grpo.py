@@ -39,6 +39,7 @@ that says what it owns (the class below lists them; their methods are reached th
 * :mod:`~mixrl.trainer.sharded_forward`: under FSDP / ZeRO-3 every process joins every policy forward.
 * :mod:`~mixrl.trainer.critic`: ``algo.critic``, PPO's learned critic (values, GAE advantages, its own optimizer step).
 * :mod:`~mixrl.trainer.sampler_hooks`: the sampler (``cfg.sampler``): which prompts, which groups train.
+* :mod:`~mixrl.trainer.remax_baseline`: ReMax's greedy-completion reward per prompt (``algo.advantage.name=remax``).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
 from mixrl.core import ADVANTAGES
+from mixrl.core.advantages import advantage_needs
 from mixrl.core import provenance as prov
 from mixrl.core.objective import Objective, compute_objective
 from mixrl.core.terms import term_needs
@@ -65,6 +67,7 @@ from mixrl.trainer.controller_hooks import ControllerHooks
 from mixrl.trainer.critic import CriticService
 from mixrl.trainer.inject_services import InjectionServices
 from mixrl.trainer.lm_head import fit_tile_to_vocab
+from mixrl.trainer.remax_baseline import RemaxBaseline
 from mixrl.trainer.sampler_hooks import SamplerHooks
 from mixrl.trainer.sharded_forward import ShardedForwards
 from mixrl.trainer.staleness import LaggedWeights
@@ -80,7 +83,7 @@ OVERRIDDEN = (
 )
 
 
-class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, CheckpointState, CriticService, AsyncGenerationHooks, TeacherService, LaggedWeights, ShardedForwards, SamplerHooks, GRPOTrainer):
+class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, CheckpointState, CriticService, AsyncGenerationHooks, TeacherService, LaggedWeights, ShardedForwards, SamplerHooks, RemaxBaseline, GRPOTrainer):
     """GRPOTrainer whose advantage and loss come from ``mixrl.core`` registries.
 
     Extra constructor arguments:
@@ -255,7 +258,14 @@ class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, Checkpoi
         group_ids = torch.arange(n_global, device=device) // num_generations
         policy_rows = behaviour_is_policy(sources)
         include = None if self.advantage_include_offpolicy else policy_rows
-        advantages = ADVANTAGES.get(self.advantage_name)(rewards, group_ids, include=include, **self.advantage_params)
+        estimator = ADVANTAGES.get(self.advantage_name)
+        runtime = {}
+        needs = advantage_needs(estimator)
+        if "lengths" in needs:  # completion tokens per row (OPO's baseline, REINFORCE++'s token weights)
+            runtime["lengths"] = self.accelerator.gather(out["completion_mask"].sum(dim=1).float())
+        if "baseline_rewards" in needs:  # ReMax: the reward of each prompt's greedy completion
+            runtime["baseline_rewards"] = self._greedy_baseline_rewards(out, inputs, group_ids, mode)
+        advantages = estimator(rewards, group_ids, include=include, **runtime, **self.advantage_params)
         advantages = torch.nan_to_num(advantages, nan=0.0)
         if sampling:
             advantages = self._sampler_filter_rows(rewards, advantages)

@@ -13,7 +13,9 @@ GROUPS = [7, 7, 7, 7, 3, 3, 3]  # non-contiguous labels
 
 def run(name, rewards=REWARDS, groups=GROUPS, include=None, **params):
     inc = None if include is None else torch.tensor(include)
-    out = ADVANTAGES.get(name)(torch.tensor(rewards), torch.tensor(groups), include=inc, **params)
+    runtime = {"lengths": torch.ones(len(rewards)), "baseline_rewards": torch.zeros(len(rewards))}  # what the trainer passes
+    needs = {k: v for k, v in runtime.items() if k in getattr(ADVANTAGES.get(name), "needs", ())}
+    out = ADVANTAGES.get(name)(torch.tensor(rewards), torch.tensor(groups), include=inc, **needs, **params)
     assert out.shape == (len(rewards),) and not out.requires_grad
     return out.tolist()
 

@@ -63,7 +63,8 @@ def test_expected_names_are_registered():
     assert set(core.TOKEN_WEIGHTS.names()) == {"one", "p", "chord_phi", "chord_phi_clamp", "luffy"}
     assert set(core.AGGREGATIONS.names()) == {
         "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"}
-    assert set(core.ADVANTAGES.names()) == {"grpo", "dr_grpo", "rloo", "reinforce", "batch_norm", "gae"}
+    assert set(core.ADVANTAGES.names()) == {"grpo", "dr_grpo", "rloo", "reinforce", "batch_norm",
+                                             "reinforce_pp", "reinforce_pp_baseline", "opo", "remax", "gae"}
     assert set(core.KL_ESTIMATORS.names()) == {"k1", "k2", "k3", "k3_clamped"}
     assert set(core.CONTROLLERS.names()) == {"bapo", "entropic", "palu"}
 

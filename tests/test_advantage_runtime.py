@@ -1,0 +1,88 @@
+"""The trainer's runtime inputs to advantages: OPO's completion lengths and ReMax's greedy
+baseline, each in a 2-step run on the tiny model. The ReMax baseline of the first step is
+recomputed here independently: greedy ``generate`` of the saved start model on the same prompts,
+scored with the same (patched) reward."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from mixrl.core.advantages import ADVANTAGES
+
+
+def _record(monkeypatch, name):
+    calls = []
+    fn = ADVANTAGES.get(name)
+
+    def wrapped(rewards, group_ids, **kw):
+        out = fn(rewards, group_ids, **kw)
+        calls.append({"rewards": rewards.clone(), "group_ids": group_ids.clone(), **{k: v for k, v in kw.items() if torch.is_tensor(v)}, "out": out})
+        return out
+
+    wrapped.needs = fn.needs
+    monkeypatch.setitem(ADVANTAGES._items, name, wrapped)
+    return calls
+
+
+def _train(overrides):
+    from typer.testing import CliRunner
+
+    from mixrl.cli.main import app
+
+    res = CliRunner().invoke(app, ["train", *overrides, "trainer.save_steps=0"])
+    assert res.exit_code == 0, res.stdout[-2000:]
+
+
+def test_opo_gets_the_completion_lengths(monkeypatch, fast_overrides, tmp_path):
+    calls = _record(monkeypatch, "opo")
+    _train(["algo=grpo", "algo.advantage.name=opo", *fast_overrides])
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(calls) == 2
+    for call, row in zip(calls, rows):
+        L, r, g = call["lengths"], call["rewards"], call["group_ids"]
+        assert (L.min().item(), L.max().item()) == (row["completions/min_length"], row["completions/max_length"])  # TRL's own counts
+        assert L.mean().item() == pytest.approx(row["completion_length"], rel=1e-5)
+        for i in range(len(r)):  # the length-weighted baseline, as a loop
+            js = [j for j in range(len(r)) if int(g[j]) == int(g[i])]
+            base = sum(float(L[j]) * float(r[j]) for j in js) / sum(float(L[j]) for j in js)
+            assert call["out"][i].item() == pytest.approx(float(r[i]) - base, abs=1e-5)
+
+
+def test_remax_baseline_is_the_greedy_completion_reward(monkeypatch, fast_overrides, tiny_model_path, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from mixrl.rewards import builtin
+    from mixrl.trainer.remax_baseline import RemaxBaseline
+
+    seen = []
+    original = RemaxBaseline._greedy_baseline_rewards
+
+    def spy(self, out, inputs, group_ids, mode):
+        b = original(self, out, inputs, group_ids, mode)
+        seen.append((out["prompt_ids"].clone(), out["prompt_mask"].clone(), b.clone()))
+        return b
+
+    monkeypatch.setattr(RemaxBaseline, "_greedy_baseline_rewards", spy)
+    # the barely trained tiny model answers nothing right: score the text itself, so that greedy
+    # completions that differ get different rewards (the run's reward functions see this score)
+    monkeypatch.setattr(builtin, "_exact_score", lambda text, gold, *, marker: float(len(text.strip()) % 5))
+    calls = _record(monkeypatch, "remax")
+    _train(["algo=remax", *fast_overrides])
+    assert len(calls) == 2 and len(seen) == 2
+    for call in calls:
+        assert torch.equal(call["out"], call["rewards"] - call["baseline_rewards"])
+    ids, mask, baseline = seen[0]  # step 1 runs the start model: regenerate greedily here
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path).eval()
+    tok = AutoTokenizer.from_pretrained(tiny_model_path)
+    with torch.no_grad():
+        seq = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=24,
+                             pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    texts = tok.batch_decode(seq[:, ids.shape[1]:], skip_special_tokens=True)
+    expected = [float(len(t.strip()) % 5) for t in texts]
+    assert baseline.tolist() == pytest.approx(expected)
+    assert len(set(expected)) > 1  # the check can tell completions apart
+    groups = baseline.view(-1, 4)  # algo.num_generations=4: one greedy completion per prompt
+    assert bool((groups == groups[:, :1]).all())

@@ -195,7 +195,11 @@ def publish_samples(trainer, split: str, step: int, rows: list[dict]) -> list[st
             table = cb._wandb.Table(columns=list(COLUMNS), data=[cells(r) for r in rows])
             cb._wandb.log({f"samples/{split}": table})
             reached.append(name)
-        elif name == "TensorBoardCallback" and getattr(cb, "tb_writer", None) is not None:
+        elif name == "TensorBoardCallback":
+            if getattr(cb, "tb_writer", None) is None and hasattr(cb, "_init_summary_writer"):  # closed at train end: the evaluation after training
+                cb._init_summary_writer(trainer.args)
+            if getattr(cb, "tb_writer", None) is None:
+                continue
             cb.tb_writer.add_text(f"samples/{split}", markdown_table(rows), global_step=step)
             cb.tb_writer.flush()
             reached.append(name)

@@ -71,6 +71,10 @@ def test_capture_rows_by_hand():
     # n=2: one row of each label first (prefix+on_policy, on_policy), the expert row is the third label
     assert [r["source"] for r in capture_rows(out, tokenizer=_Tok(), rewards=rewards, rewards_per_func=rpf, reward_names=["exact"],
                                               start=2, n=2, max_chars=0, n_local_scored=2)] == ["prefix+on_policy", "on_policy"]
+    # a rollout generated with a hint in its prompt (guided=2) and trained under it
+    assert [r["source"] for r in capture_rows(out, tokenizer=_Tok(), rewards=rewards, rewards_per_func=rpf, reward_names=["exact"],
+                                              start=2, n=3, max_chars=0, n_local_scored=2, guided=[0, 2])] == [
+        "prefix+on_policy", "hint+on_policy", "expert"]
 
 
 def test_sample_log_keeps_the_last_steps_and_selects(tmp_path):

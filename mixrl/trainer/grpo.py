@@ -301,6 +301,7 @@ class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, Checkpoi
                 self.mixrl_samples = capture_rows(
                     out, tokenizer=self.processing_class, rewards=rewards, rewards_per_func=rpf, reward_names=list(self.reward_func_names),
                     start=start, n=self.mixrl_sample_rows, max_chars=self.mixrl_sample_chars, n_local_scored=n_local,
+                    guided=self._mixrl_rollouts.guided if self._mixrl_rollouts is not None else None,
                 )
         self._mixrl_normalisers = self._global_counts(out)
         return out

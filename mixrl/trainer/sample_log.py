@@ -11,7 +11,8 @@ replayed row shows next to the rollouts), and :class:`SampleLog` appends them to
 ``source`` is the row's provenance (:mod:`mixrl.core.provenance`): ``on_policy``, ``expert``,
 ``replay``, ``teacher``, ... or, when the completion's tokens came from more than one,
 their names joined by ``+`` in the order they appear (``prefix+on_policy``: a rollout continued
-from a solution prefix; ``hinted``: sampled with a hint, trained without it). Each held-out
+from a solution prefix; ``hinted``: sampled with a hint, trained without it;
+``hint+on_policy``: sampled and trained with the hint in its prompt). Each held-out
 evaluation (``trainer.eval_every`` and the one after training) adds ``logger.samples_eval``
 rows with ``"split": "eval"``, its greedy completion and ``reward`` / ``correct``.
 
@@ -82,11 +83,12 @@ def _ids(row, mask) -> list[int]:
 
 
 def capture_rows(out: dict, *, tokenizer, rewards, rewards_per_func, reward_names: list[str], start: int,
-                 n: int, max_chars: int, n_local_scored: int | None = None) -> list[dict]:
+                 n: int, max_chars: int, n_local_scored: int | None = None, guided: list[int] | None = None) -> list[dict]:
     """Up to ``n`` rows of a generation batch ``out`` (this process's rows; ``rewards`` and
     ``rewards_per_func`` are gathered over processes, this process's rows start at ``start``)
     as :data:`SAMPLES_FILE` rows without their step. Rows after the first ``n_local_scored``
-    were added after scoring (an injection's expert rows): their ``reward`` is null."""
+    were added after scoring (an injection's expert rows): their ``reward`` is null. ``guided``:
+    per local row, 2 for a rollout generated with a hint (``Rollouts.guided``)."""
     ids, mask = out["completion_ids"], out["completion_mask"]
     row_source = out["row_source"].tolist()
     token_source = out.get("token_source")
@@ -99,7 +101,10 @@ def capture_rows(out: dict, *, tokenizer, rewards, rewards_per_func, reward_name
         if token_source is not None and token_source.numel():
             toks = [prov.provenance_names()[int(c)] for c, keep in zip(token_source[i].tolist(), m) if keep]
         tokens_of.append(sum(1 for x in m if x))
-        labels.append(source_label(names[row_source[i]], toks))
+        label = source_label(names[row_source[i]], toks)
+        if guided is not None and i < len(guided) and guided[i] == 2 and label == "on_policy":
+            label = "hint+on_policy"  # sampled and trained with a hint in the prompt (GHPO; the prompt shown carries it)
+        labels.append(label)
     rows = []
     adv = out.get("advantages")
     n_scored = n_local_scored if n_local_scored is not None else ids.shape[0]

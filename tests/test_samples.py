@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from mixrl.cli.main import app
 from mixrl.core import provenance as prov
 from mixrl.sources import prefix as _prefix  # noqa: F401  (registers the "prefix" provenance)
+from mixrl.sources import replay as _replay  # noqa: F401  (registers the "replay" provenance)
 from mixrl.trainer.callbacks import publish_samples
 from mixrl.trainer.sample_log import (
     SAMPLES_FILE, SampleLog, capture_rows, eval_rows, markdown_table, pick_rows, select, source_label, trim,
@@ -75,6 +76,12 @@ def test_capture_rows_by_hand():
     assert [r["source"] for r in capture_rows(out, tokenizer=_Tok(), rewards=rewards, rewards_per_func=rpf, reward_names=["exact"],
                                               start=2, n=3, max_chars=0, n_local_scored=2, guided=[0, 2])] == [
         "prefix+on_policy", "hint+on_policy", "expert"]
+    # row 1 was a rollout when scored, then a replayed row took its place: its summed reward is the
+    # replayed row's (rewards), the per-function scores were the rollout's and are left out
+    replay = dict(out, row_source=torch.tensor([on, prov.code("replay"), ex]))
+    rows = capture_rows(replay, tokenizer=_Tok(), rewards=rewards, rewards_per_func=rpf, reward_names=["exact"], start=2, n=3,
+                        max_chars=0, n_local_scored=2, scored_sources=torch.tensor([on, on]))
+    assert [(r["reward"], r["rewards"]) for r in rows] == [(1.0, {"exact": 1.0}), (0.0, {}), (None, {})]
 
 
 def test_sample_log_keeps_the_last_steps_and_selects(tmp_path):

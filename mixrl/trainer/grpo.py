@@ -238,6 +238,7 @@ class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, Checkpoi
         rewards = (rpf * self.reward_weights.to(device).unsqueeze(0)).nansum(dim=1)
         ctx = self._inject_context()
         ctx.primary_rewards = rpf[:, 0]
+        scored_sources = out["row_source"].clone() if training and self.mixrl_sample_rows > 0 else None  # samples.jsonl: rows rewritten after scoring
         if training:
             ctx.batch = out  # an injection may rewrite local rows (refill a group) before advantages
             for inj in self.injections:
@@ -301,7 +302,7 @@ class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, Checkpoi
                 self.mixrl_samples = capture_rows(
                     out, tokenizer=self.processing_class, rewards=rewards, rewards_per_func=rpf, reward_names=list(self.reward_func_names),
                     start=start, n=self.mixrl_sample_rows, max_chars=self.mixrl_sample_chars, n_local_scored=n_local,
-                    guided=self._mixrl_rollouts.guided if self._mixrl_rollouts is not None else None,
+                    guided=self._mixrl_rollouts.guided if self._mixrl_rollouts is not None else None, scored_sources=scored_sources,
                 )
         self._mixrl_normalisers = self._global_counts(out)
         return out

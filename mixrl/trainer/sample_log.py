@@ -83,12 +83,14 @@ def _ids(row, mask) -> list[int]:
 
 
 def capture_rows(out: dict, *, tokenizer, rewards, rewards_per_func, reward_names: list[str], start: int,
-                 n: int, max_chars: int, n_local_scored: int | None = None, guided: list[int] | None = None) -> list[dict]:
+                 n: int, max_chars: int, n_local_scored: int | None = None, guided: list[int] | None = None, scored_sources=None) -> list[dict]:
     """Up to ``n`` rows of a generation batch ``out`` (this process's rows; ``rewards`` and
     ``rewards_per_func`` are gathered over processes, this process's rows start at ``start``)
     as :data:`SAMPLES_FILE` rows without their step. Rows after the first ``n_local_scored``
     were added after scoring (an injection's expert rows): their ``reward`` is null. ``guided``:
-    per local row, 2 for a rollout generated with a hint (``Rollouts.guided``)."""
+    per local row, 2 for a rollout generated with a hint (``Rollouts.guided``). ``scored_sources``:
+    the rows' ``row_source`` when they were scored; a row whose source changed since (replayed
+    into a rollout's place) gets no per-function ``rewards``."""
     ids, mask = out["completion_ids"], out["completion_mask"]
     row_source = out["row_source"].tolist()
     token_source = out.get("token_source")
@@ -113,7 +115,10 @@ def capture_rows(out: dict, *, tokenizer, rewards, rewards_per_func, reward_name
         completion = tokenizer.decode(_ids(ids[i], mask[i]), skip_special_tokens=True)
         # rows an injection appended after scoring (expert rows) have no reward of this batch's scoring
         scored = rewards is not None and start + i < rewards.shape[0] and i < n_scored
-        per_func = rewards_per_func[start + i].tolist() if scored and rewards_per_func is not None else []
+        # a row an injection rewrote after scoring (a replayed row in a rollout's place) has its own summed
+        # reward but not the per-function scores of the rollout it replaced
+        rewritten = scored_sources is not None and i < scored_sources.shape[0] and int(scored_sources[i]) != row_source[i]
+        per_func = rewards_per_func[start + i].tolist() if scored and not rewritten and rewards_per_func is not None else []
         rows.append({
             "source": labels[i],
             "prompt": trim(prompt, max_chars),

@@ -19,7 +19,7 @@ def _documented_entries() -> list[str]:
 
 def test_the_documented_layout_is_what_mixrl_knows_it_writes(tmp_path):
     documented = _documented_entries()
-    assert "config.yaml" in documented and "stage<i>-<name>" in documented and len(documented) == 12
+    assert "config.yaml" in documented and "stage<i>-<name>" in documented and len(documented) == 13
     plain = {name for name in documented if "<" not in name}
     assert plain == set(rundir.MIXRL_ENTRIES)
     stage = tmp_path / "stage1-sft"

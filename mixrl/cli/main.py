@@ -320,6 +320,8 @@ from mixrl.cli.explain import explain  # noqa: E402
 app.command()(explain)
 from mixrl.cli.compare import compare, eval_model  # noqa: E402
 app.command("compare")(compare)
+from mixrl.cli.samples import samples  # noqa: E402
+app.command("samples")(samples)
 app.command("eval")(eval_model)
 
 

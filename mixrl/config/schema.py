@@ -170,6 +170,12 @@ class LoggerConfig:
     project: str = "mixrl"
     log_completions: bool = False
     progress: bool = True
+    # samples.jsonl (mixrl samples RUN_DIR): rows per logged step, held-out rows per evaluation,
+    # characters kept of each text, (split, step) pairs kept in the file; samples_per_step=0 writes none
+    samples_per_step: int = 4
+    samples_eval: int = 16
+    samples_max_chars: int = 1000
+    samples_keep_steps: int = 200
 
 
 @dataclass

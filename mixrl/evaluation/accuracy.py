@@ -105,6 +105,7 @@ def evaluate_accuracy(
     ks: Sequence[int] = (),
     temperature: float = 1.0,
     progress: Callable[[int], None] | None = None,
+    examples: list | None = None,
 ) -> dict[str, float]:
     """Greedy accuracy (reward >= 1) on ``rows`` (each with ``prompt`` and ``answer``), per
     ``level`` when rows carry one, and sampled pass@k.
@@ -112,13 +113,19 @@ def evaluate_accuracy(
     Sampling draws ``n = max(samples, pass_k)`` completions per problem (none when both are
     0) and reports ``pass@k`` for ``pass_k`` and every k of ``ks`` with k <= n (unbiased
     estimator, :func:`pass_at_k`), overall and per level (``pass@8/level5``), and
-    ``sampled_accuracy`` (the mean reward of all samples, = pass@1)."""
+    ``sampled_accuracy`` (the mean reward of all samples, = pass@1).
+
+    ``examples``: a list that receives one dict per row of the greedy pass (``prompt``,
+    ``completion``, ``reward``, ``correct``, ``answer``), what ``samples.jsonl`` shows."""
     prompts = [r["prompt"] for r in rows]
     kwargs = {k: [r[k] for r in rows] for k in rows[0] if k not in ("prompt", "completion")} if rows else {}
     greedy = [c[0] for c in generate_completions(model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size, progress=progress)]
     scores = reward_fn(prompts=prompts, completions=greedy, **kwargs)
     correct = [float(s is not None and s >= 1.0 - 1e-6) for s in scores]
     result = {"accuracy": sum(correct) / max(len(correct), 1), "n": float(len(correct))}
+    if examples is not None:
+        examples.extend({"prompt": p, "completion": c, "reward": s, "correct": bool(k), "answer": r.get("answer")}
+                        for p, c, s, k, r in zip(prompts, greedy, scores, correct, rows))
     levels = [int(r["level"]) for r in rows] if rows and "level" in rows[0] else None
     if levels is not None:
         by_level: dict[int, list[float]] = defaultdict(list)

@@ -81,6 +81,7 @@ class PeriodicEvalCallback(TrainerCallback):
         self._trainer = trainer
         self.model = model
         self.rows: list[dict] = []  # the eval.jsonl rows written by this callback
+        self.last_examples: tuple[int, list[dict]] | None = None  # (step, greedy examples) of the last evaluation (samples.jsonl)
         self._pending: dict[str, float] | None = None
 
     @classmethod
@@ -111,10 +112,14 @@ class PeriodicEvalCallback(TrainerCallback):
         devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(self.seed * 1_000_003 + step)
-            return evaluate_accuracy(
+            examples: list[dict] = []
+            result = evaluate_accuracy(
                 model, self.tokenizer, self.rows_in, self.reward_fn, max_new_tokens=self.max_new_tokens,
                 batch_size=self.batch_size, pass_k=self.pass_k, samples=self.samples, ks=self.ks, temperature=self.temperature,
+                examples=examples,
             )
+            self.last_examples = (step, examples)
+            return result
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         step = int(state.global_step)

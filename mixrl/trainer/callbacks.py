@@ -1,4 +1,4 @@
-"""Trainer callbacks: metrics.jsonl rows, mixrl state in checkpoints, a Rich progress bar."""
+"""Trainer callbacks: metrics.jsonl rows, samples.jsonl rows, mixrl state in checkpoints, a Rich progress bar."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from rich.console import Console
 from transformers import TrainerCallback
 
 from mixrl.progress import progress_bar
+from mixrl.trainer.sample_log import COLUMNS, SampleLog, cells, eval_rows, markdown_table
 
 # TRL's metric names -> the names mixrl writes (others are kept as they are)
 RENAMES = {
@@ -111,3 +112,86 @@ class RichProgressCallback(TrainerCallback):
             self.progress.update(self.task, completed=state.global_step, info=self.last)
             self.progress.stop()
             self.progress = None
+
+
+class SampleLogCallback(TrainerCallback):
+    """What the model writes -> ``samples.jsonl`` (:mod:`mixrl.trainer.sample_log`) and the trackers.
+
+    At each logged step: the rows the trainer kept of its last generation batch
+    (``trainer.mixrl_samples``, ``per_step`` of them, :func:`~mixrl.trainer.sample_log.capture_rows`),
+    and the examples of a held-out evaluation made since (``eval_examples()``: ``(step, examples)``
+    or None, e.g. :attr:`mixrl.evaluation.periodic.PeriodicEvalCallback.last_examples`). The same
+    rows go to the trackers: a ``wandb.Table`` (``samples/train``, ``samples/eval``) when W&B
+    reports, a Markdown table as TensorBoard text otherwise (:func:`publish_samples`).
+
+    ``trainer``: the trainer or a zero-argument callable returning it (built after this callback).
+    """
+
+    def __init__(self, run_dir: Path, *, trainer, per_step: int = 4, eval_rows: int = 16, max_chars: int = 1000,
+                 keep_steps: int = 200, eval_examples=None):
+        self.log = SampleLog(run_dir, keep_steps=keep_steps)
+        self._trainer = trainer
+        self.per_step = int(per_step)
+        self.eval_rows = int(eval_rows)
+        self.max_chars = int(max_chars)
+        self.eval_examples = eval_examples
+        self._eval_done = -1
+
+    @property
+    def trainer(self):
+        t = self._trainer
+        return t() if callable(t) and not hasattr(t, "state") else t
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        trainer = self.trainer
+        trainer.mixrl_sample_rows = self.per_step  # the trainer keeps this many rows of each generation batch
+        trainer.mixrl_sample_chars = self.max_chars
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or "train_runtime" in logs:
+            return
+        trainer = self.trainer
+        rows, trainer.mixrl_samples = getattr(trainer, "mixrl_samples", None), None
+        if not state.is_world_process_zero:
+            return
+        if rows:
+            self.write("train", state.global_step, rows)
+        found = self.eval_examples() if self.eval_examples is not None else None
+        if found is not None and found[0] != self._eval_done:
+            self.write_eval(*found)
+
+    def write_eval(self, step: int, examples: list[dict]) -> list[dict]:
+        """A held-out evaluation's first ``eval_rows`` examples at ``step`` (file and trackers)."""
+        if int(step) == self._eval_done:  # the evaluation after training at the step a periodic one just logged: same weights
+            return []
+        self._eval_done = int(step)
+        return self.write("eval", step, eval_rows(examples or [], self.eval_rows, self.max_chars))
+
+    def write(self, split: str, step: int, rows: list[dict]) -> list[dict]:
+        written = self.log.append(split, step, rows)
+        trainer = self.trainer
+        if written and trainer is not None and getattr(trainer, "callback_handler", None) is not None:
+            publish_samples(trainer, split, int(step), written)
+        return written
+
+
+def publish_samples(trainer, split: str, step: int, rows: list[dict]) -> list[str]:
+    """Send sample ``rows`` to the trainer's trackers: a ``wandb.Table`` under ``samples/<split>``
+    for W&B, ``add_text("samples/<split>", <markdown table>)`` for TensorBoard. Returns the
+    trackers reached (by class name)."""
+    reached = []
+    for cb in trainer.callback_handler.callbacks:
+        name = type(cb).__name__
+        if name == "WandbCallback" and getattr(cb, "_wandb", None) is not None and getattr(cb._wandb, "run", None) is not None:
+            table = cb._wandb.Table(columns=list(COLUMNS), data=[cells(r) for r in rows])
+            cb._wandb.log({f"samples/{split}": table})
+            reached.append(name)
+        elif name == "TensorBoardCallback":
+            if getattr(cb, "tb_writer", None) is None and hasattr(cb, "_init_summary_writer"):  # closed at train end: the evaluation after training
+                cb._init_summary_writer(trainer.args)
+            if getattr(cb, "tb_writer", None) is None:
+                continue
+            cb.tb_writer.add_text(f"samples/{split}", markdown_table(rows), global_step=step)
+            cb.tb_writer.flush()
+            reached.append(name)
+    return reached

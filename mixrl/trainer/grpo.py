@@ -68,6 +68,7 @@ from mixrl.trainer.critic import CriticService
 from mixrl.trainer.inject_services import InjectionServices
 from mixrl.trainer.lm_head import fit_tile_to_vocab
 from mixrl.trainer.remax_baseline import RemaxBaseline
+from mixrl.trainer.sample_log import capture_rows
 from mixrl.trainer.sampler_hooks import SamplerHooks
 from mixrl.trainer.sharded_forward import ShardedForwards
 from mixrl.trainer.staleness import LaggedWeights
@@ -98,6 +99,10 @@ class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, Checkpoi
 
     #: mean |Δ log p| between vLLM and the trainer above which a weight sync is broken (mixrl.trainer.engine_sync)
     vllm_sync_tolerance: float | None = engine_sync.DEFAULT_TOLERANCE
+    #: rows of each training batch kept for samples.jsonl (set by SampleLogCallback; 0: none), their texts cut to this many characters
+    mixrl_sample_rows: int = 0
+    mixrl_sample_chars: int = 1000
+    mixrl_samples: list | None = None
 
     def __init__(
         self,
@@ -242,6 +247,7 @@ class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, Checkpoi
         rewards = (rpf * self.reward_weights.to(device).unsqueeze(0)).nansum(dim=1)
         ctx = self._inject_context()
         ctx.primary_rewards = rpf[:, 0]
+        scored_sources = out["row_source"].clone() if training and self.mixrl_sample_rows > 0 else None  # samples.jsonl: rows rewritten after scoring
         if training:
             ctx.batch = out  # an injection may rewrite local rows (refill a group) before advantages
             for inj in self.injections:
@@ -310,6 +316,12 @@ class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, Checkpoi
                 self._metrics[mode][f"{name}/rows"].append(float(n_rows))
         if training:
             self._log_injection_metrics(mode)
+            if self.mixrl_sample_rows > 0:  # a few rows for samples.jsonl (mixrl.trainer.callbacks.SampleLogCallback)
+                self.mixrl_samples = capture_rows(
+                    out, tokenizer=self.processing_class, rewards=rewards, rewards_per_func=rpf, reward_names=list(self.reward_func_names),
+                    start=start, n=self.mixrl_sample_rows, max_chars=self.mixrl_sample_chars, n_local_scored=n_local,
+                    guided=self._mixrl_rollouts.guided if self._mixrl_rollouts is not None else None, scored_sources=scored_sources,
+                )
         self._mixrl_normalisers = self._global_counts(out)
         return out
 

@@ -26,6 +26,7 @@ from mixrl.errors import MixrlUserError, RewardError, RunInterrupted, TrainingDi
 from mixrl.trainer import build
 from mixrl.trainer.build import RunInputs, prepare_inputs
 from mixrl.trainer.resume import load_run_state
+from mixrl.trainer.sample_log import SAMPLES_FILE
 from mixrl.trainer.rundir import (
     EVAL_BEFORE,
     LOCK_FILE,
@@ -68,7 +69,7 @@ def quiet_libraries() -> None:
     warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.*")
 
 
-def _eval(trainer, tokenizer, rows, reward_fn, cfg, console: Console, label: str) -> dict:
+def _eval(trainer, tokenizer, rows, reward_fn, cfg, console: Console, label: str, examples: list | None = None) -> dict:
     if not rows:
         return {}
     show = cfg.logger.progress and trainer.accelerator.is_main_process
@@ -80,6 +81,7 @@ def _eval(trainer, tokenizer, rows, reward_fn, cfg, console: Console, label: str
             trainer.model, tokenizer, rows, reward_fn, max_new_tokens=int(cfg.trainer.max_completion_length),
             batch_size=int(cfg.trainer.eval_batch_size), pass_k=int(cfg.trainer.eval_pass_k),
             samples=int(cfg.trainer.eval_samples), ks=[int(k) for k in cfg.trainer.eval_pass_at], temperature=float(cfg.trainer.temperature), progress=lambda n: prog.advance(task, n),
+            examples=examples,
         )
 
 
@@ -161,7 +163,7 @@ def train(cfg: DictConfig, console: Console | None = None, *, before: dict | Non
 
 
 def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before: dict | None, inputs: RunInputs) -> RunResult:
-    from mixrl.trainer.callbacks import MetricsJsonlCallback, RichProgressCallback  # deferred: trainer.callbacks imports transformers; `mixrl plan` imports this module and must not load it
+    from mixrl.trainer.callbacks import MetricsJsonlCallback, RichProgressCallback, SampleLogCallback  # deferred: trainer.callbacks imports transformers; `mixrl plan` imports this module and must not load it
     from mixrl.trainer.guards import CollapseWatch, DivergenceGuard  # deferred: trainer.guards imports transformers; `mixrl plan` imports this module and must not load it
 
     t0, cpu0 = time.perf_counter() - inputs.seconds, time.process_time() - inputs.cpu_seconds  # setup includes the inputs
@@ -173,6 +175,7 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
         from mixrl.evaluation.periodic import EVAL_FILE  # deferred: evaluation.periodic imports transformers; `mixrl plan` imports this module and must not load it
 
         truncate_jsonl(run_dir / EVAL_FILE, start_step)
+        truncate_jsonl(run_dir / SAMPLES_FILE, start_step)
         if before is None and (run_dir / EVAL_BEFORE).is_file():
             before = json.loads((run_dir / EVAL_BEFORE).read_text())
         console.print(f"resuming {run_dir} from step {start_step} ({resume_from.name})")
@@ -198,6 +201,14 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
     if cfg.trainer.eval_every > 0:  # held-out accuracy every N steps -> eval.jsonl (the lambda: trainer is built below)
         from mixrl.evaluation.periodic import PeriodicEvalCallback  # deferred: evaluation.periodic imports transformers; `mixrl plan` imports this module and must not load it
         callbacks.append(PeriodicEvalCallback.from_config(cfg, run_dir, tokenizer, eval_rows, reward_funcs[0], trainer=lambda: trainer))
+    samples_cb = None
+    if cfg.logger.samples_per_step > 0 or cfg.logger.samples_eval > 0:  # what the model writes -> samples.jsonl, trackers
+        periodic = next((cb for cb in callbacks if hasattr(cb, "last_examples")), None)
+        lg = cfg.logger
+        samples_cb = SampleLogCallback(run_dir, trainer=lambda: trainer, per_step=lg.samples_per_step, eval_rows=lg.samples_eval,
+                                       max_chars=lg.samples_max_chars, keep_steps=lg.samples_keep_steps,
+                                       eval_examples=(lambda: periodic.last_examples) if periodic is not None else None)
+        callbacks.append(samples_cb)
     trainer = build.trainer_from_config(cfg, inputs=inputs, callbacks=callbacks, run_dir=run_dir)
     if cfg.logger.report_to:
         from mixrl.trainer.publish import route_to_trackers, tensorboard_dir  # deferred: trainer.publish imports transformers; `mixrl plan` imports this module and must not load it
@@ -250,7 +261,10 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
     train_s = time.perf_counter() - t1
     if trainer.sampler is not None:  # what the sampler paid: extra rollouts beyond those trained
         console.print(trainer.sampler.summary(), highlight=False, soft_wrap=True)
-    after = _eval(trainer, tokenizer, eval_rows, reward_funcs[0], cfg, console, "held-out eval (after)")
+    examples: list[dict] = []
+    after = _eval(trainer, tokenizer, eval_rows, reward_funcs[0], cfg, console, "held-out eval (after)", examples=examples)
+    if samples_cb is not None and examples and trainer.accelerator.is_main_process:
+        samples_cb.write_eval(int(trainer.state.global_step), examples)
     if cfg.logger.report_to:
         from mixrl.trainer.publish import log_heldout  # deferred: trainer.publish imports transformers; `mixrl plan` imports this module and must not load it
 

@@ -6,6 +6,7 @@ Run directory layout::
     config.yaml      the resolved config (:func:`config_text`)
     metrics.jsonl    one row per logged step
     eval.jsonl       held-out results every trainer.eval_every steps
+    samples.jsonl    a few prompts/completions per logged step and evaluation (mixrl samples RUN_DIR)
     eval_before.json held-out results of the starting model (reused by a resumed run)
     trainer/         checkpoints: checkpoint-<step>/ every trainer.save_steps (newest kept)
     model/           final model and tokenizer (Hugging Face format)
@@ -161,7 +162,7 @@ def prepare_run_dir(cfg: DictConfig, say=print, lock=None) -> Path:
 
 
 #: what mixrl writes at the top of a run directory (``stage<i>-<name>/``: a staged run's stages)
-MIXRL_ENTRIES = frozenset({CONFIG_FILE, "metrics.jsonl", "eval.jsonl", EVAL_BEFORE, "summary.json", FAILED,
+MIXRL_ENTRIES = frozenset({CONFIG_FILE, "metrics.jsonl", "eval.jsonl", "samples.jsonl", EVAL_BEFORE, "summary.json", FAILED,
                            "trainer", "model", MERGED_DIR, "launch", LOCK_FILE})
 _STAGE_DIR = re.compile(r"^stage\d+-[\w.-]+$")
 #: kept when a failed run is replaced: the lock the new run holds and the launcher's files of this launch

@@ -268,6 +268,9 @@ MORE_TRAINER_CASES = {
     "algo=rec|num_iterations=2": ["algo=rec", "trainer.num_iterations=2"],
     "algo=vespo|num_iterations=2": ["algo=vespo", "trainer.num_iterations=2"],
     "algo=ppo": ["algo=ppo"],
+    "algo=reinforce_pp": ["algo=reinforce_pp"],
+    "algo=rloo": ["algo=rloo"],
+    "algo=remax": ["algo=remax"],
 }
 #: the rollouts of each case (a function of tests/pins/rollouts.py): tolerant_completion, except
 #: where the second step's groups must all fail for the replay fill to act

@@ -1,10 +1,5 @@
 """``docs/peers.md`` cannot rot: every overrides cell of its tables composes and validates
 (``compose_config``), and every table row has a peer, an option and an overrides cell.
-
-PENDING lists the component names other helpers add (issue 26) that may not be registered in
-this checkout yet: a row that uses one is skipped, with the reason, only while the name is
-missing. After merging, check that no row is skipped (``pytest -rs``) and remove what is
-registered from PENDING.
 """
 
 from __future__ import annotations
@@ -18,37 +13,12 @@ from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-import mixrl.core as core
 from mixrl.config import compose
 from mixrl.config.compose import compose_config
 from mixrl.config.schema import GROUPS
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "peers.md"
-
-
-def _param(registry, name: str, param: str) -> bool:
-    return name in registry and param in registry.params(name)
-
-
-#: override fragment -> is it available here? (names the other helpers of issue 26 add)
-PENDING = {
-    "algo.loss.name=clip_cov": lambda: "clip_cov" in core.POLICY_LOSSES,
-    "algo.loss.name=kl_cov": lambda: "kl_cov" in core.POLICY_LOSSES,
-    "algo.loss.name=gmpo": lambda: "gmpo" in core.POLICY_LOSSES,
-    "algo.loss.name=vespo": lambda: "vespo" in core.POLICY_LOSSES,
-    "algo.loss.name=opmd": lambda: "opmd" in core.POLICY_LOSSES,
-    "algo.loss.name=asymre": lambda: "asymre" in core.POLICY_LOSSES,
-    "algo.loss.name=sppo": lambda: "sppo" in core.POLICY_LOSSES,
-    "algo.loss.name=rec": lambda: "rec" in core.POLICY_LOSSES,
-    "algo.advantage.name=reinforce_pp_baseline": lambda: "reinforce_pp_baseline" in core.ADVANTAGES,
-    "algo.advantage.name=reinforce_pp": lambda: "reinforce_pp" in core.ADVANTAGES,
-    "algo.advantage.name=remax": lambda: "remax" in core.ADVANTAGES,
-    "algo.advantage.name=opo": lambda: "opo" in core.ADVANTAGES,
-    "algo.advantage.scale=": lambda: _param(core.ADVANTAGES, "grpo", "scale"),
-    "algo.terms.policy.top_entropy=": lambda: _param(core.TERMS, "policy", "top_entropy"),
-    "algo=ppo": lambda: (ROOT / "conf" / "algo" / "ppo.yaml").exists(),
-}
 
 
 def _rows() -> list[tuple[str, str, str, str]]:
@@ -115,7 +85,4 @@ def shared_base():
                          ids=[f"{r[0]}:{r[1]}" for r in ROWS if r[2] != "—"])
 def test_every_override_in_the_table_composes(peer, option, cell, shared_base):
     overrides = _overrides(cell)
-    missing = [frag for frag, available in PENDING.items() if any(o.startswith(frag) for o in overrides) and not available()]
-    if missing:
-        pytest.skip(f"PENDING: {', '.join(missing)} not registered yet (added by another helper of issue 26)")
     compose_config(overrides)  # raises ConfigError (one line) for an unknown key, name or value

@@ -98,6 +98,10 @@ def test_expert_rows_get_values_but_no_value_loss(fast_overrides, monkeypatch):
     assert expert_rows > 0 and on_rows > 0
     first = seen[0]  # the critic valued every token of the first generation batch, expert ones included
     assert torch.equal(first["old_values"][first["completion_mask"].bool()], torch.full_like(first["old_values"][first["completion_mask"].bool()], 0.5))
+    # the sample log shows a per-token (GAE) advantage as the mean over the row's completion tokens
+    logged = [json.loads(x) for x in (Path(fast_overrides[-1].split("=", 1)[1]) / "samples.jsonl").read_text().splitlines()]
+    train_rows = [r for r in logged if r["split"] == "train"]
+    assert train_rows and all(isinstance(r["advantage"], float) for r in train_rows)
 
 
 @pytest.mark.parametrize("overrides,message", [

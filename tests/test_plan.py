@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -92,7 +94,10 @@ def test_lm_head_constants_are_trls():
     from mixrl.plan import LM_HEAD_TILE_TOKENS, LM_HEAD_TILE_VOCAB
 
     assert chunked_logprob.TOKEN_CHUNK_SIZE == LM_HEAD_TILE_TOKENS
-    assert trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE == LM_HEAD_TILE_VOCAB
+    # TRL's value as shipped (read from its source: a trainer built earlier in this process narrows
+    # the module global to its vocabulary, mixrl.trainer.lm_head.fit_tile_to_vocab)
+    shipped = re.search(r"^_CHUNKED_LOGPROB_CHUNK_SIZE\s*=\s*(\d+)", Path(trl_utils.__file__).read_text(), re.M)
+    assert shipped and int(shipped.group(1)) == LM_HEAD_TILE_VOCAB
 
 
 @pytest.mark.parametrize("dims", [(64, 176, 2, 4, 2), (96, 352, 2, 6, 2)])

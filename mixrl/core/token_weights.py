@@ -82,7 +82,7 @@ def chord_phi(logp: Tensor, *, cutoff: float | None = None) -> Tensor:
 def chord_phi_clamp(logp: Tensor, *, cutoff: float | None = None) -> Tensor:
     """CHORD-phi with Trinity-RFT's cutoff: ``w = sg(p (1 - p))`` and ``log p`` clamped at ``log(cutoff)``.
 
-    Formula: ``w(p) = sg(p (1 - p))``; the nll term uses ``min(log p, log {cutoff})`` (None: no cutoff)
+    Formula: ``w(p) = sg(p (1 - p))``; the nll term uses ``min(log p, log c)``, c = {cutoff|1 (no cutoff)}
 
     Trinity-RFT's ``sft_phi`` (``cutoff_prob``) keeps the weight of a token above the cutoff
     and clamps its log-probability instead: the token adds the constant

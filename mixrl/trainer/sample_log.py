@@ -125,7 +125,7 @@ def capture_rows(out: dict, *, tokenizer, rewards, rewards_per_func, reward_name
             "completion": trim(completion, max_chars),
             "reward": _num(rewards[start + i]) if scored else None,
             "rewards": {name: _num(v) for name, v in zip(reward_names, per_func)},
-            "advantage": _num(adv[i]) if adv is not None else None,
+            "advantage": _row_advantage(adv, mask, i),
             "tokens": tokens_of[i],
         })
     return rows
@@ -145,6 +145,16 @@ def eval_rows(examples: list[dict], n: int, max_chars: int) -> list[dict]:
             "answer": trim(str(ex.get("answer", "")), max_chars) if ex.get("answer") is not None else None,
         })
     return rows
+
+
+def _row_advantage(adv, mask, i: int) -> float | None:
+    """Row ``i``'s advantage; a per-token one ([B, T], GAE) as its mean over the completion's tokens."""
+    if adv is None:
+        return None
+    if adv.dim() == 1:
+        return _num(adv[i])
+    m = mask[i].bool()
+    return _num(adv[i][m].float().mean()) if bool(m.any()) else None
 
 
 def _num(v) -> float | None:

@@ -25,11 +25,16 @@ def test_values():
     assert weights("luffy", gamma=0.5) == pytest.approx([p / (p + 0.5) for p in PS])
 
 
-@pytest.mark.parametrize("name", TOKEN_WEIGHTS.names())
+@pytest.mark.parametrize("name", [n for n in TOKEN_WEIGHTS.names() if n != "chord_phi_clamp"])
 def test_cutoff_zeroes_confident_tokens(name):
     full = weights(name)
     cut = weights(name, cutoff=0.4)
     assert cut == pytest.approx([w if p <= 0.4 else 0.0 for w, p in zip(full, PS)])
+
+
+def test_chord_phi_clamp_keeps_the_weight_above_the_cutoff():
+    """Trinity-RFT's cutoff clamps log p in the nll term instead (tests/core/test_peer_options.py)."""
+    assert weights("chord_phi_clamp", cutoff=0.4) == pytest.approx([p * (1 - p) for p in PS])
 
 
 def test_weighted_sft_gradient_is_weight_times_grad_logp():

@@ -135,3 +135,27 @@ def test_ppo_interrupted_after_a_checkpoint_then_resumed_ends_with_identical_wei
     ca, cb = (torch.load(Path(tmp_path / d / "trainer" / "checkpoint-4" / CRITIC_FILE), weights_only=True) for d in ("full", "cut"))
     assert all(torch.equal(ca["model"][k], cb["model"][k]) for k in ca["model"])
     assert not torch.equal(ca["model"]["head.weight"], torch.zeros_like(ca["model"]["head.weight"]))  # it trained
+
+
+def test_replay_fill_trains_with_the_critic_and_replay_append_is_refused(fast_overrides, monkeypatch):
+    """replay_fill puts past rollouts in place before scoring (they get values like any row; the
+    buffer stores a per-token advantage as its mean); replay_append adds rows after the advantages."""
+    from mixrl.trainer.grpo import MixrlGRPOTrainer
+
+    seen = []
+    train = MixrlGRPOTrainer._train_critic
+
+    def spy(self, inputs, mode):
+        seen.append({k: inputs[k].clone() for k in ("critic_mask", "completion_mask", "token_source")})
+        return train(self, inputs, mode)
+
+    monkeypatch.setattr(MixrlGRPOTrainer, "_train_critic", spy)
+    common = ["algo=ppo", "offpolicy=replay", "+algo.terms.experience={name: policy, tokens: [replay]}"]
+    res = runner.invoke(app, ["train", *fast_overrides, *common, "algo.inject.name=replay_append", "trainer.eval_size=0"])
+    assert res.exit_code == 2 and "adds rows after the advantages" in res.output
+    res = runner.invoke(app, ["train", *fast_overrides, *common, "algo.inject.name=replay_fill", "trainer.max_steps=3",
+                              "trainer.eval_size=0"])
+    assert res.exit_code == 0, res.output[-3000:]
+    assert seen
+    for b in seen:  # the critic trains on on-policy tokens only, whatever the replay put in the batch
+        assert torch.equal(b["critic_mask"], b["completion_mask"].bool() & (b["token_source"] == prov.ON_POLICY))

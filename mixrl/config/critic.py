@@ -15,7 +15,6 @@ from mixrl.config.sampler import sampler_active
 from mixrl.core import VALUE_LOSSES
 from mixrl.errors import ConfigError
 from mixrl.sources import INJECTIONS
-from mixrl.sources.base import Injection
 
 CRITIC_KEYS = {"lr": "> 0", "value_clip": "> 0 or null", "max_grad_norm": "> 0 or null", "weight_decay": ">= 0"}
 
@@ -53,7 +52,7 @@ def check_critic(cfg: DictConfig) -> None:
     if sampler_active(cfg):
         raise ConfigError("algo.critic with a sampler is not supported (a dropped row's advantage is per row); use sampler=none")
     inject = cfg.algo.inject.get("name", "none")
-    if INJECTIONS.get(inject).after_advantages is not Injection.after_advantages:
+    if INJECTIONS.get(inject).appends_rows_after_advantages:
         raise ConfigError(f"algo.critic with algo.inject.name={inject}: that injection adds rows after the advantages, "
                           "which get no values; use an injection that writes rows before scoring (group_replace)")
 

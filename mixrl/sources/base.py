@@ -169,6 +169,9 @@ class Injection:
     may_generate_more = False
     #: True when its state is large (a buffer): saved with torch.save, one file per process
     state_in_file = False
+    #: True when ``after_advantages`` appends rows (with their own advantages) to the batch; a
+    #: learned critic (``algo.critic``) values rows at scoring time and refuses such an injection
+    appends_rows_after_advantages = False
 
     def __init__(self, *, source: Source | None = None, geometry: Any = None, seed: int = 0):
         self.source = source

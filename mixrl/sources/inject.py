@@ -105,6 +105,8 @@ class AppendRows(Injection):
         rows (None): expert rows per step instead of the ratio (wins when set).
     """
 
+    appends_rows_after_advantages = True
+
     def __init__(self, *, ratio: float = 0.2, rows: int | None = None, source=None, geometry=None, seed: int = 0):
         super().__init__(source=source, geometry=geometry, seed=seed)
         if rows is None and not 0.0 < ratio < 1.0:

@@ -124,7 +124,8 @@ class ReplaySource(Source):
                 completion=batch["completion_ids"][i, :n].tolist(),
                 logp=lp.tolist(),
                 reward=float(batch["mixrl_reward"][i]),
-                advantage=float(batch["advantages"][i]),
+                # a per-token advantage (GAE, algo.critic) is stored as its mean over the completion
+                advantage=float(batch["advantages"][i] if batch["advantages"].dim() == 1 else batch["advantages"][i, :n][cm[i, :n]].mean()),
                 group_mean=float(batch["mixrl_group_mean"][i]),
                 group_std=float(batch["mixrl_group_std"][i]),
                 step=int(ctx.global_step),

@@ -95,6 +95,8 @@ class ReplayAppend(_ReplayInjection):
         until_step (None): ReMix's policy reincarnation: from this step on nothing is replayed (pure on-policy); None: never stop.
     """
 
+    appends_rows_after_advantages = True
+
     def __init__(self, *, ratio: float = 0.5, rows: int | None = None, min_age: int = 1, until_step: int | None = None,
                  source=None, geometry=None, seed: int = 0):
         super().__init__(source=source, geometry=geometry, seed=seed)

@@ -8,6 +8,8 @@ the typed schema and validates components and cross-field rules.
 
 from __future__ import annotations
 
+import copy
+
 import importlib
 import itertools
 from functools import lru_cache
@@ -105,11 +107,35 @@ def expand_sweeps(overrides: list[str]) -> list[list[str]]:
     return [list(job) for job in itertools.product(*choices)] if choices else [[]]
 
 
+def _config_files_stamp() -> tuple:
+    """What the Hydra composition reads: every file under conf/ and recipes/ (path, size, mtime)."""
+    stamp = []
+    for root in (conf_dir(), recipes_dir()):
+        for path in sorted(root.rglob("*.yaml")):
+            st = path.stat()
+            stamp.append((str(path), st.st_size, st.st_mtime_ns))
+    return tuple(stamp)
+
+
+#: (group and value overrides, the config files' stamp) -> the composed config (before validation);
+#: Hydra's compose costs ~0.2 s and a command, a test or the methods page composes the same configs
+#: again and again. A hit returns a copy; a changed or added config file changes the stamp.
+_RAW_CACHE: dict[tuple, DictConfig] = {}
+_RAW_CACHE_MAX = 256
+
+
 def _compose_raw(overrides: list[str]) -> DictConfig:
-    _register_recipes()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        return hydra_compose(config_name="config", overrides=overrides)
+    key = (tuple(overrides), _config_files_stamp())
+    hit = _RAW_CACHE.get(key)
+    if hit is None:
+        _register_recipes()
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            hit = hydra_compose(config_name="config", overrides=overrides)
+        if len(_RAW_CACHE) >= _RAW_CACHE_MAX:
+            _RAW_CACHE.pop(next(iter(_RAW_CACHE)))
+        _RAW_CACHE[key] = hit
+    return copy.deepcopy(hit)
 
 
 def _check_group_override(group: str, value: str) -> None:

@@ -83,7 +83,7 @@ def gae(
     advantages are normalised over the tokens of the ``include`` rows (verl, TRL's PPO). Called
     without per-token inputs each row is one step with value 0 (``A_i = R_i``, whitened).
 
-    Formula: ``A_t = sum_l ({gamma} {lam})^l delta_(t+l), delta_t = r_t + {gamma} V(s_(t+1)) - V(s_t)``; returns ``A_t + V(s_t)``; whitened over the batch's tokens: {whiten}
+    Formula: ``A_t = sum_l ({gamma} x {lam})^l delta_(t+l), delta_t = r_t + {gamma} V(s_(t+1)) - V(s_t)``; returns ``A_t + V(s_t)``; whitened over the batch's tokens: {whiten}
 
     Paper: "High-Dimensional Continuous Control Using Generalized Advantage Estimation"
     (Schulman et al., arXiv 1506.02438); PPO, "Proximal Policy Optimization Algorithms"

@@ -102,6 +102,12 @@ def test_fsdp_two_processes_uneven_hints_save_load_and_resume(gloo, fsdp_model, 
         "data.train_size=64", "logger.progress=false", "hardware.torch_threads=1",
     ]
     rc, first_s = _mixrl(overrides, tmp_path / "train.log")
+    if rc != 0 and "SIGABRT" in (tmp_path / "train.log").read_text():
+        # seen once in 5 suite runs under CI load: a worker aborted inside gloo (SIGABRT) in the first
+        # launch; not reproduced alone. One fresh retry, the first log kept; a second abort fails.
+        (tmp_path / "train.log").rename(tmp_path / "train-aborted.log")
+        shutil.rmtree(run, ignore_errors=True)
+        rc, first_s = _mixrl(overrides, tmp_path / "train.log")
     assert rc == 0, f"the FSDP run failed ({rc}, {first_s:.0f} s):\n{_tail(tmp_path / 'train.log')}"
 
     summary = json.loads((run / "summary.json").read_text())

@@ -186,13 +186,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     import transformers
 
     from bench.report import write_text
+    from bench.variants import run_overrides
 
     transformers.utils.logging.set_verbosity_error()
-    overrides = ["logger.progress=false", "trainer.eval_size=0", "trainer.save_steps=0", *opts.set]
-    if opts.model:
-        overrides.append(f"model.path={opts.model}")
-    if opts.device == "cuda":
-        overrides.append("hardware.device=cuda")
+    overrides = run_overrides(opts.set, opts.model, opts.device)
     tmp = Path(tempfile.mkdtemp(prefix="mixrl-bench-mem-"))
     rows = [measure(v, overrides, opts.steps, opts.device, tmp, opts.lengths) for v in variants]
     text = markdown(rows, argv)

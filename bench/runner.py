@@ -20,11 +20,11 @@ from typing import Any
 
 from bench.machine import git_commit, loadavg, machine_info
 from bench.probes import lifetime_peak_rss_mb, state_mb
-from bench.profile import render_profile
+from bench.profiling import render_profile
 from bench.records import VariantResult
 from bench.timer import StepTimer
 from bench.turns import Aborted, Turns
-from bench.variants import DESCRIPTIONS, VARIANTS, algo_of, build_variant, compose, lengths_kwargs
+from bench.variants import DESCRIPTIONS, VARIANTS, algo_of, build_variant, compose, lengths_kwargs, run_overrides
 
 
 def run(opts: argparse.Namespace, log: Callable[[str], None]) -> dict:
@@ -51,11 +51,7 @@ def run(opts: argparse.Namespace, log: Callable[[str], None]) -> dict:
     if bad:
         raise SystemExit(f"error: unknown variant(s) {', '.join(bad)}; choose from {', '.join(VARIANTS)}")
     load_before = loadavg()
-    overrides = ["logger.progress=false", "trainer.eval_size=0", "trainer.save_steps=0", *opts.set]
-    if opts.model:
-        overrides.append(f"model.path={opts.model}")
-    if opts.device == "cuda":
-        overrides.append("hardware.device=cuda")
+    overrides = run_overrides(opts.set, opts.model, opts.device)
     W, S = opts.warmup, opts.steps
     profile_steps: dict[int, str] = {}
     if opts.profile_out and "grpo" in variants:

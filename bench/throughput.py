@@ -5,7 +5,7 @@
     python -m bench.throughput --warmup 1 --steps 1  # smoke run
 
 One run builds four variants on the same model (the built-in tiny model unless ``--model``),
-data (``builtin:arith``) and batch geometry (the default config: 8 prompts x 8 generations,
+data (``builtin:arith``) and batch geometry (the default config: 16 prompts x 8 generations,
 one micro-batch, 32 new tokens; ``--set KEY=VALUE`` overrides any config value for all):
 
 ``trl``    plain ``trl.GRPOTrainer``, with the GRPOConfig that mixrl builds for ``algo=grpo``
@@ -43,7 +43,7 @@ committed report is made). ``--json PATH`` adds every measurement as JSON.
 
 The work is split by job: :mod:`bench.variants` (building each variant), :mod:`bench.turns`
 (turn taking), :mod:`bench.timer` (the timing hook), :mod:`bench.probes` (memory),
-:mod:`bench.runner` (one run), :mod:`bench.profile` and :mod:`bench.report` (the outputs); this
+:mod:`bench.runner` (one run), :mod:`bench.profiling` and :mod:`bench.report` (the outputs); this
 module is the command line.
 """
 
@@ -131,7 +131,13 @@ def main(argv: list[str] | None = None) -> dict:
 
     opts = parse_args(argv)
     out, err = Console(width=None if sys.stdout.isatty() else 160), Console(stderr=True)
-    rep = run(opts, log=lambda s: err.print(s, highlight=False))
+    from mixrl.errors import ConfigError, DataError
+
+    try:
+        rep = run(opts, log=lambda s: err.print(s, highlight=False))
+    except (ConfigError, DataError) as e:  # a bad --set or --model: one line, exit 2, no report written
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     table, rtable = rich_tables(rep)
     out.print(table)
     out.print(rtable)

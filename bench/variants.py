@@ -33,6 +33,17 @@ DESCRIPTIONS = {
 }
 
 
+#: every benchmark's runs: no progress bar, no held-out evaluation, no checkpoints
+BASE_OVERRIDES = ("logger.progress=false", "trainer.eval_size=0", "trainer.save_steps=0")
+
+
+def run_overrides(sets: list[str], model: str | None = None, device: str = "cpu") -> list[str]:
+    """The config overrides of every variant of a run: :data:`BASE_OVERRIDES`, the user's ``--set``
+    values, then ``--model`` and ``--device cuda`` (which therefore win over a ``--set`` of the same key)."""
+    return [*BASE_OVERRIDES, *sets, *([f"model.path={model}"] if model else []),
+            *(["hardware.device=cuda"] if device == "cuda" else [])]
+
+
 def fixed_lengths(cfg) -> dict:
     """``--lengths fixed``: every completion has max_completion_length tokens (eos suppressed until
     then, HF ``min_new_tokens``), so every variant does the same work every step whatever its weights."""

@@ -55,7 +55,7 @@ from bench.records import StepRecord, VariantResult, fmt, paired_ratio  # noqa: 
 from bench.report import check_out, report_file, write_text  # noqa: E402
 from bench.timer import StepTimer  # noqa: E402
 from bench.turns import Turns  # noqa: E402
-from bench.variants import build_mixrl_trainer, build_trl_trainer, compose  # noqa: E402
+from bench.variants import build_mixrl_trainer, build_trl_trainer, compose, run_overrides  # noqa: E402
 
 VARIANTS = ("hf", "colocate", "trl-colocate", "server", "async", "trl-server")
 DESCRIPTIONS = {
@@ -78,7 +78,7 @@ RATIOS = (
 
 
 def overrides_for(variant: str, opts) -> list[str]:
-    base = ["logger.progress=false", "trainer.eval_size=0", "trainer.save_steps=0", "hardware.torch_threads=1", *opts.set]
+    base = run_overrides(["hardware.torch_threads=1", *opts.set])
     if variant == "hf":
         return base
     hw = ["hardware=cpu-vllm"]

@@ -162,6 +162,7 @@ def test_vllm_steps_out_follows_the_same_rule(tmp_path, monkeypatch):
     (["--only", "grpo,nope"], "unknown variant(s) nope in --only"),
     (["--out", "a-file"], "--out a-file is a file"),
     (["--steps", "0"], "--steps >= 1"),
+    (["--set", "trainer.nope=1"], "unknown key 'trainer.nope'"),  # found when the config is composed, before any model loads
 ])
 def test_bad_options_exit_2_with_one_line_and_create_nothing(args, words, tmp_path):
     (tmp_path / "a-file").write_text("x")

@@ -1,6 +1,6 @@
 """GMPO: the geometric mean of the token ratios, clipped per token in log space.
 
-Same signature and conventions as :mod:`mixrl.core.policy_losses`; a sequence-level loss
+Same signature and conventions as :mod:`mixrl.core.policy_base`; a sequence-level loss
 written per token like ``gspo`` (every valid token of a row carries the row's loss value,
 its gradient goes through its own log-ratio).
 """
@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from mixrl.core._tensor import bool_mask, log_ratio, masked_inputs, masked_mean, token_advantages, zero_masked
-from mixrl.core.policy_losses import POLICY_LOSSES, PolicyLossOutput, _finish
+from mixrl.core.policy_base import POLICY_LOSSES, PolicyLossOutput, _finish
 
 
 @POLICY_LOSSES.register("gmpo", bounds={

@@ -114,6 +114,8 @@ def topr(
 @POLICY_LOSSES.register("cispo", bounds={
     "clip_low": ("[0, 1]", "the IS weight is clipped below at 1 - clip_low, a ratio is >= 0"),
     "clip_high": (">= 0", "the IS weight is clipped above at 1 + clip_high"),
+    "mask_low": ("[0, 1]", "the trust mask drops A < 0 tokens below 1 - mask_low, a ratio is >= 0"),
+    "mask_high": (">= 0", "the trust mask drops A > 0 tokens above 1 + mask_high"),
 })
 def cispo(
     logp: Tensor,
@@ -124,10 +126,12 @@ def cispo(
     clip_low: float = 1.0,
     clip_high: float = 0.28,
     trust_mask: bool = False,
+    mask_low: float | None = None,
+    mask_high: float | None = None,
 ) -> PolicyLossOutput:
     """CISPO: clipped IS-weight policy optimisation (every token keeps its gradient).
 
-    Formula: ``l_t = -sg(clip(r_t, 1 - {clip_low}, 1 + {clip_high})) A log p_t``, times ``M_t`` if trust_mask ({trust_mask}): ``M_t = 0`` where A > 0 and r_t > 1 + clip_high or A < 0 and r_t < 1 - clip_low, else 1
+    Formula: ``l_t = -sg(clip(r_t, 1 - {clip_low}, 1 + {clip_high})) A log p_t``, times ``M_t`` if trust_mask ({trust_mask}): ``M_t = 0`` where A > 0 and r_t > 1 + {mask_high|clip_high} or A < 0 and r_t < 1 - {mask_low|clip_low}, else 1
 
     Clipped tokens: those whose IS weight was truncated (r outside the bounds), and with
     ``trust_mask`` those masked. The paper sets no lower bound ("setting eps_low to a large
@@ -135,10 +139,13 @@ def cispo(
     implementation, whose clip_high default 0.28 we also use.
 
     ``trust_mask: true`` is the token mask M_t of the report's unified objective (its eq. with
-    M_t, which recovers the PPO trust region) and what Trinity-RFT's ``cispo`` always applies:
-    a token whose ratio already left the band in the direction its advantage pushes gets no
-    gradient. ``false`` (the default) is the CISPO objective itself (M_t = 1), as in verl's
-    ``cispo`` loss mode.
+    M_t, which recovers the PPO trust region): a token whose ratio already left the band in the
+    direction its advantage pushes gets no gradient. Its band is ``1 - mask_low .. 1 +
+    mask_high``, by default the weight's clip bounds. Trinity-RFT's ``cispo`` applies it with
+    ``enable_mask_clip: true`` (off by default) and its own bounds ``mask_clip_range_low`` /
+    ``mask_clip_range_high`` (= ``mask_low`` / ``mask_high``; Trinity's defaults 1.0 / 0.28).
+    ``false`` (the default) is the CISPO objective itself (M_t = 1), as in verl's ``cispo``
+    loss mode, TRL's ``loss_type=cispo`` and Trinity's default.
 
     Paper: CISPO, in "MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning
     Attention" (2025, arXiv 2506.13585).
@@ -146,7 +153,9 @@ def cispo(
     Parameters:
         clip_low (1.0): IS-weight lower bound is 1 - clip_low (1.0 = no lower bound).
         clip_high (0.28): IS-weight upper bound is 1 + clip_high.
-        trust_mask (false): drop tokens with A > 0 and r > 1 + clip_high, or A < 0 and r < 1 - clip_low (Trinity-RFT).
+        trust_mask (false): drop tokens with A > 0 and r > 1 + mask_high, or A < 0 and r < 1 - mask_low (Trinity-RFT's enable_mask_clip).
+        mask_low (None): the mask's lower band 1 - mask_low (None: clip_low; Trinity's mask_clip_range_low).
+        mask_high (None): the mask's upper band 1 + mask_high (None: clip_high; Trinity's mask_clip_range_high).
     """
     logp, old_logp, advantages = masked_inputs(logp, old_logp, advantages, mask)
     adv = token_advantages(advantages, logp)
@@ -157,7 +166,9 @@ def cispo(
     clipped = (ratio > hi) | (ratio < lo)
     metrics = _ratio_metrics(ratio, mask)
     if trust_mask:
-        dropped = ((adv > 0) & (ratio > hi)) | ((adv < 0) & (ratio < lo))
+        m_lo = lo if mask_low is None else 1.0 - mask_low
+        m_hi = hi if mask_high is None else 1.0 + mask_high
+        dropped = ((adv > 0) & (ratio > m_hi)) | ((adv < 0) & (ratio < m_lo))
         loss = torch.where(dropped, torch.zeros_like(loss), loss)
         metrics["masked_frac"] = masked_mean(dropped.to(logp.dtype), mask)
     return _finish(loss, clipped, mask, metrics)

@@ -179,8 +179,9 @@ def test_trl_loss_type_aggregation_counts_fully_masked_rows(loss_type, mode, agg
 
 def test_count_empty_rows_by_hand_and_through_the_objective():
     """Hand values: row means 1.0 and 3.0, one fully masked row: (1 + 3) / 3 with it counted,
-    (1 + 3) / 2 without; the objective divides by the population's rows (its third count),
-    and two micro-batches with the step's normalisers add up to the whole step."""
+    (1 + 3) / 2 without; the objective built from ``algo.aggregation.count_empty_rows=true``
+    divides by the population's rows (its third count) and equals TRL's ``loss_type=grpo``, and
+    two micro-batches with the step's normalisers add up to the whole step."""
     loss = torch.tensor([[1.0, 1.0], [2.0, 4.0], [9.0, 9.0]], dtype=torch.float64)
     mask = torch.tensor([[1, 1], [1, 1], [0, 0]], dtype=torch.bool)
     f = AGGREGATIONS.get("seq-mean-token-mean")
@@ -310,7 +311,7 @@ def test_rpo_nll_tokens_is_trls_sft_loss_and_pair_is_the_per_pair_mean():
         out = TERMS.get("rpo")(x, beta=beta, alpha=alpha, nll_mean=nll_mean)
         v = AGGREGATIONS.get("seq-mean-token-sum")(out.per_token * mask, mask, num_items=4.0)
         v.backward()
-        return float(v), logp.grad
+        return float(v.detach()), logp.grad
 
     trl_sft = -(s[0] + s[2]) / (n[0] + n[2])  # 4.8 / 5
     pair_nll = (-s[0] / n[0] - s[2] / n[2]) / 2  # (1.5 + 0.6) / 2
@@ -353,3 +354,106 @@ def test_luffy_sft_multitask_loss_is_policy_on_rollouts_plus_nll_on_expert_rows(
         return sft_loss * 0.1 + pg_loss
 
     _close((loss.detach(), logp.grad), _peer(luffy))
+
+
+# --------------------------------------------------------------------------- GSPO, SAPO (verl, Trinity)
+def _gspo_per_token(logp, low, high, clamp_max=None):
+    """verl b178a3cd ``compute_policy_loss_gspo`` (``clamp_max=10.0``) and Trinity-RFT 9051d637
+    gspo_policy_loss.py ``GSPOLossFn.__call__`` (no clamp): the GSPO-token ratio."""
+    m = MASK.to(logp.dtype)
+    neg_kl = logp - OLD
+    neg_kl_seq = (neg_kl * m).sum(-1) / m.sum(-1).clamp(min=1)
+    log_s = logp - logp.detach() + neg_kl_seq.detach().unsqueeze(-1)
+    if clamp_max is not None:
+        log_s = torch.clamp(log_s, max=clamp_max)
+    s = torch.exp(log_s)
+    adv = ADV.unsqueeze(-1)
+    return torch.maximum(-adv * s, -adv * torch.clamp(s, 1 - low, 1 + high))
+
+
+def test_verl_gspo_is_gspo_with_seq_mean_token_mean():
+    """verl's ``gspo`` always aggregates ``seq-mean-token-mean`` (fully masked rows left out, as
+    ``algo=gspo``); its log-ratio clamp at 10 does not act on these ratios."""
+    peer = _peer(lambda lp: _verl_agg_loss(_gspo_per_token(lp, 0.2, 0.28, clamp_max=10.0), "seq-mean-token-mean"))
+    _close(_mixrl("gspo", "seq-mean-token-mean", {"clip_low": 0.2, "clip_high": 0.28}), peer)
+
+
+def test_trinity_gspo_under_its_loss_agg_mode_token_mean():
+    """Trinity's validator replaces the loss's own ``loss_agg_mode`` (gspo's seq-mean-token-mean)
+    with ``algorithm.loss_agg_mode`` (default token-mean): ``algo=gspo
+    algo.aggregation.name=token-mean``; with the gspo default aggregation mixrl differs."""
+    peer = _peer(lambda lp: _verl_agg_loss(_gspo_per_token(lp, 3e-4, 4e-4), "token-mean"))
+    _close(_mixrl("gspo", "token-mean", {"clip_low": 3e-4, "clip_high": 4e-4}), peer)
+    assert not torch.allclose(_mixrl("gspo", "seq-mean-token-mean", {"clip_low": 3e-4, "clip_high": 4e-4})[0], peer[0])
+
+
+def test_verl_sapo_is_sapo_with_seq_mean_token_mean():
+    """verl b178a3cd ``compute_policy_loss_sapo``: gate ``sigmoid(tau (r - 1)) 4 / tau`` times -A,
+    always ``seq-mean-token-mean`` (fully masked rows left out): ``algo=sapo``."""
+    def verl(lp):
+        ratio = torch.exp(torch.clamp(lp - OLD, -20.0, 20.0))
+        adv = ADV.unsqueeze(-1)
+        taus = torch.where(adv > 0, torch.as_tensor(1.0, dtype=adv.dtype), torch.as_tensor(1.05, dtype=adv.dtype))
+        return _verl_agg_loss(-torch.sigmoid(taus * (ratio - 1.0)) * (4.0 / taus) * adv, "seq-mean-token-mean")
+    _close(_mixrl("sapo", "seq-mean-token-mean", {"tau_pos": 1.0, "tau_neg": 1.05}), _peer(verl))
+
+
+def test_trinity_topr_and_sapo_under_loss_agg_mode_token_mean():
+    """Trinity (topr, sapo with its stopped gate): the per-token losses are mixrl's (``taper=token``,
+    ``detach_gate``, tested by hand in test_peer_options.py); the validator aggregates them with
+    ``algorithm.loss_agg_mode``, token-mean by default, so the rows add
+    ``algo.aggregation.name=token-mean``. Here: Trinity's topr_policy_loss.py
+    ``TOPRPolicyLossFn.__call__`` (``advantage_threshold`` 0; A = 0 tokens have loss 0 either
+    way) with its own ``masked_mean``."""
+    def trinity_topr(lp):
+        ratio = torch.exp(lp - OLD)
+        ratio_clamped = torch.clamp(ratio, min=0.0, max=1.0)
+        rewards = ADV.unsqueeze(-1)
+        alpha = torch.where(rewards <= 0.0, ratio_clamped, torch.ones_like(ratio))
+        return _verl_agg_loss(-alpha.detach() * rewards * lp, "token-mean")
+    _close(_mixrl("topr", "token-mean", {"taper": "token"}), _peer(trinity_topr))
+
+
+@pytest.mark.parametrize("verl_type, estimator", [("low_var_kl", "k3_clamped"), ("k3", "k3_clamped"), ("kl", "k1"),
+                                                  ("k1", "k1"), ("mse", "k2"), ("k2", "k2")])
+def test_verl_kl_loss_types_are_mixrl_estimators(verl_type, estimator):
+    """verl b178a3cd ``kl_penalty_forward``: k1, k2 (``0.5 (log r)^2``), and ``low_var_kl`` = ``k3``
+    (log-ratio clamped to ±20, value to ±10), per token; the estimators of ``algo.kl.estimator``."""
+    from mixrl.core.regularizers import KL_ESTIMATORS
+
+    ref = OLD - torch.tensor([[0.3, -25.0, 2.0, 0.0], [1.0, -1.0, 14.0, 0.5], [0.0] * 4, [-0.2, 0.1, 0.0, 0.0]],
+                             dtype=torch.float64)
+
+    def verl(lp):
+        if verl_type in ("kl", "k1"):
+            kl = lp - ref
+        elif verl_type in ("mse", "k2"):
+            kl = 0.5 * (lp - ref).square()
+        else:
+            d = torch.clamp(ref - lp, min=-20, max=20)
+            kl = torch.clamp(torch.exp(d) - d - 1, min=-10, max=10)
+        return (kl * MASK).sum()
+
+    logp = _logp()
+    (KL_ESTIMATORS.get(estimator)(logp, ref) * MASK).sum().backward()
+    value = (KL_ESTIMATORS.get(estimator)(logp.detach(), ref) * MASK).sum()
+    _close((value, logp.grad), _peer(verl))
+
+
+def test_trl_gmpo_is_gmpo_counting_fully_masked_rows():
+    """TRL 1.16.0 ``trl/experimental/gmpo/gmpo_trainer.py`` ``_compute_loss``: log-space clip by
+    the sign of the row's advantage (``torch.where(A > 0, min, max)``), geometric mean over the
+    row, ``per_sequence_loss.mean()`` over every row: ``count_empty_rows``. The same gradient;
+    the value differs by a constant: TRL's fully masked row keeps ``-A`` (its ratio is exp(0) = 1
+    and its advantage is not masked), mixrl's adds 0."""
+    def trl(lp):
+        m = MASK.to(lp.dtype)
+        log_ratio = lp - OLD
+        clamped = torch.clamp(log_ratio, min=-0.4, max=0.4)
+        a = ADV.unsqueeze(1)
+        clipped = torch.where(a > 0, torch.minimum(log_ratio, clamped), torch.maximum(log_ratio, clamped))
+        coef = torch.exp((clipped * m).sum(-1) / m.sum(-1).clamp(min=1.0))
+        return (-coef * ADV).mean()
+    value, grad = _mixrl("gmpo", "seq-mean-token-mean", {}, {"count_empty_rows": True})
+    peer_value, peer_grad = _peer(trl)
+    _close((value, grad), (peer_value + ADV[2] / 4, peer_grad))  # row 2 is the fully masked one

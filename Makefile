@@ -49,6 +49,7 @@ tiny: install
 
 docs: install
 	$(BIN)/mixrl docs components
+	$(BIN)/mixrl docs peers
 	$(BIN)/python -m mixrl.experiments.methods > docs/methods.md
 
 clean:

@@ -387,6 +387,24 @@ def docs_methods(
     _write_page(render_methods(results), out_path)
 
 
+@docs_app.command("peers")
+@user_errors
+def docs_peers(
+    out_path: Path = typer.Option(Path("docs/peers.md"), "--out", help="Where to write the page ('-' for stdout)."),
+    data: Path = typer.Option(Path("docs/peers.yaml"), "--data", help="The table's data: every peer option, its overrides, status and tests."),
+):
+    """Regenerate docs/peers.md from docs/peers.yaml: every verl, TRL, Trinity-RFT and LUFFY option, its mixrl overrides and how far they agree."""
+    from mixrl.experiments.peers import load_peers, render_peers  # deferred: `mixrl --help` must stay fast
+
+    if not data.is_file():
+        raise ConfigError(f"--data {data}: no such file; run from the repository root or pass --data path/to/peers.yaml")
+    try:
+        table = load_peers(data)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    _write_page(render_peers(table), out_path)
+
+
 def main() -> None:  # pragma: no cover
     app()
 

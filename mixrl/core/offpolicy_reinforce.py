@@ -5,7 +5,7 @@ Demystifying Some Myths About GRPO and Its Friends" (arXiv 2509.24203) and its n
 as Trinity-RFT ships them: plain ``-A log p`` on possibly stale or replayed rows, made safe
 by a regulariser (OPMD), a shifted baseline (AsymRE) or token clipping (REC).
 
-Same signature and conventions as :mod:`mixrl.core.policy_losses`: per-token loss, not
+Same signature and conventions as :mod:`mixrl.core.policy_base`: per-token loss, not
 aggregated, 0 on padding (padded ``logp`` / ``old_logp`` are replaced by 0 before any use).
 Notation: ``r_t = exp(clamp(log p_t - log p_old,t, -20, 20))``, ``A`` the advantage, ``sg``
 stop-gradient.
@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from mixrl.core._tensor import log_ratio, masked_inputs, masked_mean, token_advantages
-from mixrl.core.policy_losses import POLICY_LOSSES, PolicyLossOutput, _finish, _ratio_metrics
+from mixrl.core.policy_base import POLICY_LOSSES, PolicyLossOutput, _finish, _ratio_metrics
 
 OPMD_FORMS = ("k2", "trinity")
 REC_CLIP_MODES = ("none", "one-side", "two-side", "ring")

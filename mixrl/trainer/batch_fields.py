@@ -73,8 +73,10 @@ class BatchFields:
         out["token_source"] = token_source
         out["behaviour_logp"] = behaviour
 
-    def _global_counts(self, out) -> dict[str, tuple[float, float]]:
-        """Effective (tokens, rows) of each token population the objective normalises over.
+    def _global_counts(self, out) -> dict[str, tuple[float, float, float]]:
+        """Effective (tokens, rows with a trainable token, all rows) of each token population
+        the objective normalises over (all rows: with a position of the population, trainable
+        or not; what ``count_empty_rows`` divides by).
 
         DDP averages gradients over W processes and each process adds up its
         gradient-accumulation micro-batches, so dividing local sums by N_global / W makes the
@@ -84,11 +86,12 @@ class BatchFields:
         stats = []
         pops = self.objective.populations()
         for pop in pops:
-            m = (mask & prov.select(out["token_source"], pop)).float()
-            stats += [m.sum(), (m.sum(-1) > 0).float().sum()]
+            member = prov.select(out["token_source"], pop)
+            m = (mask & member).float()
+            stats += [m.sum(), (m.sum(-1) > 0).float().sum(), member.any(-1).float().sum()]
         totals = self.accelerator.reduce(torch.stack(stats), reduction="sum")
         t = (totals / float(self.accelerator.num_processes)).tolist()
-        return {population_key(p): (t[2 * i], t[2 * i + 1]) for i, p in enumerate(pops)}
+        return {population_key(p): (t[3 * i], t[3 * i + 1], t[3 * i + 2]) for i, p in enumerate(pops)}
 
 
 def behaviour_known(token_source: torch.Tensor) -> torch.Tensor:

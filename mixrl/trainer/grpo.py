@@ -136,7 +136,7 @@ class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, Checkpoi
         self._mixrl_batch_inputs: list[dict] | None = None
         self._mixrl_rollouts: Rollouts | None = None
         self._mixrl_rewards_per_func: torch.Tensor | None = None
-        self._mixrl_normalisers: dict[str, tuple[float, float]] | None = None
+        self._mixrl_normalisers: dict[str, tuple[float, float, float]] | None = None
         self._entropy_window: list[float] = []  # step_end controllers: entropies of the step's micro-batches
         self._mixrl_step_begin: tuple[int, int] = (-1, 0)  # (global_step, TRL's _step) when the running optimizer step began
         super().__init__(*args, **kwargs)

@@ -346,6 +346,7 @@ def reproduce(
     if seeds is not None and seeds < 1:
         raise ConfigError("--seeds must be >= 1 (use --seeds N with N >= 1)")
     out_dir = out_dir or experiments_reproduce.default_out_dir(s.name)
+    experiments_reproduce.check_out_dir(out_dir)  # a folder of the user's own (its README.md, compare.md) is refused before any run
     err.print(f"writing to [bold]{out_dir}[/]")
     result = experiments_reproduce.reproduce_suite(s, out_dir, seeds=seeds, jobs=jobs, extra=list(overrides or []), log=err.print, plots=plots,
                              only=[x.strip() for x in only.split(",") if x.strip()] if only else (),

@@ -31,7 +31,8 @@ named packages are put, and why:
 layer  modules
 =====  =====================================================================================
 0      ``core`` (pure tensor math); ``errors`` (exception types, imported everywhere); ``progress``
-       (the progress display of every long command: Rich only, used from ``models`` up to ``cli``)
+       (the progress display of every long command: Rich only, used from ``models`` up to ``cli``);
+       ``jsonl`` (the reader of a run's JSON-lines logs: the standard library only)
 1      ``sources``, ``sampler``, ``data``, ``rewards``, ``models``, ``tasks``; ``evaluation`` (a model's
        accuracy and pass@k on held-out rows, the held-out split, the periodic callback, saved
        model folders, the eval cache: it needs only torch/transformers and ``errors``, reads
@@ -64,7 +65,7 @@ from pathlib import Path
 
 #: first path component below the package -> layer (see the module docstring)
 LAYERS = {
-    "": 0, "core": 0, "errors": 0, "progress": 0,
+    "": 0, "core": 0, "errors": 0, "progress": 0, "jsonl": 0,
     "sources": 1, "sampler": 1, "data": 1, "rewards": 1, "models": 1, "tasks": 1, "evaluation": 1,
     "config": 2,
     "trainer": 3, "vllm_cpu": 3, "vllm_file_transfer": 3, "explain": 3,

@@ -9,6 +9,7 @@ Registered in ``mixrl.cli.main`` with ``app.command("compare")(compare)`` and
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -21,12 +22,26 @@ from rich.table import Table
 from mixrl.cli.errors import user_errors
 from mixrl.experiments.compare import compare as run_compare
 from mixrl.experiments.report import table_cells, table_header
+from mixrl.errors import ConfigError
 from mixrl.evaluation.saved import resolve_model_dir
 from mixrl.progress import progress_bar
 
 
 def _consoles() -> tuple[Console, Console]:
     return Console(width=None if sys.stdout.isatty() else 160), Console(stderr=True)
+
+
+def check_out_file(path: Path, option: str = "--out") -> None:
+    """A results file the command will write once its work is done: refused now (ConfigError,
+    one line) when it is a directory or its folder cannot be written, so a long evaluation is
+    not lost at its end. Reads only."""
+    if path.is_dir():
+        raise ConfigError(f"{option} {path} is a directory; give a file to write the results to, e.g. {option} {path / 'eval.json'}")
+    where = path.absolute().parent
+    while not where.exists():
+        where = where.parent
+    if not where.is_dir() or not os.access(where, os.W_OK | os.X_OK):
+        raise ConfigError(f"{option} {path} cannot be written ({where} is not a writable directory); choose a writable path")
 
 
 # --------------------------------------------------------------------------- compare
@@ -82,6 +97,8 @@ def eval_model(
     from mixrl.trainer.saved_eval import eval_config, evaluate_saved_model  # deferred: trainer.saved_eval imports transformers; `mixrl --help` never loads it
 
     out, err = _consoles()
+    if out_file is not None:
+        check_out_file(out_file)  # before the evaluation: its results are not lost to an unwritable --out
     cfg, saved = eval_config(model_dir, list(overrides or []), trust_run_code=trust_run_code)  # a bad override fails before any model is loaded
     resolve_model_dir(model_dir)
     err.print(f"config: {saved} (the run's own{', with the overrides' if overrides else ''})" if saved

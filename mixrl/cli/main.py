@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from mixrl.cli.errors import user_errors
+from mixrl.cli.errors import exit_launched_worker, user_errors
 from mixrl.config import hardware
 from mixrl.config.recipe_index import group_options, list_recipe_names, recipe_summary, recipes_dir
 from mixrl.config.schema import GROUPS
@@ -133,6 +133,7 @@ def train(
         out.print(f"run directory: [bold]{result.run_dir}[/]")
     _close_process_group()
     if int(os.environ.get("RANK", "0")) != 0:
+        exit_launched_worker(0)
         return
     if multirun:
         table = Table(title="multirun")
@@ -143,6 +144,7 @@ def train(
             acc = [f"{a:.3f}" if isinstance(a, (int, float)) else "-" for a in (s.get("accuracy_before"), s.get("accuracy_after"))]
             table.add_row(str(i), " ".join(jobs[i]), *acc, str(r.run_dir))
         out.print(table)
+    exit_launched_worker(0)
 
 
 def _close_process_group() -> None:
@@ -346,6 +348,7 @@ def reproduce(
     if seeds is not None and seeds < 1:
         raise ConfigError("--seeds must be >= 1 (use --seeds N with N >= 1)")
     out_dir = out_dir or experiments_reproduce.default_out_dir(s.name)
+    experiments_reproduce.check_out_dir(out_dir)  # a folder of the user's own (its README.md, compare.md) is refused before any run
     err.print(f"writing to [bold]{out_dir}[/]")
     result = experiments_reproduce.reproduce_suite(s, out_dir, seeds=seeds, jobs=jobs, extra=list(overrides or []), log=err.print, plots=plots,
                              only=[x.strip() for x in only.split(",") if x.strip()] if only else (),

@@ -24,6 +24,7 @@ from mixrl.config.geometry import Geometry, geometry
 from mixrl.config.sampler import build_sampler
 from mixrl.errors import ConfigError, DataError
 from mixrl.models import builtin
+from mixrl.models.files import check_model_folder, empty_tokenizer_note
 from mixrl.trainer import fsdp
 from mixrl.config.checks import check_train_size, check_training_data, row_texts
 from mixrl.config.builders import build_controller, build_injection, build_objective, build_source, build_teacher
@@ -53,6 +54,8 @@ def resolve_model_path(cfg: DictConfig, *, progress: bool = True) -> str:
     if os.path.isabs(path) or path.startswith("."):
         if not Path(path).is_dir():
             raise ConfigError(f"model.path '{path}' is not a directory; give a local model folder or a Hugging Face id")
+    if Path(path).is_dir():
+        check_model_folder(path, f"model.path={path}")  # a weights file cut short: refused before the run directory
     return path
 
 
@@ -66,6 +69,9 @@ def load_tokenizer(model_path: str, cfg: DictConfig):
             f"could not load the tokenizer of '{model_path}' (offline?): {str(e).splitlines()[0]}; "
             "download it first or point model.path at a local folder"
         ) from None
+    empty = empty_tokenizer_note(tok, model_path)  # a folder without tokenizer files: transformers' stand-in has no vocabulary
+    if empty is not None:
+        raise ConfigError(empty)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"

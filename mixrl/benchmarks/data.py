@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mixrl.benchmarks.spec import Benchmark
+from mixrl.data import reading
 from mixrl.errors import DataError
 
 
@@ -82,9 +83,7 @@ def problems(bench: Benchmark, rows: list[dict]) -> list[Problem]:
 
 def load_problems(bench: Benchmark, limit: int | None = None) -> list[Problem]:
     """Read ``bench.source`` (hub id, file or folder) and map its rows; ``limit``: the first N."""
-    from mixrl.data.reading import _load_raw  # deferred: imports datasets; spec validation never needs it
-
-    ds, _ = _load_raw(bench.source, split=bench.split, subset=bench.subset, config_prefix=f"benchmarks.{bench.name}")
+    ds, _ = reading._load_raw(bench.source, split=bench.split, subset=bench.subset, config_prefix=f"benchmarks.{bench.name}")
     n = len(ds) if limit is None else min(int(limit), len(ds))
     rows = [ds[i] for i in range(n)]
     if not rows:

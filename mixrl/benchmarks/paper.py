@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from mixrl.errors import ConfigError
 
 _KEYS = {"source", "metric", "base", "method", "note"}
@@ -28,8 +30,6 @@ def paper_table(cfg) -> dict | None:
     raw = info.get("paper_table") if info is not None else None
     if raw is None:
         return None
-    from omegaconf import OmegaConf  # deferred: only a config with a table needs it
-
     table: Any = OmegaConf.to_container(raw, resolve=True) if OmegaConf.is_config(raw) else raw
     check(table, "recipe_info.paper_table")
     return table
@@ -57,8 +57,6 @@ def without_unset(cfg):
     info = cfg.get("recipe_info")
     if info is None or not any(k in info and info[k] is None for k in ("benchmarks", "paper_table")):
         return cfg
-    from omegaconf import OmegaConf  # deferred: the caller already holds a DictConfig
-
     cfg = OmegaConf.create(OmegaConf.to_container(cfg))
     for k in ("benchmarks", "paper_table"):
         if k in cfg.recipe_info and cfg.recipe_info[k] is None:

@@ -27,22 +27,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from mixrl.benchmarks import scoring
 from mixrl.benchmarks.data import Problem
 from mixrl.benchmarks.metrics import benchmark_metrics
 from mixrl.benchmarks.spec import Benchmark
 from mixrl.errors import ConfigError
+from mixrl.evaluation.cache import _model_fingerprint
+from mixrl.models.tiny_spec import cache_root
 
 
 def default_cache_dir() -> Path:
-    from mixrl.models.tiny_spec import cache_root  # deferred: tiny_spec is light, but keep the import local
-
     return Path(cache_root()) / "benchmarks"
 
 
 def samples_key(bench: Benchmark, *, model_path: str, dtype: str, system_prompt: str | None, seed: int) -> str:
-    from mixrl.evaluation.cache import _model_fingerprint  # deferred: evaluation.cache imports omegaconf
-
     payload = {"model": _model_fingerprint(model_path), "dtype": dtype, "bench": bench.key_payload(),
                "system": system_prompt, "seed": seed}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:20]
@@ -71,8 +71,6 @@ class HFGenerator:
 
     def generate(self, prompts: list, *, n: int, temperature: float, top_p: float, max_new_tokens: int,
                  seed: int) -> list[list[str]]:
-        import torch  # deferred: spec and metrics never need torch
-
         if self.model is None:
             t0 = time.perf_counter()
             self.model = self._load()
@@ -114,8 +112,6 @@ class VLLMGenerator:
         from vllm import LLM, SamplingParams  # deferred: vllm is optional (the vllm extras)
 
         if self.llm is None:
-            import torch  # deferred: see HFGenerator
-
             kwargs = {"tensor_parallel_size": max(torch.cuda.device_count(), 1), "dtype": self.dtype, "seed": 0}
             if not torch.cuda.is_available():
                 kwargs.update(enforce_eager=True)

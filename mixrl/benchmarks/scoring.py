@@ -23,6 +23,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 
+from mixrl.rewards.builtin import MathVerifier
+
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _FINAL = re.compile(r"(?:(?:final answer|the answer) is\s*:?|final answer\s*:|answer\s*:)\s*", re.IGNORECASE)
 
@@ -112,9 +114,7 @@ def strip_units(answer: str) -> str:
 def math_verify_scorer() -> Callable[[str | None, str], bool]:
     """``score(extracted, gold)``: math-verify equivalence of two bare answers (the library's
     defaults of ``reward=math``: 6 decimals, strict, 5 s per parse/compare)."""
-    from math_verify import verify  # deferred: math_verify loads sympy (0.5 s); spec validation never needs it
-
-    from mixrl.rewards.builtin import MathVerifier  # deferred: imports the reward registry
+    from math_verify import verify  # deferred: math_verify loads sympy (0.5 s); only math benchmarks need it
 
     mv = MathVerifier(("boxed", "latex", "expr"), "####", 6, 15, True, 5)
 

@@ -168,3 +168,18 @@ def test_plain_eval_without_benchmarks_is_unchanged():
     assert not command.split_overrides(["trainer.eval_size=8", "data=gsm8k"])[0]
     assert command.split_overrides(["benchmarks=math6", "benchmarks.limit=2", "seed=1"]) == (
         ["benchmarks=math6", "benchmarks.limit=2"], ["seed=1"])
+
+
+def test_a_changed_problem_is_never_served_an_old_sample(tiny_model_path, tmp_path):
+    """Same key (same benchmark file and protocol), but the rows changed: the samples are drawn again."""
+    src = tmp_path / "aime.jsonl"
+    row = {"id": 1, "problem": "What is 2+2?", "solution": "", "answer": "4", "url": "", "year": "2024"}
+    src.write_text(json.dumps(row) + "\n")
+    args = ["benchmarks=aime24", f"benchmarks.aime24.source={src}", f"benchmarks.cache_dir={tmp_path / 'c'}",
+            "benchmarks.aime24.protocol.samples=1", "benchmarks.aime24.protocol.max_new_tokens=4", "benchmarks.backend=hf",
+            "hardware.torch_threads=1"]
+    assert command.evaluate(tiny_model_path, args, quiet=True)["benchmarks"][0]["generated"] == 1
+    assert command.evaluate(tiny_model_path, args, quiet=True)["benchmarks"][0]["generated"] == 0
+    src.write_text(json.dumps({**row, "answer": "5"}) + "\n")
+    again = command.evaluate(tiny_model_path, args, quiet=True)["benchmarks"][0]
+    assert (again["generated"], again["reused"]) == (1, 0)

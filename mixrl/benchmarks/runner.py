@@ -1,8 +1,8 @@
 """Generate a benchmark's samples, streamed to a JSONL file that resumes, then score them.
 
-Each benchmark's samples go to ``CACHE/benchmarks/NAME-KEY.jsonl``, one line per sample
-(problem index and id, sample number, completion, extracted answer, correct), appended and
-flushed batch by batch as they are produced. ``KEY`` hashes what the samples depend on: the
+Each benchmark's samples go to ``CACHE/benchmarks/NAME-KEY.jsonl``, one line per sample (problem
+index, id and fingerprint of prompt + gold answer, sample number, completion, extracted answer,
+correct), appended and flushed batch by batch as they are produced. ``KEY`` hashes what the samples depend on: the
 model folder (path, and the size and modification time of its files,
 :func:`mixrl.evaluation.cache._model_fingerprint`), its dtype, the benchmark's source, columns,
 prompt, system prompt and protocol (samples, temperature, top-p, new tokens) and the sampling
@@ -136,9 +136,16 @@ class VLLMGenerator:
         return [[o.text for o in r.outputs] for r in outs]
 
 
-def read_samples(path: Path, problems: list[Problem], n: int) -> dict[int, list[dict]]:
-    """The samples already in ``path`` for these problems (a torn last line is ignored)."""
-    ids = {p.index: p.id for p in problems}
+def fingerprint(prompt: Any, problem: Problem) -> str:
+    """What a sample was drawn for: the prompt as generated and the gold answer (a changed row, or
+    another built-in split, never reuses a sample)."""
+    return hashlib.sha256(json.dumps([prompt, problem.answer], sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def read_samples(path: Path, problems: list[Problem], n: int, fps: list[str]) -> dict[int, list[dict]]:
+    """The samples already in ``path`` for these problems (same index, id and fingerprint; a torn
+    last line is ignored)."""
+    ids = {p.index: (p.id, fp) for p, fp in zip(problems, fps)}
     done: dict[int, list[dict]] = {}
     if not path.is_file():
         return done
@@ -148,7 +155,7 @@ def read_samples(path: Path, problems: list[Problem], n: int) -> dict[int, list[
         except ValueError:
             continue  # a line cut by an interruption
         i = rec.get("problem")
-        if ids.get(i) == rec.get("id") and rec.get("sample", n) < n:
+        if ids.get(i) == (rec.get("id"), rec.get("fp")) and rec.get("sample", n) < n:
             done.setdefault(i, [])
             if all(r["sample"] != rec["sample"] for r in done[i]):
                 done[i].append(rec)
@@ -165,7 +172,8 @@ def evaluate_benchmark(bench: Benchmark, problems: list[Problem], *, prompts: li
     n = proto.samples
     cache_dir.mkdir(parents=True, exist_ok=True)
     path = cache_dir / f"{bench.name}-{key}.jsonl"
-    done = read_samples(path, problems, n)
+    fps = [fingerprint(pr, p) for pr, p in zip(prompts, problems)]
+    done = read_samples(path, problems, n, fps)
     reused = sum(len(v) for v in done.values())
     todo = [k for k, p in enumerate(problems) if len(done.get(p.index, [])) < n]
     if advance is not None and reused:
@@ -182,11 +190,13 @@ def evaluate_benchmark(bench: Benchmark, problems: list[Problem], *, prompts: li
             texts = generator.generate([prompts[k] for k in chunk], n=n, temperature=proto.temperature, top_p=proto.top_p,
                                        max_new_tokens=max_new_tokens, seed=seed * 1_000_003 + problems[chunk[0]].index)
             flat_p = [problems[k] for k in chunk for _ in range(n)]
+            flat_fp = [fps[k] for k in chunk for _ in range(n)]
             flat_t = [t for ts in texts for t in ts]
             extracted = [scoring.extract(bench.extract, t, p.labels) for p, t in zip(flat_p, flat_t)]
             correct = scorer(flat_p, flat_t, extracted)
-            for j, (p, t, e, c) in enumerate(zip(flat_p, flat_t, extracted, correct)):
-                rec = {"problem": p.index, "id": p.id, "sample": j % n, "completion": t, "extracted": e, "correct": bool(c)}
+            for j, (p, fp, t, e, c) in enumerate(zip(flat_p, flat_fp, flat_t, extracted, correct)):
+                rec = {"problem": p.index, "id": p.id, "fp": fp, "sample": j % n, "completion": t, "extracted": e,
+                       "correct": bool(c)}
                 done.setdefault(p.index, [])
                 if len(done[p.index]) < n and all(r["sample"] != rec["sample"] for r in done[p.index]):
                     done[p.index].append(rec)

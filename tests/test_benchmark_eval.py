@@ -183,3 +183,14 @@ def test_a_changed_problem_is_never_served_an_old_sample(tiny_model_path, tmp_pa
     src.write_text(json.dumps({**row, "answer": "5"}) + "\n")
     again = command.evaluate(tiny_model_path, args, quiet=True)["benchmarks"][0]
     assert (again["generated"], again["reused"]) == (1, 0)
+
+
+def test_benchmarks_recipe_evaluates_the_suite_the_recipe_names(tiny_model_path, tmp_path):
+    result = command.evaluate(tiny_model_path, [
+        "benchmarks=recipe", f"benchmarks.source_dir={FIXTURES}", f"benchmarks.cache_dir={tmp_path}", "benchmarks.limit=1",
+        "benchmarks.all.protocol.samples=1", "benchmarks.all.protocol.max_new_tokens=2", "benchmarks.backend=hf",
+        "recipe=luffy/qwen2.5-math-7b-openr1", "model=tiny", "hardware=cpu", "hardware.torch_threads=1",
+        "data.system_prompt=null"], quiet=True)
+    assert result["suite"] == "math6"
+    assert [b["name"] for b in result["benchmarks"]] == ["aime24", "aime25", "amc", "math500", "minerva", "olympiadbench"]
+    assert set(result["average"]) == {"avg@k", "pass@k", "maj@k"}

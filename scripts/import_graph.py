@@ -46,7 +46,9 @@ layer  modules
 4      ``launch``; ``plan`` (renders the launch command with ``launch``'s own functions, so it
        sits beside it); ``experiments`` (compare, claims, stats, suites, reproduce, methods: they
        run, launch or read runs; ``experiments.stats`` is pure numbers and imports nothing of
-       mixrl, but only ``experiments`` reads it, so it lives in that package, at its layer)
+       mixrl, but only ``experiments`` reads it, so it lives in that package, at its layer);
+       ``benchmarks`` (the papers' benchmarks as config, their scoring and metrics, and ``mixrl eval
+       benchmarks=``: it loads saved models with the trainer's assembly and vLLM's engine)
 5      ``cli``
 =====  =====================================================================================
 
@@ -69,7 +71,7 @@ LAYERS = {
     "sources": 1, "sampler": 1, "data": 1, "rewards": 1, "models": 1, "tasks": 1, "evaluation": 1,
     "config": 2,
     "trainer": 3, "vllm_cpu": 3, "vllm_file_transfer": 3, "explain": 3,
-    "launch": 4, "plan": 4, "experiments": 4,
+    "launch": 4, "plan": 4, "experiments": 4, "benchmarks": 4,
     "cli": 5,
 }
 

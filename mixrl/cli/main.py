@@ -202,9 +202,10 @@ def config_show(overrides: Optional[List[str]] = OVERRIDES):
     """Print the fully resolved config as YAML."""
     from mixrl.config.compose import compose_config, to_yaml  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
     from mixrl.config.sampler import without_inactive_sampler  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+    from mixrl.benchmarks.paper import without_unset  # deferred: keeps `mixrl --help` light
 
-    # sampler=none is left out: configs without a sampler print as they did before the group existed
-    sys.stdout.write(to_yaml(without_inactive_sampler(compose_config(list(overrides or [])))))
+    # sampler=none is left out, and a recipe's unset paper table: configs print as before those keys existed
+    sys.stdout.write(to_yaml(without_unset(without_inactive_sampler(compose_config(list(overrides or []))))))
 
 
 @config_app.command("groups")

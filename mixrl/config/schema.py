@@ -226,6 +226,8 @@ class RecipeInfo:
     paper: Optional[str] = None
     description: Optional[str] = None
     hardware: Optional[str] = None
+    benchmarks: Optional[str] = None  # the paper's evaluation suite or benchmark (conf/benchmarks/): mixrl eval RUN benchmarks=recipe
+    paper_table: Optional[dict] = None  # the paper's reported numbers: {source, base: {name, scores}, method: {name, scores}} (mixrl.benchmarks.paper)
 
 
 @dataclass

@@ -12,8 +12,9 @@ fused-lm-head      TRL's fused, chunked LM head (the trainer's log-prob path) ag
                    ``log_softmax`` of the same model: forward + backward time, max |Δ log p|,
                    the head's peak memory against ``mixrl plan``'s LM-head term
 vllm-colocate      ``hardware=gpu-1x80g-vllm`` (vLLM in the training process, sleep mode on)
-vllm-server-async  ``trl vllm-serve`` on the same GPU, training with ``hardware.vllm_mode=server
-                   hardware.vllm_async=true`` (the server generates step t+1 while step t trains)
+vllm-server-async  ``trl vllm-serve`` (on GPU 1 when there are two, else beside training on GPU 0),
+                   training with ``hardware.vllm_mode=server hardware.vllm_async=true`` (the server
+                   generates step t+1 while step t trains)
 fsdp2-ws1          ``hardware=gpu-8x80g-fsdp hardware.num_processes=1`` (FSDP2 through accelerate)
 =================  =========================================================================
 
@@ -214,17 +215,21 @@ def _finite(values) -> list[float]:
 def summarise_metrics(rows: list[dict]) -> dict:
     """From metrics rows: ``step_time`` (the median over steps after the first, which pays for
     warm-up; the first alone when it is the only one), ``logp_gap`` (mean of ``vllm_sync/logp_diff_mean``,
-    else of ``engine/logp_diff/mean``), ``peak_mb`` (max of ``cuda/max_allocated_mb``), ``steps``."""
+    else of ``engine/logp_diff/mean``), ``peak_mb`` (max of ``cuda/max_allocated_mb``), ``staleness_max``
+    (max of ``staleness/max``: 1 when async generation trained on rows one policy behind), ``steps``."""
     timed = [r for r in rows if isinstance(r.get("step_time"), (int, float))]
     later = _finite(r["step_time"] for r in timed[1:]) or _finite(r["step_time"] for r in timed)
     gaps = _finite(r.get("vllm_sync/logp_diff_mean") for r in rows) or _finite(r.get("engine/logp_diff/mean") for r in rows)
     peaks = _finite(r.get("cuda/max_allocated_mb") for r in rows)
+    stale = _finite(r.get("staleness/max") for r in rows)
     return {"step_time": statistics.median(later) if later else None,
             "logp_gap": statistics.fmean(gaps) if gaps else None,
             "peak_mb": max(peaks) if peaks else None,
+            "staleness_max": max(stale) if stale else None,
             "steps": max((int(r["step"]) for r in rows), default=0)}
 
 
+_PREFIX = re.compile(r"^(\((\w+) pid=\d+\)|\[rank\d+\]:)\s*")  # vLLM's process tag, torchrun's rank tag
 _EXC = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Failure))(:\s*(.*))?$")
 
 
@@ -232,7 +237,8 @@ def first_error_line(text: str) -> str:
     """The line that says what went wrong in a failed run's output: the exception line closing
     the last traceback (``ValueError: ...``), else mixrl's one-line error (``error: ...``), else a
     line with ``error``, else the last non-empty line; '' for no output."""
-    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
+    lines = [_PREFIX.sub("", ln.strip()).strip() for ln in (text or "").splitlines()]
+    lines = [ln for ln in lines if ln]
     for ln in reversed(lines):
         if _EXC.match(ln):
             return ln[:300]
@@ -398,13 +404,13 @@ def server_command(device: str, python: str, model_dir: str, port: int) -> list[
     :func:`mixrl.launch.vllm_server_command` builds it, one copy, :data:`SERVER_GPU_SHARE` of the GPU,
     which training shares); on CPU ``python -m mixrl.vllm_cpu`` (the README's command)."""
     if device == "cpu":
-        return [python, "-m", "mixrl.vllm_cpu", "--model", model_dir, "--port", str(port), "--max-model-len", "128"]
+        return [python, "-m", "mixrl.vllm_cpu", "--model", model_dir, "--port", str(port)]
     from mixrl.config.compose import compose_config
     from mixrl.launch import vllm_server_command
 
     cfg = compose_config(["hardware=gpu-1x80g-vllm", "hardware.vllm_mode=server", "hardware.vllm_server_gpus=1",
                           f"hardware.vllm_server_gpu_memory_utilization={SERVER_GPU_SHARE}", f"hardware.vllm_server_port={port}",
-                          "hardware.vllm_max_model_length=128", "model.dtype=bfloat16"])
+                          "model.dtype=bfloat16"])  # the context: the model's own (64 or 128 positions)
     cmd = vllm_server_command(cfg, model_dir)
     assert cmd[0] == "trl"
     return [python, "-m", "trl.cli.main", *cmd[1:]]
@@ -434,13 +440,16 @@ def run_train(path: CheckPath, opts, model_dir: str, work: Path, timeout: float)
     overrides = train_overrides(path, opts.device, model_dir, run_dir, port)
     plan_mb, plan_note = plan_peak_mb(overrides)
     env = child_env(opts.cache)
+    server_env = dict(env)
+    if path.vllm == "server" and opts.device == "cuda" and getattr(opts, "gpus", 1) >= 2:
+        server_env["CUDA_VISIBLE_DEVICES"], env["CUDA_VISIBLE_DEVICES"] = "1", "0"  # a GPU each: NCCL's sync between them
     t0 = time.monotonic()
     server = None
     server_log = None
     try:
         if path.vllm == "server":
             server_log = open(work / path.name / "server.log", "w")  # noqa: SIM115 - the server keeps it
-            server = subprocess.Popen(server_command(opts.device, opts.python, model_dir, port), env=env, cwd=ROOT,
+            server = subprocess.Popen(server_command(opts.device, opts.python, model_dir, port), env=server_env, cwd=ROOT,
                                       stdout=server_log, stderr=subprocess.STDOUT, start_new_session=True)
             why = wait_for_server(port, server, max(timeout - 20, 10))
             if why is not None:
@@ -466,8 +475,11 @@ def run_train(path: CheckPath, opts, model_dir: str, work: Path, timeout: float)
         res.status, res.note = "failed", first_error_line(output) or f"exit status {rc}"
     elif m["steps"] < 3:
         res.status, res.note = "failed", f"exit 0 but {m['steps']} of 3 steps in metrics.jsonl"
-    elif path.vllm and res.logp_gap is None:
-        res.note = "; ".join(filter(None, [res.note, "no vllm_sync/logp_diff_mean logged"]))
+    else:
+        if path.vllm and res.logp_gap is None:
+            res.note = "; ".join(filter(None, [res.note, "no vllm_sync/logp_diff_mean logged"]))
+        if path.vllm == "server":  # async: the server generated ahead, so later batches are one policy behind
+            res.note = "; ".join(filter(None, [res.note, f"staleness max {_num(m['staleness_max'], '.0f')}"]))
     return res
 
 
@@ -685,6 +697,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "device": opts.device, "device_name": env["device_name"],
             "torch": env["torch"], "vllm": env["vllm"], "commit": git_commit(),
             "command": "python scripts/gpu_check.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+    opts.gpus = env["gpus"]
     budget = Budget(opts.budget, opts.timeout)
     work = Path(tempfile.mkdtemp(prefix="mixrl-gpu-check-"))
     results: list[Result] = []

@@ -41,7 +41,8 @@ def test_summary_falls_back_to_the_engine_metric_and_a_single_step():
     rows = [{"step": 1, "step_time": 2.0, "engine/logp_diff/mean": 0.04, "loss": float("nan")}]
     s = gc.summarise_metrics(rows)
     assert s["step_time"] == 2.0 and s["logp_gap"] == 0.04 and s["peak_mb"] is None
-    assert gc.summarise_metrics([]) == {"step_time": None, "logp_gap": None, "peak_mb": None, "steps": 0}
+    assert gc.summarise_metrics([]) == {"step_time": None, "logp_gap": None, "peak_mb": None, "staleness_max": None, "steps": 0}
+    assert gc.summarise_metrics([{"step": 1, "staleness/max": 0}, {"step": 2, "staleness/max": 1}])["staleness_max"] == 1
 
 
 def test_read_metrics_keeps_step_rows_only(tmp_path):
@@ -66,6 +67,9 @@ def test_first_error_line():
         "error: hardware.device=cuda needs a GPU; use hardware=cpu"
     assert gc.first_error_line("a\nNCCL error in: duplicate GPU\nlast\n") == "NCCL error in: duplicate GPU"
     assert gc.first_error_line("a\nlast words\n") == "last words"
+    assert gc.first_error_line("(APIServer pid=7) pydantic_core.ValidationError: 1 validation error\n(APIServer pid=7)   more\n") == \
+        "pydantic_core.ValidationError: 1 validation error"
+    assert gc.first_error_line("[rank0]: RuntimeError: NCCL error\n") == "RuntimeError: NCCL error"
     assert gc.first_error_line("") == ""
 
 

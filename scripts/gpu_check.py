@@ -540,6 +540,7 @@ def probe_fused_lm_head(device: str, model_dir: str, rows: int = 8, completion: 
 
     from mixrl.plan import DTYPE_BYTES, activation_bytes, lm_head_bytes, model_shape
     from mixrl.trainer.grpo import MixrlGRPOTrainer
+    from mixrl.trainer.lm_head import fit_tile_to_vocab
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
@@ -555,6 +556,7 @@ def probe_fused_lm_head(device: str, model_dir: str, rows: int = 8, completion: 
         logits = model(input_ids=ids, attention_mask=att).logits[:, -completion - 1:-1].float()
         plain = torch.log_softmax(logits, -1).gather(-1, ids[:, -completion:].unsqueeze(-1)).squeeze(-1)
     add_fused_lm_head(model, temperature=1.0, outputs=("log_probs", "entropy"))  # as GRPOTrainer.__init__
+    fit_tile_to_vocab([model])  # as the trainer does (mixrl.trainer.lm_head), and as the plan counts the tile
     stub = SimpleNamespace(accelerator=SimpleNamespace(autocast=contextlib.nullcontext, is_main_process=True))
 
     def step():
@@ -602,7 +604,7 @@ def environment(device: str) -> dict:
 
     cuda = bool(torch.cuda.is_available()) if device == "cuda" else False
     info = {"torch": torch.__version__, "cuda_available": cuda, "gpus": torch.cuda.device_count() if cuda else 0,
-            "device_name": torch.cuda.get_device_name(0) if cuda else "CPU", "vllm_build": vllm_build(), "vllm": None}
+            "device_name": gpu_name() if cuda else "CPU", "vllm_build": vllm_build(), "vllm": None}
     if info["vllm_build"]:
         from importlib import metadata
 
@@ -613,6 +615,17 @@ def environment(device: str) -> dict:
             except metadata.PackageNotFoundError:
                 continue
     return info
+
+
+def gpu_name() -> str:
+    """GPU 0's name from nvidia-smi: torch.cuda.get_device_name would open a CUDA context in this
+    process, which would hold GPU memory through every path."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--id=0", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        return out.stdout.strip().splitlines()[0].strip() or "CUDA GPU"
+    except (OSError, IndexError, subprocess.SubprocessError):
+        return "CUDA GPU"
 
 
 def build_models(opts, models: set[str], work: Path) -> dict[str, str]:

@@ -33,6 +33,17 @@ echo "gpu-check wheels: $PINS antlr4-python3-runtime==$ANTLR"
     -d "$DEST/wheels" $PINS
 # antlr4-python3-runtime 4.9.3 (what hydra-core 1.3 needs) is published as a source archive only: build its wheel here
 "$VENV_PY" -m pip wheel -q --no-deps -w "$DEST/wheels" "antlr4-python3-runtime==$ANTLR"
+# the built-in models: copied from this machine's cache when built there already (same cache key), else built
+PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$VENV_PY" - "$DEST/cache" <<'PY'
+import shutil, sys
+from pathlib import Path
+from mixrl.models import tiny_bpe, tiny_spec
+for module, name in ((tiny_spec, "tiny"), (tiny_bpe, "tiny-bpe")):
+    src = module.default_path()
+    dst = Path(sys.argv[1]) / name / src.name
+    if module.is_complete(src) and not dst.exists():
+        shutil.copytree(src, dst)
+PY
 MIXRL_CACHE="$PWD/$DEST/cache" PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$VENV_PY" -m mixrl.cli.main model build-tiny --quiet
 MIXRL_CACHE="$PWD/$DEST/cache" PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$VENV_PY" -m mixrl.cli.main model build-tiny --bpe --quiet
 du -sh "$DEST"/wheels "$DEST"/cache

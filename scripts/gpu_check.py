@@ -11,13 +11,15 @@ bf16-train-bpe     the same on the BPE chat model (``model=tiny-bpe``)
 fused-lm-head      TRL's fused, chunked LM head (the trainer's log-prob path) against the plain
                    ``log_softmax`` of the same model: forward + backward time, max |Δ log p|,
                    the head's peak memory against ``mixrl plan``'s LM-head term
+fsdp2-ws1          ``hardware=gpu-8x80g-fsdp hardware.num_processes=1`` (FSDP2 through accelerate)
 vllm-colocate      ``hardware=gpu-1x80g-vllm`` (vLLM in the training process, sleep mode on)
 vllm-server-async  ``trl vllm-serve`` (on GPU 1 when there are two, else beside training on GPU 0),
                    training with ``hardware.vllm_mode=server hardware.vllm_async=true`` (the server
-                   generates step t+1 while step t trains)
-fsdp2-ws1          ``hardware=gpu-8x80g-fsdp hardware.num_processes=1`` (FSDP2 through accelerate)
+                   generates step t+1 while step t trains); on one GPU, TRL's NCCL weight sync
+                   joins two processes on the same device, which NCCL may refuse: the row says so
 =================  =========================================================================
 
+The paths without vLLM run first; the vLLM paths get 1.5 x ``--timeout`` (vLLM's own start-up).
 The table: path, ``ran`` / ``failed`` (with the first error line) / ``skipped`` (why: no CUDA, vLLM
 not installed, the time budget spent), the median step time (steps after the first), the
 trainer-vs-vLLM log-prob gap (``vllm_sync/logp_diff_mean`` of metrics.jsonl, mean over the steps;
@@ -84,6 +86,7 @@ class CheckPath:
     cuda: tuple[str, ...] = ()
     cpu: tuple[str, ...] = ()
     vllm: str | None = None
+    time_factor: float = 1.0  # x --timeout: vLLM's start-up (profiling, CUDA graphs) takes its own minute
 
 
 PATHS: tuple[CheckPath, ...] = (
@@ -93,16 +96,16 @@ PATHS: tuple[CheckPath, ...] = (
               cuda=("model=tiny-bpe", "hardware=gpu-1x80g", "model.dtype=bfloat16"),
               cpu=("model=tiny-bpe", "hardware=cpu", "hardware.torch_threads=1")),
     CheckPath("fused-lm-head", "TRL's fused LM head vs the plain log-softmax", "probe"),
-    CheckPath("vllm-colocate", "vLLM colocated, sleep mode", "train", vllm="colocate",
-              cuda=("hardware=gpu-1x80g-vllm", "hardware.vllm_gpu_memory_utilization=0.2", "model.dtype=bfloat16"),
-              cpu=("hardware=cpu-vllm", "hardware.torch_threads=1")),
-    CheckPath("vllm-server-async", "vLLM server on the same device, async generation", "train", vllm="server",
-              cuda=("hardware=gpu-1x80g-vllm", "hardware.vllm_mode=server", "hardware.vllm_server_gpus=0",
-                    "hardware.vllm_async=true", "model.dtype=bfloat16"),
-              cpu=("hardware=cpu-vllm", "hardware.vllm_mode=server", "hardware.vllm_async=true", "hardware.torch_threads=1")),
     CheckPath("fsdp2-ws1", "FSDP2, world size 1, through the launcher", "train",
               cuda=("hardware=gpu-8x80g-fsdp", "hardware.num_processes=1"),
               cpu=("hardware=cpu-2proc-fsdp", "hardware.num_processes=1")),
+    CheckPath("vllm-colocate", "vLLM colocated, sleep mode", "train", vllm="colocate", time_factor=1.5,
+              cuda=("hardware=gpu-1x80g-vllm", "hardware.vllm_gpu_memory_utilization=0.2", "model.dtype=bfloat16"),
+              cpu=("hardware=cpu-vllm", "hardware.torch_threads=1")),
+    CheckPath("vllm-server-async", "vLLM server on the same device, async generation", "train", vllm="server", time_factor=1.5,
+              cuda=("hardware=gpu-1x80g-vllm", "hardware.vllm_mode=server", "hardware.vllm_server_gpus=0",
+                    "hardware.vllm_async=true", "model.dtype=bfloat16"),
+              cpu=("hardware=cpu-vllm", "hardware.vllm_mode=server", "hardware.vllm_async=true", "hardware.torch_threads=1")),
 )
 BY_NAME = {p.name: p for p in PATHS}
 #: the vLLM server's share of the GPU in vllm-server-async (the trainer shares the same GPU)
@@ -287,10 +290,11 @@ class Budget:
     def left(self) -> float:
         return self.total_s - (self.clock() - self.start)
 
-    def timeout(self) -> float | None:
-        """Seconds the next path may take, or None when too little is left to start one."""
+    def timeout(self, factor: float = 1.0) -> float | None:
+        """Seconds the next path may take (``factor`` x the per-path limit at most), or None when
+        too little is left to start one."""
         left = self.left()
-        return None if left < self.min_s else min(self.per_path_s, left)
+        return None if left < self.min_s else min(self.per_path_s * factor, left)
 
 
 def run_with_timeout(cmd: list[str], *, timeout: float, env: dict, cwd: Path, log: Path) -> tuple[int | None, str]:
@@ -756,7 +760,7 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     record(Result(path.name, "dry-run", f"{skip}{path.what} (--probe {path.name})"))
                 continue
-            timeout = budget.timeout()
+            timeout = budget.timeout(path.time_factor)
             if timeout is None:
                 record(Result(path.name, "skipped", f"the time budget ({opts.budget:.0f}s) is spent"))
                 continue

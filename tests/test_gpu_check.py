@@ -102,6 +102,8 @@ def test_budget_gives_each_path_at_most_its_timeout_and_what_is_left():
     assert b.timeout() == 150
     now[0] = 300
     assert b.timeout() == 100  # 100 s left
+    now[0] = 0
+    assert b.timeout(1.5) == 225  # a vLLM path's longer limit
     now[0] = 375
     assert b.timeout() is None  # 25 s left: too little to start a path
 
@@ -255,7 +257,7 @@ def test_a_failed_path_makes_the_check_exit_1_and_nothing_is_written_without_out
 
 
 def test_the_budget_skips_the_paths_it_cannot_fit(fake_python, tmp_path, monkeypatch):
-    monkeypatch.setattr(gc.Budget, "timeout", lambda self: None)
+    monkeypatch.setattr(gc.Budget, "timeout", lambda self, factor=1.0: None)
     out = tmp_path / "t.md"
     assert gc.main(["--device", "cpu", "--only", "bf16-train", "--python", fake_python, "--out", str(out),
                     "--cache", str(tmp_path / "cache")]) == 0

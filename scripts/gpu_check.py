@@ -171,6 +171,7 @@ def print_table(results: list[Result], meta: dict) -> None:
     try:
         from rich.console import Console
         from rich.table import Table
+        from rich.text import Text
     except ImportError:  # rich comes with mixrl; plain text otherwise
         print(markdown(results, meta))
         return
@@ -178,8 +179,8 @@ def print_table(results: list[Result], meta: dict) -> None:
     for h in HEADER:
         t.add_column(h, overflow="fold")
     style = {"ran": "green", "failed": "red", "skipped": "yellow"}
-    for r, cells in zip(results, table_rows(results)):
-        t.add_row(*cells[:1], f"[{style.get(r.status, '')}]{cells[1]}[/]", *cells[2:])
+    for r, cells in zip(results, table_rows(results)):  # Text: a note such as "[rank0]: ..." is not markup
+        t.add_row(*(Text(c, style=style.get(r.status, "") if i == 1 else "") for i, c in enumerate(cells)))
     Console(width=200).print(t)
 
 

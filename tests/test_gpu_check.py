@@ -167,6 +167,14 @@ def test_table_cells_and_markdown(tmp_path):
     assert [r["status"] for r in data["results"]] == ["ran", "skipped", "failed"] and data["results"][0]["plan_ratio"] == 2.0
 
 
+def test_the_terminal_table_prints_notes_as_they_are(capsys):
+    """A note with brackets (torchrun's ``[rank0]:``, a list) is text, not Rich markup."""
+    gc.print_table([gc.Result("fsdp2-ws1", "failed", "[rank0]: RuntimeError: [/] x"), gc.Result("bf16-train", "dry-run", "mixrl train")],
+                   {"device_name": "CPU"})
+    out = capsys.readouterr().out
+    assert "[rank0]: RuntimeError: [/] x" in out and "dry-run" in out
+
+
 def test_arguments_are_checked_in_one_line(capsys):
     for argv, expected in ((["--only", "bf16-train,nope"], "--only names no path nope"),
                            (["--out", "table.txt"], "give a .md file"), (["--timeout", "0"], "must be > 0")):

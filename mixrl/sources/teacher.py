@@ -37,7 +37,7 @@ import torch
 from mixrl.core import provenance as prov
 from mixrl.errors import ConfigError, DataError
 from mixrl.models import builtin
-from mixrl.sources.base import INJECTIONS, SOURCES, InjectContext, Injection, Rollouts, Source
+from mixrl.sources.base import INJECTIONS, SOURCES, InjectContext, Injection, Rollouts, Source, check_template, template_text
 
 TEACHER = prov.register_provenance(
     "teacher", behaviour="stored",
@@ -75,6 +75,7 @@ class TeacherSource(Source):
             raise ValueError("teacher.source.models is empty; name at least one model (or self)")
         if privileged not in PRIVILEGED:
             raise ValueError(f"teacher.source.privileged must be null, expert or answer, got {privileged!r}")
+        check_template(template, ("prompt", "privileged"), "teacher.source.template", "{privileged} {prompt}")
         if privileged is not None and "{privileged}" not in template:
             raise ValueError("teacher.source.template has no {privileged} field, so the privileged context never reaches the teacher")
         if "{prompt}" not in template:
@@ -156,6 +157,10 @@ class TeacherSource(Source):
                 "the teacher scores the student's token ids, so cross-tokenizer distillation is not supported: "
                 "use a teacher of the student's family (the same tokenizer)"
             )
+
+    def texts(self) -> list[str]:
+        """The template's literal text: it enters every teacher prompt with a privileged context."""
+        return [template_text(self.template)] if self.privileged is not None else []
 
     def prepare(self, train_ds, data_cfg):
         if self.privileged == "expert" and "expert" not in train_ds.column_names:

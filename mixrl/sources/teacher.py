@@ -46,6 +46,7 @@ TEACHER = prov.register_provenance(
 
 SELF = "self"
 BUILTIN_TEACHER = "builtin:tiny-teacher"
+BPE_TEACHER = "builtin:tiny-bpe-teacher"
 PRIVILEGED = (None, "expert", "answer")
 
 
@@ -111,16 +112,23 @@ class TeacherSource(Source):
         return out
 
     def check_builtin_teacher(self, tokenizer) -> None:
-        """Before the built-in teacher is built (minutes on first use): it has the character-level
-        tokenizer, so a student with another one (the BPE chat model, a real model: 256 tokens or
-        more) is refused at once, with the fix, instead of after the build (:meth:`check_tokenizer`
-        compares the tokenizers in full once the teachers exist)."""
+        """Before a built-in teacher is built (minutes on first use): ``builtin:tiny-teacher`` has
+        the character-level tokenizer and ``builtin:tiny-bpe-teacher`` the BPE chat model's, so a
+        student with another one is refused at once, with the fix, instead of after the build
+        (:meth:`check_tokenizer` compares the tokenizers in full once the teachers exist).
+        ``teacher=tiny`` picks the one of the student's family (:func:`mixrl.models.builtin.teacher_for`)."""
         if BUILTIN_TEACHER in self.models and len(tokenizer) >= 256:
             raise ConfigError(
-                f"teacher '{BUILTIN_TEACHER}' (teacher=tiny) has the character-level tokenizer, and the student's has "
+                f"teacher '{BUILTIN_TEACHER}' has the character-level tokenizer, and the student's has "
                 f"{len(tokenizer)} tokens; the teacher scores the student's token ids, so it needs the same tokenizer: "
-                "use a teacher of the student's family, e.g. teacher=model teacher.source.models=[builtin:tiny-bpe] "
-                "for model=tiny-bpe, or teacher.source.models=[<a model folder or hub id>]"
+                "use a teacher of the student's family: teacher=tiny gives model=tiny-bpe its BPE teacher "
+                "(builtin:tiny-bpe-teacher); for another model, teacher=model teacher.source.models=[<a model folder or hub id>]"
+            )
+        if BPE_TEACHER in self.models and len(tokenizer) < 256:
+            raise ConfigError(
+                f"teacher '{BPE_TEACHER}' has the BPE chat model's tokenizer, and the student's is a {len(tokenizer)}-token "
+                "character vocabulary; the teacher scores the student's token ids, so it needs the same tokenizer: "
+                f"use teacher=tiny (builtin:tiny-teacher for the character model) or model=tiny-bpe"
             )
 
     def check_tokenizer(self, tokenizer) -> None:

@@ -5,6 +5,7 @@ independent forward of the teacher)."""
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,14 @@ def test_privileged_prompts_follow_the_template():
 def test_bad_teacher_parameters_are_refused(kwargs, words):
     with pytest.raises(ValueError, match=words.replace("{", r"\{").replace("}", r"\}")):
         TeacherSource(**kwargs)
+
+
+def test_a_teacher_template_may_use_only_its_placeholders():
+    with pytest.raises(ConfigError, match=re.escape("teacher.source.template='{prompt} {context}' has an unknown placeholder {context}")):
+        TeacherSource(privileged="expert", template="{prompt} {context}")
+    with pytest.raises(ConfigError, match="teacher.source.template"):
+        compose_config(["algo=opsd", "teacher.source.template='{privileged} {prompt} {x}'"])
+    assert TeacherSource(privileged="answer", template="{prompt} (answer: {privileged})").texts() == [" (answer: )"]
 
 
 def test_several_teachers_combine_by_hand():

@@ -13,6 +13,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from omegaconf import OmegaConf
+
+
+def _builtin_teacher(student: str) -> str:
+    """``${builtin_teacher:${model.path}}`` (``conf/teacher/tiny.yaml``): the built-in teacher of
+    the student's family (:func:`mixrl.models.builtin.teacher_for`)."""
+    from mixrl.models.builtin import teacher_for  # deferred: the models package imports torch; `mixrl --help` must not
+
+    return teacher_for(student)
+
+
+OmegaConf.register_new_resolver("builtin_teacher", _builtin_teacher, replace=True)
+
 
 @dataclass
 class TrainerConfig:

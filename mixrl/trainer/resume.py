@@ -202,7 +202,56 @@ def save_run_state(trainer, folder: str | Path) -> None:
         # TRL's micro-batch counter: the injections' seeded draws (expert rows, prefix lengths,
         # teacher picks) and TRL's choice of when to generate read it; it is not in TRL's checkpoint
         "micro_step": int(trainer.micro_step_at_checkpoint()),
+        # the config this checkpoint was trained under (set by mixrl.trainer.run): a resume whose
+        # config.yaml was edited since is refused (check_trained_config)
+        **({"config": trainer.mixrl_config} if getattr(trainer, "mixrl_config", None) is not None else {}),
     }))
+
+
+def trained_config(checkpoint: str | Path) -> dict | None:
+    """The config ``checkpoint`` was trained under, as :func:`save_run_state` recorded it (None
+    for a checkpoint written before it was recorded)."""
+    path = Path(checkpoint) / RUN_STATE_FILE
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text()).get("config")
+    except ValueError:  # unreadable: rundir.unreadable_checkpoint_file names it
+        return None
+
+
+def _difference_in_common(new, old, prefix: str = "") -> tuple[str, object, object] | None:
+    """:func:`first_difference` over the keys both configs have (a key that only one has comes
+    from another mixrl version's schema, not from an edit)."""
+    if isinstance(new, dict) and isinstance(old, dict):
+        for k in new:
+            key = f"{prefix}.{k}" if prefix else str(k)
+            if k not in old or _is_safe(key) or key in _LOCATION_KEYS:
+                continue
+            found = _difference_in_common(new[k], old[k], key)
+            if found:
+                return found
+        return None
+    return None if same_value(new, old) else (prefix, new, old)
+
+
+def check_trained_config(cfg: DictConfig, checkpoint: str | Path) -> None:
+    """Refuse to resume ``checkpoint`` under a config that trains something else than what it
+    was trained under (its ``config.yaml`` edited since, e.g. another algo): the same rule as
+    an override on the command line (only :data:`RESUME_SAFE` keys may change). ConfigError, one line."""
+    recorded = trained_config(checkpoint)
+    if recorded is None:
+        return
+    found = _difference_in_common(OmegaConf.to_container(cfg, resolve=True), recorded)
+    if found:
+        where, mine, theirs = found
+        run_dir = cfg.get("resume") or Path(checkpoint).parents[1]
+        raise ConfigError(
+            f"resume={run_dir}: its config.yaml no longer matches what {Path(checkpoint).name} was trained under "
+            f"({where} is {_short(theirs)} there, {_short(mine)} in config.yaml, edited since); restore {where}={_short(theirs)} "
+            f"in config.yaml or start a new run (with resume only these may change: "
+            f"{', '.join(s.rstrip('.') for s in RESUME_SAFE if s != 'resume')})"
+        )
 
 
 def load_micro_step(checkpoint: str | Path, default: int) -> int:

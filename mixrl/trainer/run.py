@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 import warnings
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 import torch
 
@@ -216,6 +216,7 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
                                        eval_examples=(lambda: periodic.last_examples) if periodic is not None else None)
         callbacks.append(samples_cb)
     trainer = build.trainer_from_config(cfg, inputs=inputs, callbacks=callbacks, run_dir=run_dir)
+    trainer.mixrl_config = OmegaConf.to_container(cfg, resolve=True)  # recorded in each checkpoint (trainer.resume.save_run_state)
     if cfg.logger.report_to:
         from mixrl.trainer.publish import route_to_trackers, tensorboard_dir  # deferred: trainer.publish imports transformers; `mixrl plan` imports this module and must not load it
 

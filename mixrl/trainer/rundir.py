@@ -269,8 +269,10 @@ def last_checkpoint_note(run_dir: Path) -> str:
 
 
 def resume_checkpoint(cfg: DictConfig) -> Path:
-    """The checkpoint ``cfg.resume`` continues from; ConfigError when there is none or when
-    ``trainer.max_steps`` leaves nothing to train. Reads only."""
+    """The checkpoint ``cfg.resume`` continues from; ConfigError when there is none, when
+    ``trainer.max_steps`` leaves nothing to train, when a file of it is unreadable or when
+    ``cfg`` trains something else than it was trained under
+    (:func:`mixrl.trainer.resume.check_trained_config`). Reads only."""
     run_dir = Path(cfg.resume)
     ckpt = last_checkpoint(run_dir)
     if ckpt is None:
@@ -291,6 +293,9 @@ def resume_checkpoint(cfg: DictConfig) -> Path:
             f"resume={run_dir}: {ckpt.name}/{name} is unreadable ({reason}); delete {ckpt} to resume from the "
             "checkpoint before it (if one is kept), or start a new run"
         )
+    from mixrl.trainer.resume import check_trained_config  # deferred: trainer.resume imports the config composition
+
+    check_trained_config(cfg, ckpt)  # config.yaml edited since (another algo): refused as on the command line
     return ckpt
 
 

@@ -164,6 +164,7 @@ def train(cfg: DictConfig, console: Console | None = None, *, before: dict | Non
 
 def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before: dict | None, inputs: RunInputs) -> RunResult:
     from mixrl.trainer.callbacks import MetricsJsonlCallback, RichProgressCallback, SampleLogCallback  # deferred: trainer.callbacks imports transformers; `mixrl plan` imports this module and must not load it
+    from mixrl.trainer.magnitude import MagnitudeExceeded
     from mixrl.trainer.guards import CollapseWatch, DivergenceGuard  # deferred: trainer.guards imports transformers; `mixrl plan` imports this module and must not load it
 
     t0, cpu0 = time.perf_counter() - inputs.seconds, time.process_time() - inputs.cpu_seconds  # setup includes the inputs
@@ -248,6 +249,11 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
             f"{e} at step {trainer.state.global_step + 1}: "
             + (f"checkpoint saved in {saved}; continue with: mixrl train resume={run_dir}" if saved else last_checkpoint_note(run_dir))
         ) from None
+    except MagnitudeExceeded as e:  # raised before the micro-batch's backward: the weights are those of the last finished step
+        saved = save_now() if trainer.state.global_step > 0 else None
+        where = (f"checkpoint of step {trainer.state.global_step} saved in {saved}; continue with: mixrl train resume={run_dir} "
+                 "and the raised bound" if saved else last_checkpoint_note(run_dir))
+        raise TrainingDiverged(f"{e}; {where}") from None
     except RewardError as e:
         if isinstance(e, RewardTooSlow) and trainer.state.global_step > 0:
             save_now()  # the weights of the last finished step, to continue from once the reward is fixed

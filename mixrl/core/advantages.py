@@ -196,7 +196,7 @@ def rloo(
     ``rloo_vectorized`` (``(c > 1)`` zeroes it); ``singleton_reward=True`` gives it ``A = R``
     instead, as verl's ``rloo`` (which leaves a one-response group's score as it is).
 
-    Formula: ``A_i = R_i - mean_{j != i in g} R_j`` (leave-one-out baseline within the group g); an included row alone in g gets R_i if singleton_reward={singleton_reward} (verl rloo), else 0 (verl rloo_vectorized)
+    Formula: ``A_i = R_i - mean_{j != i in g} R_j`` (leave-one-out baseline within the group g); an included row alone in g: A_i = R_i if singleton_reward (verl rloo), else 0 (verl rloo_vectorized); singleton_reward: {singleton_reward}
 
     Paper: RLOO, "Back to Basics: Revisiting REINFORCE Style Optimization for Learning from
     Human Feedback in LLMs" (Ahmadian et al. 2024); "Buy 4 REINFORCE Samples, Get a Baseline

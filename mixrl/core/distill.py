@@ -115,7 +115,7 @@ def opd_reward(x: TermInputs, *, lam: float = 1.0, loss: dict | None = None) -> 
     term takes pi_ref = pi_old, the student at generation time: the KL part then has no gradient
     on-policy and the update is lam times OPD's, so lam > 1 scales the gradient rather than
     extrapolating, and AdamW's per-parameter normalisation undoes that scale (measured on the tiny
-    model, 4 steps of ``algo=exopd``: lam = 1, 1.25 and 3 end within 2.2e-6 of each other in
+    model, 4 steps of ``algo=exopd`` when it used this term: lam = 1, 1.25 and 3 end within 2.2e-6 of each other in
     weight norm, for an update of norm 0.096). The fixed-reference form is ``gopd_reward``
     (``algo=exopd``).
     """
@@ -135,13 +135,6 @@ opd_reward.needs_behaviour = True
 def gopd_reward(x: TermInputs, *, lam: float = 1.25, loss: dict | None = None) -> TermOutput:
     """G-OPD / ExOPD: the teacher's log-ratio to a fixed reference model, scaled by lambda, minus the student's, as a dense advantage.
 
-    Formula: A_t = {lam} (log pi_T(y_t) - log pi_ref(y_t)) - (log pi_old(y_t) - log pi_ref(y_t)), pi_ref the frozen starting student, used in place of the row's advantage; l_t = {loss}(r_t, A_t), r_t = pi_theta / pi_old
-    Paper: G-OPD / ExOPD, "Learning beyond Teacher: Generalized On-Policy Distillation with Reward Extrapolation": the reward lam log(pi_T / pi_ref) and the KL to pi_ref, both dense; lam > 1 (ExOPD) extrapolates beyond the teacher.
-
-    Parameters:
-        lam (1.25): reward scale lambda; 1 is OPD (the reference cancels), > 1 reward extrapolation (ExOPD; the paper's 1.25).
-        loss (None): the policy loss ``{name, params...}``; default ``reinforce``: l_t = -A_t log p_t.
-
     G-OPD maximises ``E_y~pi_theta[lam log(pi_T(y) / pi_ref(y)) - KL(pi_theta || pi_ref)]``, whose
     optimum is ``pi_ref (pi_T / pi_ref)^lam``: beyond the teacher, away from the reference, when
     lam > 1. Its per-token reward ``lam (log pi_T - log pi_ref) - (log pi_theta - log pi_ref)`` is
@@ -153,6 +146,13 @@ def gopd_reward(x: TermInputs, *, lam: float = 1.25, loss: dict | None = None) -
     the step (``opd_reward``'s docstring), which is why the reference here is fixed. The paper's
     "reward correction" (pi_ref = the teacher's pre-RL base) needs that model's log-probs and is
     not offered.
+
+    Formula: A_t = {lam} (log pi_T(y_t) - log pi_ref(y_t)) - (log pi_old(y_t) - log pi_ref(y_t)), pi_ref the frozen starting student, used in place of the row's advantage; l_t = {loss}(r_t, A_t), r_t = pi_theta / pi_old
+    Paper: G-OPD / ExOPD, "Learning beyond Teacher: Generalized On-Policy Distillation with Reward Extrapolation": the reward lam log(pi_T / pi_ref) and the KL to pi_ref, both dense; lam > 1 (ExOPD) extrapolates beyond the teacher.
+
+    Parameters:
+        lam (1.25): reward scale lambda; 1 is OPD (the reference cancels), > 1 reward extrapolation (ExOPD; the paper's 1.25).
+        loss (None): the policy loss ``{name, params...}``; default ``reinforce``: l_t = -A_t log p_t.
     """
     spec = dict(loss or {"name": "reinforce"})
     name = spec.pop("name")

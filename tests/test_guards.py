@@ -214,7 +214,7 @@ def test_magnitude_bounds_from_config():
     from mixrl.trainer.magnitude import MagnitudeBounds
 
     cfg = compose_config([])
-    assert MagnitudeBounds.from_config(cfg.trainer) == MagnitudeBounds(1000.0, 10000.0)
+    assert MagnitudeBounds.from_config(cfg.trainer) == MagnitudeBounds(1000.0, 1e6)
     cfg = compose_config(["trainer.max_abs_advantage=null", "trainer.max_abs_loss=50"])
     assert MagnitudeBounds.from_config(cfg.trainer) == MagnitudeBounds(None, 50.0)
     with pytest.raises(ConfigError, match=r"trainer.max_abs_advantage=0 is out of range: it must be > 0"):

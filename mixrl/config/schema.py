@@ -27,7 +27,7 @@ class TrainerConfig:
     max_grad_norm: float = 1.0
     # an advantage / a loss term above this magnitude (or not finite) stops the run, naming it (mixrl.trainer.magnitude); null: no bound
     max_abs_advantage: Optional[float] = 1000.0
-    max_abs_loss: Optional[float] = 10000.0
+    max_abs_loss: Optional[float] = 1.0e6
     adam_beta1: float = 0.9
     adam_beta2: float = 0.99
     # rollout geometry: prompts_per_step prompts x algo.num_generations completions per optimizer step

@@ -11,8 +11,10 @@ the component, the rows and the key that raises the bound:
 
 * ``trainer.max_abs_advantage`` (default 1000; null: no bound): ``|A|`` of any row (any token
   of a per-token advantage);
-* ``trainer.max_abs_loss`` (default 10000; null: no bound): ``|loss/<term>|`` of any term of
-  the objective on the micro-batch, and any non-finite one whatever the bound.
+* ``trainer.max_abs_loss`` (default 1e6; null: no bound): ``|loss/<term>|`` of any term of
+  the objective on the micro-batch, and any non-finite one whatever the bound. The bound is
+  loose on purpose: a term summed over a row's tokens (``seq-mean-token-sum``: TOPR, ALOL)
+  reaches ``|A|`` or an NLL times the completion length, 10^4 and more for long completions.
 
 The error is :class:`MagnitudeExceeded`, a :class:`~mixrl.errors.TrainingDiverged` (exit 3);
 ``mixrl train`` saves a checkpoint of the last finished step first (the weights have not been
@@ -36,7 +38,7 @@ from mixrl.core import provenance as prov
 from mixrl.errors import TrainingDiverged
 
 DEFAULT_MAX_ABS_ADVANTAGE = 1000.0
-DEFAULT_MAX_ABS_LOSS = 10000.0
+DEFAULT_MAX_ABS_LOSS = 1e6
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from mixrl.progress import progress_bar
 from mixrl.errors import MixrlUserError, RewardError, RunInterrupted, TrainingDiverged, storage_error
 from mixrl.trainer import build
 from mixrl.trainer.build import RunInputs, prepare_inputs
+from mixrl.trainer.magnitude import MagnitudeExceeded
 from mixrl.trainer.resume import load_run_state
 from mixrl.trainer.sample_log import SAMPLES_FILE
 from mixrl.trainer.rundir import (
@@ -164,7 +165,6 @@ def train(cfg: DictConfig, console: Console | None = None, *, before: dict | Non
 
 def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before: dict | None, inputs: RunInputs) -> RunResult:
     from mixrl.trainer.callbacks import MetricsJsonlCallback, RichProgressCallback, SampleLogCallback  # deferred: trainer.callbacks imports transformers; `mixrl plan` imports this module and must not load it
-    from mixrl.trainer.magnitude import MagnitudeExceeded
     from mixrl.trainer.guards import CollapseWatch, DivergenceGuard  # deferred: trainer.guards imports transformers; `mixrl plan` imports this module and must not load it
 
     t0, cpu0 = time.perf_counter() - inputs.seconds, time.process_time() - inputs.cpu_seconds  # setup includes the inputs

@@ -227,7 +227,7 @@ def test_plusless_override_of_unlisted_component_parameter(override, key, value)
 
 def test_switching_component_fills_new_defaults():
     cfg = compose_config(["algo.advantage.name=rloo"])
-    assert OmegaConf.to_container(cfg.algo.advantage) == {"name": "rloo"}
+    assert OmegaConf.to_container(cfg.algo.advantage) == {"name": "rloo", "singleton_reward": False}  # grpo's eps / unbiased / scale dropped, rloo's one default filled
     cfg = compose_config(["algo.entropy_coef.name=linear", "algo.entropy_coef.steps=10"])
     assert OmegaConf.to_container(cfg.algo.entropy_coef) == {"name": "linear", "start": 0.0, "end": 1.0, "steps": 10}
 

@@ -45,6 +45,8 @@ SETTING_BOUNDS: dict[str, tuple[str, str]] = {
     "trainer.learning_rate": ("> 0", "the optimizer step size"),
     "trainer.weight_decay": (">= 0", "a negative decay grows the weights"),
     "trainer.max_grad_norm": (">= 0", "the gradient is clipped to this norm; 0 turns clipping off"),
+    "trainer.max_abs_advantage": ("> 0", "an advantage larger in magnitude stops the run; null for no bound"),
+    "trainer.max_abs_loss": ("> 0", "a loss term larger in magnitude stops the run; null for no bound"),
     "trainer.adam_beta1": ("[0, 1)", "an exponential moving-average factor"),
     "trainer.adam_beta2": ("[0, 1)", "an exponential moving-average factor"),
     "trainer.warmup_steps": (">= 0", "steps"),

@@ -38,6 +38,9 @@ class TrainerConfig:
     warmup_steps: int = 0
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
+    # an advantage / a loss term above this magnitude (or not finite) stops the run, naming it (mixrl.trainer.magnitude); null: no bound
+    max_abs_advantage: Optional[float] = 1000.0
+    max_abs_loss: Optional[float] = 1.0e6
     adam_beta1: float = 0.9
     adam_beta2: float = 0.99
     # rollout geometry: prompts_per_step prompts x algo.num_generations completions per optimizer step

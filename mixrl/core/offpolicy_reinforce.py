@@ -100,7 +100,7 @@ def asymre(
 ) -> PolicyLossOutput:
     """AsymRE: asymmetric REINFORCE, the baseline shifted below the group mean.
 
-    Formula: ``l_t = -(A - ({baseline_shift})) log p_t``: baseline V = mean + {baseline_shift}, A = R - mean (use a mean-centred advantage without std scaling: dr_grpo / reinforce)
+    Formula: ``l_t = -(A - ({baseline_shift})) log p_t``: baseline V = mean + {baseline_shift}, A = R - mean (use a mean-centred advantage without std scaling: dr_grpo / reinforce); a row alone in its group trains with A - ({baseline_shift}) = -({baseline_shift}) (Trinity-RFT: A = R, no shift)
 
     Off-policy REINFORCE without an importance ratio; a baseline below the expected reward
     (shift < 0) weighs positive rewards more than negative ones, which the paper shows keeps
@@ -110,6 +110,13 @@ def asymre(
     REINFORCE loss; here the shift is applied to the advantage inside the loss, so
     ``A`` must be mean-centred and not std-scaled for the shift to be in reward units.
     Nothing is clipped.
+
+    A row alone in its group differs from Trinity-RFT: there ``dr_grpo`` gives it A = 0 (its
+    own reward is the mean), so it trains with ``A - shift = -shift`` (0.1 by default), while
+    Trinity-RFT's ``asymre`` advantage (``asymre_advantage.py``) and verl's GRPO give a
+    one-row group the baseline 0 and no shift: ``A = R``. mixrl keeps its form (a lone row is
+    pushed up by |shift| whatever its reward, the same push every row gets on top of
+    ``R - mean``); only a group with one included row (``algo.advantage_include_offpolicy=false``) has one.
 
     Paper: "Asymmetric REINFORCE for off-Policy Reinforcement Learning: Balancing positive
     and negative rewards" (Arnal et al. 2025, arXiv 2506.20520); default -0.1 as in

@@ -36,6 +36,7 @@ from mixrl.rewards import build_reward
 from mixrl.sources import SOURCES
 from mixrl.tasks import arith
 from mixrl.trainer.engine_sync import default_tolerance
+from mixrl.trainer.magnitude import MagnitudeBounds
 from mixrl.vllm_cpu import colocated_engine_dtype, engine_dtype
 from mixrl.vllm_file_transfer import install_client
 
@@ -456,6 +457,7 @@ def trainer_from_config(cfg: DictConfig, *, inputs: RunInputs | None = None, cal
             critic=OmegaConf.to_container(cfg.algo.critic, resolve=True) if cfg.algo.get("critic") is not None else None,
         )
     trainer.vllm_sync_tolerance = _sync_tolerance(cfg, model_path)  # checked after every weight sync (engine_sync)
+    trainer.magnitude_bounds = MagnitudeBounds.from_config(cfg.trainer)  # checked every micro-batch (mixrl.trainer.magnitude)
     trainer.remove_callback(PrinterCallback)  # mixrl prints its own progress and summary
     return trainer
 

@@ -67,6 +67,7 @@ from mixrl.trainer.controller_hooks import ControllerHooks
 from mixrl.trainer.critic import CriticService
 from mixrl.trainer.inject_services import InjectionServices
 from mixrl.trainer.lm_head import fit_tile_to_vocab
+from mixrl.trainer.magnitude import check_step
 from mixrl.trainer.remax_baseline import RemaxBaseline
 from mixrl.trainer.sample_log import capture_rows
 from mixrl.trainer.sampler_hooks import SamplerHooks
@@ -425,6 +426,7 @@ class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, Checkpoi
             row_fields={k: v for k, v in inputs.items() if k.startswith("pair_")} or None,  # pair links (mixrl.core.preference)
         )
         if mode == "train":
+            check_step(self, inputs, metrics)  # an advantage or loss term out of bounds stops the run (mixrl.trainer.magnitude)
             self._controller_step_end(metrics)
             if self.critic is not None:
                 self._train_critic(inputs, mode)

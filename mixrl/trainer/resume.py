@@ -40,6 +40,8 @@ RESUME_SAFE = (
     "logger.",
     "hardware.torch_threads",
     "reward.timeout_s",
+    "trainer.max_abs_advantage",  # raised to continue a run the magnitude guard stopped
+    "trainer.max_abs_loss",
     "resume",
 )
 

@@ -25,6 +25,7 @@ from mixrl.progress import progress_bar
 from mixrl.errors import MixrlUserError, RewardError, RunInterrupted, TrainingDiverged, storage_error
 from mixrl.trainer import build
 from mixrl.trainer.build import RunInputs, prepare_inputs
+from mixrl.trainer.magnitude import MagnitudeExceeded
 from mixrl.trainer.resume import load_run_state
 from mixrl.trainer.sample_log import SAMPLES_FILE
 from mixrl.trainer.rundir import (
@@ -260,6 +261,11 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
             f"{e} at step {trainer.state.global_step + 1}: "
             + (f"checkpoint saved in {saved}; continue with: mixrl train resume={run_dir}" if saved else last_checkpoint_note(run_dir))
         ) from None
+    except MagnitudeExceeded as e:  # raised before the micro-batch's backward: the weights are those of the last finished step
+        saved = save_now() if trainer.state.global_step > 0 else None
+        where = (f"checkpoint of step {trainer.state.global_step} saved in {saved}; continue with: mixrl train resume={run_dir} "
+                 "and the raised bound" if saved else last_checkpoint_note(run_dir))
+        raise TrainingDiverged(f"{e}; {where}") from None
     except RewardError as e:
         if isinstance(e, RewardTooSlow) and trainer.state.global_step > 0:
             save_now()  # the weights of the last finished step, to continue from once the reward is fixed

@@ -157,6 +157,8 @@ def test_reinforce_pp_restarts_the_return_after_a_masked_token_as_verl():
 
 
 def test_reinforce_pp_without_holes_equals_the_per_row_form():
+    """The per-row form the trainer uses (no mask: completion masks have no holes) equals the token
+    form checked against verl's loop above, so verl's reinforce_plus_plus holds for it too."""
     scores, lengths = torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.tensor([2.0, 4.0, 1.0, 3.0])
     mask = (torch.arange(4).unsqueeze(0) < lengths.unsqueeze(1)).long()
     rows = ADVANTAGES.get("reinforce_pp")(scores, torch.zeros(4), lengths=lengths)
@@ -165,6 +167,8 @@ def test_reinforce_pp_without_holes_equals_the_per_row_form():
 
 
 def test_reinforce_pp_flat_included_rows_divide_an_excluded_row_by_one():
+    """Rows left out of the statistics (not a verl case: verl whitens every row): a variance of 0
+    over the included tokens counts as 1, where verl's masked_whiten would divide by sqrt(1e-8)."""
     scores, lengths = torch.tensor([1.0, 1.0, 0.0]), torch.tensor([2.0, 3.0, 2.0])
     inc = torch.tensor([True, True, False])
     got = ADVANTAGES.get("reinforce_pp")(scores, torch.zeros(3), lengths=lengths, include=inc)
@@ -205,6 +209,8 @@ def test_gae_keeps_float64_and_its_precision():
 
 
 def test_gae_whitening_divides_by_one_when_the_included_tokens_are_flat():
+    """Rows left out of the statistics (not a verl case: verl whitens every row): flat included
+    tokens count as variance 1, where verl's masked_whiten would divide by sqrt(1e-8)."""
     r = torch.tensor([[0.0, 1.0], [0.0, 1.0], [0.0, 5.0]])
     v = torch.zeros(3, 2)
     mask = torch.ones(3, 2)
@@ -213,6 +219,25 @@ def test_gae_whitening_divides_by_one_when_the_included_tokens_are_flat():
     # raw advantages (gamma = lam = 1, V = 0): the return, [1, 1] per row; the included tokens are
     # all 1 -> variance 0 counts as 1; row 2's return 5 becomes (5 - 1) / sqrt(1 + 1e-8)
     assert out.tolist() == [pytest.approx([0.0, 0.0]), pytest.approx([0.0, 0.0]), pytest.approx([4 / math.sqrt(1 + 1e-8)] * 2)]
+
+
+def test_gae_whitened_matches_verl_gae_then_masked_whiten():
+    """verl's gae advantage end to end (compute_gae_advantage_return: the loop, then masked_whiten
+    over the response tokens), every row included, a mask with a hole and padding."""
+    r = [[0.0, 0.5, 0.0, 1.0], [0.0, 0.0, 2.0, 0.0], [0.0, 1.0, 0.0, 0.0]]
+    v = [[0.3, -0.2, 0.7, 0.1], [0.5, 0.9, 0.25, 9.0], [0.4, 0.1, 9.0, 9.0]]
+    m = [[1, 1, 1, 1], [1, 0, 1, 0], [1, 1, 0, 0]]  # row 1: a hole at token 1
+    got = ADVANTAGES.get("gae")(torch.zeros(3), torch.zeros(3), token_rewards=torch.tensor(r), values=torch.tensor(v),
+                                mask=torch.tensor(m), gamma=1.0, lam=1.0)
+    want = masked_whiten(verl_gae(r, v, m, 1.0, 1.0), m)
+    for g_row, w_row, m_row in zip(got.tolist(), want, m):
+        assert [g for g, k in zip(g_row, m_row) if k] == pytest.approx([w for w, k in zip(w_row, m_row) if k], abs=1e-5)
+        assert [g for g, k in zip(g_row, m_row) if not k] == [0.0] * (len(m_row) - sum(m_row))
+    got = ADVANTAGES.get("gae")(torch.zeros(3), torch.zeros(3), token_rewards=torch.tensor(r), values=torch.tensor(v),
+                                mask=torch.tensor(m), gamma=0.9, lam=0.95)
+    want = masked_whiten(verl_gae(r, v, m, 0.9, 0.95), m)
+    assert [x for row, mr in zip(got.tolist(), m) for x, k in zip(row, mr) if k] == pytest.approx(
+        [x for row, mr in zip(want, m) for x, k in zip(row, mr) if k], abs=1e-5)
 
 
 # --------------------------------------------------------------------------- RLOO, AsymRE
@@ -252,3 +277,26 @@ def test_asymre_lone_row_trains_with_minus_the_shift_where_trinity_gives_its_rew
     assert logp.grad.tolist() == [pytest.approx([-0.1, -0.1])]
     trinity_lone = 0.3 - 0.0  # Trinity: group_baseline 0 for one experience
     assert trinity_lone != pytest.approx(-(-0.1))
+
+
+def trinity_asymre(rewards, index, shift):
+    """Trinity-RFT's ASYMREGroupAdvantage, by hand: baseline mean + shift, 0 for one experience."""
+    by_id = defaultdict(list)
+    for r, i in zip(rewards, index):
+        by_id[i].append(r)
+    base = {i: (0.0 if len(xs) == 1 else sum(xs) / len(xs) + shift) for i, xs in by_id.items()}
+    return [r - base[i] for r, i in zip(rewards, index)]
+
+
+def test_asymre_groups_of_two_or_more_train_with_trinitys_gradient():
+    # Trinity-RFT: A = R - (mean + shift), plain REINFORCE -A log p; mixrl: dr_grpo's R - mean and
+    # the asymre loss's -(A - shift) log p. Same loss and gradient per token for groups of 2+ rows
+    rewards, groups, shift = [1.0, 0.0, 0.5, 0.2, 0.9], [0, 0, 0, 1, 1], -0.1
+    adv = ADVANTAGES.get("dr_grpo")(torch.tensor(rewards), torch.tensor(groups))
+    logp = torch.tensor([[-1.0, -2.0, -0.5]] * 5, requires_grad=True)
+    out = POLICY_LOSSES.get("asymre")(logp, logp.detach(), adv, torch.ones(5, 3), baseline_shift=shift)
+    out.per_token_loss.sum().backward()
+    trinity = trinity_asymre(rewards, groups, shift)
+    assert trinity == pytest.approx([0.6, -0.4, 0.1, -0.25, 0.45])  # group 0 mean 0.5, group 1 0.55, shift -0.1
+    assert logp.grad.tolist() == [pytest.approx([-a] * 3) for a in trinity]
+    assert out.per_token_loss.tolist() == [pytest.approx([-a * lp for lp in (-1.0, -2.0, -0.5)]) for a in trinity]

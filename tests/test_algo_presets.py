@@ -70,9 +70,9 @@ def test_dr_grpo_max_len_follows_max_completion_length():
     from mixrl.config.builders import build_objective
 
     cfg = compose_config(["algo=dr_grpo", "trainer.max_completion_length=48"])
-    assert build_objective(cfg).terms[0].aggregation_params == {"max_len": 48}
+    assert build_objective(cfg).terms[0].aggregation_params == {"max_len": 48, "count_empty_rows": False}
     cfg = compose_config(["algo=dr_grpo", "algo.aggregation.max_len=100"])
-    assert build_objective(cfg).terms[0].aggregation_params == {"max_len": 100}
+    assert build_objective(cfg).terms[0].aggregation_params == {"max_len": 100, "count_empty_rows": False}
 
 
 @pytest.mark.slow

@@ -44,6 +44,17 @@ def _edit(run: Path, edit) -> None:
     (run / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
 
 
+def _made_with(run: Path, edit) -> None:
+    """The run as if it had been made (elsewhere) under the edited config: config.yaml and the config
+    each checkpoint records as trained under (an edit of config.yaml alone is refused on resume)."""
+    _edit(run, edit)
+    for state in run.glob("trainer/checkpoint-*/mixrl_run_state.json"):
+        data = json.loads(state.read_text())
+        if "config" in data:
+            edit(data["config"])
+            state.write_text(json.dumps(data))
+
+
 def _listing(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
@@ -138,7 +149,7 @@ def test_resume_runs_the_runs_reward_only_with_the_flag(run, tmp_path):
     marker = tmp_path / "MARKER"
     reward = run / "resume_reward.py"
     reward.write_text(_marker_code(marker, REWARD_BODY))
-    _edit(run, lambda c: c["reward"].update(name=f"{reward}:fn", params={}))
+    _made_with(run, lambda c: c["reward"].update(name=f"{reward}:fn", params={}))
     before = _listing(run)
     _refused(runner.invoke(app, ["train", f"resume={run}", "trainer.max_steps=3"]))
     assert not marker.exists() and _listing(run) == before
@@ -167,7 +178,7 @@ def test_a_launched_resume_passes_the_flag_to_its_processes(run, tmp_path, monke
 
     reward = run / "launch_reward.py"
     reward.write_text(REWARD_BODY)
-    _edit(run, lambda c: c["reward"].update(name=f"{reward}:fn", params={}))
+    _made_with(run, lambda c: c["reward"].update(name=f"{reward}:fn", params={}))
     seen: list[list[str]] = []
     monkeypatch.setattr(mixrl.config.hardware, "needs_launch", lambda cfg, environ=None: True)
     monkeypatch.setattr(mixrl.launch, "launch", lambda cfg, overrides, say=print: seen.append(list(overrides)) or 0)

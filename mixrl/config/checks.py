@@ -30,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mixrl.config.hardware import check_packages, check_world_size, needs_launch
 from mixrl.core.registry import format_value, parse_bound
+from mixrl.data.cells import texts_of
 from mixrl.errors import ConfigError, DataError, MixrlUserError, RunStopped
 from mixrl.rewards.builtin import AnswerReward
 
@@ -178,19 +179,6 @@ def _short_path(path: Path, width: int = 80) -> str:
 
 
 # --------------------------------------------------------------------------- data, tokenizer, rewards
-def texts_of(value: Any) -> list[str]:
-    """The strings of a cell: a string, chat messages' contents, or a list of either."""
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, dict):
-        return texts_of(value.get("content"))
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in texts_of(v)]
-    return [str(value)]
-
-
 def unencodable_characters(tokenizer, texts) -> list[str]:
     """Characters of ``texts`` that ``tokenizer`` drops or maps to its unknown token."""
     chars: set[str] = set()

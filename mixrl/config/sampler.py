@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
+from mixrl.core.schedules import resolve_schedule
 from mixrl.errors import ConfigError
 from mixrl.sampler.runtime import Sampler
 
@@ -78,7 +79,6 @@ def _check_length(cfg: DictConfig) -> None:
     generation's length is the schedule's value at the step, and TRL's buffers hold at most
     ``trainer.max_completion_length`` tokens, so a value outside would be clipped without a word."""
     from mixrl.config.builders import check_steps, plain  # deferred: config.builders imports the registries, which import this module's users
-    from mixrl.core.schedules import resolve_schedule
 
     spec = cfg.sampler.get("length")
     if spec is None:

@@ -143,3 +143,16 @@ def expert_completions(value: Any) -> list[str]:
                 out.append(text)
         return out
     raise _RowError(f"holds {_a(type(value).__name__)}, expected a string, a list of strings or chat messages")
+
+
+def texts_of(value: Any) -> list[str]:
+    """The strings of a cell: a string, chat messages' contents, or a list of either."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return texts_of(value.get("content"))
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in texts_of(v)]
+    return [str(value)]

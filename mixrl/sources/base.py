@@ -35,6 +35,7 @@ parameters (checked like every other component).
 
 from __future__ import annotations
 
+import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -254,7 +255,6 @@ def check_template(template: Any, fields: tuple[str, ...], key: str, example: st
     positional placeholder (``{answer}``, ``{}``), a conversion or format spec, or an unmatched
     brace would otherwise fail mid-run with a KeyError, IndexError or ValueError. Literal braces
     are written doubled (``{{`` and ``}}``)."""
-    import string
 
     if not isinstance(template, str):
         raise ConfigError(f"{key} must be a string, got {template!r}; e.g. {key}={example!r}")
@@ -278,6 +278,5 @@ def check_template(template: Any, fields: tuple[str, ...], key: str, example: st
 
 def template_text(template: str) -> str:
     """The literal text of a ``str.format`` template (its placeholders removed)."""
-    import string
 
     return "".join(literal for literal, _, _, _ in string.Formatter().parse(template))

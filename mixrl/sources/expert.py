@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+from mixrl.data.cells import texts_of
 from mixrl.errors import DataError
 from mixrl.sources.base import SOURCES, Source
 
@@ -85,7 +86,6 @@ class ExpertSource(Source):
         """The prompts and completions of ``offpolicy.source.dataset`` (the training rows' own are checked with them)."""
         if not self.dataset:
             return []
-        from mixrl.config.checks import texts_of  # deferred: config.checks imports this package's registries
 
         return [t for row in self.pool for t in (*texts_of(row["prompt"]), *row["expert"])]
 

@@ -32,7 +32,7 @@ import random
 import torch
 
 from mixrl.core import provenance as prov
-from mixrl.data.cells import _RowError, expert_completions
+from mixrl.data.cells import _RowError, expert_completions, texts_of
 from mixrl.errors import ConfigError, DataError
 from mixrl.sources.base import INJECTIONS, SOURCES, InjectContext, Injection, Source
 from mixrl.sources.rows import append_rows
@@ -114,7 +114,6 @@ class PairSource(Source):
 
     def texts(self) -> list[str]:
         """The pairs' prompts (their text, or messages' contents), chosen and rejected completions."""
-        from mixrl.config.checks import texts_of  # deferred: config.checks imports this package's registries
 
         return [t for p, c, r in self.pool for t in (*texts_of(p), c, r)]
 

@@ -88,6 +88,19 @@ class AsyncGeneration:
         self.pushes = 0
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mixrl-vllm-async")
 
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict:
+        """Nothing: a resumed run starts with nothing in flight (see the module docstring)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+    def batch_metrics(self, step: int, versions) -> dict[str, float]:
+        """``staleness/mean``, ``/max`` over the rows the policy sampled (:func:`staleness_stats`); how
+        long the trainer waited for the batch (``async/wait_s``), requests dropped so far (``async/dropped``)."""
+        return {**staleness_stats(step, versions), "async/wait_s": float(self.wait_s), "async/dropped": float(self.dropped)}
+
     # ------------------------------------------------------------------ weights
     def needs_push(self, step: int) -> bool:
         """Would a batch sent now, and trained at step ``step + 1``, be staler than allowed?"""

@@ -259,8 +259,8 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
             f"continue with: mixrl train resume={run_dir}"
         )
     train_s = time.perf_counter() - t1
-    if trainer.sampler is not None:  # what the sampler paid: extra rollouts beyond those trained
-        console.print(trainer.sampler.summary(), highlight=False, soft_wrap=True)
+    if trainer.parts.sampler is not None:  # what the sampler paid: extra rollouts beyond those trained
+        console.print(trainer.parts.sampler.sampler.summary(), highlight=False, soft_wrap=True)
     examples: list[dict] = []
     after = _eval(trainer, tokenizer, eval_rows, reward_funcs[0], cfg, console, "held-out eval (after)", examples=examples)
     if samples_cb is not None and examples and trainer.accelerator.is_main_process:
@@ -309,8 +309,8 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
     }
     if trainer.is_fsdp_enabled:
         summary["sharding"] = _sharding(trainer)
-    if trainer.sampler is not None:
-        s = trainer.sampler
+    if trainer.parts.sampler is not None:
+        s = trainer.parts.sampler.sampler
         summary["sampler"] = {"name": str(cfg.sampler.name), "generated": s.generated, "trained": s.trained,
                               "generated_per_trained": s.generated / s.trained if s.trained else None,
                               "rounds_per_batch": s.rounds / s.batches if s.batches else None, "short_groups": s.short}

@@ -1,4 +1,4 @@
-"""The sampler in training (mixrl.trainer.sampler_hooks): 2-step runs of the tiny model.
+"""The sampler in training (mixrl.trainer.parts.sampler_rounds): 2-step runs of the tiny model.
 
 Dynamic sampling trains on informative groups only and says what it paid; a picker's choice
 reaches every source (expert rows, replay, a teacher); the per-prompt history travels with

@@ -170,7 +170,7 @@ def test_the_trainer_has_one_base_trls_and_replaces_only_the_listed_hooks():
 
 def _instances() -> dict:
     """One of every part, built from small stand-ins (no model, no TRL)."""
-    from mixrl.trainer.async_generation import AsyncGeneration
+    from mixrl.trainer.async_generation import AsyncGeneration, AsyncPipeline
     from mixrl.trainer.generation.lagged_weights import LaggedWeights
     from mixrl.trainer.parts import (
         ControllerSteps, Critic, Forwards, Injections, RemaxBaseline, SamplerRounds, Scoring, Teachers,
@@ -209,7 +209,8 @@ def _instances() -> dict:
         "controller": ControllerSteps(Controller(), policy_tokens=("on_policy",), reduce_sum=None, reduce_mean=None,
                                       gather=None, device="cpu"),
         "lag": LaggedWeights(2),
-        "async_gen": AsyncGeneration(generate=None, push=None, snapshot=None, max_staleness=1),
+        "async_gen": AsyncPipeline(AsyncGeneration(generate=None, push=None, snapshot=None, max_staleness=1),
+                                   tokenize_prompts=None),
     }
 
 
@@ -228,7 +229,7 @@ def test_every_part_is_stateful_right_after_construction():
         part.load_state_dict(part.state_dict())
     assert parts["lag"].state_dict() == {"lag_snapshots": {}}
     assert set(parts["critic"].state_dict()) == {"model", "optimizer"}
-    parts["async_gen"].close()
+    parts["async_gen"].engine.close()
 
 
 def test_each_part_module_says_what_it_owns_receives_and_returns():

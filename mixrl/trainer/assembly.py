@@ -35,7 +35,7 @@ from trl.trainer.utils import add_fused_lm_head
 from mixrl.core.advantages import advantage_needs
 from mixrl.core import ADVANTAGES
 from mixrl.core.terms import term_needs
-from mixrl.trainer.async_generation import AsyncGeneration
+from mixrl.trainer.async_generation import AsyncGeneration, AsyncPipeline
 from mixrl.trainer.generation.lagged_weights import LaggedWeights, cpu_copy, trainable
 from mixrl.trainer.lm_head import fit_tile_to_vocab
 from mixrl.trainer.parts import Parts
@@ -164,12 +164,12 @@ def build_parts(trainer, *, objective, advantage: tuple[str, dict, bool], inject
     if int(async_generation):
         vg = trainer.vllm_generation
         generate = vg.generate
-        async_gen = AsyncGeneration(
+        async_gen = AsyncPipeline(AsyncGeneration(
             generate=lambda ids, n: generate(prompts=ids, images=None, num_generations=n),
             push=vg.sync_weights,
             snapshot=lambda: cpu_copy(trainable(acc.unwrap_model(trainer.model))),
             max_staleness=int(async_generation),
-        )
+        ), tokenize_prompts=tokenize_prompts)
     return Parts(forwards=forwards, scoring=scoring, injections=inject, teachers=teachers, critic=critic_part,
                  remax=remax, sampler=sampler_part, controller=controller_part, lag=lag, async_gen=async_gen)
 

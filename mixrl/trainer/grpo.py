@@ -66,7 +66,6 @@ from mixrl.sources.base import Rollouts
 from mixrl.sources.rows import splice_prefixes
 from mixrl.trainer import checkpoint_state, engine_sync
 from mixrl.trainer.assembly import build_parts
-from mixrl.trainer.async_generation import Lookahead
 from mixrl.trainer.generation.lagged_weights import swapped, trainable
 from mixrl.trainer.parts.batch_fields import (
     behaviour_is_policy, behaviour_known, engine_mismatch_metrics, global_counts, guided_rows, provenance_fields,
@@ -133,7 +132,6 @@ class MixrlGRPOTrainer(GRPOTrainer):
         self._mixrl_rollouts: Rollouts | None = None
         self._mixrl_rewards_per_func: torch.Tensor | None = None
         self._mixrl_normalisers: dict[str, tuple[float, float]] | None = None
-        self._lookahead: Lookahead | None = None  # async mode: the epoch iterator, read ahead
         super().__init__(*args, **kwargs)
         self.parts = build_parts(self, objective=objective, advantage=advantage, injections=injections or [],
                                  controller=controller, teacher=teacher, staleness=staleness,
@@ -408,47 +406,23 @@ class MixrlGRPOTrainer(GRPOTrainer):
     def _wrap_vllm_for_async(self) -> None:
         """Route TRL's vLLM calls through the async pipeline (server mode, one process)."""
         a = self.parts.async_gen
-        self.vllm_generation.generate = self._async_engine_generate
-        self.vllm_generation.sync_weights = lambda: a.sync(int(self.state.global_step), training=self.model.training)
+        self.vllm_generation.generate = lambda prompts, images, num_generations, profiler=None: a.engine_generate(
+            prompts, images, num_generations, training=self.model.training, step=self.state.global_step,
+            max_steps=self.state.max_steps)
+        self.vllm_generation.sync_weights = lambda: a.engine.sync(int(self.state.global_step), training=self.model.training)
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
-        """transformers' batch fetch, through a :class:`Lookahead` of the epoch iterator in async
-        mode (the next generation batch's prompts are read ahead; the batches are the same)."""
+        """transformers' batch fetch, through the async part's lookahead of the epoch iterator in
+        async mode (the next generation batch's prompts are read ahead; the batches are the same)."""
         if self.parts.async_gen is not None:
-            if self._lookahead is None or self._lookahead.source is not epoch_iterator:
-                self._lookahead = Lookahead(epoch_iterator)
-            epoch_iterator = self._lookahead
+            epoch_iterator = self.parts.async_gen.batches(epoch_iterator)
         return super().get_batch_samples(epoch_iterator, num_batches, device)
-
-    def _async_engine_generate(self, prompts, images, num_generations, profiler=None):
-        """``VLLMGeneration.generate`` in async mode: this batch (sent ahead when it could be),
-        then, in training, the next batch's prompts sent to the server at once."""
-        if images is not None and any(i is not None for i in images):
-            raise RuntimeError("hardware.vllm_async=true generates text prompts only")
-        training = self.model.training
-        a = self.parts.async_gen
-        result, _ = a.generate([list(p) for p in prompts], num_generations, training=training)
-        if training:
-            nxt = self._async_next_prompts()
-            if nxt is not None:
-                a.submit(nxt, num_generations)
-        return result
-
-    def _async_next_prompts(self) -> list[list[int]] | None:
-        """The token ids of the next generation batch's prompts (None: no further batch is trained
-        in this epoch or run). The next batch is the data loader's next one (num_iterations=1)."""
-        if self._lookahead is None or int(self.state.global_step) + 1 >= int(self.state.max_steps):
-            return None
-        batch = self._lookahead.peek(0)
-        if batch is None:
-            return None
-        return self._tokenize_prompts([x["prompt"] for x in batch])[0]
 
     def _async_generate_and_score(self, inputs) -> tuple[dict, int]:
         """TRL's generation and scoring in async mode: push the weights first (when the step
         changed), then score under the weights of the version that generated the batch, so that
         ``old_per_token_logps`` (the behaviour log-probs) are that version's."""
-        a = self.parts.async_gen
+        a = self.parts.async_gen.engine
         step = int(self.state.global_step)
         if step != self._last_loaded_step:
             self.vllm_generation.sync_weights()
@@ -468,7 +442,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
         """The trainable weights of policy ``version`` swapped in (nothing to do for the current step)."""
         if version == int(self.state.global_step):
             return contextlib.nullcontext()
-        return swapped(self._params(), self.parts.async_gen.weights_of(version))
+        return swapped(self._params(), self.parts.async_gen.engine.weights_of(version))
 
     # ------------------------------------------------------------------ checkpoints
     def _checkpointed(self) -> dict:

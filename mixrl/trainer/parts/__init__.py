@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from mixrl.trainer.async_generation import AsyncGeneration
+from mixrl.trainer.async_generation import AsyncPipeline
 from mixrl.trainer.generation.lagged_weights import LaggedWeights
 from mixrl.trainer.parts.controller_steps import ControllerSteps
 from mixrl.trainer.parts.critic import Critic
@@ -39,7 +39,7 @@ class Parts:
     sampler: SamplerRounds | None = None  # which prompts, which groups train (sampler.*)
     controller: ControllerSteps | None = None  # BAPO, EntroPIC, PALU (algo.controller)
     lag: LaggedWeights | None = None  # the weights of k steps ago for generation (trainer.staleness)
-    async_gen: AsyncGeneration | None = None  # generation ahead on a vLLM server (hardware.vllm_async)
+    async_gen: AsyncPipeline | None = None  # generation ahead on a vLLM server (hardware.vllm_async)
 
     def on(self) -> dict[str, Any]:
         """``{name: part}`` of the parts that are on, in field order."""

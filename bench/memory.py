@@ -82,12 +82,13 @@ def _profiled_peak(prof) -> int:
     return peak
 
 
-def measure(name: str, overrides: list[str], steps: int, device: str, out_dir: Path) -> dict:
-    """Train ``steps`` steps of one variant; the last one profiled. Returns measured and planned bytes."""
+def measure(name: str, overrides: list[str], steps: int, device: str, out_dir: Path, lengths: str = "fixed") -> dict:
+    """Train ``steps`` steps of one variant; the last one profiled. Returns measured and planned bytes.
+    ``lengths``: "fixed" (every completion max_completion_length tokens) or "sampled" (stop at eos)."""
     import torch
     from transformers import TrainerCallback
 
-    from bench.throughput import build_mixrl_trainer, compose
+    from bench.variants import build_mixrl_trainer, compose, lengths_kwargs
     from mixrl.plan import default_prompt_tokens, estimate, model_shape
 
     if name == "teacher" and not any(o.startswith("teacher") for o in overrides):
@@ -117,7 +118,7 @@ def measure(name: str, overrides: list[str], steps: int, device: str, out_dir: P
                 torch.cuda.synchronize()
                 box["transient"] = torch.cuda.max_memory_allocated() - box["cuda_base"]
 
-    trainer = build_mixrl_trainer(cfg, out_dir / name, [Probe()])
+    trainer = build_mixrl_trainer(cfg, out_dir / name, [Probe()], generation_kwargs=lengths_kwargs(cfg, lengths))
     box["trainer"] = trainer
     generate = trainer._generate_and_score_completions
 
@@ -184,25 +185,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
         p.error(f"--only takes {', '.join(VARIANTS)}; --steps >= 1")
     import transformers
 
-    from bench.throughput import FIXED_LENGTH
+    from bench.report import write_text
+    from bench.variants import run_overrides
 
-    FIXED_LENGTH["on"] = opts.lengths == "fixed"
     transformers.utils.logging.set_verbosity_error()
-    overrides = ["logger.progress=false", "trainer.eval_size=0", "trainer.save_steps=0", *opts.set]
-    if opts.model:
-        overrides.append(f"model.path={opts.model}")
-    if opts.device == "cuda":
-        overrides.append("hardware.device=cuda")
+    overrides = run_overrides(opts.set, opts.model, opts.device)
     tmp = Path(tempfile.mkdtemp(prefix="mixrl-bench-mem-"))
-    rows = [measure(v, overrides, opts.steps, opts.device, tmp) for v in variants]
+    rows = [measure(v, overrides, opts.steps, opts.device, tmp, opts.lengths) for v in variants]
     text = markdown(rows, argv)
     sys.stdout.write(text)
     if opts.out:
-        Path(opts.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(opts.out).write_text(text)
+        write_text(opts.out, text)
     if opts.json:
-        Path(opts.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(opts.json).write_text(json.dumps(rows, indent=2))
+        write_text(opts.json, json.dumps(rows, indent=2))
     return rows
 
 

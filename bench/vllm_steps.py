@@ -20,11 +20,13 @@ Every completion is generated to ``max_completion_length`` tokens (HF: ``min_new
 Each variant runs in a process of its own, one after the other (a colocated engine lives in
 its trainer's process; one vLLM at a time): the colocated ones first, then one server started
 for the server variants (each trainer pushes its initial weights at its first step). Timing is
-bench.throughput's: ``on_step_begin`` -> ``on_step_end``; *rollout* = TRL's
+bench.throughput's (:class:`bench.timer.StepTimer`): ``on_step_begin`` -> ``on_step_end``; *rollout* = TRL's
 ``_generate_and_score_completions`` (generation, or waiting for the batch in flight, + scoring).
 TRL's variants get the CPU plumbing mixrl's get (the engine in the trainer's dtype, weight sync
 to the server through a file: mixrl.vllm_cpu, mixrl.vllm_file_transfer). Sequential runs on a
 shared machine are noisier than bench.throughput's interleaved ones: read the min/min column too.
+The report, ``bench-vllm.md``, goes to a new ``runs/bench/vllm-<UTC time>/`` unless ``--out DIR``
+names another folder (``--out docs/results`` for the committed one).
 """
 
 from __future__ import annotations
@@ -44,7 +46,16 @@ from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 
-from bench import throughput as tp
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+from bench.machine import REPO, git_commit, loadavg, machine_info  # noqa: E402
+from bench.records import StepRecord, VariantResult, fmt, paired_ratio  # noqa: E402
+from bench.report import check_out, report_file, write_text  # noqa: E402
+from bench.timer import StepTimer  # noqa: E402
+from bench.turns import Turns  # noqa: E402
+from bench.variants import build_mixrl_trainer, build_trl_trainer, compose, run_overrides  # noqa: E402
 
 VARIANTS = ("hf", "colocate", "trl-colocate", "server", "async", "trl-server")
 DESCRIPTIONS = {
@@ -67,7 +78,7 @@ RATIOS = (
 
 
 def overrides_for(variant: str, opts) -> list[str]:
-    base = ["logger.progress=false", "trainer.eval_size=0", "trainer.save_steps=0", "hardware.torch_threads=1", *opts.set]
+    base = run_overrides(["hardware.torch_threads=1", *opts.set])
     if variant == "hf":
         return base
     hw = ["hardware=cpu-vllm"]
@@ -86,28 +97,27 @@ def child(opts) -> None:
     transformers.utils.logging.set_verbosity_error()
     v = opts.child
     W, S = opts.warmup, opts.steps
-    cfg = tp.compose("grpo", overrides_for(v, opts), W + S)
+    cfg = compose("grpo", overrides_for(v, opts), W + S)
     L = int(cfg.trainer.max_completion_length)
     # every completion max_completion_length tokens: HF's min_new_tokens (eos suppressed), vLLM's ignore_eos (eos
     # may be sampled and generation goes on: vLLM's min_tokens would mask eos in the log-probs it reports, which
     # then differ from the trainer's and stop the run at the weight-sync check)
-    tp.generation_kwargs = (lambda c: {"min_new_tokens": L}) if v == "hf" else (lambda c: {"ignore_eos": True})
-    turns = tp.Turns([v], seed=0, interleaved=False, device="cpu")
-    timer = tp.StepTimer(v, turns, "cpu", W, W + S)
+    gen = {"min_new_tokens": L} if v == "hf" else {"ignore_eos": True}
+    turns = Turns([v], seed=0, interleaved=False, device="cpu")
+    timer = StepTimer(v, turns, "cpu", W, W + S, description=DESCRIPTIONS[v])
     out_dir = Path(tempfile.mkdtemp(prefix=f"mixrl-bench-vllm-{v}-"))
     t0 = time.perf_counter()
     if v.startswith("trl-"):
         from mixrl.trainer.build import _colocated_engine, resolve_model_path
 
         with _colocated_engine(cfg, resolve_model_path(cfg, progress=False)):  # the same CPU plumbing as mixrl's
-            trainer = tp.build_trl_trainer(cfg, out_dir, [timer.callback()])
+            trainer = build_trl_trainer(cfg, out_dir, [timer.callback()], generation_kwargs=gen)
     else:
-        trainer = tp.build_mixrl_trainer(cfg, out_dir, [timer.callback()])
+        trainer = build_mixrl_trainer(cfg, out_dir, [timer.callback()], generation_kwargs=gen)
     trainer._generate_and_score_completions = timer.rollout(trainer._generate_and_score_completions)
     setup = time.perf_counter() - t0
     trainer.train()
     res = timer.result
-    res.description = DESCRIPTIONS[v]
     staleness = None
     metrics = out_dir / "metrics.jsonl"
     if metrics.exists():
@@ -152,10 +162,10 @@ def _stop(proc, log) -> None:
     log.close()
 
 
-def _load(path: Path) -> tuple[tp.VariantResult, dict]:
+def _load(path: Path) -> tuple[VariantResult, dict]:
     d = json.loads(path.read_text())
     r = d["result"]
-    res = tp.VariantResult(r["name"], r["description"], [tp.StepRecord(**x) for x in r["records"]], r.get("state_mb"), r.get("error"))
+    res = VariantResult(r["name"], r["description"], [StepRecord(**x) for x in r["records"]], r.get("state_mb"), r.get("error"))
     return res, d
 
 
@@ -174,7 +184,7 @@ def run(opts, log) -> dict:
     # in --only's order, the colocated (and HF) variants first: one vLLM at a time
     order = [v for v in variants if v not in SERVER_VARIANTS] + [v for v in variants if v in SERVER_VARIANTS]
     results, extra, server = {}, {}, None
-    load_before = tp.loadavg()
+    load_before = loadavg()
     t_run = time.perf_counter()
     try:
         for v in order:
@@ -189,7 +199,7 @@ def run(opts, log) -> dict:
             env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
                        VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
             t = time.perf_counter()
-            proc = subprocess.run(cmd, env=env, cwd=tp.REPO, capture_output=True, text=True)
+            proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
             if proc.returncode != 0:
                 raise SystemExit(f"error: variant {v} failed:\n{proc.stderr[-4000:]}")
             results[v], extra[v] = _load(out)
@@ -201,7 +211,7 @@ def run(opts, log) -> dict:
     rep = {
         "date": datetime.now().astimezone().isoformat(timespec="seconds"),
         "command": " ".join([".venv-vllm/bin/python -m bench.vllm_steps", *([shlex.join(opts.argv)] if opts.argv else [])]),
-        "commit": tp.git_commit(), "machine": tp.machine_info("cpu"), "load_before": load_before, "load_after": tp.loadavg(),
+        "commit": git_commit(), "machine": machine_info("cpu"), "load_before": load_before, "load_after": loadavg(),
         "warmup": opts.warmup, "steps": opts.steps, "run_seconds": time.perf_counter() - t_run,
         "geometry": _geometry(opts.set),
         "results": results, "extra": extra,
@@ -218,12 +228,12 @@ def run(opts, log) -> dict:
 def _geometry(sets: list[str]) -> str:
     from mixrl.config.geometry import geometry
 
-    return geometry(tp.compose("grpo", ["logger.progress=false", *sets], 1)).describe()
+    return geometry(compose("grpo", ["logger.progress=false", *sets], 1)).describe()
 
 
 def ratio_rows(rep: dict) -> list[tuple[str, dict | None]]:
     res = rep["results"]
-    return [(label, tp.paired_ratio(res.get(a), res.get(b))) for a, b, label in RATIOS if a in res and b in res]
+    return [(label, paired_ratio(res.get(a), res.get(b))) for a, b, label in RATIOS if a in res and b in res]
 
 
 def markdown(rep: dict) -> str:
@@ -246,14 +256,14 @@ def markdown(rep: dict) -> str:
     ]
     for name, r in rep["results"].items():
         q = r.quantiles()
-        lines.append(f"| `{name}` | {r.description} | {tp.fmt(r.med('seconds'))} | {tp.fmt(q[0] if q else None)} | "
-                     f"{tp.fmt(r.med('rollout_seconds'))} | {tp.fmt(r.med('train_seconds'))} |")
+        lines.append(f"| `{name}` | {r.description} | {fmt(r.med('seconds'))} | {fmt(q[0] if q else None)} | "
+                     f"{fmt(r.med('rollout_seconds'))} | {fmt(r.med('train_seconds'))} |")
     lines += ["", "*rollout* = `_generate_and_score_completions` (generation, or for `async` the wait for the batch in "
               "flight, + scoring); *train* = step − rollout.", "", "| comparison | step (median of per-step ratios) | min/min |",
               "|---|---:|---:|"]
     for label, d in ratio_rows(rep):
         cell = "–" if not d or d["paired_median"] is None else f"{d['paired_median']:.3f} [{d['paired_min']:.2f}–{d['paired_max']:.2f}]"
-        lines.append(f"| {label} | {cell} | {tp.fmt(d.get('ratio_of_mins') if d else None)} |")
+        lines.append(f"| {label} | {cell} | {fmt(d.get('ratio_of_mins') if d else None)} |")
     st = (rep["extra"].get("async") or {}).get("staleness")
     if st:
         lines += ["", f"`async` staleness per step (mean over rows, trainer step − generating version): {st}"]
@@ -274,11 +284,19 @@ def parse_args(argv=None):
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override for every variant")
     p.add_argument("--port", type=int, default=None, help="the server's port (default: a free one)")
     p.add_argument("--max-model-len", type=int, default=64, help="the server's context (prompt + completion)")
-    p.add_argument("--out", default="docs/results/bench-vllm.md", help="Markdown report ('' to skip)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="folder for bench-vllm.md (default: a new runs/bench/vllm-<UTC time>/; '--out docs/results' "
+                   "updates the committed report); a path ending in .md names the report itself; '' writes none")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--json-out", default=None, help=argparse.SUPPRESS)
     opts = p.parse_args(argv)
     opts.argv = [a for a in (sys.argv[1:] if argv is None else argv)]
+    problem = check_out(opts.out)
+    if problem:
+        p.error(problem)
+    if not opts.child:
+        md = report_file(opts.out, "vllm", "bench-vllm.md")
+        opts.out = str(md) if md is not None else ""
     return opts
 
 
@@ -291,9 +309,7 @@ def main(argv=None) -> None:
     text = markdown(rep)
     print(text)
     if opts.out:
-        Path(opts.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(opts.out).write_text(text)
-        print(f"wrote {opts.out}", file=sys.stderr)
+        print(f"wrote {write_text(opts.out, text)}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,10 @@ directory it chose) under a launcher:
 Every launch writes ``RUN_DIR/launch/``: ``command.sh`` (the exact command, re-runnable),
 ``accelerate.yaml`` / ``deepspeed.json`` when used, ``vllm-server.sh`` in server mode; the
 command is also printed. The launched processes see ``WORLD_SIZE`` and do not launch again.
+On CPU each process's own output is kept in ``RUN_DIR/launch/logs/<run id>/attempt_0/<rank>/``
+(``stdout.log``, ``stderr.log``: torchrun's ``--log-dir --redirects 3 --tee 3``; the console
+shows the same lines prefixed ``[rank<r>]``), so a process that dies leaves its own last words,
+not only torchrun's summary of its exit.
 
 Multi-node: run the same ``mixrl train`` on every machine with ``hardware.num_machines=N
 hardware.machine_rank=R hardware.main_process_ip=<machine 0> run_dir=<a path shared by all>``
@@ -215,8 +219,13 @@ def plan_launch(cfg: DictConfig, overrides: list[str], run_dir: Path, *, python:
                      f"--master_addr={hw.main_process_ip}", f"--master_port={int(hw.main_process_port)}"]
         else:
             argv += ["--standalone"]
+        # each process's own stdout and stderr (a C++ abort message too: redirected at the file
+        # descriptor) in RUN_DIR/launch/logs/<run id>/attempt_0/<rank>/{stdout,stderr}.log, and on
+        # the console with a [rank<r>] prefix
+        argv += [f"--log-dir={launch_dir / 'logs'}", "--redirects=3", "--tee=3"]
         argv += child
         env["OMP_NUM_THREADS"] = str(int(hw.torch_threads or 1))
+        env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = "[rank${rank}] "
     else:
         ds_file = None
         if hw.strategy in ("zero2", "zero3"):

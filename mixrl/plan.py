@@ -239,8 +239,8 @@ def teacher_shapes(cfg: DictConfig) -> list[ModelShape | None]:
         path = str(path)
         if path == "self":
             continue
-        if path == "builtin:tiny-teacher":
-            path = "builtin:tiny"
+        if path in ("builtin:tiny-teacher", "builtin:tiny-bpe-teacher"):  # the same shape as its student model
+            path = path.removesuffix("-teacher")
         shapes.append(model_shape(OmegaConf.create({"model": {"path": path}})))
     return shapes
 

@@ -31,7 +31,8 @@ named packages are put, and why:
 layer  modules
 =====  =====================================================================================
 0      ``core`` (pure tensor math); ``errors`` (exception types, imported everywhere); ``progress``
-       (the progress display of every long command: Rich only, used from ``models`` up to ``cli``)
+       (the progress display of every long command: Rich only, used from ``models`` up to ``cli``);
+       ``jsonl`` (the reader of a run's JSON-lines logs: the standard library only)
 1      ``sources``, ``sampler``, ``data``, ``rewards``, ``models``, ``tasks``; ``evaluation`` (a model's
        accuracy and pass@k on held-out rows, the held-out split, the periodic callback, saved
        model folders, the eval cache: it needs only torch/transformers and ``errors``, reads
@@ -45,7 +46,9 @@ layer  modules
 4      ``launch``; ``plan`` (renders the launch command with ``launch``'s own functions, so it
        sits beside it); ``experiments`` (compare, claims, stats, suites, reproduce, methods: they
        run, launch or read runs; ``experiments.stats`` is pure numbers and imports nothing of
-       mixrl, but only ``experiments`` reads it, so it lives in that package, at its layer)
+       mixrl, but only ``experiments`` reads it, so it lives in that package, at its layer);
+       ``benchmarks`` (the papers' benchmarks as config, their scoring and metrics, and ``mixrl eval
+       benchmarks=``: it loads saved models with the trainer's assembly and vLLM's engine)
 5      ``cli``
 =====  =====================================================================================
 
@@ -64,11 +67,11 @@ from pathlib import Path
 
 #: first path component below the package -> layer (see the module docstring)
 LAYERS = {
-    "": 0, "core": 0, "errors": 0, "progress": 0,
+    "": 0, "core": 0, "errors": 0, "progress": 0, "jsonl": 0,
     "sources": 1, "sampler": 1, "data": 1, "rewards": 1, "models": 1, "tasks": 1, "evaluation": 1,
     "config": 2,
     "trainer": 3, "vllm_cpu": 3, "vllm_file_transfer": 3, "explain": 3,
-    "launch": 4, "plan": 4, "experiments": 4,
+    "launch": 4, "plan": 4, "experiments": 4, "benchmarks": 4,
     "cli": 5,
 }
 

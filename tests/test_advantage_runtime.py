@@ -22,7 +22,7 @@ def _record(monkeypatch, name):
         calls.append({"rewards": rewards.clone(), "group_ids": group_ids.clone(), **{k: v for k, v in kw.items() if torch.is_tensor(v)}, "out": out})
         return out
 
-    wrapped.needs = fn.needs
+    wrapped.needs = getattr(fn, "needs", ())
     monkeypatch.setitem(ADVANTAGES._items, name, wrapped)
     return calls
 
@@ -86,3 +86,49 @@ def test_remax_baseline_is_the_greedy_completion_reward(monkeypatch, fast_overri
     assert len(set(expected)) > 1  # the check can tell completions apart
     groups = baseline.view(-1, 4)  # algo.num_generations=4: one greedy completion per prompt
     assert bool((groups == groups[:, :1]).all())
+
+
+GRPO_SPLIT = ["algo=luffy", "algo.advantage.name=grpo", "algo.advantage_include_offpolicy=false"]  # LUFFY's adv_estimator=grpo_split
+
+
+def test_grpo_split_trains_with_luffys_number_for_an_expert_row_beside_equal_rollouts(monkeypatch, fast_overrides):
+    # LUFFY's compute_grpo_outcome_advantage_split (ElliottYan/LUFFY @ 01f4ae06,
+    # luffy/verl/verl/mix_src/mix_core_alg.py): on-policy statistics, std 0 -> 1. The tiny model
+    # fails most problems, so some groups' rollouts all get 0 while their expert row gets 1: before
+    # mixrl divided by 1 there, those rows got 1e6 and the magnitude guard stopped this run.
+    calls = _record(monkeypatch, "grpo")
+    _train([*GRPO_SPLIT, *fast_overrides])
+    assert len(calls) == 2
+    flat_cases = 0
+    for call in calls:
+        r, g, inc, out = call["rewards"].tolist(), call["group_ids"].tolist(), call["include"].tolist(), call["out"]
+        for gid in set(g):
+            rows = [i for i in range(len(r)) if g[i] == gid]
+            on = [r[i] for i in rows if inc[i]]
+            if len(on) < 2 or max(on) != min(on):
+                continue
+            for i in rows:  # LUFFY's (s - mean) / (1 + 1e-6), by hand
+                assert out[i].item() == pytest.approx((r[i] - on[0]) / (1 + 1e-6), abs=1e-6)
+                flat_cases += (not inc[i]) and r[i] != on[0]
+        assert out.abs().max().item() <= 1000.0
+    assert flat_cases >= 1, "no expert row beside all-equal rollouts in these 2 steps: the case is not exercised"
+
+
+def test_an_advantage_above_its_bound_stops_the_run_with_one_line(fast_overrides, tmp_path):
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from mixrl.cli.main import app
+
+    res = CliRunner().invoke(app, ["train", *GRPO_SPLIT, *fast_overrides, "trainer.save_steps=0", "trainer.max_abs_advantage=0.5"])
+    assert res.exit_code == 3, res.output[-2000:]
+    assert "Traceback" not in res.output
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1, res.stderr
+    line = lines[0]
+    assert "training diverged at step 1: the advantage of" in line and "row" in line and "group" in line
+    assert "above trainer.max_abs_advantage=0.5" in line and "raise trainer.max_abs_advantage" in line
+    assert "no checkpoint was saved" in line  # tripped in step 1: nothing finished to save
+    run_dir = Path([o for o in fast_overrides if o.startswith("run_dir=")][0].split("=", 1)[1])
+    assert "diverged" in (run_dir / "FAILED").read_text()

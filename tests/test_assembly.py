@@ -17,7 +17,7 @@ from conftest import FAST
 REPO = Path(__file__).resolve().parents[1]
 
 #: the callers that once assembled a trainer by hand (tests/pins/harness.py is the pins' safety net)
-CALLERS = ["mixrl/trainer/run.py", "bench/throughput.py", "tests/ddp_worker.py", "tests/pins/harness.py",
+CALLERS = ["mixrl/trainer/run.py", "bench/variants.py", "tests/ddp_worker.py", "tests/pins/harness.py",
            "tests/test_teacher.py", "tests/test_engine_correction_trl.py"]
 
 

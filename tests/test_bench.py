@@ -1,10 +1,12 @@
 """The step-time benchmark (``python -m bench.throughput``): its turn-taking and ratio
-logic (fast), and one end-to-end run with minimal counts (slow, well under a minute)."""
+logic and where its files go (fast), and one end-to-end run with minimal counts (slow, well
+under a minute) that writes into the folder ``--out`` names and leaves docs/results/ as it was."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -115,18 +117,82 @@ def test_paired_ratio():
     assert paired_ratio(res("a", [1.0]), None) is None
 
 
+def _tree(folder: Path) -> dict[str, tuple[int, bytes]]:
+    """Every file under ``folder``: its mtime (ns) and bytes."""
+    return {str(p.relative_to(folder)): (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_out_names_where_every_file_goes(tmp_path, monkeypatch):
+    """``--out DIR``: bench.md and profile.txt in DIR; no --out: a new runs/bench/throughput-<time>/
+    (never docs/results/); a ``.md`` path: the report itself, the profile beside it; '' : no files;
+    an explicit --profile-out wins."""
+    from bench.throughput import parse_args
+
+    monkeypatch.chdir(tmp_path)
+    o = parse_args(["--out", "elsewhere"])
+    assert (o.out, o.profile_out) == ("elsewhere/bench.md", "elsewhere/profile.txt")
+    o = parse_args([])
+    assert re.fullmatch(r"runs/bench/throughput-\d{8}-\d{6}/bench\.md", o.out), o.out
+    assert o.profile_out == str(Path(o.out).parent / "profile.txt")
+    o = parse_args(["--out", "docs/results"])  # how the committed report is made
+    assert (o.out, o.profile_out) == ("docs/results/bench.md", "docs/results/profile.txt")
+    o = parse_args(["--out", "x/report.md"])
+    assert (o.out, o.profile_out) == ("x/report.md", "x/profile.txt")
+    o = parse_args(["--out", "", "--json", "m.json"])
+    assert (o.out, o.profile_out, o.json) == ("", "", "m.json")
+    o = parse_args(["--out", "d", "--profile-out", ""])
+    assert (o.out, o.profile_out) == ("d/bench.md", "")
+    o = parse_args(["--out", "d", "--profile-out", "p/prof.txt"])
+    assert o.profile_out == "p/prof.txt"
+    assert list(tmp_path.iterdir()) == []  # resolving paths creates nothing
+
+
+def test_vllm_steps_out_follows_the_same_rule(tmp_path, monkeypatch):
+    from bench.vllm_steps import parse_args
+
+    monkeypatch.chdir(tmp_path)
+    assert parse_args(["--out", "elsewhere"]).out == "elsewhere/bench-vllm.md"
+    assert re.fullmatch(r"runs/bench/vllm-\d{8}-\d{6}/bench-vllm\.md", parse_args([]).out)
+    assert parse_args(["--out", "docs/results"]).out == "docs/results/bench-vllm.md"
+    assert parse_args(["--out", ""]).out == ""
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--only", "grpo,nope"], "unknown variant(s) nope in --only"),
+    (["--out", "a-file"], "--out a-file is a file"),
+    (["--steps", "0"], "--steps >= 1"),
+    (["--set", "trainer.nope=1"], "unknown key 'trainer.nope'"),  # found when the config is composed, before any model loads
+])
+def test_bad_options_exit_2_with_one_line_and_create_nothing(args, words, tmp_path):
+    (tmp_path / "a-file").write_text("x")
+    before = _tree(tmp_path)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    res = subprocess.run([sys.executable, "-m", "bench.throughput", *args], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2, res.stderr
+    assert words in res.stderr.strip().splitlines()[-1]
+    assert _tree(tmp_path) == before
+
+
 @pytest.mark.slow
 def test_bench_end_to_end_minimal(tiny_model_path, tmp_path):
-    out = tmp_path / "bench.md"
+    """One tiny run with ``--out`` elsewhere: every file lands there and docs/results/ (the
+    committed report and profile) keeps its files, bytes and mtimes."""
+    out_dir = tmp_path / "elsewhere"
+    docs_before = _tree(REPO / "docs" / "results")
+    runs_before = sorted((REPO / "runs" / "bench").glob("*")) if (REPO / "runs" / "bench").exists() else []
     cmd = [sys.executable, "-m", "bench.throughput", "--warmup", "1", "--steps", "1", "--threads", "1", "--quiet",
            "--model", tiny_model_path, "--set", "trainer.prompts_per_step=2", "--set", "algo.num_generations=2",
-           "--set", "trainer.max_completion_length=8", "--out", str(out), "--profile-out", str(tmp_path / "profile.txt"),
-           "--json", str(tmp_path / "bench.json")]
+           "--set", "trainer.max_completion_length=8", "--out", str(out_dir), "--json", str(tmp_path / "bench.json")]
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1")
     t0 = time.perf_counter()
     res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-4000:]
     assert time.perf_counter() - t0 < 120  # ~30 s on a loaded 2-core machine
+    assert _tree(REPO / "docs" / "results") == docs_before
+    assert (sorted((REPO / "runs" / "bench").glob("*")) if (REPO / "runs" / "bench").exists() else []) == runs_before
+    assert sorted(p.name for p in out_dir.iterdir()) == ["bench.md", "profile.txt"]
     data = json.loads((tmp_path / "bench.json").read_text())
     assert set(data["results"]) == {"trl", "grpo", "chord", "floor"}
     for name, r in data["results"].items():
@@ -135,8 +201,9 @@ def test_bench_end_to_end_minimal(tiny_model_path, tmp_path):
         assert measured[0]["rollout_tokens"] == 2 * 2 * 8, name  # --lengths fixed: every completion 8 tokens
     assert data["results"]["chord"]["records"][-1]["expert_tokens"] > 0
     assert {"grpo_vs_trl", "chord_vs_grpo", "grpo_vs_floor"} <= set(data["ratios"])
-    md = out.read_text()
+    md = (out_dir / "bench.md").read_text()
     assert "python -m bench.throughput" in md and "commit" in md and "(1) mixrl grpo / plain TRL" in md
-    profile = (tmp_path / "profile.txt").read_text()
+    assert "[`" + str(out_dir / "profile.txt") + "`](profile.txt)" in md  # linked beside the report
+    profile = (out_dir / "profile.txt").read_text()
     assert "cProfile" in profile and "mixrl/trainer/grpo.py" in profile and "torch.profiler" in profile
     assert "mixrl step-time benchmark" in res.stdout

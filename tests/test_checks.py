@@ -179,3 +179,60 @@ def test_reward_that_raises_or_returns_the_wrong_type(no_trainer, fast_overrides
     line = one_line_error(_train(fast_overrides, f"data.source={src}", f"reward.name={rewards}:{fn}"))
     assert all(w in line for w in words), line
     assert "before training" in line
+
+
+# --------------------------------------------------------------------------- sources, sampler, templates: before the run directory
+def _nothing_created(run_dir: Path) -> None:
+    """No run directory at all: no config.yaml, no FAILED, no lock."""
+    assert not run_dir.exists(), sorted(p.name for p in run_dir.iterdir())
+
+
+def _pairs(tmp_path, rows, name="pairs.jsonl") -> str:
+    path = tmp_path / name
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+@pytest.mark.parametrize("case, words", [
+    ("arms", ["sampler.arms_column=nosuch is not a column of the training data", "set sampler.arms_column"]),
+    ("missing", ["data file not found", "missing.jsonl", "offpolicy.source.dataset"]),
+    ("no_rejected", ["column 'rejected' not found", "offpolicy.source.rejected_column"]),
+    ("chosen_empty", ["no preference pair in", "every row lacks a chosen or a rejected completion"]),
+    ("chosen_number", ["row 0 of", "'chosen' holds an int", "offpolicy.source.chosen_column"]),
+    ("rejected_numbers", ["row 0 of", "'rejected' holds a list with an int", "offpolicy.source.rejected_column"]),
+    ("all_equal", ["no preference pair in", "chosen and rejected completions are the same text", "zero margins"]),
+    ("template", ["algo.inject.template='{prompt}{hint} {answer}' has an unknown placeholder {answer}", "{prompt}, {hint}"]),
+    ("length", ["sampler.length=", "reaches 64 tokens", "trainer.max_completion_length=24", "set trainer.max_completion_length=64"]),
+])
+def test_data_checks_of_sources_sampler_and_templates_leave_nothing_behind(no_trainer, fast_overrides, tmp_path, case, words):
+    """What the config and the data can refuse is refused before the run directory exists: the
+    sampler's columns, a pairs file (missing, a column missing, every chosen empty, cells of another
+    type, only zero-margin pairs), a template's placeholders, a length schedule above the cap."""
+    ok = {"prompt": "1+1=", "chosen": "2", "rejected": "3"}
+    pairs = lambda rows: _pairs(tmp_path, rows, f"{case}.jsonl")  # noqa: E731 - only this case's file is written
+    extra = {
+        "arms": lambda: ["sampler=curriculum", "sampler.arms_column=nosuch"],
+        "missing": lambda: ["algo=hypo", f"offpolicy.source.dataset={tmp_path / 'missing.jsonl'}"],
+        "no_rejected": lambda: ["algo=hypo", f"offpolicy.source.dataset={pairs([{'prompt': '1+1=', 'chosen': '2'}])}"],
+        "chosen_empty": lambda: ["algo=hypo", f"offpolicy.source.dataset={pairs([{**ok, 'chosen': ''}, {**ok, 'chosen': ' '}])}"],
+        "chosen_number": lambda: ["algo=hypo", f"offpolicy.source.dataset={pairs([{**ok, 'chosen': 5}])}"],
+        "rejected_numbers": lambda: ["algo=hypo", f"offpolicy.source.dataset={pairs([{**ok, 'rejected': [1, 2]}])}"],
+        "all_equal": lambda: ["algo=hypo", f"offpolicy.source.dataset={pairs([{**ok, 'rejected': '2'}])}"],
+        "template": lambda: ["algo=guide", "algo.inject.template='{prompt}{hint} {answer}'"],
+        "length": lambda: ["sampler=curriculum", "sampler.length={name: linear, start: 8, end: 64, steps: 2}"],
+    }
+    line = one_line_error(["train", *fast_overrides, "trainer.eval_size=0", *extra[case]()])
+    assert all(w in line for w in words), line
+    _nothing_created(tmp_path / "run")
+
+
+def test_characters_of_a_pairs_file_are_checked_like_the_training_rows(no_trainer, tiny_model_path, fast_overrides, tmp_path):
+    # a character model that cannot learn new characters: the pairs file's 'ü' is named with the file
+    import shutil
+
+    model = shutil.copytree(tiny_model_path, tmp_path / "charmodel", ignore=shutil.ignore_patterns("mixrl_tiny.json"))
+    pairs = _pairs(tmp_path, [{"prompt": "1+1=", "chosen": "2", "rejected": "3 ü"}])
+    line = one_line_error(["train", *fast_overrides, "trainer.eval_size=0", f"model.path={model}", "algo=hypo",
+                           f"offpolicy.source.dataset={pairs}"])
+    assert f"offpolicy.source.dataset={pairs} has 1 character(s) the tokenizer cannot encode" in line and "'ü'" in line
+    _nothing_created(tmp_path / "run")

@@ -183,6 +183,13 @@ BAD_OVERRIDES = [
     pytest.param(
         ["algo=[grpo,chord]"], ["[grpo,chord]"], id="value-with-brackets-is-printed",
     ),
+    pytest.param(["algo=guide", "algo.inject.template={prompt}{hint}"],
+                 ["could not parse", "must be quoted", "\"algo.inject.template='{prompt}{hint}'\""], id="unquoted-braces"),
+    pytest.param(["data.system_prompt=a=b"], ["must be quoted", "\"data.system_prompt='a=b'\""], id="unquoted-equals"),
+    pytest.param(["algo=sft_then_rl", "algo.stages.1.overrides=[trainer.max_steps=5]"],
+                 ["quote each element", "\"algo.stages.1.overrides=['trainer.max_steps=5']\""], id="unquoted-list-of-overrides"),
+    pytest.param(["algo=sft_then_rl", "algo.stages.2.max_steps=7"],
+                 ["unknown key 'algo.stages.2.max_steps'", "algo.stages is a list of 2 entries, indexed 0..1"], id="list-index-out-of-range"),
 ]
 
 
@@ -191,6 +198,20 @@ def test_bad_override_one_line_exit_2(overrides, must_contain, no_model):
     line = _one_line_error(_invoke(["train", *overrides]))
     for text in must_contain:
         assert text in line, f"{text!r} not in {line!r}"
+
+
+def test_list_elements_are_keys_by_index_and_the_quoted_forms_the_errors_suggest_work(no_model):
+    """Hydra and OmegaConf set a list element by its index (``algo.stages.1.overrides``), as the
+    whole list can be set; the quoted forms that parse errors suggest compose."""
+    from mixrl.config.compose import compose_config
+
+    cfg = compose_config(["algo=sft_then_rl", "algo.stages.1.overrides=['trainer.max_steps=5']", "algo.stages.0.max_steps=7"])
+    assert list(cfg.algo.stages[1].overrides) == ["trainer.max_steps=5"] and cfg.algo.stages[0].max_steps == 7
+    assert cfg.algo.stages[1].algo == "grpo"  # the rest of the entry is kept
+    assert compose_config(["algo=guide", "algo.inject.template='{prompt}{hint}'"]).algo.inject.template == "{prompt}{hint}"
+    assert compose_config(["data.system_prompt='a=b'"]).data.system_prompt == "a=b"
+    line = _one_line_error(_invoke(["config", "show", "algo=sft_then_rl", "algo.stages.1.nosuch=1"]))
+    assert "unknown key 'algo.stages.1.nosuch'" in line and "algo.stages.1.name" in line
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 import pytest
 import yaml
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from mixrl.config.compose import (
     compose_config,
@@ -33,12 +33,19 @@ def _leaves(node, prefix: str = ""):
 
 
 def _expected(cfg, value):
-    """A file value as the composed config should hold it: a plain ``${a.b}`` interpolation
-    is resolved against the composed config."""
+    """A file value as the composed config should hold it: an interpolation (``${a.b}`` or a
+    resolver) is resolved against the composed config."""
+    if isinstance(value, list):
+        return [_expected(cfg, v) for v in value]
     if isinstance(value, str):
         m = re.fullmatch(r"\$\{([\w.]+)\}", value)
         if m:
             return OmegaConf.select(cfg, m.group(1))
+        if "${" in value:  # a resolver (e.g. ${builtin_teacher:${model.path}}): resolved in the composed config's context
+            probe = cfg.copy()
+            with open_dict(probe):
+                probe._probe = value
+            return probe._probe
     return value
 
 
@@ -220,7 +227,7 @@ def test_plusless_override_of_unlisted_component_parameter(override, key, value)
 
 def test_switching_component_fills_new_defaults():
     cfg = compose_config(["algo.advantage.name=rloo"])
-    assert OmegaConf.to_container(cfg.algo.advantage) == {"name": "rloo"}
+    assert OmegaConf.to_container(cfg.algo.advantage) == {"name": "rloo", "singleton_reward": False}  # grpo's eps / unbiased / scale dropped, rloo's one default filled
     cfg = compose_config(["algo.entropy_coef.name=linear", "algo.entropy_coef.steps=10"])
     assert OmegaConf.to_container(cfg.algo.entropy_coef) == {"name": "linear", "start": 0.0, "end": 1.0, "steps": 10}
 

@@ -113,7 +113,7 @@ def _mixrl(cfg, out_dir: Path):
 
 
 def _trl(cfg, out_dir: Path):
-    """Plain ``trl.GRPOTrainer`` with the GRPOConfig mixrl builds (as bench/throughput.py's ``trl``
+    """Plain ``trl.GRPOTrainer`` with the GRPOConfig mixrl builds (as bench/variants.py's ``trl``
     variant: ``dapo`` = token-mean over the step's tokens, eps 0.2 both sides, group-scaled rewards)."""
     from transformers import PrinterCallback
     from trl import GRPOTrainer

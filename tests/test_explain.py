@@ -393,11 +393,12 @@ def test_cli_staged_algo_explains_each_stage(tmp_path):
     assert (tmp_path / "s.png").exists()
 
 
-def test_exopd_explain_says_what_opd_reward_computes():
-    """`mixrl explain algo=exopd` names the advantage lam (log pi_T - log pi_old) with the yaml's lam
-    and the reinforce loss -w_t A log p_t (w_t = 1 without tis_cap): the same words as the docstring
-    and the README, never -A r."""
+def test_exopd_explain_says_what_gopd_reward_computes():
+    """`mixrl explain algo=exopd` names G-OPD's advantage against the fixed reference with the yaml's
+    lam and the reinforce loss -w_t A log p_t (w_t = 1 without tis_cap): the same words as the
+    docstring and the README, never -A r."""
     text = explain_text(compose_config(["algo=exopd"]))
-    assert "A_t = 1.25 (log pi_T(y_t) - log pi_old(y_t)), used in place of the row's advantage" in text
+    assert ("A_t = 1.25 (log pi_T(y_t) - log pi_ref(y_t)) - (log pi_old(y_t) - log pi_ref(y_t)), "
+            "pi_ref the frozen starting student, used in place of the row's advantage") in text
     assert "reinforce: l_t = -w_t A log p_t" in text
     assert "-A r" not in text

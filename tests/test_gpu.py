@@ -69,7 +69,6 @@ def test_vllm_colocate_rollouts(tiny_model_path, tmp_path):
     proc = _cli(["train", "hardware=gpu-1x80g-vllm", "hardware.vllm_gpu_memory_utilization=0.2", *SHORT,
                  f"model.path={tiny_model_path}", f"run_dir={run_dir}"])
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    assert "grpo" in (tmp_path / "bench.md").read_text()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 3 and summary["rollouts"] == 3 * 16
 
@@ -85,7 +84,6 @@ def test_two_gpu_launch(hardware, tiny_model_path, tmp_path):
     proc = _cli(["train", f"hardware={hardware}", "hardware.num_processes=2", *SHORT,
                  f"model.path={tiny_model_path}", f"run_dir={run_dir}"])
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    assert "grpo" in (tmp_path / "bench.md").read_text()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 3 and "= 2 process(es)" in summary["geometry"]
     assert "accelerate.commands.launch" in (run_dir / "launch" / "command.sh").read_text()

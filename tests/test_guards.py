@@ -135,3 +135,88 @@ def test_good_rewards_pass_through_unchanged_and_keep_their_name():
     wrapped = _reward(score)
     assert wrapped(["p", "q"], ["a", "b"]) == [1, None]
     assert wrapped.__name__ == "score"
+
+
+# --------------------------------------------------------------------------- magnitude guard
+def _luffy_case_inputs(advantages):
+    """A micro-batch of LUFFY's central case: group 0's three rollouts all fail, its expert row
+    (row 3) succeeds; group 1 is an ordinary group."""
+    from mixrl.core import provenance as prov
+
+    on, ex = prov.code("on_policy"), prov.code("expert")
+    return {
+        "advantages": advantages,
+        "row_source": torch.tensor([on, on, on, ex, on, on, on, ex]),
+        "group_id": torch.tensor([0, 0, 0, 0, 1, 1, 1, 1]),
+        "completion_ids": torch.zeros(8, 3, dtype=torch.long),
+        "completion_mask": torch.ones(8, 3),
+    }
+
+
+def test_magnitude_guard_fires_on_the_old_grpo_split_number_and_passes_luffys():
+    from mixrl.core import ADVANTAGES
+    from mixrl.trainer.magnitude import MagnitudeExceeded, check_advantages
+
+    rewards = torch.tensor([0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0])
+    groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    inc = torch.tensor([True, True, True, False, True, True, True, False])
+    # before the fix: (1 - 0) / (0 + 1e-6) on the expert row of group 0
+    old = ADVANTAGES.get("grpo")(rewards, groups, include=inc).clone()
+    old[3] = (1.0 - 0.0) / (0.0 + 1e-6)
+    with pytest.raises(MagnitudeExceeded) as e:
+        check_advantages(old, _luffy_case_inputs(old), 1000.0, step=4)
+    msg = str(e.value)
+    assert "\n" not in msg and isinstance(e.value, TrainingDiverged) and e.value.exit_code == 3
+    assert msg.startswith("training diverged at step 4: the advantage of 1 row (expert; group 0) is 1e+06 in magnitude")
+    assert "trainer.max_abs_advantage=1000" in msg and "raise trainer.max_abs_advantage" in msg
+    # after it: LUFFY's number, 1 / (1 + 1e-6), flows
+    new = ADVANTAGES.get("grpo")(rewards, groups, include=inc)
+    assert new[3].item() == pytest.approx(1 / (1 + 1e-6))
+    check_advantages(new, _luffy_case_inputs(new), 1000.0, step=4)
+    check_advantages(old, _luffy_case_inputs(old), None, step=4)  # null: no bound on finite values
+    # bound 0.5: group 0's expert row (1 / (1 + 1e-6)) and all of group 1 (rollouts [1, 0, 1]: mean 2/3,
+    # std sqrt(1/3), |A| 0.577 and 1.155; expert 0.577) are above it
+    with pytest.raises(MagnitudeExceeded, match=r"the advantage of 5 rows \(expert x2, on_policy x3; groups 0, 1\) is 1.15 in magnitude"):
+        check_advantages(new, _luffy_case_inputs(new), 0.5, step=1)
+
+
+def test_magnitude_guard_per_token_advantages_and_non_finite():
+    from mixrl.trainer.magnitude import MagnitudeExceeded, check_advantages
+
+    adv = torch.zeros(8, 3)
+    adv[5, 2] = float("inf")
+    adv[6, 1] = 5e3  # off the completion mask below: not looked at
+    inputs = _luffy_case_inputs(adv)
+    inputs["completion_mask"][6, 1] = 0
+    with pytest.raises(MagnitudeExceeded, match=r"the advantage of 1 row \(on_policy; group 1\) is not finite"):
+        check_advantages(adv, inputs, None, step=2)
+
+
+def test_magnitude_guard_names_the_loss_term():
+    from mixrl.trainer.magnitude import MagnitudeExceeded, check_losses
+
+    inputs = _luffy_case_inputs(torch.zeros(8))
+    check_losses({"loss/policy": 3.0, "loss/total": 1e9, "clip_frac": 1e9}, inputs, 1e4, step=1)  # total and other metrics: not terms
+    with pytest.raises(MagnitudeExceeded) as e:
+        check_losses({"loss/policy": 3.0, "loss/offpolicy": -2e5}, inputs, 1e4, step=3, learning_rate=1e-2)
+    msg = str(e.value)
+    assert msg.startswith("training diverged at step 3: loss term 'offpolicy' on a micro-batch of 8 rows (expert x2, on_policy x6; groups 0, 1) is -2e+05")
+    assert "trainer.max_abs_loss=10000" in msg and "learning rate (0.01)" in msg
+    with pytest.raises(MagnitudeExceeded, match="loss term 'policy' .* is not finite"):
+        check_losses({"loss/policy": float("nan")}, inputs, None, step=1)
+
+
+def test_magnitude_bounds_from_config():
+    from omegaconf import OmegaConf
+
+    from mixrl.config.compose import compose_config
+    from mixrl.errors import ConfigError
+    from mixrl.trainer.magnitude import MagnitudeBounds
+
+    cfg = compose_config([])
+    assert MagnitudeBounds.from_config(cfg.trainer) == MagnitudeBounds(1000.0, 1e6)
+    cfg = compose_config(["trainer.max_abs_advantage=null", "trainer.max_abs_loss=50"])
+    assert MagnitudeBounds.from_config(cfg.trainer) == MagnitudeBounds(None, 50.0)
+    with pytest.raises(ConfigError, match=r"trainer.max_abs_advantage=0 is out of range: it must be > 0"):
+        compose_config(["trainer.max_abs_advantage=0"])
+    assert OmegaConf.select(cfg, "trainer.max_abs_loss") == 50

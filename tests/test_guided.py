@@ -10,10 +10,12 @@ rollouts count toward the rollout budget."""
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 import torch
 
+from mixrl.config.builders import build_injection
 from mixrl.config.compose import compose_config
 from mixrl.core import provenance as prov
 from mixrl.core.terms import TERMS, TermInputs
@@ -218,6 +220,22 @@ def test_config_checks_for_guided_methods():
         compose_config(["algo=guide", "algo.terms.policy.tokens=[on_policy]"])
     with pytest.raises(ConfigError, match="per_group"):
         compose_config(["algo=prefix_rft", "algo.inject.per_group=9"])
+
+
+@pytest.mark.parametrize("template, words", [
+    ("{prompt}{hint} {answer}", "has an unknown placeholder {answer}; it may use only {prompt}, {hint}"),
+    ("{prompt}{}{hint}", "has a positional placeholder {}"),
+    ("{prompt}{hint} {", "is not a valid template (Single '{' encountered"),
+    ("{prompt}{hint!r}", "{hint} takes no conversion or format spec"),
+])
+def test_a_hint_template_may_use_only_its_placeholders(template, words):
+    """A template is checked when the config is composed: an unknown placeholder would raise a
+    KeyError mid-run, the first time a group fails."""
+    with pytest.raises(ConfigError, match=re.escape(f"algo.inject.template={template!r}") + ".*" + re.escape(words)):
+        compose_config(["algo=guide", f"algo.inject.template='{template}'"])
+    cfg = compose_config(["algo=guide", "algo.inject.template='{prompt} {{note}} {hint}'"])  # literal braces, doubled
+    assert with_hint("1+1=", "2", cfg.algo.inject.template) == "1+1= {note} 2"
+    assert build_injection(cfg).texts() == [" {note} "]
 
 
 # ----------------------------------------------------------------------------- the trainer

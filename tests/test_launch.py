@@ -47,7 +47,12 @@ def test_mixrl_train_cpu_2proc_launches_two_processes(tiny_model_path, tmp_path)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-3000:]
     command = (run_dir / "launch" / "command.sh").read_text()
-    assert "-m torch.distributed.run --nproc_per_node=2 --standalone -m mixrl.cli.main train hardware=cpu-2proc" in command
+    logs = run_dir / "launch" / "logs"
+    assert (f"-m torch.distributed.run --nproc_per_node=2 --standalone --log-dir={logs} --redirects=3 --tee=3 "
+            "-m mixrl.cli.main train hardware=cpu-2proc") in command
+    # each process's own output, in its own files and on the console with its rank
+    assert sorted(p.parent.name for p in logs.glob("*/attempt_0/*/stdout.log")) == ["0", "1"]
+    assert "[rank0] " in output
     assert f"run_dir={run_dir}" in command
     assert "launching: " in output and "--nproc_per_node=2" in output.split("launching: ", 1)[1].splitlines()[0]
     summary = json.loads((run_dir / "summary.json").read_text())

@@ -69,6 +69,41 @@ def test_a_missing_pair_column_names_the_key_to_set(tmp_path):
         PairSource(rejected_from="column").prepare(_arith_rows(), SimpleNamespace(source="builtin:arith", system_prompt=None))
 
 
+def test_zero_margin_pairs_are_dropped_and_counted_from_a_file_and_from_the_training_rows(tmp_path):
+    """A pair whose chosen and rejected completions are the same text (surrounding whitespace aside)
+    trains the preference terms on a zero margin: dropped, from a file as from the training rows,
+    and the source's note says how many (``mixrl train`` prints it before the run starts)."""
+    f = tmp_path / "prefs.jsonl"
+    rows = [{"prompt": "1+2=", "chosen": "3 #### 3", "rejected": "3 #### 3 "},  # the same text: dropped
+            {"prompt": "2+2=", "chosen": "4 #### 4", "rejected": "2 #### 2"},
+            {"prompt": "5+1=", "chosen": "6 #### 6", "rejected": None}]  # no rejected side: dropped
+    f.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    src = PairSource(dataset=str(f))
+    src.prepare(None, SimpleNamespace(source="x", system_prompt=None))
+    assert src.pool == [("2+2=", "4 #### 4", "2 #### 2")]
+    assert src.notes == (f"pairs source: 1 pair(s) from {f}; dropped 1 row(s) without a chosen or a rejected completion "
+                         "and 1 pair(s) whose chosen and rejected completions are the same text (a zero margin)",)
+    assert src.texts() == ["2+2=", "4 #### 4", "2 #### 2"]
+    ds = _arith_rows(4).add_column("worse", [r["solution"] for r in _arith_rows(4)][:2] + ["0 #### 0", "1 #### 1"])
+    rows_src = PairSource(rejected_from="column", rejected_column="worse")
+    rows_src.prepare(ds, SimpleNamespace(source="x", system_prompt=None))
+    assert len(rows_src.pool) == 2 and "dropped 2 pair(s) whose chosen and rejected" in rows_src.notes[0]
+    f.write_text(json.dumps(rows[0]) + "\n")
+    with pytest.raises(DataError, match="every pair's chosen and rejected completions are the same text"):
+        PairSource(dataset=str(f)).prepare(None, SimpleNamespace(source="x", system_prompt=None))
+
+
+@pytest.mark.parametrize("cell, words", [
+    ({"chosen": 5}, "row 0 of .*: 'chosen' holds an int, expected a string.*offpolicy.source.chosen_column"),
+    ({"rejected": [1, 2]}, "row 0 of .*: 'rejected' holds a list with an int.*offpolicy.source.rejected_column"),
+])
+def test_a_pair_cell_of_another_type_is_one_line_naming_the_row(tmp_path, cell, words):
+    f = tmp_path / "prefs.jsonl"
+    f.write_text(json.dumps({"prompt": "1+2=", "chosen": "3", "rejected": "1", **cell}) + "\n")
+    with pytest.raises(DataError, match=words):
+        PairSource(dataset=str(f)).prepare(None, SimpleNamespace(source="x", system_prompt=None))
+
+
 # --------------------------------------------------------------------------- the injections
 class _Tok:
     eos_token_id, pad_token_id = 0, 0

@@ -1,11 +1,19 @@
-"""``docs/peers.md`` cannot rot: every overrides cell of its tables composes and validates
-(``compose_config``), and every table row has a peer, an option and an overrides cell.
+"""``docs/peers.md`` cannot rot. Its table is data (``docs/peers.yaml``, read by
+:mod:`mixrl.experiments.peers`) and:
+
+* every row's overrides compose and validate (``compose_config``);
+* every ``exact`` / ``exact-with`` row names tests that exist, name the row's peer and assert
+  something (the ids are walked: file, function, its source);
+* the committed page is what ``mixrl docs peers`` writes from the data.
 """
 
 from __future__ import annotations
 
+import ast
 import copy
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,35 +24,19 @@ from omegaconf import OmegaConf
 from mixrl.config import compose
 from mixrl.config.compose import compose_config
 from mixrl.config.schema import GROUPS
+from mixrl.experiments.peers import CHECKED, load_peers, render_peers, rows
 
 ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "docs" / "peers.yaml"
 DOC = ROOT / "docs" / "peers.md"
-
-
-def _rows() -> list[tuple[str, str, str, str]]:
-    rows = []
-    for line in DOC.read_text().splitlines():
-        if not line.startswith("| ") or line.startswith("| peer ") or set(line) <= set("|- "):
-            continue
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        assert len(cells) == 4, f"a table row needs 4 cells (peer, option, overrides, note): {line}"
-        rows.append(tuple(cells))
-    return rows
-
-
-ROWS = _rows()
-
-
-def _overrides(cell: str) -> list[str]:
-    if cell == "—":
-        return []
-    m = re.fullmatch(r"`([^`]+)`", cell)
-    assert m, f"an overrides cell is one code span or '—', got {cell!r}"
-    return m.group(1).split()
+TABLE = load_peers(DATA)
+ROWS = rows(TABLE)
+#: how a test names each peer (its source must mention it)
+PEER_WORD = {"verl": "verl", "TRL": "TRL", "Trinity-RFT": "Trinity", "LUFFY": "LUFFY"}
 
 
 def test_table_covers_every_peer_and_every_asked_option():
-    peers = {r[0] for r in ROWS}
+    peers = {r["peer"] for r in ROWS}
     assert peers == {"verl", "TRL", "Trinity-RFT", "LUFFY"}
     text = DOC.read_text()
     for option in ("seq-mean-token-sum-norm", "loss_mode=cispo", "loss_mode=clip_cov", "adv_estimator=gae",
@@ -52,6 +44,58 @@ def test_table_covers_every_peer_and_every_asked_option():
                    "vllm_importance_sampling_mode", "`sapo`", "`cispo`", "sft_phi cutoff_prob", "off_policy_max_clip",
                    "on_policy_reshape", "p_div_p_0.5"):
         assert option in text, option
+
+
+def test_the_committed_page_is_generated_from_the_data():
+    expected = render_peers(TABLE)
+    assert DOC.read_text() == expected, "docs/peers.md is out of date; regenerate it with: mixrl docs peers"
+
+
+def test_the_docs_peers_command_writes_the_page(tmp_path):
+    out = tmp_path / "peers.md"
+    subprocess.run([sys.executable, "-m", "mixrl.cli.main", "docs", "peers", "--data", str(DATA), "--out", str(out)],
+                   check=True, capture_output=True, text=True, cwd=ROOT)
+    assert out.read_text() == render_peers(TABLE)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(DATA.read_text().replace("status: differs", "status: close", 1))
+    run = subprocess.run([sys.executable, "-m", "mixrl.cli.main", "docs", "peers", "--data", str(bad), "--out", "-"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert run.returncode == 2 and "status must be one of" in run.stderr and run.stdout == ""
+
+
+def _test_source(test_id: str) -> tuple[str, str]:
+    """(the test function's source, its module's docstring) for ``path::function[param]``."""
+    path, _, name = test_id.partition("::")
+    name = name.split("[", 1)[0]
+    file = ROOT / path
+    assert file.is_file(), f"{test_id}: no file {path}"
+    source = file.read_text()
+    tree = ast.parse(source)
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return ast.get_source_segment(source, node), ast.get_docstring(tree) or ""
+    raise AssertionError(f"{test_id}: {path} has no test function {name}")
+
+
+CHECKED_ROWS = [r for r in ROWS if r["status"] in CHECKED]
+
+
+@pytest.mark.parametrize("row", CHECKED_ROWS, ids=[f"{r['peer']}:{r['option']}" for r in CHECKED_ROWS])
+def test_every_exact_row_names_tests_that_exist_and_check_its_peer(row):
+    assert row.get("tests"), f"{row['peer']} {row['option']}: an {row['status']} row names its tests"
+    word = PEER_WORD[row["peer"]]
+    for test_id in row["tests"]:
+        body, _ = _test_source(test_id)
+        # an assert, or a call to the module's checking helper (_close, check)
+        assert re.search(r"\bassert\b|\b_?close\(|assert_close|pytest\.raises|\bcheck\(", body), f"{test_id} asserts nothing"
+        assert word.lower() in body.lower(), f"{test_id} does not name {row['peer']} (the peer whose code it checks)"
+
+
+def test_the_check_catches_a_missing_test():
+    with pytest.raises(AssertionError, match="no test function"):
+        _test_source("tests/core/test_peer_parity.py::test_no_such_thing")
+    with pytest.raises(AssertionError, match="no file"):
+        _test_source("tests/core/no_such_file.py::test_x")
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +125,9 @@ def shared_base():
     compose._compose_raw = original
 
 
-@pytest.mark.parametrize("peer, option, cell", [(r[0], r[1], r[2]) for r in ROWS if r[2] != "—"],
-                         ids=[f"{r[0]}:{r[1]}" for r in ROWS if r[2] != "—"])
-def test_every_override_in_the_table_composes(peer, option, cell, shared_base):
-    overrides = _overrides(cell)
-    compose_config(overrides)  # raises ConfigError (one line) for an unknown key, name or value
+COMPOSED = [r for r in ROWS if r["overrides"] is not None]
+
+
+@pytest.mark.parametrize("row", COMPOSED, ids=[f"{r['peer']}:{r['option']}" for r in COMPOSED])
+def test_every_override_in_the_table_composes(row, shared_base):
+    compose_config(row["overrides"].split())  # raises ConfigError (one line) for an unknown key, name or value

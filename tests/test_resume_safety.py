@@ -109,6 +109,56 @@ def test_a_refused_resume_changes_nothing_in_the_run_directory(override, words, 
     assert _snapshot(d) == before  # FAILED and config.yaml included
 
 
+# --------------------------------------------------------------------------- config.yaml edited since the checkpoint
+def _record_trained_config(d: Path, step: int = 2) -> None:
+    """What a checkpoint of mixrl train holds: the config it was trained under (the trainer's progress state)."""
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from mixrl.trainer import checkpoint_state
+    from mixrl.trainer.grpo import RunProgress
+
+    cfg = OmegaConf.to_container(compose_config([*RUN, f"run_dir={d}"]), resolve=True)
+    trainer = SimpleNamespace(mixrl_rollouts=8, mixrl_generated_tokens=80, micro_step_at_checkpoint=lambda: 4, mixrl_config=cfg)
+    checkpoint_state.save(str(d / "trainer" / f"checkpoint-{step}"), {"progress": RunProgress(trainer)}, rank=0, should_save=True)
+
+
+@pytest.mark.parametrize("edit, words", [
+    (("algo:\n  name: chord", "algo:\n  name: luffy"), "algo.name is chord there, luffy in config.yaml"),
+    (("  learning_rate: 1.0e-06", "  learning_rate: 0.001"), "trainer.learning_rate is 1e-06 there, 0.001 in config.yaml"),
+])
+def test_a_config_yaml_edited_since_the_checkpoint_is_refused_like_the_same_override(tmp_path, edit, words):
+    """Editing config.yaml to another algo (or any key a resume may not change) is the same change
+    as the override on the command line: refused in one line, comparing with what the checkpoint
+    was trained under, and nothing in the run directory changes."""
+    d = _run_dir(tmp_path)
+    _record_trained_config(d)
+    text = (d / "config.yaml").read_text()
+    assert edit[0] in text
+    (d / "config.yaml").write_text(text.replace(edit[0], edit[1], 1))
+    before = _snapshot(d)
+    line = _one_line(runner.invoke(app, ["train", f"resume={d}", "hardware.torch_threads=1"]))
+    assert f"resume={d}: its config.yaml no longer matches what checkpoint-2 was trained under" in line
+    assert words in line and "start a new run" in line, line
+    assert _snapshot(d) == before
+
+
+def test_a_checkpoint_resumes_under_its_own_config_with_safe_changes(tmp_path, monkeypatch):
+    from mixrl.trainer import run
+    from mixrl.trainer.resume import trained_config
+
+    seen = []
+    monkeypatch.setattr(run, "train_stages", lambda cfg, stages, console=None: seen.append(cfg) or run.RunResult(Path(cfg.resume), {}))
+    d = _run_dir(tmp_path)
+    _record_trained_config(d)
+    assert trained_config(d / "trainer" / "checkpoint-2")["algo"]["name"] == "chord"
+    text = (d / "config.yaml").read_text()
+    (d / "config.yaml").write_text(text.replace("max_steps: 4", "max_steps: 9", 1))  # a key a resume may change
+    res = runner.invoke(app, ["train", f"resume={d}", "logger.progress=false"])
+    assert len(seen) == 1 and seen[0].trainer.max_steps == 9, res.output[-2000:]
+
+
 # --------------------------------------------------------------------------- one process per run
 HOLD = """
 import sys, time

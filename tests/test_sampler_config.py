@@ -37,11 +37,26 @@ def test_group_options_and_defaults():
     (["sampler.pick.name=thompsn"], "unknown prompt picker 'thompsn' for sampler.pick.name (did you mean: thompson?)"),
     (["sampler=dynamc"], "unknown sampler option 'dynamc'"),
     (["sampler=dynamic", "+sampler.rows.pf={name: reward_extremes, k: 0}"], "sampler.rows.pf.k=0 is out of range"),
+    # a length schedule is the generation's length at each step; TRL caps it at trainer.max_completion_length
+    (["sampler=curriculum", "sampler.length={name: linear, start: 16, end: 64, steps: 100}"],
+     "sampler.length={name: linear, start: 16, end: 64, steps: 100} reaches 45 tokens (step 60), above "
+     "trainer.max_completion_length=32, which caps every completion; keep the schedule at or below 32, or set "
+     "trainer.max_completion_length=45"),
+    (["sampler=curriculum", "sampler.length=40"], "sampler.length=40 reaches 40 tokens (step 0)"),
+    (["sampler=curriculum", "sampler.length={name: linear, start: 0, end: 32, steps: 10}"],
+     "gives 0 tokens at step 0; a completion needs at least 1 token"),
 ])
 def test_bad_sampler_settings_are_one_line(overrides, words):
     with pytest.raises(ConfigError) as e:
         compose_config(overrides)
     assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_length_schedule_within_the_cap_composes():
+    cfg = compose_config(["sampler=curriculum", "sampler.length={name: linear, start: 8, end: 32, steps: 50}"])  # the README's example
+    assert cfg.sampler.length.end == 32
+    compose_config(["sampler=curriculum", "sampler.length={name: linear, start: 16, end: 64, steps: 100}",
+                    "trainer.max_completion_length=45"])
 
 
 def test_train_refuses_before_creating_anything(tmp_path):

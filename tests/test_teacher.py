@@ -5,6 +5,7 @@ independent forward of the teacher)."""
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,14 @@ def test_privileged_prompts_follow_the_template():
 def test_bad_teacher_parameters_are_refused(kwargs, words):
     with pytest.raises(ValueError, match=words.replace("{", r"\{").replace("}", r"\}")):
         TeacherSource(**kwargs)
+
+
+def test_a_teacher_template_may_use_only_its_placeholders():
+    with pytest.raises(ConfigError, match=re.escape("teacher.source.template='{prompt} {context}' has an unknown placeholder {context}")):
+        TeacherSource(privileged="expert", template="{prompt} {context}")
+    with pytest.raises(ConfigError, match="teacher.source.template"):
+        compose_config(["algo=opsd", "teacher.source.template='{privileged} {prompt} {x}'"])
+    assert TeacherSource(privileged="answer", template="{prompt} (answer: {privileged})").texts() == [" (answer: )"]
 
 
 def test_several_teachers_combine_by_hand():
@@ -195,3 +204,33 @@ def test_privileged_self_teacher_scores_with_the_solution_in_its_prompt(tiny_mod
         assert result[i, : len(completion)].tolist() == pytest.approx(expect, abs=1e-4)
         plain = _reference_logps(policy, out["prompt_ids"][i][out["prompt_mask"][i].bool()].tolist(), completion)
         assert plain != pytest.approx(expect, abs=1e-4)  # the context changes the teacher's distribution
+
+
+def test_exopd_trains_2_steps_against_the_frozen_starting_student(tiny_model_path, throwaway_teacher, tmp_path):
+    """algo=exopd (gopd_reward): the reference log-probs are those of the starting student at every
+    step (TRL's frozen reference model), so after one update they differ from the behaviour
+    log-probs and lam = 1.25 extrapolates against a fixed point rather than scaling OPD's step."""
+    from transformers import AutoModelForCausalLM
+
+    trainer = _build([*FAST_TEACHER, "algo=exopd", f"teacher.source.models=[{throwaway_teacher}]"], tiny_model_path, tmp_path / "run")
+    seen = []
+    compute_loss = trainer._compute_loss
+
+    def spy(model, inputs):
+        seen.append({k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in inputs.items()})
+        return compute_loss(model, inputs)
+
+    trainer._compute_loss = spy
+    trainer.train()
+    assert int(trainer.state.global_step) == 2 and len(seen) == 4
+    start = AutoModelForCausalLM.from_pretrained(tiny_model_path).eval()
+    last = seen[-1]  # step 2: the policy has had one update
+    mask = last["completion_mask"].bool()
+    for i in range(2):
+        prompt = last["prompt_ids"][i][last["prompt_mask"][i].bool()].tolist()
+        completion = last["completion_ids"][i][mask[i]].tolist()
+        assert last["ref_per_token_logps"][i, : len(completion)].tolist() == pytest.approx(
+            _reference_logps(start, prompt, completion), abs=1e-4)
+    logs = [h for h in trainer.state.log_history if "loss/distill" in h]
+    assert len(logs) == 2 and all(math.isfinite(h["loss/distill"]) for h in logs)
+    assert "opd/teacher_vs_ref" in logs[0]

@@ -283,9 +283,26 @@ def test_a_builtin_model_can_be_named_as_a_teacher(tiny_bpe_model_path, monkeypa
         TeacherSource(models=["builtin:nope"]).resolve(progress=False)
 
 
-def test_the_character_teacher_is_refused_before_it_is_built(tiny_bpe_model_path, monkeypatch, tmp_path):
-    """`algo=opd model=tiny-bpe` (teacher=tiny, the character-level built-in teacher): one line naming the
-    fix, before the teacher's minutes-long build starts and before any run directory exists."""
+def test_the_default_teacher_follows_the_students_family(tiny_bpe_model_path, tiny_model_path):
+    """teacher=tiny (KDRL, OPD, ...) resolves to the built-in teacher of the student's family: the BPE
+    teacher for the BPE chat model (builtin:tiny-bpe or a folder it wrote), the character teacher
+    otherwise; a teacher named on the command line stays as named."""
+    for student in ("model=tiny-bpe", f"model.path={tiny_bpe_model_path}"):
+        assert list(compose_config(["algo=kdrl", student]).teacher.source.models) == ["builtin:tiny-bpe-teacher"]
+    for student in ("model=tiny", f"model.path={tiny_model_path}"):
+        assert list(compose_config(["algo=kdrl", student]).teacher.source.models) == ["builtin:tiny-teacher"]
+    named = compose_config(["algo=opd", "model=tiny-bpe", "teacher.source.models=[builtin:tiny-teacher]"])
+    assert list(named.teacher.source.models) == ["builtin:tiny-teacher"]
+
+
+@pytest.mark.parametrize("student, teacher, builder, words", [
+    ("bpe", "builtin:tiny-teacher", "tiny", r"'builtin:tiny-teacher' has the character-level tokenizer.*teacher=tiny gives model=tiny-bpe"),
+    ("char", "builtin:tiny-bpe-teacher", "tiny_bpe", r"'builtin:tiny-bpe-teacher' has the BPE chat model's tokenizer.*use teacher=tiny"),
+])
+def test_a_built_in_teacher_of_another_family_is_refused_before_it_is_built(student, teacher, builder, words, tiny_bpe_model_path,
+                                                                           tiny_model_path, monkeypatch, tmp_path):
+    """A built-in teacher named for a student of the other family: one line naming the fix, before
+    the teacher's minutes-long build starts and before any run directory exists."""
     from mixrl.errors import ConfigError
     from mixrl.models import tiny
     from mixrl.trainer import run
@@ -293,9 +310,10 @@ def test_the_character_teacher_is_refused_before_it_is_built(tiny_bpe_model_path
     def no_build(*a, **k):
         raise AssertionError("the built-in teacher was built before the refusal")
 
-    monkeypatch.setattr(tiny, "teacher_warm_start", no_build)
-    cfg = compose_config(["algo=opd", f"model.path={tiny_bpe_model_path}", f"run_dir={tmp_path / 'run'}", "logger.progress=false"])
-    assert cfg.teacher.source.models == ["builtin:tiny-teacher"]
-    with pytest.raises(ConfigError, match=r"character-level tokenizer.*teacher\.source\.models=\[builtin:tiny-bpe\]"):
+    monkeypatch.setattr(tiny if builder == "tiny" else tiny_bpe, "teacher_warm_start", no_build)
+    path = tiny_bpe_model_path if student == "bpe" else tiny_model_path
+    cfg = compose_config(["algo=opd", f"model.path={path}", f"teacher.source.models=[{teacher}]",
+                          f"run_dir={tmp_path / 'run'}", "logger.progress=false", "trainer.eval_size=0"])
+    with pytest.raises(ConfigError, match=words):
         run.prepare_inputs(cfg, Console(quiet=True))
     assert not (tmp_path / "run").exists()

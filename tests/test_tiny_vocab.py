@@ -109,3 +109,24 @@ def test_digit_sorting_task_trains_and_keeps_the_colon(base, tmp_path):
     assert len(ids) == 1 + len("sort: 312")  # bos + one id per character: nothing dropped
     assert tok.decode(ids, skip_special_tokens=True) == "sort: 312"
     assert AutoModelForCausalLM.from_pretrained(run_dir / "model").config.vocab_size == len(tok)
+
+
+def test_the_tiny_model_learns_the_characters_of_a_pairs_file_and_a_hint_template(base, tmp_path):
+    """Every text the run tokenizes counts, not only the training rows: a pairs file's completions
+    and a hint template's literal text extend the tiny model's vocabulary before training."""
+    from rich.console import Console
+
+    from mixrl.config.compose import compose_config
+    from mixrl.trainer.build import prepare_inputs
+
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(json.dumps({"prompt": "1+1=", "chosen": "2", "rejected": "3 ü"}) + "\n")
+    cfg = compose_config([*FAST, f"model.path={base}", f"run_dir={tmp_path / 'run'}", "algo=hypo",
+                          f"offpolicy.source.dataset={pairs}", "logger.progress=false"])
+    inputs = prepare_inputs(cfg, Console(quiet=True))
+    assert tiny_vocab.missing_characters(inputs.tokenizer, ["ü"]) == [] and inputs.model_path != str(base)
+    assert not (tmp_path / "run").exists()
+    guide = compose_config([*FAST, f"model.path={base}", f"run_dir={tmp_path / 'run'}", "algo=guide",
+                            "algo.inject.template='{prompt} Hint§ {hint}'", "logger.progress=false"])
+    tok = prepare_inputs(guide, Console(quiet=True)).tokenizer
+    assert tiny_vocab.missing_characters(tok, ["Hint§"]) == []

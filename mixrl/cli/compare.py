@@ -9,6 +9,7 @@ Registered in ``mixrl.cli.main`` with ``app.command("compare")(compare)`` and
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -21,12 +22,27 @@ from rich.table import Table
 from mixrl.cli.errors import user_errors
 from mixrl.experiments.compare import compare as run_compare
 from mixrl.experiments.report import table_cells, table_header
+from mixrl.benchmarks.spec import is_benchmark_override
+from mixrl.errors import ConfigError
 from mixrl.evaluation.saved import resolve_model_dir
 from mixrl.progress import progress_bar
 
 
 def _consoles() -> tuple[Console, Console]:
     return Console(width=None if sys.stdout.isatty() else 160), Console(stderr=True)
+
+
+def check_out_file(path: Path, option: str = "--out") -> None:
+    """A results file the command will write once its work is done: refused now (ConfigError,
+    one line) when it is a directory or its folder cannot be written, so a long evaluation is
+    not lost at its end. Reads only."""
+    if path.is_dir():
+        raise ConfigError(f"{option} {path} is a directory; give a file to write the results to, e.g. {option} {path / 'eval.json'}")
+    where = path.absolute().parent
+    while not where.exists():
+        where = where.parent
+    if not where.is_dir() or not os.access(where, os.W_OK | os.X_OK):
+        raise ConfigError(f"{option} {path} cannot be written ({where} is not a writable directory); choose a writable path")
 
 
 # --------------------------------------------------------------------------- compare
@@ -74,7 +90,9 @@ def eval_model(
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars (they show only on a terminal anyway)."),
 ):
-    """Evaluate a saved model on its run's held-out split (greedy accuracy, per level, pass@k).
+    """Evaluate a saved model on its run's held-out split (greedy accuracy, per level, pass@k), or
+    with benchmarks=SUITE on the papers' benchmarks under their protocol (conf/benchmarks/: math6,
+    ood3, arith, ...; benchmarks.NAME.KEY=VALUE changes one), beside the paper's reported numbers.
 
     Given a run directory (or its model/), the run's own config.yaml (data, reward, template,
     held-out split) is used, with any overrides applied on top. Code that config names runs
@@ -82,6 +100,11 @@ def eval_model(
     from mixrl.trainer.saved_eval import eval_config, evaluate_saved_model  # deferred: trainer.saved_eval imports transformers; `mixrl --help` never loads it
 
     out, err = _consoles()
+    if out_file is not None:
+        check_out_file(out_file)  # before the evaluation: its results are not lost to an unwritable --out
+    if any(is_benchmark_override(o) for o in overrides or []):  # benchmarks=SUITE: the papers' benchmarks (mixrl.benchmarks.command)
+        _eval_benchmarks(model_dir, list(overrides or []), out_file, trust_run_code, quiet, out, err)
+        return
     cfg, saved = eval_config(model_dir, list(overrides or []), trust_run_code=trust_run_code)  # a bad override fails before any model is loaded
     resolve_model_dir(model_dir)
     err.print(f"config: {saved} (the run's own{', with the overrides' if overrides else ''})" if saved
@@ -106,4 +129,15 @@ def eval_model(
     if out_file is not None:
         out_file.parent.mkdir(parents=True, exist_ok=True)
         out_file.write_text(json.dumps(result, indent=2) + "\n")
+        out.print(f"wrote [bold]{escape(str(out_file))}[/]")
+
+
+def _eval_benchmarks(model_dir, overrides, out_file, trust_run_code, quiet, out, err) -> None:
+    """``mixrl eval MODEL benchmarks=SUITE``: the table of :mod:`mixrl.benchmarks.command`."""
+    from mixrl.benchmarks import command  # deferred: imports torch when it evaluates; `mixrl --help` never loads it
+
+    result = command.evaluate(model_dir, overrides, trust_run_code=trust_run_code, quiet=quiet, err=err)
+    out.print(command.render_table(result))
+    if out_file is not None:
+        command.write_json(result, out_file)
         out.print(f"wrote [bold]{escape(str(out_file))}[/]")

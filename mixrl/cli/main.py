@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from mixrl.cli.errors import user_errors
+from mixrl.cli.errors import exit_launched_worker, user_errors
 from mixrl.config import hardware
 from mixrl.config.recipe_index import group_options, list_recipe_names, recipe_summary, recipes_dir
 from mixrl.config.schema import GROUPS
@@ -133,6 +133,7 @@ def train(
         out.print(f"run directory: [bold]{result.run_dir}[/]")
     _close_process_group()
     if int(os.environ.get("RANK", "0")) != 0:
+        exit_launched_worker(0)
         return
     if multirun:
         table = Table(title="multirun")
@@ -143,6 +144,7 @@ def train(
             acc = [f"{a:.3f}" if isinstance(a, (int, float)) else "-" for a in (s.get("accuracy_before"), s.get("accuracy_after"))]
             table.add_row(str(i), " ".join(jobs[i]), *acc, str(r.run_dir))
         out.print(table)
+    exit_launched_worker(0)
 
 
 def _close_process_group() -> None:
@@ -200,9 +202,10 @@ def config_show(overrides: Optional[List[str]] = OVERRIDES):
     """Print the fully resolved config as YAML."""
     from mixrl.config.compose import compose_config, to_yaml  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
     from mixrl.config.sampler import without_inactive_sampler  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+    from mixrl.benchmarks.paper import without_unset  # deferred: keeps `mixrl --help` light
 
-    # sampler=none is left out: configs without a sampler print as they did before the group existed
-    sys.stdout.write(to_yaml(without_inactive_sampler(compose_config(list(overrides or [])))))
+    # sampler=none is left out, and a recipe's unset paper table: configs print as before those keys existed
+    sys.stdout.write(to_yaml(without_unset(without_inactive_sampler(compose_config(list(overrides or []))))))
 
 
 @config_app.command("groups")
@@ -346,6 +349,7 @@ def reproduce(
     if seeds is not None and seeds < 1:
         raise ConfigError("--seeds must be >= 1 (use --seeds N with N >= 1)")
     out_dir = out_dir or experiments_reproduce.default_out_dir(s.name)
+    experiments_reproduce.check_out_dir(out_dir)  # a folder of the user's own (its README.md, compare.md) is refused before any run
     err.print(f"writing to [bold]{out_dir}[/]")
     result = experiments_reproduce.reproduce_suite(s, out_dir, seeds=seeds, jobs=jobs, extra=list(overrides or []), log=err.print, plots=plots,
                              only=[x.strip() for x in only.split(",") if x.strip()] if only else (),
@@ -385,6 +389,24 @@ def docs_methods(
     from mixrl.experiments.methods import render_methods  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
 
     _write_page(render_methods(results), out_path)
+
+
+@docs_app.command("peers")
+@user_errors
+def docs_peers(
+    out_path: Path = typer.Option(Path("docs/peers.md"), "--out", help="Where to write the page ('-' for stdout)."),
+    data: Path = typer.Option(Path("docs/peers.yaml"), "--data", help="The table's data: every peer option, its overrides, status and tests."),
+):
+    """Regenerate docs/peers.md from docs/peers.yaml: every verl, TRL, Trinity-RFT and LUFFY option, its mixrl overrides and how far they agree."""
+    from mixrl.experiments.peers import load_peers, render_peers  # deferred: `mixrl --help` must stay fast
+
+    if not data.is_file():
+        raise ConfigError(f"--data {data}: no such file; run from the repository root or pass --data path/to/peers.yaml")
+    try:
+        table = load_peers(data)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    _write_page(render_peers(table), out_path)
 
 
 def main() -> None:  # pragma: no cover

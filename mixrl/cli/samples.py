@@ -37,7 +37,7 @@ def samples(
         raise ConfigError(f"--last {last} is negative: give a number of steps >= 0 (0: all)")
     from mixrl.trainer.sample_log import COLUMNS, cells, read_samples, select, sources_in  # deferred: imports torch (mixrl.core); `mixrl --help` must not load it
 
-    rows = read_samples(run_dir)
+    rows = read_samples(run_dir, warn=lambda text: Console(stderr=True).print(f"note: {escape(text)}", highlight=False, soft_wrap=True))
     chosen = select(rows, last=last, source=source, heldout=heldout)
     if as_json:
         sys.stdout.write("".join(json.dumps(r) + "\n" for r in chosen))

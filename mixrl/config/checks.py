@@ -45,6 +45,8 @@ SETTING_BOUNDS: dict[str, tuple[str, str]] = {
     "trainer.learning_rate": ("> 0", "the optimizer step size"),
     "trainer.weight_decay": (">= 0", "a negative decay grows the weights"),
     "trainer.max_grad_norm": (">= 0", "the gradient is clipped to this norm; 0 turns clipping off"),
+    "trainer.max_abs_advantage": ("> 0", "an advantage larger in magnitude stops the run; null for no bound"),
+    "trainer.max_abs_loss": ("> 0", "a loss term larger in magnitude stops the run; null for no bound"),
     "trainer.adam_beta1": ("[0, 1)", "an exponential moving-average factor"),
     "trainer.adam_beta2": ("[0, 1)", "an exponential moving-average factor"),
     "trainer.warmup_steps": (">= 0", "steps"),
@@ -241,18 +243,23 @@ def _prompt_tokens(tokenizer, prompt: Any) -> int:
     return sum(len(tokenizer(t, add_special_tokens=False).input_ids) for t in texts_of(prompt)) + 1
 
 
-def check_training_data(cfg: DictConfig, tokenizer, train_ds, reward_funcs: list, model_path: str) -> None:
+def check_training_data(cfg: DictConfig, tokenizer, train_ds, reward_funcs: list, model_path: str,
+                        extra_texts: dict[str, list[str]] | None = None) -> None:
     """Characters, prompt lengths and reward outputs on the training rows; raises DataError
-    (one line naming the row and the fix) before any model is loaded."""
+    (one line naming the row and the fix) before any model is loaded. ``extra_texts``: every
+    other text the run tokenizes, by where it comes from (held-out rows, a pairs or expert
+    file, templates: :func:`mixrl.trainer.build.source_texts`), checked for characters too."""
     check_chat_template(tokenizer, train_ds["prompt"], model_path, cfg)
-    bad = unencodable_characters(tokenizer, row_texts(train_ds))
-    if bad:
+    for where, texts in {"the training data": row_texts(train_ds), **(extra_texts or {})}.items():
+        bad = unencodable_characters(tokenizer, texts)
+        if not bad:
+            continue
         shown = "".join(bad[:20]) + ("..." if len(bad) > 20 else "")
         fix = "clean the data or use a model whose tokenizer covers them"
         if len(tokenizer) < 256:  # a character vocabulary: a tiny model without its mixrl_tiny.json
             fix = ("this character-level model cannot learn new characters; start from model.path=builtin:tiny "
                    "(it extends its vocabulary to the data's characters) or use a real model (model=...)")
-        raise DataError(f"the training data has {len(bad)} character(s) the tokenizer cannot encode (they would be dropped silently): {shown!r}; {fix}")
+        raise DataError(f"{where} has {len(bad)} character(s) the tokenizer cannot encode (they would be dropped silently): {shown!r}; {fix}")
 
     context = model_context(model_path, cfg)
     if context:

@@ -91,8 +91,26 @@ def parse_overrides(overrides: list[str]):
             parsed.extend(parser.parse_overrides([text]))
         except OverrideParseException as e:
             first = str(e).strip().splitlines()[0]
-            raise ConfigError(f"could not parse override '{text}': {first}; use key=value (Hydra syntax)") from None
+            raise ConfigError(f"could not parse override '{text}': {first}; {_quoting_hint(text)}") from None
     return parsed
+
+
+def _quoting_hint(text: str) -> str:
+    """How to write ``text`` so Hydra parses it: a value holding braces, '=', a colon, quotes or
+    spaces is quoted (single quotes inside, the whole argument in the shell's double quotes)."""
+    key, eq, value = text.partition("=")
+    if not eq or not key.strip():
+        return "use key=value (Hydra syntax)"
+    if value.startswith("[") and "=" in value:  # a list of overrides: each element quoted
+        items = [v.strip().strip("'\"") for v in value.strip("[]").split(",") if v.strip()]
+        quoted = ", ".join(f"'{v}'" for v in items)
+        return (f"quote each element that holds '=' (Hydra syntax): \"{key}=[{quoted}]\" "
+                "(the double quotes keep your shell from splitting it)")
+    if any(c in value for c in "{}=:,()[] '\"\\$") and not (value[:1] in "'\"" and value[-1:] == value[:1] and len(value) > 1):
+        inner = value.replace("'", "\\'")
+        return (f"a value with braces, '=', ':', ',', brackets, quotes or spaces must be quoted (Hydra syntax): "
+                f"\"{key}='{inner}'\" (the double quotes keep your shell from splitting it)")
+    return "use key=value (Hydra syntax)"
 
 
 def expand_sweeps(overrides: list[str]) -> list[list[str]]:
@@ -150,7 +168,7 @@ def _check_group_override(group: str, value: str) -> None:
 
 def _prepare_value_overrides(base: DictConfig, value_overrides: list) -> list[str]:
     """Check each key exists; add '+' for parameters of a component not yet listed."""
-    known = set(flat_keys(base))
+    known = set(flat_keys(base, lists=True))  # list elements by index too (algo.stages.1.overrides), as Hydra sets them
     try:
         schema_keys = set(flat_keys(OmegaConf.merge(OmegaConf.structured(RunConfig), base)))
     except OmegaConfBaseException:
@@ -207,10 +225,29 @@ def _prepare_value_overrides(base: DictConfig, value_overrides: list) -> list[st
                     f"unknown key '{key}': {component_kind(parent)} '{name}' has no parameter '{leaf}'"
                     f"{did_you_mean(leaf, params)}; its parameters: {', '.join(sorted(params)) or 'none'}"
                 )
-        siblings = [k for k in schema_keys if k.rpartition(".")[0] == parent]
+        listed = _list_index_problem(base, key)
+        if listed:
+            raise ConfigError(f"unknown key '{key}': {listed}")
+        siblings = [k for k in schema_keys | known if k.rpartition(".")[0] == parent]
         hint = did_you_mean(key, siblings) or did_you_mean(key, schema_keys)
         raise ConfigError(f"unknown key '{key}'{hint}; `mixrl config show` lists every key")
     return out
+
+
+def _list_index_problem(base: DictConfig, key: str) -> str | None:
+    """When ``key`` steps into a list of ``base`` by an index it does not have (or not by an
+    index), what the list holds, in words; else None."""
+    parts = key.split(".")
+    for i in range(1, len(parts)):
+        node = OmegaConf.select(base, ".".join(parts[:i]), throw_on_missing=False)
+        if not OmegaConf.is_list(node):
+            continue
+        where, index = ".".join(parts[:i]), parts[i]
+        if not index.isdigit() or int(index) >= len(node):
+            return (f"{where} is a list of {len(node)} entries, indexed 0..{len(node) - 1} ({where}.0...); "
+                    f"set an entry by its index or the whole list ({where}=[...])")
+        return None
+    return None
 
 
 def _reward_param_names(name) -> set[str] | None:

@@ -57,6 +57,7 @@ def check_sampler(cfg: DictConfig) -> None:
     if s.arms_column is not None and s.pick.name != "bandit":
         raise ConfigError(f"sampler.arms_column={s.arms_column} names the bandit's arms, but sampler.pick.name={s.pick.name}; "
                           "set sampler.pick.name=bandit or sampler.arms_column=null")
+    _check_length(cfg)
     if not sampler_active(cfg):
         return
     hw = cfg.hardware
@@ -70,6 +71,32 @@ def check_sampler(cfg: DictConfig) -> None:
     if s.get("length") is not None and hw.use_vllm:
         raise ConfigError("sampler.length changes the completion length per step, which mixrl sets only for transformers "
                           "generation; set hardware.use_vllm=false or sampler.length=null")
+
+
+def _check_length(cfg: DictConfig) -> None:
+    """``sampler.length`` stays in [1, trainer.max_completion_length] at every step: the
+    generation's length is the schedule's value at the step, and TRL's buffers hold at most
+    ``trainer.max_completion_length`` tokens, so a value outside would be clipped without a word."""
+    from mixrl.config.builders import check_steps, plain  # deferred: config.builders imports the registries, which import this module's users
+    from mixrl.core.schedules import resolve_schedule
+
+    spec = cfg.sampler.get("length")
+    if spec is None:
+        return
+    fn = resolve_schedule(plain(spec))
+    cap = int(cfg.trainer.max_completion_length)
+    values = [(int(round(fn(step))), step) for step in check_steps(cfg)]
+    shown = "{" + OmegaConf.to_yaml(spec).strip().replace("\n", ", ") + "}" if isinstance(spec, DictConfig) else spec
+    high, low = max(v for v, _ in values), min(v for v, _ in values)
+    at_high, at_low = (next(step for v, step in values if v == x) for x in (high, low))  # the first step it is reached
+    if high > cap:
+        raise ConfigError(
+            f"sampler.length={shown} reaches {high} tokens (step {at_high}), above trainer.max_completion_length={cap}, "
+            f"which caps every completion; keep the schedule at or below {cap}, or set trainer.max_completion_length={high}"
+        )
+    if low < 1:
+        raise ConfigError(f"sampler.length={shown} gives {low} tokens at step {at_low}; a completion needs at least 1 token; "
+                          "keep the schedule at 1 or more")
 
 
 def build_sampler(cfg: DictConfig, train_ds=None):

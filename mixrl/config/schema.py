@@ -13,6 +13,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from omegaconf import OmegaConf
+
+
+def _builtin_teacher(student: str) -> str:
+    """``${builtin_teacher:${model.path}}`` (``conf/teacher/tiny.yaml``): the built-in teacher of
+    the student's family (:func:`mixrl.models.builtin.teacher_for`)."""
+    from mixrl.models.builtin import teacher_for  # deferred: the models package imports torch; `mixrl --help` must not
+
+    return teacher_for(student)
+
+
+OmegaConf.register_new_resolver("builtin_teacher", _builtin_teacher, replace=True)
+
 
 @dataclass
 class TrainerConfig:
@@ -25,6 +38,9 @@ class TrainerConfig:
     warmup_steps: int = 0
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
+    # an advantage / a loss term above this magnitude (or not finite) stops the run, naming it (mixrl.trainer.magnitude); null: no bound
+    max_abs_advantage: Optional[float] = 1000.0
+    max_abs_loss: Optional[float] = 1.0e6
     adam_beta1: float = 0.9
     adam_beta2: float = 0.99
     # rollout geometry: prompts_per_step prompts x algo.num_generations completions per optimizer step
@@ -226,6 +242,8 @@ class RecipeInfo:
     paper: Optional[str] = None
     description: Optional[str] = None
     hardware: Optional[str] = None
+    benchmarks: Optional[str] = None  # the paper's evaluation suite or benchmark (conf/benchmarks/): mixrl eval RUN benchmarks=recipe
+    paper_table: Optional[dict] = None  # the paper's reported numbers: {source, base: {name, scores}, method: {name, scores}} (mixrl.benchmarks.paper)
 
 
 @dataclass

@@ -31,7 +31,7 @@ import dataclasses
 import re
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from mixrl.config.checks import check_settings, validate_run
@@ -111,12 +111,19 @@ def _validate_rewards(cfg: DictConfig) -> None:
         build_reward(str(name), **(OmegaConf.to_container(params) if isinstance(params, DictConfig) else dict(params)))
 
 
-def flat_keys(node: Any, prefix: str = "") -> list[str]:
-    """Every key path of ``node`` (``trainer``, ``trainer.max_steps``, ...), depth first."""
+def flat_keys(node: Any, prefix: str = "", *, lists: bool = False) -> list[str]:
+    """Every key path of ``node`` (``trainer``, ``trainer.max_steps``, ...), depth first.
+    ``lists``: also the elements of lists and what they hold, by index (``algo.stages.1``,
+    ``algo.stages.1.overrides``), the keys an override may set as Hydra and OmegaConf do."""
     keys = []
     if isinstance(node, DictConfig):
         for k in node.keys():
             full = f"{prefix}{k}"
             keys.append(full)
-            keys.extend(flat_keys(node._get_node(k), full + "."))
+            keys.extend(flat_keys(node._get_node(k), full + ".", lists=lists))
+    elif lists and isinstance(node, ListConfig):
+        for i in range(len(node)):
+            full = f"{prefix}{i}"
+            keys.append(full)
+            keys.extend(flat_keys(node._get_node(i), full + ".", lists=True))
     return keys

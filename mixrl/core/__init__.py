@@ -6,8 +6,10 @@ component in its registry:
 ======================  ================================  ===================
 registry                 kind                              module
 ======================  ================================  ===================
-``POLICY_LOSSES``        policy loss                       ``policy_losses``, ``cov_losses``, ``gmpo``,
-                                                           ``offpolicy_reinforce``, ``vespo``
+``POLICY_LOSSES``        policy loss                       ``policy_base`` (the registry), ``clip_losses``,
+                                                           ``reinforce_losses``, ``sequence_losses``,
+                                                           ``cov_losses``, ``gmpo``, ``offpolicy_reinforce``,
+                                                           ``vespo`` (all re-exported by ``policy_losses``)
 ``TOKEN_WEIGHTS``        token weight                      ``token_weights``
 ``AGGREGATIONS``         aggregation                       ``aggregation``
 ``ADVANTAGES``           advantage                         ``advantages``
@@ -22,6 +24,7 @@ from mixrl.core import (  # noqa: F401  (import = registration)
     advantages,
     aggregation,
     alol,
+    clip_losses,
     controllers,
     cov_losses,
     distill,
@@ -29,12 +32,15 @@ from mixrl.core import (  # noqa: F401  (import = registration)
     gmpo,
     offpolicy_reinforce,
     palu,
+    policy_base,
     policy_losses,
     preference,
     provenance,
     regularizers,
+    reinforce_losses,
     rlplus,
     schedules,
+    sequence_losses,
     srpo,
     terms,
     token_weights,

@@ -13,10 +13,18 @@ statistics of the included rows. The result is detached and floating point.
 Degenerate groups (documented, tested):
 * a group with no included row: advantage 0 for all its rows (no baseline, no signal);
 * std needs at least 2 included rows; with one, the std is undefined and no scaling
-  is applied (the included row gets 0, excluded rows ``r - mean``);
-* a zero-variance group gives ``(r - mean) / eps``: 0 for its included rows, but an
-  excluded row whose reward differs gets a very large advantage. Use ``dr_grpo`` (as
-  LUFFY's script does) when excluded rows can differ from an all-equal group.
+  is applied (the included row gets 0, excluded rows ``r - mean``). LUFFY's ``grpo_split``
+  and verl's ``grpo`` differ here: they take mean 0 and std 1 for a one-row group, so
+  every row of it gets ``r / (1 + eps)``;
+* a zero-spread normaliser (every included reward of the group, or of the batch, equal)
+  divides by 1 instead of 0, as LUFFY's ``compute_grpo_outcome_advantage_split`` (its std
+  0 becomes 1): the included rows get 0 and an excluded row ``(r - mean) / (1 + eps)``,
+  not ``(r - mean) / eps`` (about 10^6 for an expert row beside all-equal rollouts). The
+  same rule holds for every normaliser here whose statistics can leave rows out: ``grpo``
+  (``scale`` group and batch), ``batch_norm``, the whitening of ``reinforce_pp`` /
+  ``reinforce_pp_baseline`` and ``gae``. mixrl tests the spread (max == min of the included
+  values), not a computed std of exactly 0: the same for 0/1 rewards, and also right where
+  ``torch.std`` of equal non-dyadic values comes out about 1e-8 (seven float32 0.1s: 8e-9).
 """
 
 from __future__ import annotations
@@ -56,7 +64,9 @@ def _prepare(rewards: Tensor, include: Tensor | None) -> tuple[Tensor, Tensor]:
 
 
 def _group_stats(rewards: Tensor, group_ids: Tensor, include: Tensor | None, unbiased: bool = True):
-    """Per-row (broadcast) group count, sum, mean and std over included rows."""
+    """Per-row (broadcast) group count, sum, mean and std over included rows; a group whose
+    included rewards are all equal (zero spread) gets that value as its mean exactly and std 1
+    (LUFFY's ``compute_grpo_outcome_advantage_split``: std 0 becomes 1)."""
     r, inc = _prepare(rewards, include)
     if group_ids.shape != r.shape:
         raise ValueError(f"group_ids has shape {tuple(group_ids.shape)}, rewards {tuple(r.shape)}")
@@ -70,16 +80,26 @@ def _group_stats(rewards: Tensor, group_ids: Tensor, include: Tensor | None, unb
     sq = zeros.index_add(0, inv, (r - mean[inv]).pow(2) * w)
     dof = (count - 1.0) if unbiased else count
     std = (sq / dof.clamp(min=1.0)).sqrt()
+    big = torch.finfo(r.dtype).max
+    hi = zeros.scatter_reduce(0, inv, torch.where(inc, r, torch.full_like(r, -big)), "amax", include_self=False)
+    lo = zeros.scatter_reduce(0, inv, torch.where(inc, r, torch.full_like(r, big)), "amin", include_self=False)
+    flat = (count >= 1) & (hi == lo)
+    mean = torch.where(flat, lo, mean)
+    std = torch.where(flat, torch.ones_like(std), std)
     return r, inc, count[inv], total[inv], mean[inv], std[inv]
 
 
 def _batch_stats(rewards: Tensor, include: Tensor | None, unbiased: bool = True):
+    """Count, mean and std of the included rewards of the batch; zero spread: mean exact, std 1
+    (the rule of :func:`_group_stats`)."""
     r, inc = _prepare(rewards, include)
     w = inc.to(r.dtype)
     count = w.sum()
     mean = (r * w).sum() / count.clamp(min=1.0)
     dof = (count - 1.0) if unbiased else count
     std = (((r - mean).pow(2) * w).sum() / dof.clamp(min=1.0)).sqrt()
+    if bool(inc.any()) and bool(r[inc].max() == r[inc].min()):
+        mean, std = r[inc].min(), torch.ones_like(std)
     return r, count, mean, std
 
 
@@ -110,7 +130,14 @@ def grpo(
     (then it equals ``dr_grpo``). With ``batch`` and fewer than 2 included rows in the batch no
     scaling is applied. TRL adds 1e-4 to the std, mixrl ``eps`` (default 1e-6).
 
-    Formula: ``A_i = (R_i - mean_g R) / (std_g R + {eps})`` over the prompt's group g, unbiased (n - 1) std: {unbiased}; scale={scale} (group: as written; batch: the batch's std instead of std_g; none: no division)
+    Rows left out of the statistics (``include``; ``algo.advantage_include_offpolicy=false`` is
+    LUFFY's ``adv_estimator=grpo_split``) are normalised with the included rows' mean and std.
+    When those are all equal, the std is 0 and LUFFY divides by 1 instead (its
+    ``compute_grpo_outcome_advantage_split``): so does mixrl, for ``scale`` group and batch
+    alike, so an expert row beside all-equal rollouts gets ``(r - mean) / (1 + eps)``, not
+    about 10^6.
+
+    Formula: ``A_i = (R_i - mean_g R) / (std_g R + {eps})`` over the prompt's group g, unbiased (n - 1) std: {unbiased}; scale={scale} (group: as written; batch: the batch's std instead of std_g; none: no division); a std of 0 (all included rewards equal) counts as 1 (LUFFY's grpo_split), a group with one included row is only centred (LUFFY, verl: r / (1 + eps))
 
     Paper: GRPO, "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open
     Language Models"; CHORD.
@@ -160,13 +187,16 @@ def rloo(
     group_ids: Tensor,
     *,
     include: Tensor | None = None,
+    singleton_reward: bool = False,
 ) -> Tensor:
     """RLOO: leave-one-out baseline ``A_i = r_i - mean_{j != i, j included, same group} r_j``.
 
     An excluded row's baseline is the mean of all included rows of its group. An
-    included row that is alone in its group has no baseline: advantage 0.
+    included row that is alone in its group has no baseline: advantage 0, as verl's
+    ``rloo_vectorized`` (``(c > 1)`` zeroes it); ``singleton_reward=True`` gives it ``A = R``
+    instead, as verl's ``rloo`` (which leaves a one-response group's score as it is).
 
-    Formula: ``A_i = R_i - mean_{j != i in g} R_j`` (leave-one-out baseline within the group g)
+    Formula: ``A_i = R_i - mean_{j != i in g} R_j`` (leave-one-out baseline within the group g); an included row alone in g: A_i = R_i if singleton_reward (verl rloo), else 0 (verl rloo_vectorized); singleton_reward: {singleton_reward}
 
     Paper: RLOO, "Back to Basics: Revisiting REINFORCE Style Optimization for Learning from
     Human Feedback in LLMs" (Ahmadian et al. 2024); "Buy 4 REINFORCE Samples, Get a Baseline
@@ -174,12 +204,14 @@ def rloo(
 
     Parameters:
         include (None): bool [N], rows that serve as baselines (default all).
+        singleton_reward (False): an included row alone in its group gets R (verl rloo) instead of 0 (verl rloo_vectorized).
     """
     r, inc, count, total, _, _ = _group_stats(rewards, group_ids, include)
     w = inc.to(r.dtype)
     others = count - w  # number of included rows other than this one
     baseline = (total - r * w) / others.clamp(min=1.0)
-    return torch.where(others >= 1, r - baseline, torch.zeros_like(r))
+    alone = r if singleton_reward else torch.zeros_like(r)
+    return torch.where(others >= 1, r - baseline, alone)
 
 
 @ADVANTAGES.register("reinforce")
@@ -219,7 +251,7 @@ def batch_norm(
 
     Groups are ignored; the std is unbiased (n - 1) by default, as in ``grpo``.
 
-    Formula: ``A_i = (R_i - mean_batch R) / (std_batch R + {eps})``, unbiased (n - 1) std: {unbiased}
+    Formula: ``A_i = (R_i - mean_batch R) / (std_batch R + {eps})``, unbiased (n - 1) std: {unbiased}; a std of 0 (all included rewards equal) counts as 1 (LUFFY's grpo_split rule)
 
     Paper: the global normalisation of "REINFORCE++: A Simple and Efficient Approach for
     Aligning Large Language Models".
@@ -237,10 +269,16 @@ def _whiten(x: Tensor, w: Tensor, eps: float) -> Tensor:
     """``(x - mean_w) / sqrt(var_w + eps)`` with weights ``w`` (0 = not counted): the weighted
     mean, and the weighted variance with the correction ``W / (W - 1)``, W = sum w, as verl's
     ``masked_whiten`` over the tokens of a batch (a row of L tokens has weight L). W < 1:
-    zeros; W <= 1 (no variance): centred only."""
+    zeros; W <= 1 (no variance): centred only. Zero spread (every counted value equal): that
+    value is the mean and the variance counts as 1, so a value with weight 0 (a row left out
+    of the statistics) is divided by ``sqrt(1 + eps)``, not ``sqrt(eps)`` (LUFFY's rule for a
+    std of 0, see the module docstring)."""
     total = w.sum()
     if float(total) < 1.0:
         return torch.zeros_like(x)
+    counted = w > 0
+    if bool(x[counted].max() == x[counted].min()):
+        return (x - x[counted].min()) * torch.rsqrt(torch.ones_like(total) + eps)
     mean = (x * w).sum() / total
     if float(total) <= 1.0:
         return x - mean
@@ -266,6 +304,7 @@ def reinforce_pp(
     *,
     include: Tensor | None = None,
     lengths: Tensor | None = None,
+    mask: Tensor | None = None,
     eps: float = 1e-8,
     token_weighted: bool = True,
 ) -> Tensor:
@@ -278,7 +317,16 @@ def reinforce_pp(
     REINFORCE++'s KL penalty folded into the token reward is not part of the advantage here:
     in mixrl it is the ``kl`` term of the objective (``algo.kl.coef``, estimator k1 or k2).
 
-    Formula: ``A_i = (R_i - mean_w R) / sqrt(var_w R + {eps})`` over the batch, weights w_i = L_i (completion tokens) when token_weighted={token_weighted} else 1, variance corrected by W / (W - 1), W = sum w
+    A loss mask with holes (``mask`` [N, T], 0 on tokens the policy did not write, e.g. the
+    observations of a multi-turn rollout): verl computes the return backwards from the reward
+    on the row's last token (position ``lengths_i - 1``, or the last 1 of ``mask``) and resets
+    it to 0 after each masked token (``running_return * response_mask[:, t]``), so the tokens
+    before the last hole get return 0 and only the last turn gets R_i; mixrl does the same and
+    returns [N, T] advantages (0 off the mask), whitened over the mask's tokens of the included
+    rows. Without holes this equals the per-row form. The trainer's completion masks have no
+    holes today (mixrl runs no multi-turn rollouts), so it calls the per-row form.
+
+    Formula: ``A_i = (R_i - mean_w R) / sqrt(var_w R + {eps})`` over the batch, weights w_i = L_i (completion tokens) when token_weighted={token_weighted} else 1, variance corrected by W / (W - 1), W = sum w; a variance of 0 counts as 1; with a loss mask m: G_t = R_i on the tokens after the row's last masked token, 0 before it (verl's reset), whitened over the tokens of m
 
     Paper: REINFORCE++, "REINFORCE++: A Simple and Efficient Approach for Aligning Large
     Language Models" (arXiv 2501.03262); verl ``compute_reinforce_plus_plus_outcome_advantage``.
@@ -286,11 +334,38 @@ def reinforce_pp(
     Parameters:
         include (None): bool [N], rows counted in the statistics (default all).
         lengths (None): float [N], completion tokens per row (runtime, from the trainer).
+        mask (None): [N, T] loss mask, possibly with holes (per-token returns as verl; runtime).
         eps (1e-8): added to the variance (verl's masked_whiten).
         token_weighted (True): weigh each row by its token count (verl), or equally.
     """
     r, inc = _prepare(rewards, include)
+    if mask is not None and token_weighted:
+        return _reinforce_pp_tokens(r, inc, mask, lengths, eps)
     return _whiten(r, _weights(r, inc, lengths, token_weighted), eps)
+
+
+def _reinforce_pp_tokens(r: Tensor, inc: Tensor, mask: Tensor, lengths: Tensor | None, eps: float) -> Tensor:
+    """verl's ``compute_reinforce_plus_plus_outcome_advantage`` with gamma = 1: the reward R_i on
+    token ``lengths_i - 1`` (default: the last 1 of the mask), returns summed backwards and reset to
+    0 after every masked token, whitened over the mask's tokens of the included rows, 0 off the mask."""
+    if mask.dim() != 2 or mask.shape[0] != r.shape[0]:
+        raise ValueError(f"mask has shape {tuple(mask.shape)}, rewards {tuple(r.shape)}")
+    m = mask.to(device=r.device).bool()
+    n, width = m.shape
+    pos = torch.arange(width, device=r.device)
+    if lengths is None:
+        last = torch.where(m, pos, torch.full_like(pos, -1)).amax(dim=1)
+    else:
+        last = lengths.to(device=r.device).long() - 1
+    token_rewards = torch.where(pos.unsqueeze(0) == last.unsqueeze(1), r.unsqueeze(1), torch.zeros((), dtype=r.dtype, device=r.device))
+    returns = torch.zeros_like(token_rewards)
+    running = torch.zeros(n, dtype=r.dtype, device=r.device)
+    for t in reversed(range(width)):
+        running = token_rewards[:, t] + running
+        returns[:, t] = running
+        running = running * m[:, t].to(r.dtype)  # verl: "Reset after EOS", i.e. after every masked token
+    w = (m & inc.unsqueeze(1)).to(r.dtype)
+    return _whiten(returns, w, eps) * m.to(r.dtype)
 
 
 reinforce_pp.needs = ("lengths",)

@@ -2,15 +2,22 @@
 
 Signature of every registered aggregation::
 
-    fn(per_token_loss, mask, *, max_len=None, num_items=None) -> scalar Tensor
+    fn(per_token_loss, mask, *, max_len=None, count_empty_rows=False, num_items=None) -> scalar Tensor
 
 ``num_items`` is an optional *global* normaliser: the global token count for
-``token-mean``; the global count of non-empty rows for the ``seq-mean-*`` modes. With it,
+``token-mean``; the global count of rows for the ``seq-mean-*`` modes. With it,
 summing the aggregated losses of gradient-accumulation micro-batches (or DDP ranks)
 gives exactly the full-batch value and gradient. Without it, the local count of this
-call is used. Rows are "non-empty" when they have at least one unmasked token; all-padding
-rows count for nothing (as in verl). Empty masks give 0 with the graph connected (no NaN).
-Positions with mask 0 never contribute, even if the loss there is NaN/inf.
+call is used. Empty masks give 0 with the graph connected (no NaN). Positions with mask 0
+never contribute, even if the loss there is NaN/inf.
+
+Fully masked rows (no trainable token: all padding, or a truncated completion under
+``trainer.mask_truncated_completions``) in the ``seq-mean-*`` modes: by default they count for
+nothing, as in verl's ``agg_loss`` (``seq_mask = (sum(loss_mask, -1) > 0)``); with
+``count_empty_rows: true`` they count in the row mean with loss 0, as TRL's ``loss_type`` grpo,
+sapo (``.mean()`` over the micro-batch's rows), dr_grpo (``/ (B * max_completion_length)``) and
+verl's ``geo_mean`` (``torch.mean`` over rows) do. The two differ by the factor
+(rows) / (non-empty rows).
 """
 
 from __future__ import annotations
@@ -33,12 +40,15 @@ def _denominator(local: Tensor, num_items: float | None) -> Tensor:
     return local.clamp(min=1.0)
 
 
-def _row_stats(per_token_loss: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def _row_stats(per_token_loss: Tensor, mask: Tensor, count_empty_rows: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    """(row sums, row token counts, local row count): the rows with a token, or every row
+    of the call with ``count_empty_rows``."""
     m = bool_mask(mask)
     loss = zero_masked(per_token_loss, m)
     tokens = m.sum(-1).to(per_token_loss.dtype)
-    nonempty = (tokens > 0).to(per_token_loss.dtype)
-    return loss.sum(-1), tokens, nonempty
+    rows = torch.ones_like(tokens) if count_empty_rows else (tokens > 0).to(per_token_loss.dtype)
+    return loss.sum(-1), tokens, rows.sum()
+
 
 
 @AGGREGATIONS.register("token-mean", bounds={"max_len": (">= 1", "a length in tokens")})
@@ -73,25 +83,27 @@ def seq_mean_token_mean(
     mask: Tensor,
     *,
     max_len: int | None = None,
+    count_empty_rows: bool = False,
     num_items: float | None = None,
 ) -> Tensor:
     """Sequence mean of per-row token means: ``(1/N_rows) sum_b (sum_t m L / |y_b|)``.
 
-    Formula: ``L = (1 / N) sum_b (sum_t l_t / |y_b|)``, N = the population's rows in the step
+    Formula: ``L = (1 / N) sum_b (sum_t l_t / |y_b|)``, N = the population's rows in the step (rows with no trainable token counted: {count_empty_rows})
 
-    ``N`` = ``num_items`` (global non-empty row count) if given, else the non-empty rows
-    in this call.
+    ``N`` = ``num_items`` (the global row count) if given, else the rows in this call; a row
+    with no trainable token adds 0 to the sum and counts in N only with ``count_empty_rows``.
 
     Paper: GRPO's original objective ("DeepSeekMath: Pushing the Limits of Mathematical
     Reasoning in Open Language Models"); "Group Sequence Policy Optimization".
 
     Parameters:
         max_len (None): unused here.
-        num_items (None): global count of non-empty rows.
+        count_empty_rows (False): count rows with no trainable token in N (with loss 0), as TRL's loss_type grpo and sapo; false leaves them out, as verl.
+        num_items (None): global row count (of the rows N counts).
     """
-    row_sum, tokens, nonempty = _row_stats(per_token_loss, mask)
+    row_sum, tokens, rows = _row_stats(per_token_loss, mask, count_empty_rows)
     row_mean = row_sum / tokens.clamp(min=1.0)
-    return row_mean.sum() / _denominator(nonempty.sum(), num_items)
+    return row_mean.sum() / _denominator(rows, num_items)
 
 
 @AGGREGATIONS.register("seq-mean-token-sum", bounds={"max_len": (">= 1", "a length in tokens")})
@@ -100,11 +112,12 @@ def seq_mean_token_sum(
     mask: Tensor,
     *,
     max_len: int | None = None,
+    count_empty_rows: bool = False,
     num_items: float | None = None,
 ) -> Tensor:
     """Sequence mean of per-row token sums: ``(1/N_rows) sum_b sum_t m L``.
 
-    Formula: ``L = (1 / N) sum_b sum_t l_t``, N = the population's rows in the step
+    Formula: ``L = (1 / N) sum_b sum_t l_t``, N = the population's rows in the step (rows with no trainable token counted: {count_empty_rows})
 
     ``N`` as in ``seq-mean-token-mean``.
 
@@ -113,10 +126,11 @@ def seq_mean_token_sum(
 
     Parameters:
         max_len (None): unused here.
-        num_items (None): global count of non-empty rows.
+        count_empty_rows (False): count rows with no trainable token in N (with loss 0); false leaves them out, as verl.
+        num_items (None): global row count (of the rows N counts).
     """
-    row_sum, _, nonempty = _row_stats(per_token_loss, mask)
-    return row_sum.sum() / _denominator(nonempty.sum(), num_items)
+    row_sum, _, rows = _row_stats(per_token_loss, mask, count_empty_rows)
+    return row_sum.sum() / _denominator(rows, num_items)
 
 
 @AGGREGATIONS.register("seq-mean-token-sum-norm", bounds={"max_len": (">= 1", "a length in tokens")})
@@ -125,6 +139,7 @@ def seq_mean_token_sum_norm(
     mask: Tensor,
     *,
     max_len: int | None = None,
+    count_empty_rows: bool = False,
     num_items: float | None = None,
 ) -> Tensor:
     """Dr.GRPO: token sums divided by a fixed length: ``(1/N_rows) sum_b sum_t m L / max_len``.
@@ -138,19 +153,23 @@ def seq_mean_token_sum_norm(
     length). verl divides the batch's token sum by that length only, not also by the number
     of rows as here and in the Dr.GRPO paper: a constant factor (the rows per micro-batch).
 
-    Formula: ``L = (1 / N) sum_b sum_t l_t / {max_len|T}``, N = the population's rows in the step, T (max_len unset) the padded width of each micro-batch
+    Formula: ``L = (1 / N) sum_b sum_t l_t / {max_len|T}``, N = the population's rows in the step (rows with no trainable token counted: {count_empty_rows}), T (max_len unset) the padded width of each micro-batch
+
+    TRL's ``loss_type=dr_grpo`` divides by ``B * max_completion_length`` with B every row of
+    the micro-batch: ``count_empty_rows: true``.
 
     Paper: Dr.GRPO, "Understanding R1-Zero-Like Training: A Critical Perspective" (Liu et
     al. 2025, arXiv 2503.20783).
 
     Parameters:
         max_len (None): fixed length normaliser (default: T of this call).
-        num_items (None): global count of non-empty rows.
+        count_empty_rows (False): count rows with no trainable token in N (with loss 0), as TRL's loss_type dr_grpo; false leaves them out, as verl and LUFFY.
+        num_items (None): global row count (of the rows N counts).
     """
-    row_sum, _, nonempty = _row_stats(per_token_loss, mask)
+    row_sum, _, rows = _row_stats(per_token_loss, mask, count_empty_rows)
     length = float(max_len) if max_len is not None else float(per_token_loss.shape[-1])
     length = max(length, 1.0)
-    return (row_sum / length).sum() / _denominator(nonempty.sum(), num_items)
+    return (row_sum / length).sum() / _denominator(rows, num_items)
 
 
 def aggregate(
@@ -160,6 +179,8 @@ def aggregate(
     *,
     max_len: int | None = None,
     num_items: float | None = None,
+    **params,
 ) -> Tensor:
-    """Convenience: ``AGGREGATIONS.get(mode)(per_token_loss, mask, ...)``."""
-    return AGGREGATIONS.get(mode)(per_token_loss, mask, max_len=max_len, num_items=num_items)
+    """Convenience: ``AGGREGATIONS.get(mode)(per_token_loss, mask, ...)`` (``params``: the
+    mode's other parameters, e.g. ``count_empty_rows``)."""
+    return AGGREGATIONS.get(mode)(per_token_loss, mask, max_len=max_len, num_items=num_items, **params)

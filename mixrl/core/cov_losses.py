@@ -6,7 +6,7 @@ taken over the valid tokens one call sees (one micro-batch, as verl does)::
 
     Cov_t = (sg(log p_t) - mean_j sg(log p_j)) * (A_t - mean_j A_j)
 
-Same signature and conventions as :mod:`mixrl.core.policy_losses` (masked inputs; padded
+Same signature and conventions as :mod:`mixrl.core.policy_base` (masked inputs; padded
 positions may hold NaN / -inf; per-token loss not aggregated).
 
 Randomness (Clip-Cov only): the tokens are drawn with ``torch.randperm`` on the CPU with the
@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from mixrl.core._tensor import bool_mask, log_ratio, masked_inputs, masked_mean, token_advantages
-from mixrl.core.policy_losses import POLICY_LOSSES, PolicyLossOutput, _finish, _ratio_metrics
+from mixrl.core.policy_base import POLICY_LOSSES, PolicyLossOutput, _finish, _ratio_metrics
 
 
 def token_covariance(logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:

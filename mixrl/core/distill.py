@@ -18,8 +18,11 @@ earlier tokens is ignored, as in per-token on-policy distillation). Notation: ``
   per token, so TRL's function is the test oracle (exact expectation over a small vocabulary)
   rather than the implementation.
 * ``opd_reward``: on-policy distillation as a dense per-token advantage
-  ``lam (log q - log pi_old)`` inside a policy loss (OPD; G-OPD / ExOPD's reward scale lambda, with
-  the student at generation time as the reference: see its docstring).
+  ``lam (log q - log pi_old)`` inside a policy loss (OPD; with the student at generation time as
+  the reference, lam > 1 only scales the step: see its docstring).
+* ``gopd_reward``: G-OPD / ExOPD with the paper's fixed reference model (the frozen starting
+  student, ``ref_logp``): ``lam (log q - log pi_ref) - (log pi_old - log pi_ref)``, so lam > 1
+  extrapolates the reward beyond the teacher.
 """
 
 from __future__ import annotations
@@ -112,9 +115,9 @@ def opd_reward(x: TermInputs, *, lam: float = 1.0, loss: dict | None = None) -> 
     term takes pi_ref = pi_old, the student at generation time: the KL part then has no gradient
     on-policy and the update is lam times OPD's, so lam > 1 scales the gradient rather than
     extrapolating, and AdamW's per-parameter normalisation undoes that scale (measured on the tiny
-    model, 4 steps of ``algo=exopd``: lam = 1, 1.25 and 3 end within 2.2e-6 of each other in
-    weight norm, for an update of norm 0.096). The fixed-reference form needs a reference model's
-    log-prob per token and is not implemented.
+    model, 4 steps of ``algo=exopd`` when it used this term: lam = 1, 1.25 and 3 end within 2.2e-6 of each other in
+    weight norm, for an update of norm 0.096). The fixed-reference form is ``gopd_reward``
+    (``algo=exopd``).
     """
     spec = dict(loss or {"name": "reinforce"})
     name = spec.pop("name")
@@ -126,3 +129,41 @@ def opd_reward(x: TermInputs, *, lam: float = 1.0, loss: dict | None = None) -> 
 
 opd_reward.needs = ("teacher_logp",)
 opd_reward.needs_behaviour = True
+
+
+@TERMS.register("gopd_reward", bounds={"lam": ("> 0", "A = lam (log q - log pi_ref) - (log pi_old - log pi_ref): lam <= 0 drops or inverts the teacher's reward")})
+def gopd_reward(x: TermInputs, *, lam: float = 1.25, loss: dict | None = None) -> TermOutput:
+    """G-OPD / ExOPD: the teacher's log-ratio to a fixed reference model, scaled by lambda, minus the student's, as a dense advantage.
+
+    G-OPD maximises ``E_y~pi_theta[lam log(pi_T(y) / pi_ref(y)) - KL(pi_theta || pi_ref)]``, whose
+    optimum is ``pi_ref (pi_T / pi_ref)^lam``: beyond the teacher, away from the reference, when
+    lam > 1. Its per-token reward ``lam (log pi_T - log pi_ref) - (log pi_theta - log pi_ref)`` is
+    taken at the sampled token with ``pi_theta`` at generation time (``pi_old``, a constant), and
+    goes into the configured policy loss as the advantage. ``pi_ref`` is the reference model mixrl
+    already loads for KL terms: the starting student, frozen (TRL's reference model; with LoRA,
+    the base with the adapter off). At lam = 1 the reference cancels and this is ``opd_reward``;
+    with ``pi_ref = pi_old`` it would be ``lam (log pi_T - log pi_old)``, where lam only scales
+    the step (``opd_reward``'s docstring), which is why the reference here is fixed. The paper's
+    "reward correction" (pi_ref = the teacher's pre-RL base) needs that model's log-probs and is
+    not offered.
+
+    Formula: A_t = {lam} (log pi_T(y_t) - log pi_ref(y_t)) - (log pi_old(y_t) - log pi_ref(y_t)), pi_ref the frozen starting student, used in place of the row's advantage; l_t = {loss}(r_t, A_t), r_t = pi_theta / pi_old
+    Paper: G-OPD / ExOPD, "Learning beyond Teacher: Generalized On-Policy Distillation with Reward Extrapolation": the reward lam log(pi_T / pi_ref) and the KL to pi_ref, both dense; lam > 1 (ExOPD) extrapolates beyond the teacher.
+
+    Parameters:
+        lam (1.25): reward scale lambda; 1 is OPD (the reference cancels), > 1 reward extrapolation (ExOPD; the paper's 1.25).
+        loss (None): the policy loss ``{name, params...}``; default ``reinforce``: l_t = -A_t log p_t.
+    """
+    spec = dict(loss or {"name": "reinforce"})
+    name = spec.pop("name")
+    q, ref, old = x.teacher_logp.detach(), x.ref_logp.detach(), x.behaviour_logp.detach()
+    adv = float(lam) * (q - ref) - (old - ref)
+    out = POLICY_LOSSES.get(name)(x.logp, x.behaviour_logp, adv, x.mask, **spec)
+    n = x.mask.sum().clamp(min=1)
+    metrics = {"opd/advantage": float((adv * x.mask).sum() / n),
+               "opd/teacher_vs_ref": float(((q - ref) * x.mask).sum() / n)}
+    return TermOutput(out.per_token_loss, metrics)
+
+
+gopd_reward.needs = ("teacher_logp", "ref_logp")
+gopd_reward.needs_behaviour = True

@@ -27,10 +27,14 @@ def gae_advantage_return(token_rewards: Tensor, values: Tensor, mask: Tensor, *,
 
     Masked positions are skipped: they pass the next value and the running sum through
     unchanged (verl ``compute_gae_advantage_return``), so a row's padding does not count as steps.
-    ``returns = advantages + values`` (the critic's regression target).
+    ``returns = advantages + values`` (the critic's regression target). The result has the
+    inputs' floating dtype (float64 stays float64; the promoted dtype of the two; float32 for
+    integer inputs).
     """
-    r = token_rewards.detach().float()
-    v = values.detach().float()
+    dtype = torch.promote_types(token_rewards.dtype, values.dtype)
+    dtype = dtype if dtype.is_floating_point else torch.float32
+    r = token_rewards.detach().to(dtype)
+    v = values.detach().to(dtype)
     m = mask.to(r.dtype)
     if r.shape != v.shape or r.shape != m.shape:
         raise ValueError(f"token_rewards {tuple(r.shape)}, values {tuple(v.shape)} and mask {tuple(m.shape)} differ")
@@ -50,9 +54,15 @@ def gae_advantage_return(token_rewards: Tensor, values: Tensor, mask: Tensor, *,
 
 def _whiten(adv: Tensor, mask: Tensor) -> Tensor:
     """``(A - mean) / sqrt(var + 1e-8)`` over the selected tokens (unbiased var, verl ``masked_whiten``);
-    with fewer than 2 tokens only the mean is taken off."""
+    with fewer than 2 tokens only the mean is taken off. Zero spread (every selected value equal):
+    the variance counts as 1, so tokens outside the selection (rows left out of the statistics)
+    are divided by ``sqrt(1 + 1e-8)``, not ``sqrt(1e-8)`` (LUFFY's rule for a std of 0, see
+    :mod:`mixrl.core.advantages`)."""
     m = mask.to(adv.dtype)
     n = m.sum()
+    sel = mask.bool()
+    if bool(sel.any()) and bool(adv[sel].max() == adv[sel].min()):
+        return (adv - adv[sel].min()) * torch.rsqrt(torch.ones_like(n) + 1e-8)
     mean = (adv * m).sum() / n.clamp(min=1.0)
     var = ((adv - mean).pow(2) * m).sum() / (n - 1).clamp(min=1.0)
     out = (adv - mean) * torch.rsqrt(var + 1e-8) if n >= 2 else adv - mean
@@ -83,7 +93,7 @@ def gae(
     advantages are normalised over the tokens of the ``include`` rows (verl, TRL's PPO). Called
     without per-token inputs each row is one step with value 0 (``A_i = R_i``, whitened).
 
-    Formula: ``A_t = sum_l ({gamma} x {lam})^l delta_(t+l), delta_t = r_t + {gamma} V(s_(t+1)) - V(s_t)``; returns ``A_t + V(s_t)``; whitened over the batch's tokens: {whiten}
+    Formula: ``A_t = sum_l ({gamma} x {lam})^l delta_(t+l), delta_t = r_t + {gamma} V(s_(t+1)) - V(s_t)``; returns ``A_t + V(s_t)``; whitened over the batch's tokens: {whiten} (a variance of 0 counts as 1)
 
     Paper: "High-Dimensional Continuous Control Using Generalized Advantage Estimation"
     (Schulman et al., arXiv 1506.02438); PPO, "Proximal Policy Optimization Algorithms"
@@ -100,7 +110,8 @@ def gae(
     """
     per_row = token_rewards is None
     if per_row:
-        token_rewards = rewards.detach().float().unsqueeze(1)
+        token_rewards = rewards.detach().unsqueeze(1)
+        token_rewards = token_rewards if token_rewards.is_floating_point() else token_rewards.float()
         values = torch.zeros_like(token_rewards)
         mask = torch.ones_like(token_rewards)
     if values is None or mask is None:

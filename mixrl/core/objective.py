@@ -116,10 +116,25 @@ def population_key(population: tuple[str, ...]) -> str:
     return "+".join(population)
 
 
-def _counts(mask: torch.Tensor) -> tuple[float, float]:
-    """(tokens, rows with at least one token) under a [B, T] mask."""
+def _counts(mask: torch.Tensor, member: torch.Tensor | None = None) -> tuple[float, float, float]:
+    """(tokens, rows with at least one token, rows of the population) under a [B, T] mask;
+    ``member`` [B, T]: the positions of the population, mask or not (a row with none of its
+    tokens trainable, e.g. a truncated completion under ``mask_truncated_completions``, is
+    still one of its rows); default: the rows with a token."""
     m = mask.float()
-    return float(m.sum()), float((m.sum(-1) > 0).sum())
+    rows = float((m.sum(-1) > 0).sum())
+    return float(m.sum()), rows, float(member.any(-1).sum()) if member is not None else rows
+
+
+def row_count(counts: tuple[float, ...], count_empty_rows: bool) -> float:
+    """The rows a ``seq-mean-*`` aggregation divides by: those with a trainable token, or
+    with ``count_empty_rows`` every row of the population (the third count; normalisers saved
+    before it existed have two, and then only the first reading is known)."""
+    if not count_empty_rows:
+        return counts[1]
+    if len(counts) < 3:
+        raise ValueError("count_empty_rows needs the population's row count (normalisers of (tokens, rows, all rows)), got (tokens, rows)")
+    return counts[2]
 
 
 def uses_rows(aggregation: str) -> bool:
@@ -142,7 +157,7 @@ def compute_objective(
     teacher_entropy: torch.Tensor | None = None,
     entropies: torch.Tensor | None = None,
     step: int = 0,
-    normalisers: Mapping[str, tuple[float, float]] | None = None,
+    normalisers: Mapping[str, tuple[float, ...]] | None = None,
     knobs: Mapping[str, float] | None = None,
     row_fields: Mapping[str, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -155,9 +170,10 @@ def compute_objective(
     reported when it sampled each token (NaN where it sampled none); with
     ``objective.engine_correction`` they weight the engine-corrected terms (module docstring).
     ``teacher_entropy``: the teacher's next-token entropy per position (NaN where not scored).
-    ``normalisers[population_key] = (tokens, rows)``:
-    the effective counts each population divides by; without them, this micro-batch's own
-    counts. ``knobs``: controller values for this step: ``loss.<param>`` for the policy loss,
+    ``normalisers[population_key] = (tokens, rows, all_rows)``:
+    the effective counts each population divides by (rows: with a trainable token; all_rows:
+    every row of the population, for ``count_empty_rows``); without them, this micro-batch's
+    own counts. ``knobs``: controller values for this step: ``loss.<param>`` for the policy loss,
     any other name for a coefficient. ``row_fields``: per-row fields [B] terms may read (pair links).
     """
     valid = mask.bool() if mask.dtype != torch.bool else mask
@@ -169,7 +185,9 @@ def compute_objective(
     loss_knobs = {k.split(".", 1)[1]: v for k, v in (knobs or {}).items() if k.startswith("loss.")}
 
     pop_masks = {population_key(p): valid & prov.select(token_source, p) for p in objective.populations()}
-    counts = {k: (normalisers[k] if normalisers else _counts(m)) for k, m in pop_masks.items()}
+    counts = {population_key(p): (normalisers[population_key(p)] if normalisers else
+                                  _counts(pop_masks[population_key(p)], prov.select(token_source, p)))
+              for p in objective.populations()}
     total = torch.zeros((), dtype=logp.dtype, device=logp.device)
     metrics: dict[str, float] = {}
     engine_w = _engine_weight(objective.engine_correction, old_logp, engine_logp, valid, token_source)
@@ -194,8 +212,8 @@ def compute_objective(
         if engine_w is not None and getattr(TERMS.get(term.kind), "engine_corrected", False):
             out.per_token = out.per_token * engine_w
         key = population_key(term.population)
-        tokens, rows = counts[key]
-        num_items = max(rows if uses_rows(term.aggregation) else tokens, 1.0)
+        rows = row_count(counts[key], bool(term.aggregation_params.get("count_empty_rows", False)))
+        num_items = max(rows if uses_rows(term.aggregation) else counts[key][0], 1.0)
         value = AGGREGATIONS.get(term.aggregation)(
             zero_masked(out.per_token, sel), pop_masks[key], num_items=num_items, **term.aggregation_params
         )

@@ -5,7 +5,7 @@ Demystifying Some Myths About GRPO and Its Friends" (arXiv 2509.24203) and its n
 as Trinity-RFT ships them: plain ``-A log p`` on possibly stale or replayed rows, made safe
 by a regulariser (OPMD), a shifted baseline (AsymRE) or token clipping (REC).
 
-Same signature and conventions as :mod:`mixrl.core.policy_losses`: per-token loss, not
+Same signature and conventions as :mod:`mixrl.core.policy_base`: per-token loss, not
 aggregated, 0 on padding (padded ``logp`` / ``old_logp`` are replaced by 0 before any use).
 Notation: ``r_t = exp(clamp(log p_t - log p_old,t, -20, 20))``, ``A`` the advantage, ``sg``
 stop-gradient.
@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from mixrl.core._tensor import log_ratio, masked_inputs, masked_mean, token_advantages
-from mixrl.core.policy_losses import POLICY_LOSSES, PolicyLossOutput, _finish, _ratio_metrics
+from mixrl.core.policy_base import POLICY_LOSSES, PolicyLossOutput, _finish, _ratio_metrics
 
 OPMD_FORMS = ("k2", "trinity")
 REC_CLIP_MODES = ("none", "one-side", "two-side", "ring")
@@ -100,7 +100,7 @@ def asymre(
 ) -> PolicyLossOutput:
     """AsymRE: asymmetric REINFORCE, the baseline shifted below the group mean.
 
-    Formula: ``l_t = -(A - ({baseline_shift})) log p_t``: baseline V = mean + {baseline_shift}, A = R - mean (use a mean-centred advantage without std scaling: dr_grpo / reinforce)
+    Formula: ``l_t = -(A - ({baseline_shift})) log p_t``: baseline V = mean + {baseline_shift}, A = R - mean (use a mean-centred advantage without std scaling: dr_grpo / reinforce); a row alone in its group trains with A - ({baseline_shift}) = -({baseline_shift}) (Trinity-RFT: A = R, no shift)
 
     Off-policy REINFORCE without an importance ratio; a baseline below the expected reward
     (shift < 0) weighs positive rewards more than negative ones, which the paper shows keeps
@@ -110,6 +110,13 @@ def asymre(
     REINFORCE loss; here the shift is applied to the advantage inside the loss, so
     ``A`` must be mean-centred and not std-scaled for the shift to be in reward units.
     Nothing is clipped.
+
+    A row alone in its group differs from Trinity-RFT: there ``dr_grpo`` gives it A = 0 (its
+    own reward is the mean), so it trains with ``A - shift = -shift`` (0.1 by default), while
+    Trinity-RFT's ``asymre`` advantage (``asymre_advantage.py``) and verl's GRPO give a
+    one-row group the baseline 0 and no shift: ``A = R``. mixrl keeps its form (a lone row is
+    pushed up by |shift| whatever its reward, the same push every row gets on top of
+    ``R - mean``); only a group with one included row (``algo.advantage_include_offpolicy=false``) has one.
 
     Paper: "Asymmetric REINFORCE for off-Policy Reinforcement Learning: Balancing positive
     and negative rewards" (Arnal et al. 2025, arXiv 2506.20520); default -0.1 as in

@@ -176,16 +176,28 @@ ipo.row_loss = True
     "beta": ("> 0", "the inverse temperature of the implicit reward"),
     "alpha": (">= 0", "the weight of the NLL on the chosen side; alpha < 0 pushes the chosen completion down"),
 })
-def rpo(x: TermInputs, *, beta: float = 0.1, alpha: float = 1.0) -> TermOutput:
+def rpo(x: TermInputs, *, beta: float = 0.1, alpha: float = 1.0, nll_mean: str = "pair") -> TermOutput:
     """RPO: DPO plus an NLL on the chosen completion (the SFT regulariser against over-optimisation), per pair.
 
-    Formula: L = -log sigmoid({beta} [Delta(y_w) - Delta(y_l)]) - {alpha} s(y_w) / |y_w|
-    Paper: RPO, "Provably Mitigating Overoptimization in RLHF: Your SFT Loss is Implicitly an Adversarial Regularizer" (arXiv 2405.16436); the NLL is length-normalised as in TRL's rpo_alpha and "Iterative Reasoning Preference Optimization" (arXiv 2404.19733).
+    Formula: L = -log sigmoid({beta} [Delta(y_w) - Delta(y_l)]) - {alpha} NLL; nll_mean = {nll_mean}: pair: NLL = s(y_w) / |y_w| per pair (the mean over pairs of each chosen completion's token mean), tokens: NLL = sum_w s(y_w) / sum_w |y_w| over the micro-batch's chosen completions (TRL)
+
+    ``nll_mean: pair`` (the default) length-normalises each pair's NLL, as "Iterative Reasoning
+    Preference Optimization" (arXiv 2404.19733) writes it. TRL 1.16 (``DPOConfig``
+    ``loss_type=["sigmoid", "sft"]``, ``loss_weights=[1, alpha]``; its former ``rpo_alpha``)
+    token-averages instead: ``-chosen_per_token_logps[chosen_mask].mean()`` over every chosen
+    token of the micro-batch, so a long chosen completion weighs more: ``nll_mean: tokens``
+    (exact for one micro-batch per step; with several, each micro-batch's token mean is
+    weighted by its pairs).
+
+    Paper: RPO, "Provably Mitigating Overoptimization in RLHF: Your SFT Loss is Implicitly an Adversarial Regularizer" (arXiv 2405.16436); "Iterative Reasoning Preference Optimization" (arXiv 2404.19733).
 
     Parameters:
         beta (0.1): inverse temperature of the implicit reward.
-        alpha (1.0): weight of the chosen side's per-token NLL.
+        alpha (1.0): weight of the chosen side's NLL.
+        nll_mean (pair): pair (each chosen completion's token mean, averaged over pairs) | tokens (the token mean over all chosen tokens of the micro-batch, as TRL's sft loss).
     """
+    if nll_mean not in ("pair", "tokens"):
+        raise ValueError(f"rpo: nll_mean must be 'pair' or 'tokens', got {nll_mean!r}")
     v = pair_view(x)
     if v is None:
         return _no_pairs(x)
@@ -193,7 +205,13 @@ def rpo(x: TermInputs, *, beta: float = 0.1, alpha: float = 1.0) -> TermOutput:
     row = -F.logsigmoid(h)
     # the NLL is the chosen row's own: twice on it (the rejected row carries none) keeps the pair mean
     nll = torch.where(v.chosen, -v.own / v.own_len.clamp(min=1.0), torch.zeros_like(v.own))
-    per_token = _to_tokens(row, v, x.mask) + x.mask.to(row.dtype) * (2.0 * alpha * nll / v.own_len.clamp(min=1.0)).unsqueeze(-1)
+    if nll_mean == "tokens":
+        # row sums that, averaged over the active rows (seq-mean-token-sum), give alpha * sum(-s(y_w)) / sum |y_w|
+        chosen_tokens = torch.where(v.chosen, v.own_len, torch.zeros_like(v.own_len)).sum().clamp(min=1.0)
+        row_nll = torch.where(v.chosen, -v.own * v.active.sum().to(row.dtype) / chosen_tokens, torch.zeros_like(v.own))
+        per_token = _to_tokens(row, v, x.mask) + x.mask.to(row.dtype) * (alpha * row_nll / v.own_len.clamp(min=1.0)).unsqueeze(-1)
+    else:
+        per_token = _to_tokens(row, v, x.mask) + x.mask.to(row.dtype) * (2.0 * alpha * nll / v.own_len.clamp(min=1.0)).unsqueeze(-1)
     metrics = _pair_metrics("rpo", h, v)
     if bool(v.chosen.any()):
         metrics["rpo/nll"] = float(nll.detach()[v.chosen].mean())

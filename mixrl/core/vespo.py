@@ -1,6 +1,6 @@
 """VESPO: a gamma-shaped kernel on the sequence-level importance weight (axis A1, ``loss/``).
 
-Same signature and conventions as :mod:`mixrl.core.policy_losses`.
+Same signature and conventions as :mod:`mixrl.core.policy_base`.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from mixrl.core._tensor import LOG_RATIO_CLAMP, bool_mask, log_ratio, masked_inputs, token_advantages, zero_masked
-from mixrl.core.policy_losses import POLICY_LOSSES, PolicyLossOutput, _finish
+from mixrl.core.policy_base import POLICY_LOSSES, PolicyLossOutput, _finish
 
 _SHAPE = ("> 0", "the kernel w^k exp(-lam (w - 1)) needs k > 0 to vanish at w = 0 and lam > 0 to vanish as w grows")
 

@@ -19,6 +19,11 @@ class _RowError(ValueError):
     """A cell of an unusable type; re-raised as DataError naming the row."""
 
 
+def _a(word: str) -> str:
+    """``word`` with its indefinite article (``an int``, ``a float``)."""
+    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"
+
+
 def _message_text(content: Any) -> str:
     if content is None:
         return ""
@@ -48,7 +53,7 @@ def _prompt_text(value: Any) -> str:
         return value
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return "" if isinstance(value, float) and math.isnan(value) else str(value)
-    raise _RowError(f"holds a {type(value).__name__}, expected a string or a list of chat messages")
+    raise _RowError(f"holds {_a(type(value).__name__)}, expected a string or a list of chat messages")
 
 
 def to_chat_prompt(value: Any, system_prompt: str | None = None) -> list[dict[str, str]]:
@@ -133,8 +138,8 @@ def expert_completions(value: Any) -> list[str]:
             elif _is_message(item):
                 text = _conversation_reply([item]) or ""
             else:
-                raise _RowError(f"holds a list with a {type(item).__name__}, expected strings or chat messages")
+                raise _RowError(f"holds a list with {_a(type(item).__name__)}, expected strings or chat messages")
             if text.strip():
                 out.append(text)
         return out
-    raise _RowError(f"holds a {type(value).__name__}, expected a string, a list of strings or chat messages")
+    raise _RowError(f"holds {_a(type(value).__name__)}, expected a string, a list of strings or chat messages")

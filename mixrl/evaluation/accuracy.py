@@ -16,6 +16,29 @@ from typing import Any
 import torch
 
 
+class EvaluationInterrupted(Exception):
+    """The evaluation stopped because its ``stop`` callable asked it to (SIGINT / SIGTERM during
+    training's held-out evaluation: :class:`mixrl.trainer.guards.InterruptGuard`)."""
+
+
+def _stopping(stop: Callable[[], bool] | None):
+    """A ``generate`` stopping criterion that ends every row once ``stop()`` is true, so a signal
+    stops a long batch within one token, not at its end. Only in a single process: under a
+    launcher the processes' batches end at the same point only when they stop between batches
+    (their token counts may differ), so there ``stop`` is asked between batches alone."""
+    import torch.distributed as dist  # deferred: only to know whether processes generate together
+
+    if stop is None or (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return None
+    from transformers import StoppingCriteria, StoppingCriteriaList  # deferred: transformers is heavy; only generation needs it
+
+    class _Stop(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.full((input_ids.shape[0],), bool(stop()), dtype=torch.bool, device=input_ids.device)
+
+    return StoppingCriteriaList([_Stop()])
+
+
 def _render_prompt(tokenizer, prompt: Any) -> str:
     if isinstance(prompt, str):
         return prompt
@@ -53,9 +76,13 @@ def generate_completions(
     temperature: float = 1.0,
     num_return_sequences: int = 1,
     progress: Callable[[int], None] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> list[list[str]]:
-    """Completions (decoded, special tokens removed) for each prompt: a list of n per prompt."""
+    """Completions (decoded, special tokens removed) for each prompt: a list of n per prompt.
+    ``stop``: asked before each batch (and, in a single process, at each generated token);
+    once it returns True the generation ends and :class:`EvaluationInterrupted` is raised."""
     was_training = model.training
+    criteria = _stopping(stop)
     model.eval()
     side = tokenizer.padding_side
     tokenizer.padding_side = "left"
@@ -63,6 +90,8 @@ def generate_completions(
     out: list[list[str]] = []
     try:
         for start in range(0, len(prompts), batch_size):
+            if stop is not None and stop():
+                raise EvaluationInterrupted(f"stopped after {start} of {len(prompts)} prompts")
             raw = prompts[start : start + batch_size]
             chunk = [_render_prompt(tokenizer, p) for p in raw]
             # as TRL does: plain prompts get the tokenizer's special tokens (e.g. bos); a rendered
@@ -79,7 +108,10 @@ def generate_completions(
                 num_return_sequences=num_return_sequences,
                 pad_token_id=tokenizer.pad_token_id,
                 eos_token_id=tokenizer.eos_token_id,
+                **({"stopping_criteria": criteria} if criteria is not None else {}),
             )
+            if criteria is not None and stop():  # the batch was cut short: its completions are not results
+                raise EvaluationInterrupted(f"stopped during prompts {start}..{start + len(raw)} of {len(prompts)}")
             texts = tokenizer.batch_decode(gen[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
             for i in range(len(chunk)):
                 out.append(texts[i * num_return_sequences : (i + 1) * num_return_sequences])
@@ -106,6 +138,7 @@ def evaluate_accuracy(
     temperature: float = 1.0,
     progress: Callable[[int], None] | None = None,
     examples: list | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> dict[str, float]:
     """Greedy accuracy (reward >= 1) on ``rows`` (each with ``prompt`` and ``answer``), per
     ``level`` when rows carry one, and sampled pass@k.
@@ -116,10 +149,16 @@ def evaluate_accuracy(
     ``sampled_accuracy`` (the mean reward of all samples, = pass@1).
 
     ``examples``: a list that receives one dict per row of the greedy pass (``prompt``,
-    ``completion``, ``reward``, ``correct``, ``answer``), what ``samples.jsonl`` shows."""
+    ``completion``, ``reward``, ``correct``, ``answer``), what ``samples.jsonl`` shows.
+
+    ``stop``: a zero-argument callable asked between batches (and tokens, see
+    :func:`generate_completions`); when it returns True the evaluation raises
+    :class:`EvaluationInterrupted` within one batch (one token in a single process), so a
+    SIGTERM during a long evaluation stops the run in seconds."""
     prompts = [r["prompt"] for r in rows]
     kwargs = {k: [r[k] for r in rows] for k in rows[0] if k not in ("prompt", "completion")} if rows else {}
-    greedy = [c[0] for c in generate_completions(model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size, progress=progress)]
+    greedy = [c[0] for c in generate_completions(model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                                                 progress=progress, stop=stop)]
     scores = reward_fn(prompts=prompts, completions=greedy, **kwargs)
     correct = [float(s is not None and s >= 1.0 - 1e-6) for s in scores]
     result = {"accuracy": sum(correct) / max(len(correct), 1), "n": float(len(correct))}
@@ -137,7 +176,7 @@ def evaluate_accuracy(
     if n > 0 and rows:
         draws = generate_completions(
             model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=max(batch_size // n, 1),
-            do_sample=True, temperature=temperature, num_return_sequences=n,
+            do_sample=True, temperature=temperature, num_return_sequences=n, stop=stop,
         )
         flat_prompts = [p for p in prompts for _ in range(n)]
         flat_kwargs = {k: [v for v in vs for _ in range(n)] for k, vs in kwargs.items()}

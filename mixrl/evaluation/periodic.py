@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from mixrl.evaluation.accuracy import evaluate_accuracy
+from mixrl.evaluation.accuracy import EvaluationInterrupted, evaluate_accuracy
 
 EVAL_FILE = "eval.jsonl"
 
@@ -46,6 +46,9 @@ class PeriodicEvalCallback(TrainerCallback):
             and for the model when none is given. Optional: without it the model comes from
             the callback arguments and ``eval/*`` is added to the logs of that step.
         model: the model to evaluate (default: the trainer's).
+        stop: asked between batches (:func:`~mixrl.evaluation.accuracy.evaluate_accuracy`); when
+            it returns True (a SIGTERM) the evaluation stops, writes no row and asks the trainer
+            to save a checkpoint and stop, as the interrupt guard does at a step's end.
     """
 
     def __init__(
@@ -65,6 +68,7 @@ class PeriodicEvalCallback(TrainerCallback):
         seed: int = 0,
         trainer: Any = None,
         model: Any = None,
+        stop: Callable[[], bool] | None = None,
     ):
         self.every = int(every)
         self.path = Path(run_dir) / EVAL_FILE
@@ -80,18 +84,19 @@ class PeriodicEvalCallback(TrainerCallback):
         self.seed = int(seed)
         self._trainer = trainer
         self.model = model
+        self.stop = stop
         self.rows: list[dict] = []  # the eval.jsonl rows written by this callback
         self.last_examples: tuple[int, list[dict]] | None = None  # (step, greedy examples) of the last evaluation (samples.jsonl)
         self._pending: dict[str, float] | None = None
 
     @classmethod
-    def from_config(cls, cfg, run_dir, tokenizer, rows, reward_fn, *, trainer=None, model=None) -> "PeriodicEvalCallback":
+    def from_config(cls, cfg, run_dir, tokenizer, rows, reward_fn, *, trainer=None, model=None, stop=None) -> "PeriodicEvalCallback":
         t = cfg.trainer
         return cls(
             every=int(t.eval_every), run_dir=run_dir, tokenizer=tokenizer, rows=rows, reward_fn=reward_fn,
             max_new_tokens=int(t.max_completion_length), batch_size=int(t.eval_batch_size), pass_k=int(t.eval_pass_k) if t.eval_sample_every else 0,
             samples=int(t.eval_samples) if t.eval_sample_every else 0, ks=tuple(t.eval_pass_at),
-            temperature=float(t.temperature), seed=int(cfg.seed), trainer=trainer, model=model,
+            temperature=float(t.temperature), seed=int(cfg.seed), trainer=trainer, model=model, stop=stop,
         )
 
     @property
@@ -116,7 +121,7 @@ class PeriodicEvalCallback(TrainerCallback):
             result = evaluate_accuracy(
                 model, self.tokenizer, self.rows_in, self.reward_fn, max_new_tokens=self.max_new_tokens,
                 batch_size=self.batch_size, pass_k=self.pass_k, samples=self.samples, ks=self.ks, temperature=self.temperature,
-                examples=examples,
+                examples=examples, stop=self.stop,
             )
             self.last_examples = (step, examples)
             return result
@@ -130,7 +135,12 @@ class PeriodicEvalCallback(TrainerCallback):
         if model is None:
             raise RuntimeError("PeriodicEvalCallback has no model: pass model= or trainer=")
         t0 = time.perf_counter()
-        result = self.evaluate(model, step)
+        try:
+            result = self.evaluate(model, step)
+        except EvaluationInterrupted:  # a signal: no row for this step; the checkpoint of this step is saved
+            control.should_save = True
+            control.should_training_stop = True
+            return control
         seconds = time.perf_counter() - t0
         row: dict[str, Any] = {"step": step}
         rollouts = getattr(trainer, "mixrl_rollouts", None)

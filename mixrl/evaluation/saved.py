@@ -2,7 +2,8 @@
 
 ``mixrl eval`` and ``mixrl publish`` take a run directory or its ``model/`` folder;
 :func:`resolve_model_dir` finds the folder and refuses (one line, :class:`ConfigError`) one that
-holds no model or whose LoRA base model is gone, before anything is loaded.
+holds no model, whose weights file is unreadable (:mod:`mixrl.models.files`) or whose LoRA
+base model is gone, before anything is loaded.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 from pathlib import Path
 
 from mixrl.errors import ConfigError
+from mixrl.models.files import check_model_folder
 
 
 def resolve_model_dir(path: str | Path) -> Path:
@@ -26,6 +28,7 @@ def resolve_model_dir(path: str | Path) -> Path:
             f"'{p}' is not a saved model folder (no config.json, nor a LoRA adapter_config.json); "
             "give a run's model/ folder or the run directory"
         )
+    check_model_folder(p, f"model directory '{p}'")  # a weights file cut short: refused before anything loads
     adapter_base(p)  # a LoRA adapter's base model must still be there
     return p
 

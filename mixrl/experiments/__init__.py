@@ -9,6 +9,7 @@
 * :mod:`~mixrl.experiments.suites`: ``conf/suites/NAME.yaml`` (methods, seeds, budget, claims);
 * :mod:`~mixrl.experiments.reproduce`: ``mixrl reproduce SUITE`` (train the grid, compare, README);
 * :mod:`~mixrl.experiments.methods`: ``docs/methods.md`` from the shipped recipes and results.
+* :mod:`~mixrl.experiments.peers`: ``docs/peers.md`` from ``docs/peers.yaml`` (the peers' options).
 
 These modules read, launch or summarise runs; ``compare`` and its parts read run folders
 without importing torch (``methods`` renders objectives, so it does).

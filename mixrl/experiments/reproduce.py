@@ -76,6 +76,34 @@ def default_out_dir(suite_name: str, now: datetime | None = None) -> Path:
     return Path("runs") / "reproduce" / f"{suite_name}-{stamp}"
 
 
+#: what ``mixrl reproduce`` writes at the top of its folder (compare's PNG plots too: ``*.png``)
+REPRODUCE_ENTRIES = frozenset({"runs", "compare.md", "compare.json", "reproduce.json", "README.md"})
+
+
+def check_out_dir(out_dir: Path) -> None:
+    """May ``mixrl reproduce`` write into ``out_dir``? Reads only. Yes when it is missing or
+    empty, holds an earlier ``mixrl reproduce``'s results (its ``reproduce.json``; finished runs
+    are reused, the README and tables rewritten), or only its ``runs/`` (a grid that was
+    stopped). Otherwise ConfigError naming the first file it did not write (a README.md or
+    compare.md of the user's own would be overwritten), as ``run_dir`` is refused
+    (:func:`mixrl.trainer.rundir.check_new_run_dir`): mixrl never overwrites what it did not write."""
+    out_dir = Path(out_dir)
+    if not out_dir.exists():
+        return
+    if not out_dir.is_dir():
+        raise ConfigError(f"--out {out_dir} is a file, not a folder; choose a new folder (or an earlier mixrl reproduce's)")
+    entries = sorted(out_dir.iterdir())
+    if not entries or (out_dir / "reproduce.json").is_file():
+        return
+    foreign = [p.name for p in entries if p.name != "runs"]
+    if foreign:
+        ours = [n for n in foreign if n in REPRODUCE_ENTRIES or n.endswith(".png")]
+        first = (ours or foreign)[0]
+        more = f" (and {len(foreign) - 1} more)" if len(foreign) > 1 else ""
+        raise ConfigError(f"--out {out_dir} holds '{first}'{more}, which mixrl reproduce did not write (no reproduce.json there) "
+                          "and would overwrite or mix with; choose a new or empty folder, or move those files out")
+
+
 @dataclass
 class GridResult:
     """What :func:`run_grid` did: wall seconds, and the (recipe, seed) jobs it trained."""
@@ -141,6 +169,7 @@ def reproduce_suite(suite, out_dir: Path, *, seeds: int | None = None, jobs: int
     n_seeds = s.seeds if seeds is None else int(seeds)
     n_jobs = s.jobs if jobs is None else int(jobs)
     out_dir = Path(out_dir)
+    check_out_dir(out_dir)  # before any run: a folder of the user's own is never written into
     seed_list = list(range(n_seeds))
     overrides = [*s.overrides, *extra]
     grid = run_grid(out_dir / "runs", s.recipes, seed_list, jobs=n_jobs, extra=overrides, log=log, name=s.name,
@@ -262,6 +291,7 @@ def reproduce_toy(out_dir: Path, *, seeds: list[int], jobs: int = 2, extra: Sequ
                   log=print) -> dict:
     """The toy grid with explicit seeds and recipes (no claims); ``mixrl reproduce toy`` runs the toy suite."""
     out_dir = Path(out_dir)
+    check_out_dir(out_dir)
     grid = run_grid(out_dir / "runs", recipes, seeds, jobs=jobs, extra=extra, log=log, name="toy")
     result = compare([out_dir / "runs"], out_dir, metric="accuracy")
     meta = {

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from mixrl.errors import MixrlUserError
+from mixrl.jsonl import read_jsonl, step_row
 
 SUMMARY = "summary.json"
 METRICS = "metrics.jsonl"
@@ -35,17 +36,18 @@ class CompareError(MixrlUserError):
 
 # --------------------------------------------------------------------------- reading
 def _read_jsonl(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    rows = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            raise CompareError(f"{path}:{i} is not valid JSON ({e.msg}); fix or delete the line") from None
-    return rows
+    """The rows of a run's ``metrics.jsonl`` / ``eval.jsonl``; a line that is not UTF-8, not
+    JSON or not a row with an integer ``step`` is refused in one line naming it
+    (:func:`mixrl.jsonl.read_jsonl`): a comparison never silently drops measurements."""
+    try:
+        log = read_jsonl(path, step_row)
+    except OSError as e:
+        raise CompareError(f"cannot read {path} ({e.strerror or e}); check its permissions (chmod u+r)") from None
+    if log.bad:
+        line, why = log.bad[0]
+        more = f" ({len(log.bad) - 1} more such lines)" if len(log.bad) > 1 else ""
+        raise CompareError(f"{path}:{line} is not a row: {why}{more}; fix or delete the line")
+    return log.rows
 
 
 def _num(v: Any) -> float | None:
@@ -210,8 +212,11 @@ def load_run(path: str | Path) -> Run:
     path = Path(path)
     try:
         summary = json.loads((path / SUMMARY).read_text())
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8 (UnicodeDecodeError)
         raise CompareError(f"cannot read {path / SUMMARY}: {e}") from None
+    if not isinstance(summary, dict):
+        raise CompareError(f"cannot read {path / SUMMARY}: it holds a JSON {type(summary).__name__}, not the object "
+                           "`mixrl train` writes; delete the folder or train it again")
     run = Run(path=path, summary=summary, metrics=_read_jsonl(path / METRICS))
     stages = summary.get("stages")
     if stages:  # a staged run: each stage folder has its own eval.jsonl; make step and rollouts continuous

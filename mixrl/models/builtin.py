@@ -12,6 +12,7 @@ MODELS = {
     "builtin:tiny": "the character-level tiny model",
     "builtin:tiny-bpe": "the BPE chat model",
     "builtin:tiny-teacher": "the character-level teacher (expert solutions only, every level)",
+    "builtin:tiny-bpe-teacher": "the BPE chat teacher (expert solutions only, every level)",
 }
 
 
@@ -27,4 +28,13 @@ def resolve(name: str, *, progress: bool = True) -> str:
         return str(tiny.teacher_warm_start(progress=progress))
     if name == "builtin:tiny-bpe":
         return str(tiny_bpe.warm_start(progress=progress))
+    if name == "builtin:tiny-bpe-teacher":
+        return str(tiny_bpe.teacher_warm_start(progress=progress))
     raise ValueError(f"unknown built-in model '{name}'; the built-in models are {', '.join(MODELS)}")
+
+
+def teacher_for(student: str) -> str:
+    """The built-in teacher of ``student``'s family (``teacher=tiny``): ``builtin:tiny-bpe-teacher``
+    for the BPE chat model (``builtin:tiny-bpe`` or a folder it wrote), ``builtin:tiny-teacher``
+    otherwise (the character model; another model's tokenizer is then refused, naming the fix)."""
+    return "builtin:tiny-bpe-teacher" if tiny_bpe.is_tiny_bpe(str(student)) else "builtin:tiny-teacher"

@@ -113,6 +113,11 @@ MODEL_SIZE: dict[str, Any] = {**tiny_spec.MODEL_SIZE, "max_position_embeddings":
 #: careless 0.6 -> 0.109, 0.5 -> 0.137, 0.45 -> 0.199 (the character model's level), 0.4 -> 0.367;
 #: 450 steps at 0.6 -> 0.117 (a closer imitation of the mixture, not a better model).
 WARM_START: dict[str, Any] = {**tiny_spec.WARM_START, "careless_fraction": 0.45}
+#: The BPE teacher (``builtin:tiny-bpe-teacher``, what ``teacher=tiny`` gives a ``model=tiny-bpe``
+#: student): this model warm-started as the character teacher is (:data:`mixrl.models.tiny_spec.TEACHER_WARM_START`:
+#: expert solutions only, every level, 600 steps). Cached under ``<cache>/tiny-bpe-teacher/<key>/``.
+TEACHER_WARM_START: dict[str, Any] = {**WARM_START, "steps": 600, "levels": list(arith.LEVELS), "careless_fraction": 0.0}
+ROLES = ("student", "teacher")
 #: The merges' corpus (:func:`training_texts`): number of problems and seed.
 CORPUS: dict[str, Any] = {"n": 2000, "seed": 0}
 #: Generation budget: every ``arith`` completion plus ``<|im_end|>`` (a token spans at least one character).
@@ -121,6 +126,7 @@ MAX_COMPLETION_TOKENS = tiny_spec.MAX_COMPLETION_TOKENS
 MAX_PROMPT_TOKENS = 48
 
 BUILTIN = "builtin:tiny-bpe"
+BUILTIN_TEACHER = "builtin:tiny-bpe-teacher"
 _META_FILE = "mixrl_tiny_bpe.json"
 
 
@@ -136,12 +142,15 @@ def encode_chat(tokenizer: Any, problem: dict[str, Any], completion: str) -> tup
     return prompt_ids, tokenizer(completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
 
 
-def recipe(steps: int | None = None) -> dict[str, Any]:
-    """Everything the warm-started weights depend on (hashed into the cache key)."""
-    ws = dict(WARM_START)
+def recipe(steps: int | None = None, role: str = "student") -> dict[str, Any]:
+    """Everything the warm-started weights depend on (hashed into the cache key). ``role``:
+    ``student`` (the model) or ``teacher`` (:data:`TEACHER_WARM_START`)."""
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+    ws = dict(WARM_START if role == "student" else TEACHER_WARM_START)
     if steps is not None:
         ws["steps"] = int(steps)
-    return {
+    rec = {
         "tiny_bpe_version": BPE_VERSION,
         "task": arith.NAME,
         "task_version": arith.TASK_VERSION,
@@ -150,17 +159,22 @@ def recipe(steps: int | None = None) -> dict[str, Any]:
         "model": dict(MODEL_SIZE),
         "warm_start": ws,
     }
+    if role != "student":  # the student's key stays what it was
+        rec["role"] = role
+    return rec
 
 
-def cache_key(steps: int | None = None) -> str:
-    digest = hashlib.sha256(json.dumps(recipe(steps), sort_keys=True).encode()).hexdigest()[:12]
+def cache_key(steps: int | None = None, role: str = "student") -> str:
+    digest = hashlib.sha256(json.dumps(recipe(steps, role), sort_keys=True).encode()).hexdigest()[:12]
     return f"v{BPE_VERSION}-{digest}"
 
 
-def default_path(cache_dir: Path | str | None = None, *, steps: int | None = None) -> Path:
-    """Where :func:`warm_start` saves (``cache_dir`` defaults to ``cache_root()/"tiny-bpe"``)."""
-    base = Path(cache_dir).expanduser() if cache_dir is not None else tiny_spec.cache_root() / "tiny-bpe"
-    return base / cache_key(steps)
+def default_path(cache_dir: Path | str | None = None, *, steps: int | None = None, role: str = "student") -> Path:
+    """Where :func:`warm_start` saves (``cache_dir`` defaults to ``cache_root()/"tiny-bpe"``, or
+    ``cache_root()/"tiny-bpe-teacher"`` for the teacher)."""
+    folder = "tiny-bpe" if role == "student" else f"tiny-bpe-{role}"
+    base = Path(cache_dir).expanduser() if cache_dir is not None else tiny_spec.cache_root() / folder
+    return base / cache_key(steps, role)
 
 
 def is_tiny_bpe(path: Path | str) -> bool:
@@ -188,20 +202,29 @@ def build(**size: Any):
 
 
 def warm_start(cache_dir: Path | str | None = None, *, force: bool = False, progress: bool = True,
-               steps: int | None = None) -> Path:
+               steps: int | None = None, role: str = "student") -> Path:
     """Path of the warm-started BPE model (model + tokenizer, ``save_pretrained`` format).
 
     Learns the merges and trains (deterministically, on one CPU thread; see the README for
     the time) unless a complete copy is already cached; ``force`` retrains. ``cache_dir``
     replaces ``cache_root()/"tiny-bpe"``; ``steps`` overrides the number of optimizer steps
-    (and is part of the cache key), e.g. for tests.
+    (and is part of the cache key), e.g. for tests; ``role="teacher"``: the BPE teacher
+    (:data:`TEACHER_WARM_START`, :func:`teacher_warm_start`).
     """
-    final = default_path(cache_dir, steps=steps)
+    final = default_path(cache_dir, steps=steps, role=role)
     if is_complete(final) and not force:
         return final
-    return supervised.train_and_save(final, recipe(steps), build, encode=encode_chat, meta_file=_META_FILE,
-                               progress=progress, description="warm-starting tiny BPE model",
+    description = "warm-starting tiny BPE teacher" if role != "student" else "warm-starting tiny BPE model"
+    return supervised.train_and_save(final, recipe(steps, role), build, encode=encode_chat, meta_file=_META_FILE,
+                               progress=progress, description=description,
                                extra_meta=lambda model, tok: {"vocab": len(tok)})
+
+
+def teacher_warm_start(cache_dir: Path | str | None = None, *, force: bool = False, progress: bool = True,
+                       steps: int | None = None) -> Path:
+    """Path of the BPE teacher (``builtin:tiny-bpe-teacher``): :func:`warm_start` with
+    :data:`TEACHER_WARM_START` (expert solutions only, every level, longer), cached the same way."""
+    return warm_start(cache_dir, force=force, progress=progress, steps=steps, role="teacher")
 
 
 def heldout_accuracy(path: Path | str, n: int = 256, levels: Sequence[int] = tuple(arith.DEFAULT_LEVELS),
@@ -225,10 +248,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--cache-dir", type=Path, default=None, help="directory to hold <key>/")
     ap.add_argument("--steps", type=int, default=None, help="override the number of warm-start steps")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--teacher", action="store_true", help="build the BPE teacher (builtin:tiny-bpe-teacher) instead")
     ap.add_argument("--eval", type=int, default=0, metavar="N", help="also print greedy accuracy on N held-out problems")
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    path = warm_start(args.cache_dir, force=args.force, progress=not args.no_progress, steps=args.steps)
+    path = warm_start(args.cache_dir, force=args.force, progress=not args.no_progress, steps=args.steps,
+                      role="teacher" if args.teacher else "student")
     print(path)
     meta = json.loads((path / _META_FILE).read_text())
     print(f"{meta['num_parameters']:,} parameters, {meta['vocab']} tokens; warm start: {meta['warm_start']['steps']} steps, "

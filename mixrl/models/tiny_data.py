@@ -12,7 +12,8 @@ of the task's own characters and warm-starts it, with the same deterministic sup
 * the vocabulary is the arithmetic alphabet plus every character of these rows (so a model built
   on one task still encodes digits), one id per UTF-8 byte as in :mod:`mixrl.models.tiny_arch`;
 * the context length grows (in steps of 64) when a row does not fit in 64 tokens, with room for
-  ``max_completion_length`` generated tokens.
+  ``max_completion_length`` generated tokens, up to :data:`MAX_POSITIONS` (512): a longer row is
+  refused in one line naming it (the attention of a batch grows with the square of the length).
 
 The caller passes the training rows only (``mixrl model build-tiny`` applies the held-out rule of
 :mod:`mixrl.evaluation.heldout` first, as ``mixrl train`` does), so held-out rows never reach the
@@ -65,8 +66,35 @@ def examples_from_rows(rows: list[dict[str, Any]]) -> tuple[list[dict[str, str]]
     return [{"prompt": ""} for _ in rows], [r["prompt"] for r in rows], "prompt"
 
 
+#: The longest example the tiny model is warm-started on, in tokens (one per UTF-8 byte): prompt,
+#: target and the room for generation. Its batch's attention grows with the square of it (32 rows
+#: x 4 heads x 512^2 x 4 bytes = 128 MB a layer); a 200,000-character row would ask for 40 GB.
+MAX_POSITIONS = 512
+
+
+def check_lengths(problems: list[dict[str, str]], completions: list[str], max_completion_length: int) -> None:
+    """DataError (one line naming the row, the limit and the fix) for an example longer than
+    :data:`MAX_POSITIONS` tokens: ``<s> prompt`` plus the longer of ``target </s>`` and
+    ``max_completion_length`` generated tokens."""
+    for i, (p, c) in enumerate(zip(problems, completions)):
+        prompt, target = len(p["prompt"].encode()) + 1, len(c.encode()) + 1
+        if prompt + max(target, int(max_completion_length)) <= MAX_POSITIONS:
+            continue
+        text = p["prompt"] or c
+        shown = json.dumps(text[:30] + ("…" if len(text) > 30 else ""), ensure_ascii=False)
+        if prompt + target <= MAX_POSITIONS:
+            raise DataError(f"training row {i} ({shown}): its prompt ({prompt} tokens) with trainer.max_completion_length="
+                            f"{max_completion_length} exceeds the tiny model's {MAX_POSITIONS} positions; "
+                            f"lower trainer.max_completion_length to {MAX_POSITIONS - prompt} or less")
+        raise DataError(f"training row {i} ({shown}) is {prompt + target} tokens long (one per UTF-8 byte of prompt and target), "
+                        f"beyond the {MAX_POSITIONS} the tiny character model takes; shorten or drop that row "
+                        "(or train a real model: model.path=<a Hugging Face model>)")
+
+
 def _context(problems: list[dict[str, str]], completions: list[str], max_completion_length: int) -> tuple[int, int]:
-    """``(max_position_embeddings, max_new_tokens)`` that fit every example plus generation."""
+    """``(max_position_embeddings, max_new_tokens)`` that fit every example plus generation
+    (at most :data:`MAX_POSITIONS`: a longer example is refused by :func:`check_lengths`)."""
+    check_lengths(problems, completions, max_completion_length)
     longest_prompt = max(len(p["prompt"].encode()) for p in problems) + 1  # <s>
     longest_completion = max(len(c.encode()) for c in completions) + 1  # </s>
     need = max(longest_prompt + longest_completion, longest_prompt + int(max_completion_length))

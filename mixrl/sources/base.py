@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from mixrl.core.registry import Registry
+from mixrl.errors import ConfigError
 
 SOURCES = Registry("off-policy source")
 INJECTIONS = Registry("injection", runtime=("source", "geometry", "seed"))
@@ -140,11 +141,23 @@ class Source:
 
     provenances: tuple[str, ...] = ()
     reads_expert_column: bool = False
+    #: what :meth:`prepare` changed that a user should know (e.g. pairs dropped); printed once
+    #: by ``mixrl train`` before the run starts
+    notes: tuple[str, ...] = ()
 
     def prepare(self, train_ds, data_cfg) -> Any:
         """Called once before training with the training dataset; returns the dataset to
-        train on (a source may drop or annotate rows)."""
+        train on (a source may drop or annotate rows). ``mixrl train`` calls it before the run
+        directory exists (:func:`mixrl.trainer.build.prepare_inputs`), so its ``DataError`` is
+        one line and leaves nothing behind."""
         return train_ds
+
+    def texts(self) -> list[str]:
+        """Every text this source puts in front of the tokenizer beyond the training rows'
+        prompt, answer and expert columns (after :meth:`prepare`): its own data file's
+        prompts and completions, a template's literal text. The character check (and the tiny
+        model's vocabulary) covers them as it covers the training rows."""
+        return []
 
     def state_dict(self) -> dict:
         return {}
@@ -177,6 +190,11 @@ class Injection:
         self.source = source
         self.geometry = geometry
         self.seed = seed  # the run's seed, for injections that draw
+
+    def texts(self) -> list[str]:
+        """Text the injection itself adds to prompts or completions (a hint template's literal
+        text), for the character check; see :meth:`Source.texts`."""
+        return []
 
     def before_generation(self, ctx: InjectContext, inputs: list[dict]) -> list[dict]:
         return inputs
@@ -229,3 +247,37 @@ class NoInjection(Injection):
     """
 
     needs_source = False
+
+
+def check_template(template: Any, fields: tuple[str, ...], key: str, example: str) -> str:
+    """``template`` as a ``str.format`` template that uses only the named ``fields``; raises ConfigError naming ``key`` otherwise: an unknown or
+    positional placeholder (``{answer}``, ``{}``), a conversion or format spec, or an unmatched
+    brace would otherwise fail mid-run with a KeyError, IndexError or ValueError. Literal braces
+    are written doubled (``{{`` and ``}}``)."""
+    import string
+
+    if not isinstance(template, str):
+        raise ConfigError(f"{key} must be a string, got {template!r}; e.g. {key}={example!r}")
+    allowed = ", ".join("{" + f + "}" for f in fields)
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as e:
+        raise ConfigError(f"{key}={template!r} is not a valid template ({e}); write a literal brace as {{{{ or }}}}, "
+                          f"placeholders: {allowed}") from None
+    for _, name, spec, conversion in parsed:
+        if name is None:
+            continue
+        if name not in fields:
+            what = "a positional placeholder {}" if name == "" else f"an unknown placeholder {{{name}}}"
+            raise ConfigError(f"{key}={template!r} has {what}; it may use only {allowed} "
+                              "(write a literal brace as {{ or }})")
+        if spec or conversion:
+            raise ConfigError(f"{key}={template!r}: {{{name}}} takes no conversion or format spec; write it as {{{name}}}")
+    return template
+
+
+def template_text(template: str) -> str:
+    """The literal text of a ``str.format`` template (its placeholders removed)."""
+    import string
+
+    return "".join(literal for literal, _, _, _ in string.Formatter().parse(template))

@@ -81,6 +81,14 @@ class ExpertSource(Source):
             )
         return pool
 
+    def texts(self) -> list[str]:
+        """The prompts and completions of ``offpolicy.source.dataset`` (the training rows' own are checked with them)."""
+        if not self.dataset:
+            return []
+        from mixrl.config.checks import texts_of  # deferred: config.checks imports this package's registries
+
+        return [t for row in self.pool for t in (*texts_of(row["prompt"]), *row["expert"])]
+
     # ----------------------------------------------------------------- material
     @staticmethod
     def for_prompt(row: dict) -> list[str]:

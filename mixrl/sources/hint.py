@@ -25,7 +25,7 @@ import torch
 
 from mixrl.core import provenance as prov
 from mixrl.errors import ConfigError
-from mixrl.sources.base import INJECTIONS, InjectContext, Injection, Rollouts
+from mixrl.sources.base import INJECTIONS, InjectContext, Injection, Rollouts, check_template, template_text
 from mixrl.sources.prefix import PREFIX, global_rows, solution_ids
 from mixrl.sources.rows import splice_prefixes
 
@@ -102,6 +102,7 @@ class HintOnFailure(Injection):
         fractions = list(fraction) if isinstance(fraction, (list, tuple)) else [fraction]
         if not fractions or any(not 0.0 < float(f) <= 1.0 for f in fractions):
             raise ConfigError(f"algo.inject.fraction must be in (0, 1] (or a list of such), got {fraction!r}")
+        check_template(template, ("prompt", "hint"), "algo.inject.template", "{prompt}\nHint: {hint}")
         if "{hint}" not in template or (placement == "prompt" and "{prompt}" not in template):
             raise ConfigError("algo.inject.template must contain {prompt} and {hint}, e.g. '{prompt}\\nHint: {hint}'")
         if not 0.0 <= float(max_success) < 1.0:
@@ -113,6 +114,10 @@ class HintOnFailure(Injection):
         self.train_under, self.max_success, self.per_group, self.success = train_under, float(max_success), per_group, float(success)
         if source is not None and hint == "solution":
             source.requires_expert_column = True
+
+    def texts(self) -> list[str]:
+        """The template's literal text: it enters hinted prompts (placement: prompt)."""
+        return [template_text(self.template)] if self.placement == "prompt" else []
 
     @property
     def provenances(self) -> tuple[str, ...]:

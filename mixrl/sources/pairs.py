@@ -32,7 +32,7 @@ import random
 import torch
 
 from mixrl.core import provenance as prov
-from mixrl.data.cells import expert_completions
+from mixrl.data.cells import _RowError, expert_completions
 from mixrl.errors import ConfigError, DataError
 from mixrl.sources.base import INJECTIONS, SOURCES, InjectContext, Injection, Source
 from mixrl.sources.rows import append_rows
@@ -91,12 +91,32 @@ class PairSource(Source):
         if self.rejected_from == "auto":
             builtin = str(getattr(data_cfg, "source", "")).startswith("builtin:arith") if data_cfg is not None else False
             self.rejected_from = "arith_careless" if builtin and not self.dataset else "column"
-        self.pool = self._from_dataset(data_cfg) if self.dataset else self._from_training_rows(train_ds)
+        triples = self._from_dataset(data_cfg) if self.dataset else self._from_training_rows(train_ds)
+        where = self.dataset or "the training data"
+        usable = [(p, c, r) for p, c, r in triples if c and r]
+        self.pool = [(p, c, r) for p, c, r in usable if c.strip() != r.strip()]  # a zero margin teaches nothing
+        equal = len(usable) - len(self.pool)
         if not self.pool:
-            where = self.dataset or "the training data"
+            if equal:
+                raise DataError(f"no preference pair in {where}: every pair's chosen and rejected completions are the same "
+                                "text, so the preference terms would train on zero margins; fix the pairs or check "
+                                "offpolicy.source.chosen_column / rejected_column")
             raise DataError(f"no preference pair in {where}: every row lacks a chosen or a rejected completion; "
                             "check offpolicy.source.chosen_column / rejected_column")
+        notes = []
+        if len(triples) - len(usable):
+            notes.append(f"{len(triples) - len(usable)} row(s) without a chosen or a rejected completion")
+        if equal:
+            notes.append(f"{equal} pair(s) whose chosen and rejected completions are the same text (a zero margin)")
+        if notes:
+            self.notes = (f"pairs source: {len(self.pool)} pair(s) from {where}; dropped {' and '.join(notes)}",)
         return train_ds
+
+    def texts(self) -> list[str]:
+        """The pairs' prompts (their text, or messages' contents), chosen and rejected completions."""
+        from mixrl.config.checks import texts_of  # deferred: config.checks imports this package's registries
+
+        return [t for p, c, r in self.pool for t in (*texts_of(p), c, r)]
 
     def _from_training_rows(self, train_ds) -> list[tuple]:
         if "expert" not in train_ds.column_names:
@@ -112,9 +132,9 @@ class PairSource(Source):
                 raise DataError(f"column {self.rejected_column!r} not found in the training data; columns present: "
                                 f"{', '.join(train_ds.column_names)}; set offpolicy.source.rejected_column "
                                 "(or offpolicy.source.dataset=<file of pairs>)")
-            rejected = [(expert_completions(r) or [None])[0] for r in train_ds[self.rejected_column]]
-        return [(row["prompt"], row["expert"][0], rej) for row, rej in zip(train_ds, rejected)
-                if row.get("expert") and rej and rej != row["expert"][0]]
+            rejected = [_completion(v, i, self.rejected_column, "the training data", "rejected_column", first=True)
+                        for i, v in enumerate(train_ds[self.rejected_column])]
+        return [(row["prompt"], (row.get("expert") or [None])[0], rej) for row, rej in zip(train_ds, rejected)]
 
     def _from_dataset(self, data_cfg) -> list[tuple]:
         from mixrl.data.columns import _column_getter  # deferred: mixrl.data's readers load `datasets`; config paths import sources
@@ -130,18 +150,29 @@ class PairSource(Source):
         prefix = "offpolicy.source"
         get_c = _column_getter(raw, self.chosen_column, "chosen_column", where, prefix, {self.prompt_column})
         get_r = _column_getter(raw, self.rejected_column, "rejected_column", where, prefix, {self.prompt_column, self.chosen_column})
-        chosen = [(expert_completions(get_c(r)) or [None])[-1] for r in raw]
-        rejected = [(expert_completions(get_r(r)) or [None])[-1] for r in raw]
+        chosen = [_completion(get_c(r), i, self.chosen_column, where, "chosen_column") for i, r in enumerate(raw)]
+        rejected = [_completion(get_r(r), i, self.rejected_column, where, "rejected_column") for i, r in enumerate(raw)]
         ds = standardize_rows(raw, where=where, prompt_column=self.prompt_column, answer_column=None,
                               system_prompt=data_cfg.system_prompt, config_prefix=prefix)
         if len(ds) != len(raw):  # rows with an empty prompt were dropped: keep the columns aligned
             keep = [i for i in range(len(raw)) if raw[i][self.prompt_column]]
             chosen, rejected = [chosen[i] for i in keep], [rejected[i] for i in keep]
-        return [(p, c, r) for p, c, r in zip(ds["prompt"], chosen, rejected) if c and r]
+        return list(zip(ds["prompt"], chosen, rejected))
 
     def sample(self, rng: random.Random, n: int) -> list[tuple]:
         """``n`` (prompt, chosen, rejected) drawn from the pool with ``rng``."""
         return [self.pool[rng.randrange(len(self.pool))] for _ in range(n)]
+
+
+def _completion(value, row: int, column: str, where: str, key: str, *, first: bool = False) -> str | None:
+    """One side of a pair from a cell (text, a list of texts, or a conversation: its last reply;
+    ``first``: the first of a list), or None when empty; DataError naming the row for a cell of
+    another type (a number, a list of numbers)."""
+    try:
+        texts = expert_completions(value)
+    except _RowError as e:
+        raise DataError(f"row {row} of {where}: {column!r} {e}; fix the data or set offpolicy.source.{key}") from None
+    return (texts[0] if first else texts[-1]) if texts else None
 
 
 @INJECTIONS.register("group_pairs", bounds={"pairs": (">= 1", "pairs appended per step, all processes")})

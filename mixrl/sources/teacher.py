@@ -37,7 +37,7 @@ import torch
 from mixrl.core import provenance as prov
 from mixrl.errors import ConfigError, DataError
 from mixrl.models import builtin
-from mixrl.sources.base import INJECTIONS, SOURCES, InjectContext, Injection, Rollouts, Source
+from mixrl.sources.base import INJECTIONS, SOURCES, InjectContext, Injection, Rollouts, Source, check_template, template_text
 
 TEACHER = prov.register_provenance(
     "teacher", behaviour="stored",
@@ -46,6 +46,7 @@ TEACHER = prov.register_provenance(
 
 SELF = "self"
 BUILTIN_TEACHER = "builtin:tiny-teacher"
+BPE_TEACHER = "builtin:tiny-bpe-teacher"
 PRIVILEGED = (None, "expert", "answer")
 
 
@@ -75,6 +76,7 @@ class TeacherSource(Source):
             raise ValueError("teacher.source.models is empty; name at least one model (or self)")
         if privileged not in PRIVILEGED:
             raise ValueError(f"teacher.source.privileged must be null, expert or answer, got {privileged!r}")
+        check_template(template, ("prompt", "privileged"), "teacher.source.template", "{privileged} {prompt}")
         if privileged is not None and "{privileged}" not in template:
             raise ValueError("teacher.source.template has no {privileged} field, so the privileged context never reaches the teacher")
         if "{prompt}" not in template:
@@ -110,16 +112,23 @@ class TeacherSource(Source):
         return out
 
     def check_builtin_teacher(self, tokenizer) -> None:
-        """Before the built-in teacher is built (minutes on first use): it has the character-level
-        tokenizer, so a student with another one (the BPE chat model, a real model: 256 tokens or
-        more) is refused at once, with the fix, instead of after the build (:meth:`check_tokenizer`
-        compares the tokenizers in full once the teachers exist)."""
+        """Before a built-in teacher is built (minutes on first use): ``builtin:tiny-teacher`` has
+        the character-level tokenizer and ``builtin:tiny-bpe-teacher`` the BPE chat model's, so a
+        student with another one is refused at once, with the fix, instead of after the build
+        (:meth:`check_tokenizer` compares the tokenizers in full once the teachers exist).
+        ``teacher=tiny`` picks the one of the student's family (:func:`mixrl.models.builtin.teacher_for`)."""
         if BUILTIN_TEACHER in self.models and len(tokenizer) >= 256:
             raise ConfigError(
-                f"teacher '{BUILTIN_TEACHER}' (teacher=tiny) has the character-level tokenizer, and the student's has "
+                f"teacher '{BUILTIN_TEACHER}' has the character-level tokenizer, and the student's has "
                 f"{len(tokenizer)} tokens; the teacher scores the student's token ids, so it needs the same tokenizer: "
-                "use a teacher of the student's family, e.g. teacher=model teacher.source.models=[builtin:tiny-bpe] "
-                "for model=tiny-bpe, or teacher.source.models=[<a model folder or hub id>]"
+                "use a teacher of the student's family: teacher=tiny gives model=tiny-bpe its BPE teacher "
+                "(builtin:tiny-bpe-teacher); for another model, teacher=model teacher.source.models=[<a model folder or hub id>]"
+            )
+        if BPE_TEACHER in self.models and len(tokenizer) < 256:
+            raise ConfigError(
+                f"teacher '{BPE_TEACHER}' has the BPE chat model's tokenizer, and the student's is a {len(tokenizer)}-token "
+                "character vocabulary; the teacher scores the student's token ids, so it needs the same tokenizer: "
+                f"use teacher=tiny (builtin:tiny-teacher for the character model) or model=tiny-bpe"
             )
 
     def check_tokenizer(self, tokenizer) -> None:
@@ -156,6 +165,10 @@ class TeacherSource(Source):
                 "the teacher scores the student's token ids, so cross-tokenizer distillation is not supported: "
                 "use a teacher of the student's family (the same tokenizer)"
             )
+
+    def texts(self) -> list[str]:
+        """The template's literal text: it enters every teacher prompt with a privileged context."""
+        return [template_text(self.template)] if self.privileged is not None else []
 
     def prepare(self, train_ds, data_cfg):
         if self.privileged == "expert" and "expert" not in train_ds.column_names:

@@ -24,6 +24,7 @@ from mixrl.config.geometry import Geometry, geometry
 from mixrl.config.sampler import build_sampler
 from mixrl.errors import ConfigError, DataError
 from mixrl.models import builtin
+from mixrl.models.files import check_model_folder, empty_tokenizer_note
 from mixrl.trainer import fsdp
 from mixrl.config.checks import check_train_size, check_training_data, row_texts
 from mixrl.config.builders import build_controller, build_injection, build_objective, build_source, build_teacher
@@ -35,6 +36,7 @@ from mixrl.rewards import build_reward
 from mixrl.sources import SOURCES
 from mixrl.tasks import arith
 from mixrl.trainer.engine_sync import default_tolerance
+from mixrl.trainer.magnitude import MagnitudeBounds
 from mixrl.vllm_cpu import colocated_engine_dtype, engine_dtype
 from mixrl.vllm_file_transfer import install_client
 
@@ -53,6 +55,8 @@ def resolve_model_path(cfg: DictConfig, *, progress: bool = True) -> str:
     if os.path.isabs(path) or path.startswith("."):
         if not Path(path).is_dir():
             raise ConfigError(f"model.path '{path}' is not a directory; give a local model folder or a Hugging Face id")
+    if Path(path).is_dir():
+        check_model_folder(path, f"model.path={path}")  # a weights file cut short: refused before the run directory
     return path
 
 
@@ -66,6 +70,9 @@ def load_tokenizer(model_path: str, cfg: DictConfig):
             f"could not load the tokenizer of '{model_path}' (offline?): {str(e).splitlines()[0]}; "
             "download it first or point model.path at a local folder"
         ) from None
+    empty = empty_tokenizer_note(tok, model_path)  # a folder without tokenizer files: transformers' stand-in has no vocabulary
+    if empty is not None:
+        raise ConfigError(empty)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
@@ -312,6 +319,38 @@ class RunInputs:
     reward_weights: list | None
     seconds: float = 0.0  # wall-clock and CPU time of the preparation (part of the run's setup time)
     cpu_seconds: float = 0.0
+    source: object = None  # the off-policy source, prepared on train_ds (see prepare_sources)
+    source_rows: object = None  # the training rows after the source's prepare: what the run trains on
+
+
+def prepare_sources(cfg: DictConfig, train_ds, *, teacher=None):
+    """``(source, rows)``: the off-policy source built and prepared on the training rows (its
+    file read, its pairs or pool built), with the rows it leaves to train on. The injection is
+    built with it (its constructor tells the source what it reads), the teacher's and the
+    sampler's data checks run on those rows (``sampler.arms_column``, ``teacher.source.privileged``),
+    and the sampler is built and dropped. :func:`prepare_inputs` calls it, so everything the
+    data can refuse is refused before the run directory exists; the trainer trains with the
+    returned source (:func:`trainer_from_config`)."""
+    source = build_source(cfg)
+    build_injection(cfg, source=source, geometry=geometry(cfg))  # sets what the source must read (e.g. expert rows per prompt)
+    rows = source.prepare(train_ds, cfg.data)
+    if teacher is not None:
+        rows = teacher.prepare(rows, cfg.data)
+    build_sampler(cfg, rows)
+    return source, rows
+
+
+def source_texts(cfg: DictConfig, source, *, teacher=None) -> dict[str, list[str]]:
+    """The text the run tokenizes beyond the training rows, by where it comes from (the source's
+    file, the injection's and the teacher's templates): checked for characters like the rows,
+    and learned by the tiny model (:func:`prepare_inputs`)."""
+    name = str(cfg.offpolicy.source.name)
+    dataset = cfg.offpolicy.source.get("dataset")
+    out = {f"offpolicy.source.dataset={dataset}" if dataset else f"the {name} source's text": list(source.texts()),
+           "algo.inject.template": list(build_injection(cfg, geometry=geometry(cfg)).texts())}
+    if teacher is not None:
+        out["teacher.source.template"] = list(teacher.texts())
+    return {k: v for k, v in out.items() if v}
 
 
 def prepare_inputs(cfg: DictConfig, console: Console, *, check: bool = True) -> RunInputs:
@@ -331,27 +370,31 @@ def prepare_inputs(cfg: DictConfig, console: Console, *, check: bool = True) -> 
     tokenizer = load_tokenizer(model_path, cfg)
     train_ds, eval_rows, heldout = heldout_rows(cfg)
     reward_funcs, reward_weights = build_reward_funcs(cfg)
-    new_chars = tiny_missing_characters(cfg, model_path, tokenizer, row_texts(train_ds) + row_texts(eval_rows))
+    teacher = build_teacher(cfg)
+    source, source_rows = prepare_sources(cfg, train_ds, teacher=teacher)  # its file, pairs, sampler columns: refused here
+    extra = {"the held-out rows": row_texts(eval_rows), **source_texts(cfg, source, teacher=teacher)}
+    new_chars = tiny_missing_characters(cfg, model_path, tokenizer, row_texts(train_ds) + [t for v in extra.values() for t in v])
     if new_chars:  # the tiny model learns the data's characters: check with its extended tokenizer
         from mixrl.models.tiny_vocab import extend_tokenizer  # deferred: tiny_vocab imports transformers; `mixrl plan` imports this module and must not load it
 
         tokenizer = extend_tokenizer(tokenizer, new_chars)
     if check:
-        check_training_data(cfg, tokenizer, train_ds, reward_funcs, model_path)  # before the model loads
+        check_training_data(cfg, tokenizer, train_ds, reward_funcs, model_path, extra_texts=extra)  # before the model loads
         check_train_size(cfg, train_ds, heldout)
-    teacher = build_teacher(cfg) if check else None  # unchecked: the assembly checks the teacher as it builds it
-    if teacher is not None:  # a missing teacher folder or another vocabulary fails here, not after the run directory exists
+    if check and teacher is not None:  # a missing teacher folder or another vocabulary fails here, not after the run directory exists
         teacher.check_builtin_teacher(tokenizer)  # before building it
         teacher.resolve(progress=bool(cfg.logger.progress))
-        teacher.check_tokenizer(tokenizer)
+        teacher.check_tokenizer(tokenizer)  # unchecked: the assembly checks the teacher as it builds it
     if int(os.environ.get("RANK", "0")) == 0:
         console.print(describe_heldout(heldout), soft_wrap=True, highlight=False)
+        for note in source.notes:
+            console.print(note, soft_wrap=True, highlight=False)
     if new_chars:
         model_path, tokenizer = extend_tiny(
             cfg, model_path, new_chars, say=lambda text: console.print(text, soft_wrap=True, highlight=False)
         )
     return RunInputs(model_path, tokenizer, train_ds, eval_rows, heldout, reward_funcs, reward_weights,
-                     time.perf_counter() - t0, time.process_time() - cpu0)
+                     time.perf_counter() - t0, time.process_time() - cpu0, source=source, source_rows=source_rows)
 
 
 # --------------------------------------------------------------------------- the trainer
@@ -378,9 +421,13 @@ def trainer_from_config(cfg: DictConfig, *, inputs: RunInputs | None = None, cal
     args.reward_weights = inputs.reward_weights
     for key, value in arg_overrides.items():
         setattr(args, key, value)
-    source = build_source(cfg)
+    if inputs.source is not None:  # prepared (and checked) by prepare_inputs
+        source, train_ds = inputs.source, inputs.source_rows
+    else:
+        source, train_ds = build_source(cfg), None
     injection = build_injection(cfg, source=source, geometry=geom)
-    train_ds = source.prepare(inputs.train_ds, cfg.data)
+    if train_ds is None:
+        train_ds = source.prepare(inputs.train_ds, cfg.data)
     teacher = build_teacher(cfg)
     if teacher is not None:  # built (builtin:tiny-teacher), tokenizers compared, before the policy loads
         teacher.check_builtin_teacher(tokenizer)  # before building it
@@ -410,6 +457,7 @@ def trainer_from_config(cfg: DictConfig, *, inputs: RunInputs | None = None, cal
             critic=OmegaConf.to_container(cfg.algo.critic, resolve=True) if cfg.algo.get("critic") is not None else None,
         )
     trainer.vllm_sync_tolerance = _sync_tolerance(cfg, model_path)  # checked after every weight sync (engine_sync)
+    trainer.magnitude_bounds = MagnitudeBounds.from_config(cfg.trainer)  # checked every micro-batch (mixrl.trainer.magnitude)
     trainer.remove_callback(PrinterCallback)  # mixrl prints its own progress and summary
     return trainer
 

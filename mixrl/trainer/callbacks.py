@@ -7,6 +7,7 @@ import math
 import time
 from pathlib import Path
 
+import torch
 from rich.console import Console
 from transformers import TrainerCallback
 
@@ -35,6 +36,16 @@ def engine_mismatch_text(logs: dict) -> str | None:
     return text
 
 
+def cuda_memory_metrics() -> dict:
+    """``cuda/max_allocated_mb`` and ``cuda/max_reserved_mb``: this process's largest memory held by
+    torch's CUDA allocator since it started (``torch.cuda.max_memory_allocated`` / ``_reserved``), the
+    number ``mixrl plan``'s per-GPU peak estimates; ``{}`` when the process has not used CUDA."""
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return {}
+    return {"cuda/max_allocated_mb": torch.cuda.max_memory_allocated() / 2**20,
+            "cuda/max_reserved_mb": torch.cuda.max_memory_reserved() / 2**20}
+
+
 def _clean(value):
     if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
         return None
@@ -61,6 +72,7 @@ class MetricsJsonlCallback(TrainerCallback):
         row = {"step": state.global_step}
         for k, v in logs.items():
             row[RENAMES.get(k, k)] = _clean(v)
+        row.update(cuda_memory_metrics())
         if self._t is not None and "step_time" not in row:
             row["step_time"] = now - self._t
         self._t = now

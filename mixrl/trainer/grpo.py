@@ -67,6 +67,7 @@ from mixrl.sources.rows import splice_prefixes
 from mixrl.trainer import checkpoint_state, engine_sync
 from mixrl.trainer.assembly import build_parts
 from mixrl.trainer.generation.lagged_weights import swapped, trainable
+from mixrl.trainer.magnitude import check_step
 from mixrl.trainer.parts.batch_fields import (
     behaviour_is_policy, behaviour_known, engine_mismatch_metrics, global_counts, guided_rows, provenance_fields,
 )
@@ -105,6 +106,8 @@ class MixrlGRPOTrainer(GRPOTrainer):
     mixrl_sample_rows: int = 0
     mixrl_sample_chars: int = 1000
     mixrl_samples: list | None = None
+    #: the run's config (set by mixrl.trainer.run), recorded in each checkpoint: a resume of an edited config.yaml is refused
+    mixrl_config: dict | None = None
 
     def __init__(
         self,
@@ -131,7 +134,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
         self._mixrl_batch_inputs: list[dict] | None = None
         self._mixrl_rollouts: Rollouts | None = None
         self._mixrl_rewards_per_func: torch.Tensor | None = None
-        self._mixrl_normalisers: dict[str, tuple[float, float]] | None = None
+        self._mixrl_normalisers: dict[str, tuple[float, float, float]] | None = None
         super().__init__(*args, **kwargs)
         self.parts = build_parts(self, objective=objective, advantage=advantage, injections=injections or [],
                                  controller=controller, teacher=teacher, staleness=staleness,
@@ -464,7 +467,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
     def _checkpointed(self) -> dict:
         """``{name: Stateful}`` a checkpoint carries: the parts that are on, the run's counters
         (``progress``) and TRL's buffered generation batch (``buffer``)."""
-        return {"progress": _Progress(self), "buffer": _Buffer(self), **self.parts.on()}
+        return {"progress": RunProgress(self), "buffer": BufferedBatch(self), **self.parts.on()}
 
     def _save_checkpoint(self, model, trial):
         """mixrl's files go into the checkpoint folder *before* TRL writes its own, so a
@@ -529,6 +532,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
             row_fields={k: v for k, v in inputs.items() if k.startswith("pair_")} or None,  # pair links (mixrl.core.preference)
         )
         if mode == "train":
+            check_step(self, inputs, metrics)  # an advantage or loss term out of bounds stops the run (mixrl.trainer.magnitude)
             if p.controller is not None:
                 p.controller.step_end(metrics, sync_gradients=self.accelerator.sync_gradients)
             if p.critic is not None:
@@ -543,11 +547,11 @@ class MixrlGRPOTrainer(GRPOTrainer):
         return loss
 
 
-class _Progress:
+class RunProgress:
     """The run's counters as a checkpoint carries them (``Stateful``; TRL glue, so it reads the
-    trainer): rollouts and tokens generated, and TRL's micro-batch counter ``_step`` (the
+    trainer): rollouts and tokens generated, TRL's micro-batch counter ``_step`` (the
     injections' seeded draws read it, and TRL decides from it when to generate; it is not in
-    TRL's checkpoint)."""
+    TRL's checkpoint), and the run's config."""
 
     def __init__(self, trainer: MixrlGRPOTrainer):
         self.trainer = trainer
@@ -555,14 +559,17 @@ class _Progress:
     def state_dict(self) -> dict:
         t = self.trainer
         return {"rollouts": int(t.mixrl_rollouts), "generated_tokens": int(t.mixrl_generated_tokens),
-                "micro_step": int(t.micro_step_at_checkpoint())}
+                "micro_step": int(t.micro_step_at_checkpoint()),
+                # the config this checkpoint was trained under (set by mixrl.trainer.run): a resume whose
+                # config.yaml was edited since is refused (mixrl.trainer.resume.check_trained_config)
+                **({"config": t.mixrl_config} if t.mixrl_config is not None else {})}
 
     def load_state_dict(self, state: dict) -> None:
         t = self.trainer  # the counters themselves are restored by mixrl.trainer.resume.load_run_state before training
         t._step = int(state.get("micro_step", int(t.state.global_step) * int(t.args.gradient_accumulation_steps)))
 
 
-class _Buffer:
+class BufferedBatch:
     """TRL's buffered generation batch and its normalisers, when a checkpoint falls between two
     generations (``num_iterations > 1``): per process (``Stateful``; TRL glue)."""
 

@@ -2,7 +2,11 @@
 
 * :class:`InterruptGuard`: the first SIGINT / SIGTERM asks the trainer to finish the current
   optimizer step, save a checkpoint and stop (a second one quits at once); during a reward
-  call (which may hang) it stops the call at once (:mod:`mixrl.rewards.deadline`).
+  call (which may hang) it stops the call at once (:mod:`mixrl.rewards.deadline`); during a
+  held-out evaluation (before, every ``trainer.eval_every`` steps, after training) the
+  evaluation asks :meth:`InterruptGuard.stop_requested` between batches and tokens and stops
+  within seconds (:class:`mixrl.evaluation.accuracy.EvaluationInterrupted`), however long the
+  evaluation: a scheduler's SIGKILL follows its SIGTERM after a grace period.
 * :class:`DivergenceGuard`: a non-finite gradient (checked before the optimizer step, so
   the weights are still the last finite ones and are saved as a checkpoint) or a
   non-finite logged loss stops the run with :class:`mixrl.errors.TrainingDiverged`.
@@ -12,6 +16,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import signal
 import threading
@@ -32,6 +37,19 @@ def likely_cause(learning_rate: float | None) -> str:
 
 
 # --------------------------------------------------------------------------- interrupts
+def any_process(flag: bool) -> bool:
+    """``flag`` of this process, or of any process of the launched group (an all-reduce of the
+    maximum; every process must call it at the same point)."""
+    import torch.distributed as dist  # deferred: only a launched run has a process group
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return flag
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    t = torch.tensor([1 if flag else 0], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
 class InterruptGuard(TrainerCallback):
     """SIGINT / SIGTERM -> save a checkpoint at the end of the current step and stop.
 
@@ -45,7 +63,24 @@ class InterruptGuard(TrainerCallback):
     def __init__(self, say: Callable[[str], None] = print):
         self.signum: int | None = None
         self.say = say
+        self.doing: str | None = None  # what a signal stops now (:meth:`during`), for its message
         self._old: dict[int, object] = {}
+
+    @contextlib.contextmanager
+    def during(self, doing: str):
+        """Within the block a signal's message says it stops ``doing`` (e.g. "the held-out
+        evaluation; the final model is saved") instead of the training step."""
+        self.doing = doing
+        try:
+            yield self
+        finally:
+            self.doing = None
+
+    def stop_requested(self) -> bool:
+        """Has a signal asked the run to stop? Under a launcher, True in every process as soon
+        as one of them was signalled (one all-reduce), so the processes of an evaluation stop
+        at the same batch and none waits in a collective for the others."""
+        return any_process(self.signum is not None)
 
     def install(self) -> InterruptGuard:
         if threading.current_thread() is threading.main_thread():
@@ -66,6 +101,9 @@ class InterruptGuard(TrainerCallback):
         if in_reward_call():  # a reward may never return: stop it now (the run saves a checkpoint)
             self.say(f"{self.name}: stopping the running reward function, saving a checkpoint, then stopping")
             raise RewardSignal(self.name)
+        if self.doing is not None:
+            self.say(f"{signal.Signals(signum).name}: stopping {self.doing} (again to quit now)")
+            return
         self.say(f"{signal.Signals(signum).name}: saving a checkpoint after this step, then stopping (again to quit now)")
 
     @property

@@ -40,6 +40,8 @@ RESUME_SAFE = (
     "logger.",
     "hardware.torch_threads",
     "reward.timeout_s",
+    "trainer.max_abs_advantage",  # raised to continue a run the magnitude guard stopped
+    "trainer.max_abs_loss",
     "resume",
 )
 
@@ -192,6 +194,52 @@ def resume_config(run_dir: str, overrides: list[str], composed: DictConfig | Non
 #: mixrl's own counters in a checkpoint (rollouts, generated tokens, TRL's micro-batch counter),
 #: written by the trainer's ``progress`` state (mixrl.trainer.checkpoint_state)
 RUN_STATE_FILE = "mixrl_run_state.json"
+
+
+def trained_config(checkpoint: str | Path) -> dict | None:
+    """The config ``checkpoint`` was trained under, as the trainer's ``progress`` state recorded
+    it (:class:`mixrl.trainer.grpo.MixrlGRPOTrainer`; None for a checkpoint written before it was recorded)."""
+    path = Path(checkpoint) / RUN_STATE_FILE
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text()).get("config")
+    except ValueError:  # unreadable: rundir.unreadable_checkpoint_file names it
+        return None
+
+
+def _difference_in_common(new, old, prefix: str = "") -> tuple[str, object, object] | None:
+    """:func:`first_difference` over the keys both configs have (a key that only one has comes
+    from another mixrl version's schema, not from an edit)."""
+    if isinstance(new, dict) and isinstance(old, dict):
+        for k in new:
+            key = f"{prefix}.{k}" if prefix else str(k)
+            if k not in old or _is_safe(key) or key in _LOCATION_KEYS:
+                continue
+            found = _difference_in_common(new[k], old[k], key)
+            if found:
+                return found
+        return None
+    return None if same_value(new, old) else (prefix, new, old)
+
+
+def check_trained_config(cfg: DictConfig, checkpoint: str | Path) -> None:
+    """Refuse to resume ``checkpoint`` under a config that trains something else than what it
+    was trained under (its ``config.yaml`` edited since, e.g. another algo): the same rule as
+    an override on the command line (only :data:`RESUME_SAFE` keys may change). ConfigError, one line."""
+    recorded = trained_config(checkpoint)
+    if recorded is None:
+        return
+    found = _difference_in_common(OmegaConf.to_container(cfg, resolve=True), recorded)
+    if found:
+        where, mine, theirs = found
+        run_dir = cfg.get("resume") or Path(checkpoint).parents[1]
+        raise ConfigError(
+            f"resume={run_dir}: its config.yaml no longer matches what {Path(checkpoint).name} was trained under "
+            f"({where} is {_short(theirs)} there, {_short(mine)} in config.yaml, edited since); restore {where}={_short(theirs)} "
+            f"in config.yaml or start a new run (with resume only these may change: "
+            f"{', '.join(s.rstrip('.') for s in RESUME_SAFE if s != 'resume')})"
+        )
 
 
 def load_run_state(trainer, checkpoint: str | Path) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 import warnings
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 import torch
 
@@ -25,6 +25,7 @@ from mixrl.progress import progress_bar
 from mixrl.errors import MixrlUserError, RewardError, RunInterrupted, TrainingDiverged, storage_error
 from mixrl.trainer import build
 from mixrl.trainer.build import RunInputs, prepare_inputs
+from mixrl.trainer.magnitude import MagnitudeExceeded
 from mixrl.trainer.resume import load_run_state
 from mixrl.trainer.sample_log import SAMPLES_FILE
 from mixrl.trainer.rundir import (
@@ -42,7 +43,7 @@ from mixrl.trainer.rundir import (
     truncate_jsonl,
 )
 from mixrl.evaluation import cache as eval_cache
-from mixrl.evaluation.accuracy import evaluate_accuracy
+from mixrl.evaluation.accuracy import EvaluationInterrupted, evaluate_accuracy
 from mixrl.models import tiny_bpe
 from mixrl.rewards.deadline import RewardInterrupted, RewardTooSlow
 
@@ -69,7 +70,10 @@ def quiet_libraries() -> None:
     warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.*")
 
 
-def _eval(trainer, tokenizer, rows, reward_fn, cfg, console: Console, label: str, examples: list | None = None) -> dict:
+def _eval(trainer, tokenizer, rows, reward_fn, cfg, console: Console, label: str, examples: list | None = None,
+          stop=None) -> dict:
+    """Held-out results of the trainer's model; ``stop`` (the interrupt guard's
+    ``stop_requested``) ends it within a batch with :class:`EvaluationInterrupted`."""
     if not rows:
         return {}
     show = cfg.logger.progress and trainer.accelerator.is_main_process
@@ -81,23 +85,23 @@ def _eval(trainer, tokenizer, rows, reward_fn, cfg, console: Console, label: str
             trainer.model, tokenizer, rows, reward_fn, max_new_tokens=int(cfg.trainer.max_completion_length),
             batch_size=int(cfg.trainer.eval_batch_size), pass_k=int(cfg.trainer.eval_pass_k),
             samples=int(cfg.trainer.eval_samples), ks=[int(k) for k in cfg.trainer.eval_pass_at], temperature=float(cfg.trainer.temperature), progress=lambda n: prog.advance(task, n),
-            examples=examples,
+            examples=examples, stop=stop,
         )
 
 
-def _eval_start(trainer, tokenizer, rows, reward_fn, cfg, console: Console, model_path: str) -> dict:
+def _eval_start(trainer, tokenizer, rows, reward_fn, cfg, console: Console, model_path: str, stop=None) -> dict:
     """The starting model's held-out results; with ``trainer.eval_before_cache`` they are read
     from (or stored into) that cache (:mod:`mixrl.evaluation.cache`). The evaluation runs in a
     forked RNG, so skipping it leaves training unchanged."""
     cache_dir = cfg.trainer.get("eval_before_cache")
     if not cache_dir or not rows:
-        return _eval(trainer, tokenizer, rows, reward_fn, cfg, console, "held-out eval (before)")
+        return _eval(trainer, tokenizer, rows, reward_fn, cfg, console, "held-out eval (before)", stop=stop)
     key = eval_cache.cache_key(cfg, model_path, rows)
     cached = eval_cache.load(cache_dir, key)
     if cached is not None:
         console.print(f"held-out eval (before): reused {cache_dir}/{key}.json", highlight=False, soft_wrap=True)
         return cached
-    result = _eval(trainer, tokenizer, rows, reward_fn, cfg, console, "held-out eval (before)")
+    result = _eval(trainer, tokenizer, rows, reward_fn, cfg, console, "held-out eval (before)", stop=stop)
     if trainer.accelerator.is_main_process:
         eval_cache.store(cache_dir, key, result)
     return result
@@ -116,7 +120,9 @@ def train(cfg: DictConfig, console: Console | None = None, *, before: dict | Non
     Every check runs before the run directory is created (:func:`prepare_inputs`), so a
     failed start leaves nothing behind. ``cfg.resume`` set: continue that run from its last
     checkpoint (see :mod:`mixrl.trainer.resume`). A failure after the run directory exists
-    writes the ``FAILED`` marker; SIGINT / SIGTERM save a checkpoint and raise :class:`RunInterrupted`."""
+    writes the ``FAILED`` marker; SIGINT / SIGTERM save a checkpoint and raise :class:`RunInterrupted`
+    (during a held-out evaluation they stop it within a batch: before training nothing is saved,
+    after training the final model already is, since it is saved before that evaluation)."""
     from mixrl.trainer.guards import InterruptGuard  # deferred: trainer.guards imports transformers; `mixrl plan` imports this module and must not load it
 
     console = console or Console(stderr=True)
@@ -141,7 +147,7 @@ def train(cfg: DictConfig, console: Console | None = None, *, before: dict | Non
     try:
         return _train(cfg, console, run_dir, guard, resume_from, before, inputs)
     except RunInterrupted as e:
-        if last_checkpoint(run_dir) is None:
+        if last_checkpoint(run_dir) is None and not (run_dir / "model").is_dir():  # the final model saved: not a failed run
             mark_failed(run_dir, str(e))
         raise
     except KeyboardInterrupt:
@@ -200,7 +206,8 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
         callbacks.append(HeldoutBeforeCallback(lambda: before, trainer=lambda: trainer))
     if cfg.trainer.eval_every > 0:  # held-out accuracy every N steps -> eval.jsonl (the lambda: trainer is built below)
         from mixrl.evaluation.periodic import PeriodicEvalCallback  # deferred: evaluation.periodic imports transformers; `mixrl plan` imports this module and must not load it
-        callbacks.append(PeriodicEvalCallback.from_config(cfg, run_dir, tokenizer, eval_rows, reward_funcs[0], trainer=lambda: trainer))
+        callbacks.append(PeriodicEvalCallback.from_config(cfg, run_dir, tokenizer, eval_rows, reward_funcs[0], trainer=lambda: trainer,
+                                                          stop=guard.stop_requested))
     samples_cb = None
     if cfg.logger.samples_per_step > 0 or cfg.logger.samples_eval > 0:  # what the model writes -> samples.jsonl, trackers
         periodic = next((cb for cb in callbacks if hasattr(cb, "last_examples")), None)
@@ -210,6 +217,7 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
                                        eval_examples=(lambda: periodic.last_examples) if periodic is not None else None)
         callbacks.append(samples_cb)
     trainer = build.trainer_from_config(cfg, inputs=inputs, callbacks=callbacks, run_dir=run_dir)
+    trainer.mixrl_config = OmegaConf.to_container(cfg, resolve=True)  # recorded in each checkpoint (the trainer's progress state)
     if cfg.logger.report_to:
         from mixrl.trainer.publish import route_to_trackers, tensorboard_dir  # deferred: trainer.publish imports transformers; `mixrl plan` imports this module and must not load it
 
@@ -220,7 +228,12 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
     setup_s = time.perf_counter() - t0
 
     if before is None:
-        before = _eval_start(trainer, tokenizer, eval_rows, reward_funcs[0], cfg, console, model_path)
+        try:
+            with guard.during("the held-out evaluation before training; nothing to save yet"):
+                before = _eval_start(trainer, tokenizer, eval_rows, reward_funcs[0], cfg, console, model_path, stop=guard.stop_requested)
+        except EvaluationInterrupted:
+            raise RunInterrupted(f"{guard.name} during the held-out evaluation before training; nothing to resume; "
+                                 "run the command again") from None
         if trainer.accelerator.is_main_process:
             (run_dir / EVAL_BEFORE).write_text(json.dumps(before, indent=2))
     collapse.observe(start_step, {"eval/accuracy": before.get("accuracy")})  # the starting model is a "best" too
@@ -248,6 +261,11 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
             f"{e} at step {trainer.state.global_step + 1}: "
             + (f"checkpoint saved in {saved}; continue with: mixrl train resume={run_dir}" if saved else last_checkpoint_note(run_dir))
         ) from None
+    except MagnitudeExceeded as e:  # raised before the micro-batch's backward: the weights are those of the last finished step
+        saved = save_now() if trainer.state.global_step > 0 else None
+        where = (f"checkpoint of step {trainer.state.global_step} saved in {saved}; continue with: mixrl train resume={run_dir} "
+                 "and the raised bound" if saved else last_checkpoint_note(run_dir))
+        raise TrainingDiverged(f"{e}; {where}") from None
     except RewardError as e:
         if isinstance(e, RewardTooSlow) and trainer.state.global_step > 0:
             save_now()  # the weights of the last finished step, to continue from once the reward is fixed
@@ -261,8 +279,25 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
     train_s = time.perf_counter() - t1
     if trainer.parts.sampler is not None:  # what the sampler paid: extra rollouts beyond those trained
         console.print(trainer.parts.sampler.sampler.summary(), highlight=False, soft_wrap=True)
+    # the final model is saved before the evaluation after training: a SIGTERM during it (and the
+    # SIGKILL a scheduler sends after its grace period) cannot lose the trained weights
+    model_dir = run_dir / "model"
+    if trainer.is_fsdp_enabled:  # every process joins the gather of the full state dict; rank 0 writes it
+        trainer.save_model(str(model_dir))
+    elif trainer.accelerator.is_main_process:
+        trainer.save_model(str(model_dir))
+    if trainer.accelerator.is_main_process:
+        tokenizer.save_pretrained(str(model_dir))
+        if tiny_bpe.is_tiny_bpe(model_path):  # still the BPE chat model: later stages and `mixrl eval` give it chat prompts
+            tiny_bpe.mark_derived(model_dir, model_path)
     examples: list[dict] = []
-    after = _eval(trainer, tokenizer, eval_rows, reward_funcs[0], cfg, console, "held-out eval (after)", examples=examples)
+    try:
+        with guard.during(f"the held-out evaluation after training (the final model is saved in {model_dir})"):
+            after = _eval(trainer, tokenizer, eval_rows, reward_funcs[0], cfg, console, "held-out eval (after)", examples=examples,
+                          stop=guard.stop_requested)
+    except EvaluationInterrupted:
+        raise RunInterrupted(f"{guard.name} during the held-out evaluation after training (step {trainer.state.global_step}): "
+                             f"the final model is saved in {model_dir}; evaluate it with: mixrl eval {run_dir}") from None
     if samples_cb is not None and examples and trainer.accelerator.is_main_process:
         samples_cb.write_eval(int(trainer.state.global_step), examples)
     if cfg.logger.report_to:
@@ -274,15 +309,6 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
         collapse._emit("unscored", "warning: no rollout got a reward at any step (every reward function returned None): "
                                    "the run learned nothing from rewards; check the reward function and data.answer_column")
 
-    model_dir = run_dir / "model"
-    if trainer.is_fsdp_enabled:  # every process joins the gather of the full state dict; rank 0 writes it
-        trainer.save_model(str(model_dir))
-    elif trainer.accelerator.is_main_process:
-        trainer.save_model(str(model_dir))
-    if trainer.accelerator.is_main_process:
-        tokenizer.save_pretrained(str(model_dir))
-        if tiny_bpe.is_tiny_bpe(model_path):  # still the BPE chat model: later stages and `mixrl eval` give it chat prompts
-            tiny_bpe.mark_derived(model_dir, model_path)
     summary = {
         "run_dir": str(run_dir),
         "algo": cfg.algo.name,

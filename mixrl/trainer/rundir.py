@@ -39,11 +39,12 @@ import re
 import shutil
 from datetime import datetime
 from pathlib import Path
-import zipfile
 
 from omegaconf import DictConfig, OmegaConf
 
 from mixrl.errors import ConfigError, storage_error
+from mixrl.jsonl import read_jsonl, step_row
+from mixrl.models.files import unreadable_file
 
 FAILED = "FAILED"
 EVAL_BEFORE = "eval_before.json"
@@ -268,8 +269,10 @@ def last_checkpoint_note(run_dir: Path) -> str:
 
 
 def resume_checkpoint(cfg: DictConfig) -> Path:
-    """The checkpoint ``cfg.resume`` continues from; ConfigError when there is none or when
-    ``trainer.max_steps`` leaves nothing to train. Reads only."""
+    """The checkpoint ``cfg.resume`` continues from; ConfigError when there is none, when
+    ``trainer.max_steps`` leaves nothing to train, when a file of it is unreadable or when
+    ``cfg`` trains something else than it was trained under
+    (:func:`mixrl.trainer.resume.check_trained_config`). Reads only."""
     run_dir = Path(cfg.resume)
     ckpt = last_checkpoint(run_dir)
     if ckpt is None:
@@ -290,44 +293,25 @@ def resume_checkpoint(cfg: DictConfig) -> Path:
             f"resume={run_dir}: {ckpt.name}/{name} is unreadable ({reason}); delete {ckpt} to resume from the "
             "checkpoint before it (if one is kept), or start a new run"
         )
+    from mixrl.trainer.resume import check_trained_config  # deferred: trainer.resume imports the config composition
+
+    check_trained_config(cfg, ckpt)  # config.yaml edited since (another algo): refused as on the command line
     return ckpt
 
 
 def unreadable_checkpoint_file(ckpt: Path) -> tuple[str, str] | None:
     """The first file of checkpoint ``ckpt`` that cannot be read, as ``(name, reason)``; None when
-    all can. Cheap, so it runs before anything of a resume is written: a safetensors file's header
-    (its tensors' offsets must fit the file), a torch.save file's zip directory (at its end, so a
-    truncated file fails), a JSON file's text. Bit flips inside tensor data are not detected."""
-    for f in sorted(p for p in Path(ckpt).rglob("*") if p.is_file()):
-        name = str(f.relative_to(ckpt))
-        try:
-            if f.suffix == ".safetensors":
-                from safetensors import safe_open  # deferred: safetensors is needed only when weights are read or written
-
-                with safe_open(str(f), framework="pt") as st:
-                    list(st.keys())
-            elif f.suffix in (".pt", ".pth", ".bin"):
-                with zipfile.ZipFile(f) as z:
-                    z.namelist()
-            elif f.suffix == ".json":
-                json.loads(f.read_text())
-        except Exception as e:  # noqa: BLE001 - any failure to parse is the answer
-            return name, f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else 'cannot be parsed'}"[:160]
-    return None
+    all can (:func:`mixrl.models.files.unreadable_file`, the check ``mixrl eval`` and
+    ``model.path`` share). Cheap, so it runs before anything of a resume is written."""
+    return unreadable_file(ckpt)
 
 
 def truncate_jsonl(path: str | Path, last_step: int) -> int:
-    """Drop rows with ``step > last_step`` (and a torn last line); returns rows kept."""
+    """Drop rows with ``step > last_step`` and unreadable lines (a torn last line, bytes that are
+    not UTF-8, JSON that is not a row with an integer ``step``); returns rows kept."""
     path = Path(path)
     if not path.is_file():
         return 0
-    kept = []
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut by the kill
-        if int(row.get("step", 0)) <= last_step:
-            kept.append(line)
-    path.write_text("".join(k + "\n" for k in kept))
+    kept = [row for row in read_jsonl(path, step_row).rows if row["step"] <= last_step]  # unreadable lines (one cut by the kill) go
+    path.write_text("".join(json.dumps(row) + "\n" for row in kept))
     return len(kept)

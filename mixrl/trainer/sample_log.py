@@ -33,6 +33,7 @@ from typing import Any
 
 from mixrl.core import provenance as prov
 from mixrl.errors import ConfigError
+from mixrl.jsonl import JsonlRows, read_jsonl, step_row
 
 SAMPLES_FILE = "samples.jsonl"
 ELLIPSIS = "…"
@@ -192,19 +193,30 @@ class SampleLog:
         return written
 
 
+def sample_row(row: dict) -> str | None:
+    """Why ``row`` is not a :data:`SAMPLES_FILE` row (None when it is): an integer ``step``, a
+    ``split`` of ``train`` or ``eval`` (or none: a training row)."""
+    why = step_row(row)
+    if why is None and row.get("split", "train") not in ("train", "eval"):
+        why = f"'split' is {json.dumps(row.get('split'))[:20]}, not \"train\" or \"eval\""
+    return why
+
+
 def read_rows(path: Path) -> list[dict]:
-    rows = []
-    for line in Path(path).read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line cut by a kill
-    return rows
+    """The rows of a sample log; unreadable lines (a line cut by a kill, bytes that are not
+    UTF-8, JSON that is not a row) are skipped (:func:`read_log` counts them)."""
+    return read_log(path).rows
 
 
-def read_samples(run_dir: str | Path) -> list[dict]:
-    """The rows of ``RUN_DIR/samples.jsonl``; ConfigError (one line) for a missing directory or
-    a run without a sample log."""
+def read_log(path: Path) -> JsonlRows:
+    """The rows of a sample log and its unreadable lines (:func:`mixrl.jsonl.read_jsonl`)."""
+    return read_jsonl(path, sample_row)
+
+
+def read_samples(run_dir: str | Path, warn=None) -> list[dict]:
+    """The rows of ``RUN_DIR/samples.jsonl``; ConfigError (one line) for a missing directory,
+    a run without a sample log, or a log of which no line is a row. Unreadable lines are
+    skipped, and ``warn`` (when given) gets one line saying how many."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ConfigError(f"{run_dir} is not a directory: give the run directory of a `mixrl train` run (its run_dir)")
@@ -214,7 +226,17 @@ def read_samples(run_dir: str | Path) -> list[dict]:
             raise ConfigError(f"{run_dir} is not a run directory (no config.yaml): give the run_dir of a `mixrl train` run")
         raise ConfigError(f"{run_dir} has no {SAMPLES_FILE} (a run from before mixrl logged samples, or logger.samples_per_step=0): "
                           f"train again with logger.samples_per_step=4 to record what the model writes")
-    return read_rows(path)
+    try:
+        log = read_log(path)
+    except OSError as e:
+        raise ConfigError(f"{path} cannot be read ({e.strerror or e}); check its permissions (chmod u+r)") from None
+    if log.bad and not log.rows:
+        line, why = log.bad[0]
+        raise ConfigError(f"{path} holds no readable sample row ({len(log.bad)} unreadable lines; line {line}: {why}); "
+                          f"it is not a sample log mixrl wrote: delete it, or train again with logger.samples_per_step=4")
+    if log.bad and warn is not None:
+        warn(log.bad_note())
+    return log.rows
 
 
 def select(rows: list[dict], *, last: int = 0, source: str | None = None, heldout: bool = False) -> list[dict]:
@@ -245,7 +267,9 @@ COLUMNS = ("step", "source", "reward", "advantage", "prompt", "completion")
 def cells(row: dict, width: int = 0) -> list[str]:
     """The table cells of a row (texts on one line, cut to ``width`` characters when > 0)."""
     def num(v):
-        return "-" if v is None else f"{v:.3g}"
+        if v is None:
+            return "-"
+        return f"{v:.3g}" if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)  # a hand-edited row
 
     reward = num(row.get("reward"))
     if row.get("split") == "eval":

@@ -165,3 +165,56 @@ def test_opd_reward_docstring_states_what_the_default_loss_computes():
     assert out.per_token.item() == pytest.approx(-0.5)
     out.per_token.sum().backward()
     assert logp.grad.item() == pytest.approx(1.0)  # -A
+
+
+# --------------------------------------------------------------------------- gopd_reward (G-OPD / ExOPD, fixed reference)
+def _xr(logp, teacher, ref, behaviour):
+    return TermInputs(logp=logp, mask=torch.ones_like(logp, dtype=torch.bool), advantages=torch.zeros(logp.shape[0]),
+                      behaviour_logp=behaviour, teacher_logp=teacher, ref_logp=ref)
+
+
+def test_gopd_reward_advantage_and_gradient_by_hand_from_the_papers_reward():
+    """G-OPD's per-token reward lam (log pi_T - log pi_ref) - (log pi_old - log pi_ref), by hand:
+    token 1: lam 1.25, q -1.0, ref -2.0, old -1.5 -> 1.25 * 1.0 - 0.5 = 0.75; token 2: q -3.0,
+    ref -1.0, old -0.5 -> 1.25 * -2.0 - 0.5 = -3.0. reinforce: l_t = -A_t log p_t, gradient -A_t."""
+    logp = torch.tensor([[-1.4, -0.6]], requires_grad=True)
+    q, ref, old = torch.tensor([[-1.0, -3.0]]), torch.tensor([[-2.0, -1.0]]), torch.tensor([[-1.5, -0.5]])
+    out = TERMS.get("gopd_reward")(_xr(logp, q, ref, old), lam=1.25)
+    assert out.per_token[0].tolist() == pytest.approx([0.75 * 1.4, -3.0 * 0.6])
+    out.per_token.sum().backward()
+    assert logp.grad[0].tolist() == pytest.approx([-0.75, 3.0])
+    assert out.metrics["opd/advantage"] == pytest.approx((0.75 - 3.0) / 2)
+
+
+def test_gopd_reward_at_lambda_1_is_opd_and_above_1_is_not_a_rescaled_opd():
+    """lam = 1: the reference cancels (opd_reward's advantage q - old). lam = 1.25: the advantage
+    is not 1.25 (q - old) unless ref = old, i.e. lam extrapolates against the fixed reference
+    instead of scaling the step (what opd_reward's pi_old reference does)."""
+    logp = torch.tensor([[-1.4, -0.6, -2.0]])
+    q, ref, old = torch.tensor([[-1.0, -3.0, -0.2]]), torch.tensor([[-2.0, -1.0, -0.7]]), torch.tensor([[-1.5, -0.5, -2.5]])
+
+    def adv(term, lam, r=ref):
+        x = _xr(logp.clone().requires_grad_(True), q, r, old)
+        out = TERMS.get(term)(x, lam=lam)
+        out.per_token.sum().backward()
+        return (-x.logp.grad)[0]  # reinforce: gradient -A_t per token
+
+    assert torch.allclose(adv("gopd_reward", 1.0), q[0] - old[0])
+    assert torch.allclose(adv("gopd_reward", 1.0), adv("opd_reward", 1.0))
+    assert torch.allclose(adv("gopd_reward", 1.25, r=old), adv("opd_reward", 1.25))  # ref = old: the scaled form
+    want = 1.25 * (q[0] - ref[0]) - (old[0] - ref[0])  # [1.25 - 0.5, -2.5 - 0.5, 0.625 + 1.8] = [0.75, -3.0, 2.425]
+    assert torch.allclose(adv("gopd_reward", 1.25), want)
+    assert not torch.allclose(want, 1.25 * (q[0] - old[0]))
+    # extrapolation: where the teacher is above the reference, lam > 1 pushes beyond OPD's target
+    assert float(want[0]) > float((q[0] - old[0])[0])
+
+
+def test_exopd_composes_with_the_fixed_reference_and_computes_reference_logps():
+    from mixrl.config.builders import build_objective
+    from mixrl.config.compose import compose_config
+    from mixrl.trainer.build import _needs_ref_logp
+
+    cfg = compose_config(["algo=exopd"])
+    terms = {t.label: t for t in build_objective(cfg).terms}
+    assert terms["distill"].kind == "gopd_reward" and terms["distill"].params["lam"] == 1.25
+    assert _needs_ref_logp(cfg)  # TRL's beta != 0: reference log-probs of the frozen starting model

@@ -1,7 +1,7 @@
 """The peers' loss options (issue 26): values and gradients (d loss / d log p) against hand
 computations written from the formulas in plain Python (math, loops), not from mixrl's code.
 
-* CISPO ``trust_mask``: Trinity-RFT's token mask (MiniMax-M1's M_t);
+* CISPO ``trust_mask``: Trinity-RFT's token mask with ``enable_mask_clip`` (MiniMax-M1's M_t);
 * SAPO ``detach_gate``: Trinity-RFT's stopped gate;
 * ``chord_phi_clamp``: CHORD-phi with Trinity-RFT's ``sft_phi`` cutoff (log p clamped);
 * LUFFY's off-policy reshapes + max/min clip (``reshaped`` term) and on-policy reshapes

@@ -81,8 +81,10 @@ def provenance_fields(out: dict, rollouts: Rollouts | None) -> dict[str, torch.T
     return {"row_source": row_source, "token_source": token_source, "behaviour_logp": behaviour}
 
 
-def global_counts(out: dict, objective: Objective, *, reduce_sum: Callable, num_processes: int) -> dict[str, tuple[float, float]]:
-    """Effective (tokens, rows) of each token population the objective normalises over.
+def global_counts(out: dict, objective: Objective, *, reduce_sum: Callable, num_processes: int) -> dict[str, tuple[float, float, float]]:
+    """Effective (tokens, rows with a trainable token, all rows) of each token population the
+    objective normalises over (all rows: with a position of the population, trainable or not;
+    what ``count_empty_rows`` divides by).
 
     DDP averages gradients over W processes and each process adds up its
     gradient-accumulation micro-batches, so dividing local sums by N_global / W makes the
@@ -94,11 +96,12 @@ def global_counts(out: dict, objective: Objective, *, reduce_sum: Callable, num_
     stats = []
     pops = objective.populations()
     for pop in pops:
-        m = (mask & prov.select(out["token_source"], pop)).float()
-        stats += [m.sum(), (m.sum(-1) > 0).float().sum()]
+        member = prov.select(out["token_source"], pop)
+        m = (mask & member).float()
+        stats += [m.sum(), (m.sum(-1) > 0).float().sum(), member.any(-1).float().sum()]
     totals = reduce_sum(torch.stack(stats))
     t = (totals / float(num_processes)).tolist()
-    return {population_key(p): (t[2 * i], t[2 * i + 1]) for i, p in enumerate(pops)}
+    return {population_key(p): (t[3 * i], t[3 * i + 1], t[3 * i + 2]) for i, p in enumerate(pops)}
 
 
 def behaviour_known(token_source: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,172 @@
+"""One run of the step-time benchmark: build every variant on the same model, data and batch
+geometry, run them (``interleaved``: in threads that take turns step by step; ``sequential``: one
+after the other), and collect the records, memory and profile into the report dict that
+:mod:`bench.report` renders. Writes nothing but the trainers' scratch folders (a temporary
+directory, removed at the end).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from bench.machine import git_commit, loadavg, machine_info
+from bench.probes import lifetime_peak_rss_mb, state_mb
+from bench.profiling import render_profile
+from bench.records import VariantResult
+from bench.timer import StepTimer
+from bench.turns import Aborted, Turns
+from bench.variants import DESCRIPTIONS, VARIANTS, algo_of, build_variant, compose, lengths_kwargs, run_overrides
+
+
+def run(opts: argparse.Namespace, log: Callable[[str], None]) -> dict:
+    """Build, run and measure the variants ``opts.only`` names (``opts``: the CLI's options,
+    :func:`bench.throughput.parse_args`); ``log`` gets one line per variant built and, unless
+    ``opts.quiet``, per step. Returns the report dict (records as :class:`VariantResult`)."""
+    import torch
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        import datasets
+
+        datasets.disable_progress_bars()
+    except ImportError:
+        pass
+    if opts.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("error: --device cuda but torch.cuda.is_available() is False")
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    variants = [v.strip() for v in opts.only.split(",") if v.strip()]
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad:
+        raise SystemExit(f"error: unknown variant(s) {', '.join(bad)}; choose from {', '.join(VARIANTS)}")
+    load_before = loadavg()
+    overrides = run_overrides(opts.set, opts.model, opts.device)
+    W, S = opts.warmup, opts.steps
+    profile_steps: dict[int, str] = {}
+    if opts.profile_out and "grpo" in variants:
+        profile_steps = {W + S + 1: "cprofile", W + S + 2: "torch"}
+    turns = Turns(variants, seed=0, interleaved=opts.schedule == "interleaved", device=opts.device)
+    participants: dict[str, tuple[StepTimer, Any]] = {}
+    from mixrl.config.geometry import geometry
+
+    geom = geometry(compose("grpo", overrides, 1))  # checks the overrides before any model loads
+    geom_text = geom.describe()
+    chord_rows = geometry(compose("chord", overrides, 1)).expert_rows_per_step if "chord" in variants else 0
+    tmp = Path(tempfile.mkdtemp(prefix="mixrl-bench-"))  # the trainers' output folders, removed below
+    try:
+        t_setup = time.perf_counter()
+        # the floor first: creating TrainingArguments resets accelerate's shared state, which each
+        # trainer built after it sets up again
+        for name in sorted(variants, key=lambda v: v != "floor"):
+            total = W + S + (len(profile_steps) if name == "grpo" else 0)
+            timer = StepTimer(name, turns, opts.device, W, W + S, profile_steps if name == "grpo" else None,
+                              log=None if opts.quiet else log, description=DESCRIPTIONS[name])
+            cfg = compose(algo_of(name), overrides, total)
+            runner = build_variant(name, cfg, timer, steps=total, device=opts.device, out_dir=tmp / name,
+                                   generation_kwargs=lengths_kwargs(cfg, opts.lengths))
+            participants[name] = (timer, runner)
+            log(f"built {name}: {DESCRIPTIONS[name]}")
+        participants = {name: participants[name] for name in variants}
+        setup_s = time.perf_counter() - t_setup
+
+        if profile_steps:  # let the profiler register in this (main) thread before a bench thread uses it
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+                torch.zeros(1).add_(1)
+        t_run = time.perf_counter()
+        run_all(participants, turns)
+        run_s = time.perf_counter() - t_run
+
+        results: dict[str, VariantResult] = {}
+        for name, (timer, runner) in participants.items():
+            res = timer.result
+            if name == "floor":
+                res.state_mb = state_mb(runner.model, runner.opt)
+            else:
+                res.state_mb = state_mb(runner.model, runner.optimizer)
+                res.generated_tokens = getattr(runner, "mixrl_generated_tokens", None)
+            results[name] = res
+
+        profile_text = None
+        if profile_steps and "grpo" in participants:
+            profile_text = render_profile(participants["grpo"][0], opts)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # the trainers' output folders (metrics.jsonl; no checkpoints)
+
+    info = machine_info(opts.device)
+    return {
+        "date": datetime.now().astimezone().isoformat(timespec="seconds"),
+        "command": " ".join(["python -m bench.throughput", *([shlex.join(opts.argv)] if opts.argv else [])]),
+        "commit": git_commit(),
+        "machine": info,
+        "load_before": load_before,
+        "load_after": loadavg(),
+        "geometry": geom_text,
+        "rollouts_per_step": geom.rollouts_per_step,
+        "chord_expert_rows": chord_rows,
+        "overrides": overrides,
+        "warmup": W,
+        "steps": S,
+        "schedule": opts.schedule,
+        "lengths": opts.lengths,
+        "rss_reset": turns.rss_reset_ok,
+        "process_peak_rss_mb": lifetime_peak_rss_mb(),
+        "setup_seconds": setup_s,
+        "run_seconds": run_s,
+        "results": results,
+        "profile_text": profile_text,
+    }
+
+
+def run_all(participants: dict[str, tuple[StepTimer, Any]], turns: Turns) -> None:
+    """Train every participant (a timer and its runner): in threads that take turns step by step
+    when ``turns.interleaved``, else one after the other. The first failure stops the others
+    (they raise :class:`Aborted` at their next turn) and is raised here."""
+
+    def go(name: str) -> None:
+        timer, runner = participants[name]
+        try:
+            runner.train()
+        except Aborted:
+            pass
+        except BaseException as e:  # noqa: BLE001 - reported below
+            timer.result.error = f"{type(e).__name__}: {e}"
+            turns.abort(e)
+            raise
+        finally:
+            turns.done(name)
+
+    errors: list[BaseException] = []
+    if turns.interleaved:
+        threads = []
+        for name in participants:
+            def target(n=name):
+                try:
+                    go(n)
+                except BaseException as e:  # noqa: BLE001
+                    errors.append(e)
+
+            th = threading.Thread(target=target, name=f"bench-{name}", daemon=True)
+            threads.append(th)
+            th.start()
+        for th in threads:
+            th.join()
+    else:
+        for name in participants:
+            try:
+                go(name)
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+                break
+    if errors:
+        raise errors[0]

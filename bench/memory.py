@@ -57,7 +57,7 @@ def resident_bytes(trainer) -> int:
     """Bytes of the tensors the trainer holds between steps (each storage once)."""
     tensors = []
     models = [trainer.model] + [m for m in (getattr(trainer, "ref_model", None),) if m is not None]
-    models += [m for m in getattr(trainer, "_teacher_models", []) if hasattr(m, "parameters")]
+    models += trainer.parts.teachers.frozen if trainer.parts.teachers is not None else []
     for m in models:
         for p in m.parameters():
             tensors += [p, p.grad]

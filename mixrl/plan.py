@@ -324,7 +324,7 @@ def estimate(cfg: DictConfig, shape: ModelShape, *, prompt_tokens: int = 512) ->
                    server_copies=int(hw.vllm_server_gpus) // tp if int(hw.vllm_server_gpus) else None,
                    step_tokens_all=geom.rollouts_per_step * s)
     out["rows_per_process"] = rows
-    # algo.critic (mixrl.trainer.critic): the policy's backbone + a scalar head, unsharded, with its own
+    # algo.critic (mixrl.trainer.parts.critic): the policy's backbone + a scalar head, unsharded, with its own
     # gradients and AdamW moments; its forward and backward run while the policy's activations are held
     critic_params = (N - (0 if shape.tied else shape.vocab * shape.hidden) + shape.hidden) if cfg.algo.get("critic") is not None else 0
     out["critic_params"] = critic_params

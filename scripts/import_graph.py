@@ -161,6 +161,39 @@ def undeferred_imports(root: Path) -> list[str]:
     return missing
 
 
+#: rooms inside a layer, with the modules (prefix match) they must not import, at module level or
+#: in a function: the trainer's parts and generation modules are handed what they need of TRL and
+#: of the trainer (mixrl.trainer.grpo and .assembly are the TRL glue that builds and calls them);
+#: the vLLM plugin runs inside vLLM's own processes, which must load neither TRL nor the trainer
+ROOMS = {
+    "mixrl.trainer.parts": ("trl", "transformers", "mixrl.trainer.grpo", "mixrl.trainer.assembly", "mixrl.trainer.build",
+                            "mixrl.trainer.run"),
+    "mixrl.trainer.generation": ("trl", "transformers", "mixrl.trainer.grpo", "mixrl.trainer.assembly",
+                                 "mixrl.trainer.build", "mixrl.trainer.run", "mixrl.trainer.parts"),
+    "mixrl.vllm": ("trl", "mixrl.trainer"),
+}
+
+
+def room_violations(root: Path, rooms: dict[str, tuple[str, ...]] = ROOMS) -> list[str]:
+    """``"module imports name"`` for every import statement of a module in one of ``rooms`` that
+    names a module the room forbids (resolved like :func:`analyse`; a third-party import by its
+    dotted name)."""
+    root = Path(root).resolve()
+    files = module_files(root)
+    out = []
+    for module, path in files.items():
+        forbidden = next((f for room, f in rooms.items() if module == room or module.startswith(room + ".")), None)
+        if forbidden is None:
+            continue
+        for node, _ in _imports(ast.parse(path.read_text(), filename=str(path))):
+            targets, top = _resolve(module, node, files, root.name)
+            names = targets or ([a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or top])
+            for name in names:
+                if any(name == f or name.startswith(f + ".") for f in forbidden):
+                    out.append(f"{module} imports {name}")
+    return sorted(set(out))
+
+
 # --------------------------------------------------------------------------- graph
 def strongly_connected(nodes: list[str], edges: set[tuple[str, str]]) -> list[list[str]]:
     """Tarjan's algorithm (iterative); components with a cycle only, members sorted, largest first."""

@@ -174,7 +174,7 @@ def run_case(algo: str, micro: int, k: int | None, model: str, out: Path) -> Non
 
     trainer._generate_and_score_completions = gen_and_score
 
-    logps_orig = trainer._forward_by_row_kind
+    logps_orig = trainer.parts.forwards.by_row_kind
     captured: dict = {}
 
     def logps_hook(*args, **kwargs):
@@ -182,7 +182,7 @@ def run_case(algo: str, micro: int, k: int | None, model: str, out: Path) -> Non
         captured["logps"], captured["entropies"] = res[0].detach(), None if res[1] is None else res[1].detach()
         return res
 
-    trainer._forward_by_row_kind = logps_hook
+    trainer.parts.forwards.by_row_kind = logps_hook
 
     loss_orig = trainer._compute_loss
 
@@ -240,7 +240,7 @@ def run_case(algo: str, micro: int, k: int | None, model: str, out: Path) -> Non
             "micro_batch_size": micro,
             "grad_accum": geom.grad_accum,
             "num_generations": geom.num_generations,
-            "experts_per_group": int(getattr(trainer.injections[0], "per_group", 0)),
+            "experts_per_group": int(getattr(trainer.parts.injections.injections[0], "per_group", 0)),
             "rows": sorted((r for m in gathered for r in m["rows"]), key=lambda r: r["gid"]),
             "micro_batches": [b for m in gathered for b in m["micro_batches"]],
             "experts": {p: e for m in gathered for p, e in m["experts"].items()},

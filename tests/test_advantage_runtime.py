@@ -55,17 +55,17 @@ def test_remax_baseline_is_the_greedy_completion_reward(monkeypatch, fast_overri
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from mixrl.rewards import builtin
-    from mixrl.trainer.remax_baseline import RemaxBaseline
+    from mixrl.trainer.parts.remax_baseline import RemaxBaseline
 
     seen = []
-    original = RemaxBaseline._greedy_baseline_rewards
+    original = RemaxBaseline.greedy_rewards
 
-    def spy(self, out, inputs, group_ids, mode):
-        b = original(self, out, inputs, group_ids, mode)
+    def spy(self, policy, generation_config, out, inputs, group_ids):
+        b, metrics = original(self, policy, generation_config, out, inputs, group_ids)
         seen.append((out["prompt_ids"].clone(), out["prompt_mask"].clone(), b.clone()))
-        return b
+        return b, metrics
 
-    monkeypatch.setattr(RemaxBaseline, "_greedy_baseline_rewards", spy)
+    monkeypatch.setattr(RemaxBaseline, "greedy_rewards", spy)
     # the barely trained tiny model answers nothing right: score the text itself, so that greedy
     # completions that differ get different rewards (the run's reward functions see this score)
     monkeypatch.setattr(builtin, "_exact_score", lambda text, gold, *, marker: float(len(text.strip()) % 5))

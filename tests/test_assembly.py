@@ -75,10 +75,10 @@ def test_trainer_from_config_is_the_trainer_mixrl_train_builds(algo, tiny_model_
 
     assert mine.objective == trained.objective and mine.objective.terms
     assert (mine.advantage_name, mine.advantage_params) == (trained.advantage_name, trained.advantage_params)
-    assert [type(i).__name__ for i in mine.injections] == [type(i).__name__ for i in trained.injections]
-    assert [type(i.source).__name__ for i in mine.injections] == [type(i.source).__name__ for i in trained.injections]
+    assert [type(i).__name__ for i in mine.parts.injections] == [type(i).__name__ for i in trained.parts.injections]
+    assert [type(i.source).__name__ for i in mine.parts.injections] == [type(i.source).__name__ for i in trained.parts.injections]
     if algo:
-        assert mine.injections[0].source is not None  # luffy: a source of expert rows
+        assert mine.parts.injections.injections[0].source is not None  # luffy: a source of expert rows
     assert mine.train_dataset.to_list() == trained.train_dataset.to_list() and len(mine.train_dataset) == 64
     assert [f.__name__ for f in mine.reward_funcs] == [f.__name__ for f in trained.reward_funcs]
     a, b = mine.args.to_dict(), trained.args.to_dict()

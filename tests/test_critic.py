@@ -4,9 +4,7 @@ token rewards, the critic's loss mask with expert rows, validation, and exact re
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,7 +15,8 @@ from mixrl.cli.main import app
 from mixrl.core import provenance as prov
 from mixrl.errors import RewardError
 from mixrl.rewards.registry import CheckedReward
-from mixrl.trainer.critic import CRITIC_FILE, CriticService
+from mixrl.trainer.checkpoint_state import CRITIC_FILE
+from mixrl.trainer.parts.critic import Critic
 
 runner = CliRunner()
 
@@ -41,15 +40,13 @@ def test_token_rewards_put_dense_values_on_their_tokens_and_the_rest_on_the_last
     """GAE (gamma = lam = 1, no whitening, values 0) gives A_t = sum of the rewards from t on."""
     fn = CheckedReward(_dense, "dense")
     rewards = fn(prompts=["a", "b"], completions=["xyz", "uv"], completion_ids=[[5, 6, 7], [8, 9]])
-    trainer = type("Fake", (CriticService,), {"_critic_values": lambda self, out, bs=None: torch.zeros(2, 4)})()
-    trainer.__dict__.update(
-        reward_funcs=[fn], reward_weights=torch.tensor([2.0]), args=SimpleNamespace(per_device_train_batch_size=2),
-        advantage_params={"gamma": 1.0, "lam": 1.0, "whiten": False}, advantage_include_offpolicy=True,
-        _metrics=defaultdict(lambda: defaultdict(list)))
+    critic = Critic(None, None, {}, advantage_params={"gamma": 1.0, "lam": 1.0, "whiten": False}, include_offpolicy=True,
+                    reward_funcs=[fn], reward_weights=torch.tensor([2.0]), batch_size=2)
+    critic.values = lambda out, bs=None: torch.zeros(2, 4)
     out = {"completion_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]]), "row_source": torch.tensor([prov.ON_POLICY, prov.EXPERT]),
            "token_source": torch.tensor([[prov.ON_POLICY] * 4, [prov.EXPERT] * 4])}
     weighted = torch.tensor(rewards) * 2.0  # what the trainer hands over: sum over functions of weight x reward
-    trainer._critic_advantages(out, weighted, "train")
+    critic.advantages(out, weighted)
     # row 0: token rewards 2 x [0.5, 0, 1]; row 1 (no dense): 4.0 on its last token
     assert out["advantages"].tolist() == [[3.0, 2.0, 2.0, 0.0], [4.0, 4.0, 0.0, 0.0]]
     assert out["returns"].tolist() == out["advantages"].tolist()  # values 0
@@ -59,28 +56,25 @@ def test_token_rewards_put_dense_values_on_their_tokens_and_the_rest_on_the_last
 def _critic_starts_at(monkeypatch, value: float) -> None:
     """V = ``value`` everywhere before the first critic step (its head's weight starts at 0): the
     tiny test model earns no reward in a few steps, and a critic started at 0 would never move."""
-    from mixrl.trainer.grpo import MixrlGRPOTrainer
+    setup = Critic.from_policy.__func__
 
-    setup = MixrlGRPOTrainer._setup_critic
+    def setup_with_bias(cls, cfg, **kwargs):
+        critic = setup(cls, cfg, **kwargs)
+        torch.nn.init.constant_(critic.model.head.bias, value)
+        return critic
 
-    def setup_with_bias(self, cfg):
-        setup(self, cfg)
-        torch.nn.init.constant_(self.critic.head.bias, value)
-
-    monkeypatch.setattr(MixrlGRPOTrainer, "_setup_critic", setup_with_bias)
+    monkeypatch.setattr(Critic, "from_policy", classmethod(setup_with_bias))
 
 
 def test_expert_rows_get_values_but_no_value_loss(fast_overrides, monkeypatch):
-    from mixrl.trainer.grpo import MixrlGRPOTrainer
-
     seen = []
-    train = MixrlGRPOTrainer._train_critic
+    train = Critic.train_step
 
-    def spy(self, inputs, mode):
+    def spy(self, inputs):
         seen.append({k: inputs[k].clone() for k in ("critic_mask", "completion_mask", "row_source", "old_values", "advantages")})
-        return train(self, inputs, mode)
+        return train(self, inputs)
 
-    monkeypatch.setattr(MixrlGRPOTrainer, "_train_critic", spy)
+    monkeypatch.setattr(Critic, "train_step", spy)
     _critic_starts_at(monkeypatch, 0.5)
     res = runner.invoke(app, ["train", *fast_overrides, "algo=ppo", "offpolicy=expert", "algo.inject.name=group_replace",
                               "+algo.inject.per_group=1", "+algo.terms.offpolicy={name: shaped, tokens: [expert]}",
@@ -140,16 +134,14 @@ def test_ppo_interrupted_after_a_checkpoint_then_resumed_ends_with_identical_wei
 def test_replay_fill_trains_with_the_critic_and_replay_append_is_refused(fast_overrides, monkeypatch):
     """replay_fill puts past rollouts in place before scoring (they get values like any row; the
     buffer stores a per-token advantage as its mean); replay_append adds rows after the advantages."""
-    from mixrl.trainer.grpo import MixrlGRPOTrainer
-
     seen = []
-    train = MixrlGRPOTrainer._train_critic
+    train = Critic.train_step
 
-    def spy(self, inputs, mode):
+    def spy(self, inputs):
         seen.append({k: inputs[k].clone() for k in ("critic_mask", "completion_mask", "token_source")})
-        return train(self, inputs, mode)
+        return train(self, inputs)
 
-    monkeypatch.setattr(MixrlGRPOTrainer, "_train_critic", spy)
+    monkeypatch.setattr(Critic, "train_step", spy)
     common = ["algo=ppo", "offpolicy=replay", "+algo.terms.experience={name: policy, tokens: [replay]}"]
     res = runner.invoke(app, ["train", *fast_overrides, *common, "algo.inject.name=replay_append", "trainer.eval_size=0"])
     assert res.exit_code == 2 and "adds rows after the advantages" in res.output

@@ -180,11 +180,11 @@ def test_a_sharded_policy_gets_one_forward_per_micro_batch(tiny_model_path, tmp_
 
     trainer._get_per_token_logps_and_entropies = counted
     with torch.no_grad():
-        alone, _ = trainer._forward_by_row_kind(trainer.model, inputs)
+        alone, _ = trainer.parts.forwards.by_row_kind(trainer.model, inputs)
         assert sorted(widths) == [3, 6]
         widths.clear()
-        trainer._forwards_collective = lambda: True
-        sharded, _ = trainer._forward_by_row_kind(trainer.model, inputs)
+        trainer.parts.forwards.collective = True
+        sharded, _ = trainer.parts.forwards.by_row_kind(trainer.model, inputs)
     assert widths == [6]
     m = c_mask.bool()
     assert torch.allclose(alone[m], sharded[m], atol=1e-5), (alone[m] - sharded[m]).abs().max()

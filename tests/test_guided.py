@@ -266,7 +266,7 @@ def _direct_logps(model, prompt_ids, completion_ids):
 def _leaf_logps(trainer):
     """Make the trainer's per-token log-probs a leaf tensor (to read dL/dlogp)."""
     captured = {}
-    forward = trainer._forward_by_row_kind
+    forward = trainer.parts.forwards.by_row_kind
 
     def leaf(model, inputs):
         logps, ent = forward(model, inputs)
@@ -274,7 +274,7 @@ def _leaf_logps(trainer):
         captured["entropies"] = ent.detach()
         return captured["logp"], ent
 
-    trainer._forward_by_row_kind = leaf
+    trainer.parts.forwards.by_row_kind = leaf
     return captured
 
 
@@ -414,7 +414,7 @@ def test_injections_never_run_outside_training(tiny_model_path, tmp_path):
     trainer neither asks for prefixes nor calls any hook."""
     trainer = _trainer(["algo=prefixrl", *FAST], tiny_model_path, tmp_path)
     called = []
-    inj = trainer.injections[0]
+    inj = trainer.parts.injections.injections[0]
     inj.generation_prefixes = lambda *a, **k: called.append("prefix") or None
     trainer.model.eval()
     out = trainer._generate_and_score_completions(_batch(trainer))

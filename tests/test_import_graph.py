@@ -124,3 +124,21 @@ def test_the_deferral_check_finds_an_unexplained_import(tmp_path):
         "toy/a.py:13: import torch",
         "toy/sub/b.py:2: from toy import a",
     ]
+
+
+def test_the_trainers_rooms_keep_to_themselves():
+    """The trainer's parts (``mixrl/trainer/parts``) and generation modules import neither TRL nor
+    transformers nor the TRL glue that builds them (``grpo``, ``assembly``, ``build``, ``run``), and
+    generation imports no part; the vLLM plugin package imports neither TRL nor the trainer."""
+    assert import_graph.room_violations(REPO / "mixrl") == []
+
+
+def test_the_room_check_finds_a_forbidden_import(tmp_path):
+    pkg = _write(tmp_path / "toy", {
+        "__init__.py": "", "glue.py": "", "parts/__init__.py": "",
+        "parts/a.py": "import trl.trainer\nfrom toy import glue\nimport torch\n",
+        "parts/b.py": "def f():\n    from ..glue import x  # deferred: test\n    return x\n",
+    })
+    rooms = {"toy.parts": ("trl", "toy.glue")}
+    assert import_graph.room_violations(pkg, rooms) == ["toy.parts.a imports toy.glue", "toy.parts.a imports trl.trainer",
+                                                        "toy.parts.b imports toy.glue"]

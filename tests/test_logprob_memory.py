@@ -1,9 +1,9 @@
 """The policy's per-token log-probs and entropies never build the full-vocabulary log-softmax.
 
-mixrl's loss reads them from ``MixrlGRPOTrainer._forward_by_row_kind``, which calls TRL 1.16's
-``_get_per_token_logps_and_entropies``: ``model(..., labels=..., fused_lm_head=True)`` on a
+mixrl's loss reads them from ``Forwards.by_row_kind`` (:mod:`mixrl.trainer.parts.forwards`), which
+calls TRL 1.16's ``_get_per_token_logps_and_entropies``: ``model(..., labels=..., fused_lm_head=True)`` on a
 model whose forward TRL patched with ``add_fused_lm_head`` (the policy and the reference in
-``GRPOTrainer.__init__``, every teacher in ``MixrlGRPOTrainer._load_teachers``). That head
+``GRPOTrainer.__init__``, every teacher in ``mixrl.trainer.assembly.load_teacher_models``). That head
 projects the hidden states through the LM head in ``[TOKEN_CHUNK_SIZE, vocab chunk]`` tiles and
 keeps online log-sum-exp statistics per token, ``log p(y_t) = z_{y_t} - logsumexp_v z_v`` and
 ``H_t = logsumexp_v z_v - sum_v softmax(z)_v z_v`` (``z`` = logits / temperature); backward
@@ -47,7 +47,7 @@ def _batch():
 
 
 def _policy_path(model, ids, att, keep):
-    """What ``MixrlGRPOTrainer._forward_by_row_kind`` calls, on the model as TRL prepares it."""
+    """What ``Forwards.by_row_kind`` calls, on the model as TRL prepares it."""
     from trl.trainer.utils import add_fused_lm_head
 
     from mixrl.trainer.grpo import MixrlGRPOTrainer
@@ -70,16 +70,19 @@ def _plain(model, ids, att, keep):
 
 def test_the_trainer_prepares_every_scoring_model_with_the_fused_head():
     """The policy and the reference get TRL's fused head in ``GRPOTrainer.__init__``, the
-    teachers in mixrl's ``_load_teachers``; the policy path calls the model with ``fused_lm_head=True``."""
+    teachers in mixrl's ``load_teacher_models``; the policy path calls the model with ``fused_lm_head=True``."""
     from trl import GRPOTrainer
 
+    from mixrl.trainer import assembly
     from mixrl.trainer.grpo import MixrlGRPOTrainer
+    from mixrl.trainer.parts.forwards import Forwards
 
     init = inspect.getsource(GRPOTrainer.__init__)
     assert 'outputs=("log_probs", "entropy")' in init and "add_fused_lm_head(\n                self.ref_model" in init
-    assert "add_fused_lm_head(m," in inspect.getsource(MixrlGRPOTrainer._load_teachers)
+    assert "add_fused_lm_head(m," in inspect.getsource(assembly.load_teacher_models)
     assert "fused_lm_head=True" in inspect.getsource(MixrlGRPOTrainer._get_per_token_logps_and_entropies)
-    assert "_get_per_token_logps_and_entropies" in inspect.getsource(MixrlGRPOTrainer._forward_by_row_kind)
+    assert "trainer._get_per_token_logps_and_entropies(" in inspect.getsource(assembly.build_parts)  # Forwards' logps
+    assert "self.logps(model, ids, att" in inspect.getsource(Forwards.by_row_kind)
 
 
 def test_values_and_gradients_equal_the_plain_log_softmax():
@@ -163,10 +166,10 @@ def test_tile_width_fitted_to_a_small_vocabulary(monkeypatch):
     to the vocabulary (``mixrl.trainer.lm_head``): same values, a far smaller largest allocation."""
     import trl.trainer.utils as trl_utils
 
-    from mixrl.trainer.grpo import MixrlGRPOTrainer
+    from mixrl.trainer.assembly import build_parts
     from mixrl.trainer.lm_head import TRL_TILE_VOCAB, fit_tile_to_vocab
 
-    assert "fit_tile_to_vocab(" in inspect.getsource(MixrlGRPOTrainer.__init__)
+    assert "fit_tile_to_vocab(" in inspect.getsource(build_parts)
     monkeypatch.setattr(trl_utils, "_CHUNKED_LOGPROB_CHUNK_SIZE", TRL_TILE_VOCAB)
     ids, att, keep = _batch()
     model = _model()

@@ -53,13 +53,13 @@ def test_palu_controller_sets_a_budget_from_the_rollouts(fast_overrides, tmp_pat
     trainer, logs, moved = _train([*fast_overrides, "recipe=palu/arith-tiny", "algo.controller.target=0", reward])
     assert len(logs) == 2 and moved
     assert all(r["palu/lambda"] == 0.0 for r in logs)
-    c = trainer.controller
+    c = trainer.parts.controller.controller
     assert c.num_updates == 2 and c.lam == 0.0
     assert 1 <= c.budget <= 24 and logs[-1]["palu/budget"] == c.budget
     assert 0 < logs[0]["palu/accuracy"] < 1
     trainer, logs, _ = _train([*fast_overrides, "recipe=palu/arith-tiny", "algo.controller.target=1", reward,
                                f"run_dir={tmp_path / 'run-2'}"])
-    assert all(r["palu/lambda"] == 1.0 for r in logs) and trainer.controller.budget is None
+    assert all(r["palu/lambda"] == 1.0 for r in logs) and trainer.parts.controller.controller.budget is None
 
 
 def test_srpo_routes_failed_rollouts_to_weighted_self_distillation(fast_overrides, tmp_path):

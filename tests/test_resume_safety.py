@@ -111,16 +111,17 @@ def test_a_refused_resume_changes_nothing_in_the_run_directory(override, words, 
 
 # --------------------------------------------------------------------------- config.yaml edited since the checkpoint
 def _record_trained_config(d: Path, step: int = 2) -> None:
-    """What a checkpoint of mixrl train holds: the config it was trained under (save_run_state)."""
+    """What a checkpoint of mixrl train holds: the config it was trained under (the trainer's progress state)."""
     from types import SimpleNamespace
 
     from omegaconf import OmegaConf
 
-    from mixrl.trainer.resume import save_run_state
+    from mixrl.trainer import checkpoint_state
+    from mixrl.trainer.grpo import RunProgress
 
     cfg = OmegaConf.to_container(compose_config([*RUN, f"run_dir={d}"]), resolve=True)
     trainer = SimpleNamespace(mixrl_rollouts=8, mixrl_generated_tokens=80, micro_step_at_checkpoint=lambda: 4, mixrl_config=cfg)
-    save_run_state(trainer, d / "trainer" / f"checkpoint-{step}")
+    checkpoint_state.save(str(d / "trainer" / f"checkpoint-{step}"), {"progress": RunProgress(trainer)}, rank=0, should_save=True)
 
 
 @pytest.mark.parametrize("edit, words", [

@@ -1,4 +1,4 @@
-"""The sampler in training (mixrl.trainer.sampler_hooks): 2-step runs of the tiny model.
+"""The sampler in training (mixrl.trainer.parts.sampler_rounds): 2-step runs of the tiny model.
 
 Dynamic sampling trains on informative groups only and says what it paid; a picker's choice
 reaches every source (expert rows, replay, a teacher); the per-prompt history travels with
@@ -34,9 +34,10 @@ def _rows(run_dir: Path) -> list[dict]:
 
 def test_dynamic_sampling_trains_informative_groups_and_reports_what_it_paid(fast_overrides, tmp_path, monkeypatch):
     from mixrl.trainer.grpo import MixrlGRPOTrainer
+    from mixrl.trainer.parts.sampler_rounds import SamplerRounds
 
     trained_groups = []
-    original = MixrlGRPOTrainer._sampler_generate
+    original = MixrlGRPOTrainer._sampler_rounds
 
     def spy(self, *args, **kwargs):
         out, rows = original(self, *args, **kwargs)
@@ -45,15 +46,15 @@ def test_dynamic_sampling_trains_informative_groups_and_reports_what_it_paid(fas
         return out, rows
 
     filtered = []
-    original_filter = MixrlGRPOTrainer._sampler_filter_rows
+    original_filter = SamplerRounds.filter_rows
 
     def spy_filter(self, rewards, advantages):
-        out = original_filter(self, rewards, advantages)
-        filtered.append((self._sampler_filled.clone(), out.view(-1, self.num_generations).clone()))
-        return out
+        out, metrics = original_filter(self, rewards, advantages)
+        filtered.append((self.filled.clone(), out.view(-1, self.num_generations).clone()))
+        return out, metrics
 
-    monkeypatch.setattr(MixrlGRPOTrainer, "_sampler_generate", spy)
-    monkeypatch.setattr(MixrlGRPOTrainer, "_sampler_filter_rows", spy_filter)
+    monkeypatch.setattr(MixrlGRPOTrainer, "_sampler_rounds", spy)
+    monkeypatch.setattr(SamplerRounds, "filter_rows", spy_filter)
     res = _train(fast_overrides, tmp_path / "run", ["sampler=dynamic", "sampler.max_rounds=8"])
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     s = summary["sampler"]
@@ -87,26 +88,26 @@ def test_no_sampler_is_todays_trainer(fast_overrides, tmp_path):
 ], ids=["expert", "replay", "teacher"])
 def test_every_source_sees_the_picked_prompts(extra, fast_overrides, tmp_path, monkeypatch):
     """The picker's prompts are the ones the injections see before generation."""
-    from mixrl.trainer.grpo import MixrlGRPOTrainer
+    from mixrl.trainer.parts.injection_context import Injections
+    from mixrl.trainer.parts.sampler_rounds import SamplerRounds
 
     seen = []
-    original = MixrlGRPOTrainer._sampler_pick
+    original = SamplerRounds.pick
 
     def spy(self, inputs):
         rows, idx = original(self, inputs)
-        picked = [self.train_dataset[i]["prompt"] for i in idx]
-        ctx_inputs = []
-        before = self._before_generation
-
-        def record(rows_in):
-            ctx_inputs.append([r["prompt"] for r in rows_in][:: self.num_generations])
-            return before(rows_in)
-
-        self._before_generation = record
-        seen.append((picked, ctx_inputs))
+        picked = [self.dataset[i]["prompt"] for i in idx]
+        seen.append((picked, []))
         return rows, idx
 
-    monkeypatch.setattr(MixrlGRPOTrainer, "_sampler_pick", spy)
+    before = Injections.before_generation
+
+    def record(self, ctx, rows_in):  # what the injections see before generation, after the last pick
+        seen[-1][1].append([r["prompt"] for r in rows_in][:: self.num_generations])
+        return before(self, ctx, rows_in)
+
+    monkeypatch.setattr(SamplerRounds, "pick", spy)
+    monkeypatch.setattr(Injections, "before_generation", record)
     _train(fast_overrides, tmp_path / "run", [*extra, "sampler=thompson"])
     assert len(seen) == 2
     for picked, ctx in seen:
@@ -168,24 +169,25 @@ def test_length_curriculum_and_row_filter(fast_overrides, tmp_path, monkeypatch)
     """``sampler.length`` caps each step's completions (linear 4 -> 16 over 2 steps: 4, then 10);
     a row filter (A-LoL's) zeroes the advantage of the rows it drops, and only theirs."""
     from mixrl.trainer.grpo import MixrlGRPOTrainer
+    from mixrl.trainer.parts.sampler_rounds import SamplerRounds
 
     widths, advantages = [], []
-    original = MixrlGRPOTrainer._sampler_filter_rows
+    original = SamplerRounds.filter_rows
 
     def spy(self, rewards, adv):
-        out = original(self, rewards, adv)
+        out, metrics = original(self, rewards, adv)
         advantages.append((adv.clone(), out.clone()))
-        return out
+        return out, metrics
 
-    generate = MixrlGRPOTrainer._sampler_generate
+    generate = MixrlGRPOTrainer._sampler_rounds
 
     def spy_generate(self, *args, **kwargs):
         out, rows = generate(self, *args, **kwargs)
         widths.append(int(out["completion_mask"].sum(1).max()))
         return out, rows
 
-    monkeypatch.setattr(MixrlGRPOTrainer, "_sampler_filter_rows", spy)
-    monkeypatch.setattr(MixrlGRPOTrainer, "_sampler_generate", spy_generate)
+    monkeypatch.setattr(SamplerRounds, "filter_rows", spy)
+    monkeypatch.setattr(MixrlGRPOTrainer, "_sampler_rounds", spy_generate)
     _train(fast_overrides, tmp_path / "run", ["+sampler.rows.alol={name: nonnegative_advantage}",
                                               "sampler.length={name: linear, start: 4, end: 16, steps: 2}"])
     rows = _rows(tmp_path / "run")

@@ -133,19 +133,19 @@ def _record(trainer, snapshot_policy: str | None = None):
     from transformers import AutoModelForCausalLM
 
     calls = []
-    original = trainer._teacher_logps
+    original = trainer.parts.teachers.logps
 
-    def wrapped(out, inputs, mode):
+    def wrapped(live_policy, out, inputs):
         policy = None
         if snapshot_policy:
             policy = AutoModelForCausalLM.from_pretrained(snapshot_policy).eval()
             policy.load_state_dict({k: v.detach().clone() for k, v in trainer.model.state_dict().items()})
-        result = original(out, inputs, mode)
+        result, entropy, metrics = original(live_policy, out, inputs)
         calls.append({"out": {k: (v.clone() if torch.is_tensor(v) else v) for k, v in out.items()},
                       "inputs": list(inputs), "result": result.clone(), "policy": policy})
-        return result
+        return result, entropy, metrics
 
-    trainer._teacher_logps = wrapped
+    trainer.parts.teachers.logps = wrapped
     return calls
 
 
@@ -156,7 +156,7 @@ FAST_TEACHER = [*ONE, "trainer.max_steps=2", "trainer.prompts_per_step=4", "algo
 
 def test_teacher_logp_is_the_frozen_teachers_forward_once_per_generation_batch(tiny_model_path, throwaway_teacher, tmp_path):
     trainer = _build([*FAST_TEACHER, "algo=kdrl", f"teacher.source.models=[{throwaway_teacher}]"], tiny_model_path, tmp_path / "run")
-    teacher = trainer._teacher_models[0]
+    teacher = trainer.parts.teachers.models[0]
     before = {k: v.clone() for k, v in teacher.state_dict().items()}
     calls = _record(trainer)
     losses = []
@@ -188,7 +188,7 @@ def test_teacher_logp_is_the_frozen_teachers_forward_once_per_generation_batch(t
 def test_privileged_self_teacher_scores_with_the_solution_in_its_prompt(tiny_model_path, tmp_path):
     trainer = _build([*FAST_TEACHER, "algo=opsd", "trainer.max_steps=1", "teacher.source.template='{privileged} {prompt}'"],
                      tiny_model_path, tmp_path / "run")
-    assert trainer._teacher_models and trainer.teacher.is_self  # no second model loaded
+    assert trainer.parts.teachers.models and trainer.parts.teachers.spec.is_self  # no second model loaded
     calls = _record(trainer, snapshot_policy=tiny_model_path)
     trainer.train()
     assert len(calls) == 1

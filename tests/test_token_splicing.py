@@ -257,14 +257,14 @@ def test_prefix_is_a_cut_of_the_demonstrations_ids_where_a_character_cut_splits_
     # the loss reaches exactly the sampled tokens (advantages set to +-1 so every such token has a gradient)
     out["advantages"] = torch.tensor([1.0, -1.0] * (len(inputs) // 2))
     captured = {}
-    forward = trainer._forward_by_row_kind
+    forward = trainer.parts.forwards.by_row_kind
 
     def leaf(model, batch):
         logps, ent = forward(model, batch)
         captured["logp"] = logps.detach().requires_grad_(True)
         return captured["logp"], ent
 
-    trainer._forward_by_row_kind = leaf
+    trainer.parts.forwards.by_row_kind = leaf
     trainer._compute_loss(trainer.model, out).backward()
     trained = out["completion_mask"].bool()
     if algo == "prefixrl":
@@ -285,7 +285,7 @@ def test_hinted_rows_train_on_the_ids_they_were_generated_from(bpe, tmp_path, mo
     inputs = _batch(trainer)
     out = trainer._generate_and_score_completions(inputs)
     prompts, comps = _rows(out)
-    inj = trainer.injections[0]
+    inj = trainer.parts.injections.injections[0]
     regenerated = asked[len(inputs):]  # first pass, then one hinted round (half of each group succeeds)
     assert len(regenerated) == len(inputs)
     fraction = inj.fractions[0]
@@ -467,7 +467,7 @@ def test_teacher_written_rows_keep_the_teachers_ids_and_its_logps(bpe, tmp_path,
         a = sum(int(d) for d in re.findall(r"user\n([\d+]+)=", tok.decode(prompt_ids))[-1].split("+"))
         return [_spelled(tok, a) + [tok.eos_token_id], _ids(tok, f"{a} #### {a}") + [tok.eos_token_id]][:n]
 
-    trainer._sample = sample
+    trainer.parts.teachers.sample = sample
     inputs = _batch(trainer)
     out = trainer._generate_and_score_completions(inputs)
     prompts, comps = _rows(out)
@@ -499,7 +499,7 @@ def test_a_privileged_self_teacher_scores_the_students_ids_under_its_own_chat_pr
     out = trainer._generate_and_score_completions(inputs)
     _, comps = _rows(out)
     for i, row in enumerate(inputs):
-        teacher_prompt = trainer.teacher.teacher_prompt(row)
+        teacher_prompt = trainer.parts.teachers.spec.teacher_prompt(row)
         assert row["expert"][0] in teacher_prompt[-1]["content"]
         expect = _direct_logps(trainer.model, _chat_ids(tok, teacher_prompt), comps[i])
         assert torch.allclose(out["teacher_logp"][i, : len(comps[i])], expect, atol=1e-5)

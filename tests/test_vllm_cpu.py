@@ -330,11 +330,10 @@ class _OneProcess:
         return t
 
 
-def _fake_trainer(tolerance):
-    from collections import defaultdict
+def _check(out, tolerance):
+    from mixrl.trainer import engine_sync
 
-    return SimpleNamespace(accelerator=_OneProcess(), _metrics={"train": defaultdict(list)}, vllm_sync_tolerance=tolerance,
-                           state=SimpleNamespace(global_step=4), _behaviour_logps=None)
+    return engine_sync.check(out, accelerator=_OneProcess(), tolerance=tolerance, step=4, own_logps=None)
 
 
 def _batch(engine, own, source):
@@ -350,14 +349,13 @@ def test_sync_check_measures_only_the_tokens_the_engine_sampled():
     nan = float("nan")
     out = _batch([[-1.0, -2.0, nan], [-5.0, -5.0, -5.0]], [[-1.1, -2.3, -0.7], [-1.0, -1.0, -1.0]],
                  [[prov.ON_POLICY] * 3, [off] * 3])  # row 2: injected, its "engine" values are not the engine's
-    t = _fake_trainer(0.5)
-    mean = engine_sync.check(t, out)
-    assert mean == pytest.approx(0.2)  # (0.1 + 0.3) / 2: the NaN token and the injected row do not count
-    assert t._metrics["train"]["vllm_sync/logp_diff_max"] == [pytest.approx(0.3)]
+    metrics = _check(out, 0.5)
+    assert metrics["vllm_sync/logp_diff_mean"] == pytest.approx(0.2)  # (0.1 + 0.3) / 2: the NaN token and the injected row do not count
+    assert metrics["vllm_sync/logp_diff_max"] == pytest.approx(0.3)
     with pytest.raises(engine_sync.EngineSyncError, match=r"step 4: mean \|Δ log p\| = 0.2 .*> hardware.vllm_sync_tolerance=0.1") as e:
-        engine_sync.check(_fake_trainer(0.1), out)
+        _check(out, 0.1)
     assert "\n" not in str(e.value)
-    assert engine_sync.check(_fake_trainer(float("inf")), out) == pytest.approx(0.2)  # inf: logged only
+    assert _check(out, float("inf"))["vllm_sync/logp_diff_mean"] == pytest.approx(0.2)  # inf: logged only
 
 
 def test_sync_tolerance_defaults():

@@ -1,4 +1,4 @@
-"""Checks of ``algo.critic`` (PPO's learned critic, :mod:`mixrl.trainer.critic`) and its advantage.
+"""Checks of ``algo.critic`` (PPO's learned critic, :mod:`mixrl.trainer.parts.critic`) and its advantage.
 
 ``algo.critic`` keys: ``lr`` (its AdamW's learning rate, > 0), ``value_clip`` (PPO's value
 clipping, > 0, or null for none), ``max_grad_norm`` (> 0, or null), ``weight_decay`` (>= 0).

@@ -13,7 +13,7 @@ registry                 kind              module
 
 :class:`~mixrl.sampler.state.PromptState` is the per-prompt history they read (times seen,
 reward sums, Beta counts, last step); :class:`~mixrl.sampler.runtime.Sampler` ties them together
-for the trainer (``mixrl.trainer.sampler_hooks``) and is what a checkpoint saves.
+for the trainer (``mixrl.trainer.parts.sampler_rounds``) and is what a checkpoint saves.
 """
 
 from mixrl.sampler import group_filters, pickers, row_filters  # noqa: F401  (import = registration)

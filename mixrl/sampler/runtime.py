@@ -1,6 +1,6 @@
 """The sampler a run uses: its picker, group filter, row filters and per-prompt history.
 
-:class:`Sampler` is what the trainer (:mod:`mixrl.trainer.sampler_hooks`) asks, in order, each
+:class:`Sampler` is what the trainer (:mod:`mixrl.trainer.parts.sampler_rounds`) asks, in order, each
 generation batch:
 
 1. :meth:`Sampler.pick`: the batch's prompts (None: the data loader's own, ``pick: data``);

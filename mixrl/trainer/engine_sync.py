@@ -61,10 +61,12 @@ def disagreement(engine_logps: torch.Tensor, trainer_logps: torch.Tensor, mask: 
     return stats, (d.max() if d.numel() else torch.zeros((), device=d.device))
 
 
-def check(trainer, out: dict, mode: str = "train") -> float | None:
+def check(out: dict, *, accelerator, tolerance: float | None, step: int, own_logps) -> dict[str, float]:
     """Compare vLLM's log-probs with the trainer's on this generation batch's sampled tokens
-    (all processes together); log them; raise :class:`EngineSyncError` above the tolerance.
-    Returns the mean |Δ log p| (None when the batch has no sampled token, e.g. SFT-only)."""
+    (all processes together); raise :class:`EngineSyncError` above ``tolerance``. ``own_logps``:
+    ``batch -> [B, T]`` the trainer's log-probs under the weights that generated it (used when
+    TRL did not compute them). Returns the metrics ``vllm_sync/logp_diff_mean`` and ``/max``
+    (empty when the batch has no sampled token, e.g. SFT-only)."""
     engine = out.get("sampling_per_token_logps")
     if engine is None:
         raise EngineSyncError(
@@ -73,25 +75,22 @@ def check(trainer, out: dict, mode: str = "train") -> float | None:
         )
     own = out.get("old_per_token_logps")
     if own is None:
-        own = trainer._behaviour_logps(out)
+        own = own_logps(out)
     mask = out["completion_mask"].bool() & (out["token_source"] == prov.ON_POLICY)
     stats, local_max = disagreement(engine, own, mask)
-    acc = trainer.accelerator
-    stats = acc.reduce(stats, reduction="sum")
-    worst = float(acc.gather(local_max.reshape(1)).max())
+    stats = accelerator.reduce(stats, reduction="sum")
+    worst = float(accelerator.gather(local_max.reshape(1)).max())
     total, count = float(stats[0]), float(stats[1])
     if count == 0:
-        return None
+        return {}
     mean = total / count
-    trainer._metrics[mode]["vllm_sync/logp_diff_mean"].append(mean)
-    trainer._metrics[mode]["vllm_sync/logp_diff_max"].append(worst)
-    tol = trainer.vllm_sync_tolerance
+    tol = tolerance
     if tol is not None and not mean <= float(tol):  # NaN fails too
         raise EngineSyncError(
-            f"vLLM's log-probs disagree with the trainer's right after the weight sync of step {trainer.state.global_step}: "
+            f"vLLM's log-probs disagree with the trainer's right after the weight sync of step {step}: "
             f"mean |Δ log p| = {mean:.3g} per sampled token (max {worst:.3g}, {int(count)} tokens) > "
             f"hardware.vllm_sync_tolerance={tol}: vLLM is generating from other weights than the ones trained "
             "(a sync that did not take) or in another dtype (start a server with --dtype of the trainer, e.g. float32 on CPU), "
             "so the run stopped instead of training on those samples"
         )
-    return mean
+    return {"vllm_sync/logp_diff_mean": mean, "vllm_sync/logp_diff_max": worst}

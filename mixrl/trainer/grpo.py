@@ -20,26 +20,32 @@ pinned by ``tests/test_trl_contract.py``):
   log-probs (``sampling_per_token_logps``) and the trainer's (``old_per_token_logps``), and
   ``engine/*`` metrics describe the mismatch once per generation batch.
 * ``_save_checkpoint`` / ``_load_optimizer_and_scheduler``: everything a resumed run needs to
-  continue exactly travels with checkpoints (:mod:`mixrl.trainer.checkpoint_state`).
+  continue exactly travels with checkpoints: each part that is on, by name, through the writer
+  :mod:`mixrl.trainer.checkpoint_state`.
+
+Besides these, ``get_batch_samples`` (transformers' batch fetch) is replaced in async mode, to
+read the next batch's prompts ahead, and TRL's vLLM client is wrapped (:meth:`_wrap_vllm_for_async`).
 
 Per-token log-probs and entropies (policy, reference, teachers) come from TRL's fused, chunked
 LM head, which never builds the ``[tokens, V]`` logits; its tile width is fitted to the
 vocabulary (:mod:`mixrl.trainer.lm_head`).
 
-The trainer's other jobs live in mixins of their own, each a module under ``mixrl/trainer``
-that says what it owns (the class below lists them; their methods are reached through ``self``):
+The trainer's other jobs are parts (:mod:`mixrl.trainer.parts`), plain objects held in
+``self.parts`` (a :class:`~mixrl.trainer.parts.Parts`; a field that is None is off) and built in
+one place (:func:`mixrl.trainer.assembly.build_parts`). Each owns its state, is given the model,
+the batch and the step as arguments, and returns results and metrics, which only this class
+writes into TRL's ``_metrics``. The class's only base is TRL's ``GRPOTrainer``.
 
-* :mod:`~mixrl.trainer.inject_services`: the :class:`~mixrl.sources.base.InjectContext` injections see.
-* :mod:`~mixrl.trainer.batch_fields`: provenance fields, normalisers, ``engine/*`` and injection metrics of a batch.
-* :mod:`~mixrl.trainer.teacher_service`: teacher models, scoring, sampling, ``teacher_logp``.
-* :mod:`~mixrl.trainer.staleness`: ``trainer.staleness = k``, the lagged weights and behaviour log-probs.
-* :mod:`~mixrl.trainer.async_glue`: ``hardware.vllm_async=true``, generation ahead on a vLLM server.
-* :mod:`~mixrl.trainer.controller_hooks`: when a controller (BAPO, EntroPIC) steps.
-* :mod:`~mixrl.trainer.checkpoint_state`: mixrl's files in a checkpoint.
-* :mod:`~mixrl.trainer.sharded_forward`: under FSDP / ZeRO-3 every process joins every policy forward.
-* :mod:`~mixrl.trainer.critic`: ``algo.critic``, PPO's learned critic (values, GAE advantages, its own optimizer step).
-* :mod:`~mixrl.trainer.sampler_hooks`: the sampler (``cfg.sampler``): which prompts, which groups train.
-* :mod:`~mixrl.trainer.remax_baseline`: ReMax's greedy-completion reward per prompt (``algo.advantage.name=remax``).
+* ``forwards``: every forward over completions; under FSDP / ZeRO-3 every process joins every policy forward.
+* ``scoring``: the reward functions on completions other than the rollouts.
+* ``injections``: the injections and the :class:`~mixrl.sources.base.InjectContext` they see.
+* ``teachers``: teacher models, scoring (``teacher_logp``), sampling.
+* ``critic``: ``algo.critic``, PPO's learned critic (values, GAE advantages, its own optimizer step).
+* ``remax``: ReMax's greedy-completion reward per prompt (``algo.advantage.name=remax``).
+* ``sampler``: the sampler (``cfg.sampler``): which prompts, which groups train.
+* ``controller``: when a controller (BAPO, EntroPIC, PALU) steps.
+* ``lag``: ``trainer.staleness = k``, the lagged weights (:mod:`mixrl.trainer.generation.lagged_weights`).
+* ``async_gen``: ``hardware.vllm_async=true``, generation ahead on a vLLM server (:mod:`mixrl.trainer.async_generation`).
 """
 
 from __future__ import annotations
@@ -56,24 +62,17 @@ from mixrl.core import ADVANTAGES
 from mixrl.core.advantages import advantage_needs
 from mixrl.core import provenance as prov
 from mixrl.core.objective import Objective, compute_objective
-from mixrl.core.terms import term_needs
 from mixrl.sources.base import Rollouts
 from mixrl.sources.rows import splice_prefixes
-from mixrl.trainer import engine_sync
-from mixrl.trainer.async_glue import AsyncGenerationHooks
-from mixrl.trainer.batch_fields import BatchFields, behaviour_is_policy, behaviour_known
-from mixrl.trainer.checkpoint_state import CheckpointState
-from mixrl.trainer.controller_hooks import ControllerHooks
-from mixrl.trainer.critic import CriticService
-from mixrl.trainer.inject_services import InjectionServices
-from mixrl.trainer.lm_head import fit_tile_to_vocab
+from mixrl.trainer import checkpoint_state, engine_sync
+from mixrl.trainer.assembly import build_parts
+from mixrl.trainer.generation.lagged_weights import swapped, trainable
 from mixrl.trainer.magnitude import check_step
-from mixrl.trainer.remax_baseline import RemaxBaseline
+from mixrl.trainer.parts.batch_fields import (
+    behaviour_is_policy, behaviour_known, engine_mismatch_metrics, global_counts, guided_rows, provenance_fields,
+)
+from mixrl.trainer.parts.sampler_rounds import Round
 from mixrl.trainer.sample_log import capture_rows
-from mixrl.trainer.sampler_hooks import SamplerHooks
-from mixrl.trainer.sharded_forward import ShardedForwards
-from mixrl.trainer.staleness import LaggedWeights
-from mixrl.trainer.teacher_service import _SELF, TeacherService
 
 OVERRIDDEN = (
     "_generate_single_turn",
@@ -85,14 +84,17 @@ OVERRIDDEN = (
 )
 
 
-class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, CheckpointState, CriticService, AsyncGenerationHooks, TeacherService, LaggedWeights, ShardedForwards, SamplerHooks, RemaxBaseline, GRPOTrainer):
+class MixrlGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose advantage and loss come from ``mixrl.core`` registries.
 
-    Extra constructor arguments:
+    Extra constructor arguments (what the config asked for; each becomes a part, or None: off):
         objective: the :class:`mixrl.core.objective.Objective` built from ``cfg.algo``.
         advantage: ``(name, params, include_offpolicy)`` for ``mixrl.core.ADVANTAGES``.
         injections: ``mixrl.sources`` injections (each holding its source), called in order.
         controller: an optional ``mixrl.core.CONTROLLERS`` instance.
+        teacher: the ``teacher`` node's teacher (:mod:`mixrl.sources.teacher`), or None.
+        staleness: ``trainer.staleness`` (0: generate with the current weights).
+        async_generation: k > 0: the vLLM server generates ahead, rows at most k versions old.
         sampler: an optional :class:`mixrl.sampler.runtime.Sampler` (``sampler_length``: its
             max-completion-length schedule, or None).
         critic: ``algo.critic`` as a dict (a learned critic for ``advantage gae``), or None.
@@ -104,6 +106,8 @@ class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, Checkpoi
     mixrl_sample_rows: int = 0
     mixrl_sample_chars: int = 1000
     mixrl_samples: list | None = None
+    #: the run's config (set by mixrl.trainer.run), recorded in each checkpoint: a resume of an edited config.yaml is refused
+    mixrl_config: dict | None = None
 
     def __init__(
         self,
@@ -120,44 +124,49 @@ class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, Checkpoi
         critic: dict | None = None,
         **kwargs,
     ):
-        self.sampler = sampler
-        self._sampler_length_spec = sampler_length
         self.objective = objective
-        self.staleness = int(staleness)
-        self.async_generation = int(async_generation)  # k > 0: vLLM server generates ahead, rows at most k versions old
-        self._async = None  # mixrl.trainer.async_generation.AsyncGeneration
-        self._lookahead = None
-        self._lag_snapshots: dict[int, dict[str, torch.Tensor]] = {}  # step -> CPU copy of the trainable weights
-        self._lag_used = 0
-        self.controller = controller
-        self.injections = list(injections or [])
         self.advantage_name, self.advantage_params, self.advantage_include_offpolicy = advantage
+        # the run's counters (checkpointed as the "progress" state)
         self.mixrl_rollouts = 0  # on-policy rollouts generated for training, all processes
         self.mixrl_generated_tokens = 0  # completion tokens of those rollouts (padding excluded), all processes
+        self._mixrl_step_begin: tuple[int, int] = (-1, 0)  # (global_step, TRL's _step) when the running optimizer step began
+        # the generation batch in flight (set and read inside one _generate_and_score_completions)
         self._mixrl_batch_inputs: list[dict] | None = None
         self._mixrl_rollouts: Rollouts | None = None
         self._mixrl_rewards_per_func: torch.Tensor | None = None
         self._mixrl_normalisers: dict[str, tuple[float, float, float]] | None = None
-        self._entropy_window: list[float] = []  # step_end controllers: entropies of the step's micro-batches
-        self._mixrl_step_begin: tuple[int, int] = (-1, 0)  # (global_step, TRL's _step) when the running optimizer step began
         super().__init__(*args, **kwargs)
-        self.teacher = teacher
-        self._teacher_models: list = self._load_teachers(teacher) if teacher is not None else []
-        fit_tile_to_vocab([self.accelerator.unwrap_model(self.model), *(m for m in self._teacher_models if m is not _SELF)])
-        self._teacher_tokens = tuple(sorted({p for t in objective.terms if "teacher_logp" in term_needs(t.kind) for p in t.tokens}))
-        self._teacher_entropy = any("teacher_entropy" in term_needs(t.kind) for t in objective.terms)  # SRPO's weights
-        if critic is not None:
-            self._setup_critic(critic)
-        if self.async_generation:
-            self._setup_async()
+        self.parts = build_parts(self, objective=objective, advantage=advantage, injections=injections or [],
+                                 controller=controller, teacher=teacher, staleness=staleness,
+                                 async_generation=async_generation, sampler=sampler, sampler_length=sampler_length,
+                                 critic=critic)
+        if self.parts.async_gen is not None:
+            self._wrap_vllm_for_async()
+
+    # ------------------------------------------------------------------ small helpers
+    def _log(self, mode: str, metrics: dict) -> None:
+        """A part's metrics into TRL's ``_metrics`` (the only writer)."""
+        for key, value in metrics.items():
+            self._metrics[mode][key].append(value)
+
+    def _context(self):
+        """The injections' context as of now (:meth:`mixrl.trainer.parts.injection_context.Injections.context`)."""
+        return self.parts.injections.context(
+            policy=self.model, global_step=self.state.global_step, micro_step=self._step, trainer_state=self.state,
+            log=lambda key, value: self._metrics["train"][key].append(float(value)),
+        )
+
+    def _params(self) -> dict[str, torch.Tensor]:
+        return trainable(self.accelerator.unwrap_model(self.model))
 
     # ------------------------------------------------------------------ generation
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-        injecting = self._injecting()
-        ctx = self._inject_context() if injecting else None
-        prefixes = self._generation_prefixes(ctx, len(prompt_ids)) if injecting else None
+        inj = self.parts.injections
+        injecting = bool(inj) and self.model.training and self._mixrl_batch_inputs is not None
+        ctx = self._context() if injecting else None
+        prefixes = inj.generation_prefixes(ctx, self._mixrl_batch_inputs, len(prompt_ids)) if injecting else None
         token_source = None
-        if injecting and any(inj.skips_generation for inj in self.injections):
+        if injecting and inj.skips_generation:
             # every completion will be a source's: do not spend time generating rollouts
             completion_ids, logprobs = [[self.processing_class.eos_token_id] for _ in prompt_ids], None
         elif prefixes is not None:
@@ -180,26 +189,11 @@ class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, Checkpoi
             guided=[1 if p else 0 for p in prefixes] if prefixes is not None else [], prompt_ids=prompt_ids,
         )
         if injecting:
-            for inj in self.injections:
-                rollouts = inj.after_generation(ctx, self._mixrl_batch_inputs, rollouts)
+            rollouts = inj.after_generation(ctx, self._mixrl_batch_inputs, rollouts)
             if rollouts.prompt_ids is not prompt_ids:  # a row trained under another prompt (plain hinted training)
                 prompt_ids[:] = rollouts.prompt_ids  # TRL builds the batch's prompts from this very list
         self._mixrl_rollouts = rollouts
         return rollouts.completion_ids, rollouts.logprobs
-
-    def _generation_prefixes(self, ctx, n: int) -> list[list[int]] | None:
-        """The one injection's per-row prefixes (None when no injection sets any)."""
-        found = None
-        for inj in self.injections:
-            p = inj.generation_prefixes(ctx, self._mixrl_batch_inputs)
-            if p is None:
-                continue
-            if found is not None:
-                raise RuntimeError("two injections set generation prefixes; configure one")
-            if len(p) != n:
-                raise RuntimeError(f"{type(inj).__name__}.generation_prefixes returned {len(p)} prefixes for {n} rows")
-            found = [list(x) for x in p]
-        return found
 
     # ------------------------------------------------------------------ rewards
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
@@ -209,184 +203,296 @@ class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, Checkpoi
 
     # ------------------------------------------------------------------ batch
     def _generate_and_score_completions(self, inputs):
+        """One generation batch, in named stages (verl's ``fit()`` reads the same way): gen (with
+        the behaviour log-probs under lagged or async weights), provenance, reward, adv (with the
+        critic's values), accounting, teacher log-probs, logging, and the normalisers of every term."""
         training = self.model.training
-        sampling = training and self.sampler is not None
+        mode = "train" if training else "eval"
+        out, inputs, version = self._stage_gen(inputs, training, mode)
+        self._stage_provenance(out, version, training, mode)
+        rewards, ctx, scored_sources = self._stage_reward(out, inputs, training, mode)
+        sources, start = self._stage_adv(out, inputs, rewards, training, mode)
+        out = self._stage_accounting(out, inputs, rewards, sources, ctx, training, mode)
+        self._stage_teacher(out, inputs, mode)
+        self._stage_log(out, rewards, start, scored_sources, training, mode)
+        self._mixrl_normalisers = global_counts(out, self.objective, num_processes=self.accelerator.num_processes,
+                                                reduce_sum=lambda t: self.accelerator.reduce(t, reduction="sum"))
+        return out
+
+    def _stage_gen(self, inputs, training: bool, mode: str):
+        """gen: the sampler's prompts, the injections' rows, TRL's generation and scoring (under
+        lagged weights, or through the async pipeline), and the rows' behaviour log-probs.
+        Returns the batch, its rows and the policy version that generated it (None: the current)."""
+        p = self.parts
+        sampling = training and p.sampler is not None
         if sampling:
-            inputs, prompt_indices = self._sampler_pick(inputs)
-        if training and self.injections:
-            inputs = self._before_generation(inputs)
+            inputs, prompt_indices = p.sampler.pick(inputs)
+        if training and p.injections:
+            inputs = p.injections.before_generation(self._context(), inputs)
         self._mixrl_rollouts = None
         self._mixrl_batch_inputs = inputs
-        lagged = training and self.staleness > 0
-        asynchronous = training and self._async is not None
+        lagged = training and p.lag is not None
+        lag = 0
         try:
-            if asynchronous:
+            if training and p.async_gen is not None:
                 out, version = self._async_generate_and_score(inputs)
             else:
-                with self._lagged_weights() if lagged else contextlib.nullcontext():
+                with p.lag.swapped_in(self._params(), self.state.global_step) if lagged else contextlib.nullcontext(0) as lag:
                     if sampling:
-                        out, inputs = self._sampler_generate(inputs, prompt_indices, super()._generate_and_score_completions,
-                                                             self._before_generation if self.injections else (lambda rows: rows))
+                        out, inputs = self._sampler_rounds(inputs, prompt_indices)
                     else:
                         out = super()._generate_and_score_completions(inputs)
                     if lagged:
-                        out["old_per_token_logps"] = self._behaviour_logps(out)
-                version = int(self.state.global_step) - self._lag_used if lagged else None
+                        out["old_per_token_logps"] = p.forwards.behaviour_logps(self.model, out)
+                version = int(self.state.global_step) - lag if lagged else None
         finally:
             self._mixrl_batch_inputs = None
-        mode = "train" if training else "eval"
-        device = self.accelerator.device
         if lagged:
-            self._metrics[mode]["staleness"].append(float(self._lag_used))
-        self._add_provenance(out)
+            self._metrics[mode]["staleness"].append(float(lag))
+        return out, inputs, version
+
+    def _sampler_rounds(self, inputs, indices):
+        """The sampler's rounds (:meth:`mixrl.trainer.parts.sampler_rounds.SamplerRounds.generate`),
+        each TRL's generation and scoring, under the length curriculum's max completion length."""
+        p = self.parts
+
+        def one_round(rows):
+            self._mixrl_batch_inputs = rows
+            out = super(MixrlGRPOTrainer, self)._generate_and_score_completions(rows)
+            return Round(out, self._mixrl_rollouts, self._mixrl_rewards_per_func, rows)
+
+        prepare = (lambda rows: p.injections.before_generation(self._context(), rows)) if p.injections else (lambda rows: rows)
+        length = p.sampler.length_at(self.state.global_step, self.max_completion_length) if hasattr(self, "generation_config") else None
+        if length is not None:
+            self._metrics["train"]["sampler/max_completion_length"].append(float(length))
+        with self._max_new_tokens(length):
+            r = p.sampler.generate(inputs, indices, step=int(self.state.global_step), generate=one_round, prepare=prepare)
+        self._mixrl_rollouts, self._mixrl_rewards_per_func = r.rollouts, r.rewards_per_func
+        self.mixrl_rollouts += r.extra_rollouts  # the dropped rollouts were paid for too
+        self.mixrl_generated_tokens += r.extra_tokens
+        self._log("train", r.metrics)
+        return r.out, r.rows
+
+    @contextlib.contextmanager
+    def _max_new_tokens(self, length: int | None):
+        """TRL's generation settings with ``max_new_tokens = length`` for the block (None: unchanged)."""
+        if length is None:
+            yield
+            return
+        saved = (self.generation_config.max_new_tokens, dict(self.generation_kwargs))
+        self.generation_config.max_new_tokens = length
+        self.generation_kwargs["max_new_tokens"] = length
+        try:
+            yield
+        finally:
+            self.generation_config.max_new_tokens, self.generation_kwargs = saved[0], saved[1]
+
+    def _check_engine_sync(self, out: dict, mode: str) -> None:
+        metrics = engine_sync.check(out, accelerator=self.accelerator, tolerance=self.vllm_sync_tolerance,
+                                    step=self.state.global_step,
+                                    own_logps=lambda batch: self.parts.forwards.behaviour_logps(self.model, batch))
+        self._log(mode, metrics)
+
+    def _stage_provenance(self, out: dict, version: int | None, training: bool, mode: str) -> None:
+        """provenance: ``row_source``, ``token_source``, ``behaviour_logp``, ``policy_version``;
+        ``engine/*`` metrics, and the weight-sync check when vLLM sampled a training batch."""
+        out.update(provenance_fields(out, self._mixrl_rollouts))
         if version is not None:  # the policy version that sampled each row (-1 for rows no policy sampled)
             out["policy_version"] = torch.full_like(out["row_source"], int(version))
-        self._log_engine_mismatch(out, mode)
+        self._log(mode, engine_mismatch_metrics(out, self.objective, mode))
         if training and self.use_vllm:  # vLLM sampled this batch with the weights old_per_token_logps were computed under
-            engine_sync.check(self, out, mode)
+            self._check_engine_sync(out, mode)
+
+    def _stage_reward(self, out: dict, inputs, training: bool, mode: str):
+        """reward: the weighted rewards, then (training) the injections' and the controller's
+        reshaping. Returns the rewards [N_global], the injections' context, and the rows'
+        sources as scored (for samples.jsonl)."""
+        p = self.parts
         rpf = self._mixrl_rewards_per_func
-        rewards = (rpf * self.reward_weights.to(device).unsqueeze(0)).nansum(dim=1)
-        ctx = self._inject_context()
+        rewards = p.scoring.weighted(rpf)
+        ctx = self._context()
         ctx.primary_rewards = rpf[:, 0]
         scored_sources = out["row_source"].clone() if training and self.mixrl_sample_rows > 0 else None  # samples.jsonl: rows rewritten after scoring
         if training:
             ctx.batch = out  # an injection may rewrite local rows (refill a group) before advantages
-            for inj in self.injections:
-                rewards = inj.after_rewards(ctx, inputs, rewards)
+            rewards = p.injections.after_rewards(ctx, inputs, rewards)
             ctx.batch = None
-            rewards = self._controller_after_rewards(out, rewards, rpf[:, 0])  # PALU's length budget
+            if p.controller is not None:
+                rewards = p.controller.after_rewards(out, rewards, rpf[:, 0])  # PALU's length budget
             if "policy_version" in out:  # rows an injection rewrote (replayed, expert) were not sampled by this run's policy now
                 out["policy_version"] = out["policy_version"].masked_fill(out["row_source"] != prov.ON_POLICY, -1)
-                if asynchronous:
-                    self._log_async(out, mode)
+                if p.async_gen is not None:
+                    versions = self.accelerator.gather(out["policy_version"]).tolist()
+                    self._log(mode, p.async_gen.batch_metrics(int(self.state.global_step), versions))
+        return rewards, ctx, scored_sources
+
+    def _stage_adv(self, out: dict, inputs, rewards: torch.Tensor, training: bool, mode: str):
+        """adv: the configured ``mixrl.core`` advantage over the global batch (ReMax's greedy
+        baseline and the critic's values when they are on), this process's rows of it.
+        Returns the global rows' sources and this process's first global row."""
+        p = self.parts
+        device = self.accelerator.device
         n_global = rewards.shape[0]
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
         sources = self.accelerator.gather(out["row_source"])
         group_ids = torch.arange(n_global, device=device) // num_generations
-        policy_rows = behaviour_is_policy(sources)
-        include = None if self.advantage_include_offpolicy else policy_rows
+        include = None if self.advantage_include_offpolicy else behaviour_is_policy(sources)
         estimator = ADVANTAGES.get(self.advantage_name)
         runtime = {}
         needs = advantage_needs(estimator)
         if "lengths" in needs:  # completion tokens per row (OPO's baseline, REINFORCE++'s token weights)
             runtime["lengths"] = self.accelerator.gather(out["completion_mask"].sum(dim=1).float())
         if "baseline_rewards" in needs:  # ReMax: the reward of each prompt's greedy completion
-            runtime["baseline_rewards"] = self._greedy_baseline_rewards(out, inputs, group_ids, mode)
+            runtime["baseline_rewards"], metrics = p.remax.greedy_rewards(self.model_wrapped, self.generation_config, out, inputs, group_ids)
+            self._log(mode, metrics)
         advantages = estimator(rewards, group_ids, include=include, **runtime, **self.advantage_params)
         advantages = torch.nan_to_num(advantages, nan=0.0)
-        if sampling:
-            advantages = self._sampler_filter_rows(rewards, advantages)
+        if training and p.sampler is not None:
+            advantages, metrics = p.sampler.filter_rows(rewards, advantages)
+            self._log("train", metrics)
         n_local = out["completion_ids"].shape[0]
         start = self.accelerator.process_index * n_local
         out["advantages"] = advantages[start : start + n_local]
         out["group_id"] = group_ids[start : start + n_local]
-        if training and self.critic is not None:  # GAE's per-token advantages from the critic's values
-            self._critic_advantages(out, rewards[start : start + n_local], mode)
-        if training and self.injections:  # what a replay buffer stores with each rollout
+        if training and p.critic is not None:  # GAE's per-token advantages from the critic's values
+            self._log(mode, p.critic.advantages(out, rewards[start : start + n_local]))
+        if training and p.injections:  # what a replay buffer stores with each rollout
             grouped = rewards.view(-1, num_generations)
             out["mixrl_reward"] = rewards[start : start + n_local].float()
             out["mixrl_group_mean"] = grouped.mean(1).repeat_interleave(num_generations)[start : start + n_local].float()
             out["mixrl_group_std"] = grouped.std(1).nan_to_num(0.0).repeat_interleave(num_generations)[start : start + n_local].float()
+        return sources, start
 
-        primary = rpf[:, 0]
+    def _stage_accounting(self, out: dict, inputs, rewards, sources, ctx, training: bool, mode: str) -> dict:
+        """The policy's own accuracy and reward, the rollout counters, then (training) the
+        injections' ``after_advantages``. ``sources``: the global rows' ``row_source``."""
+        device = self.accelerator.device
+        primary = self._mixrl_rewards_per_func[:, 0]
         on = sources == prov.ON_POLICY
-        guided = self._guided(n_local, device)
+        guided = guided_rows(self._mixrl_rollouts, out["completion_ids"].shape[0], device, self.accelerator.gather)
         free = on & (guided == 0)  # rollouts continued from a prefix or generated with a hint are not the policy's own accuracy
         nan = float("nan")  # TRL's logger drops NaN: no on-policy rows (SFT) logs no accuracy
         self._metrics[mode]["accuracy"].append(float((primary[free] >= 1.0 - 1e-6).float().mean()) if free.any() else nan)
         self._metrics[mode]["reward_on_policy"].append(float(rewards[free].mean()) if free.any() else nan)
-        if training:
-            self.mixrl_rollouts += int(on.sum())
-            local_on = out["row_source"] == prov.ON_POLICY
-            sampled = behaviour_known(out["token_source"]) & out["completion_mask"].bool()  # not prefix tokens
-            gen = (sampled.float().sum(dim=1) * local_on.float()).sum()
-            self.mixrl_generated_tokens += int(self.accelerator.reduce(gen, reduction="sum"))
-            discarded = (self._mixrl_rollouts.discarded_tokens if self._mixrl_rollouts is not None else [])
-            if any(inj.may_generate_more for inj in self.injections):  # a collective: every process or none
-                d = self.accelerator.reduce(torch.tensor([len(discarded), sum(discarded)], device=device, dtype=torch.float32), reduction="sum")
-                self.mixrl_rollouts += int(d[0])
-                self.mixrl_generated_tokens += int(d[1])
-            for inj in self.injections:
-                out = inj.after_advantages(ctx, inputs, out)
-        if self.teacher is not None and self._teacher_tokens:
-            out["teacher_logp"] = self._teacher_logps(out, inputs, mode)
+        if not training:
+            return out
+        inj = self.parts.injections
+        self.mixrl_rollouts += int(on.sum())
+        local_on = out["row_source"] == prov.ON_POLICY
+        sampled = behaviour_known(out["token_source"]) & out["completion_mask"].bool()  # not prefix tokens
+        gen = (sampled.float().sum(dim=1) * local_on.float()).sum()
+        self.mixrl_generated_tokens += int(self.accelerator.reduce(gen, reduction="sum"))
+        discarded = (self._mixrl_rollouts.discarded_tokens if self._mixrl_rollouts is not None else [])
+        if inj.may_generate_more:  # a collective: every process or none
+            d = self.accelerator.reduce(torch.tensor([len(discarded), sum(discarded)], device=device, dtype=torch.float32), reduction="sum")
+            self.mixrl_rollouts += int(d[0])
+            self.mixrl_generated_tokens += int(d[1])
+        return inj.after_advantages(ctx, inputs, out)
+
+    def _stage_teacher(self, out: dict, inputs, mode: str) -> None:
+        """teacher: ``teacher_logp`` (and SRPO's ``teacher_entropy``) when a term trains on the teachers' log-probs."""
+        teachers = self.parts.teachers
+        if teachers is not None and teachers.tokens:
+            out["teacher_logp"], entropy, metrics = teachers.logps(self.model, out, inputs)
+            if entropy is not None:
+                out["teacher_entropy"] = entropy
+            self._log(mode, metrics)
+
+    def _stage_log(self, out: dict, rewards, start: int, scored_sources, training: bool, mode: str) -> None:
+        """The rows of each source, the injections' metrics and a few rows for samples.jsonl
+        (mixrl.trainer.callbacks.SampleLogCallback)."""
+        self._log_rows_per_source(out, mode)
+        if not training:
+            return
+        self._log(mode, self.parts.injections.metrics())
+        if self.mixrl_sample_rows > 0:
+            self.mixrl_samples = capture_rows(
+                out, tokenizer=self.processing_class, rewards=rewards, rewards_per_func=self._mixrl_rewards_per_func,
+                reward_names=list(self.reward_func_names), start=start, n=self.mixrl_sample_rows,
+                max_chars=self.mixrl_sample_chars, n_local_scored=out["completion_ids"].shape[0],
+                guided=self._mixrl_rollouts.guided if self._mixrl_rollouts is not None else None, scored_sources=scored_sources,
+            )
+
+    def _log_rows_per_source(self, out: dict, mode: str) -> None:
+        """``<source>/rows``: rows of each selected off-policy source in the global batch."""
         for name in self.objective.selected():
             if name != "on_policy":
                 has = (out["token_source"] == prov.code(name)).any(dim=1) if out["token_source"].numel() else out["row_source"] == prov.code(name)
                 n_rows = self.accelerator.reduce(has.sum().float(), reduction="sum")
                 self._metrics[mode][f"{name}/rows"].append(float(n_rows))
-        if training:
-            self._log_injection_metrics(mode)
-            if self.mixrl_sample_rows > 0:  # a few rows for samples.jsonl (mixrl.trainer.callbacks.SampleLogCallback)
-                self.mixrl_samples = capture_rows(
-                    out, tokenizer=self.processing_class, rewards=rewards, rewards_per_func=rpf, reward_names=list(self.reward_func_names),
-                    start=start, n=self.mixrl_sample_rows, max_chars=self.mixrl_sample_chars, n_local_scored=n_local,
-                    guided=self._mixrl_rollouts.guided if self._mixrl_rollouts is not None else None, scored_sources=scored_sources,
-                )
-        self._mixrl_normalisers = self._global_counts(out)
-        return out
 
-    def _before_generation(self, inputs):
-        """The injections' ``before_generation``, in order."""
-        ctx = self._inject_context()
-        for inj in self.injections:
-            inputs = inj.before_generation(ctx, inputs)
-        return inputs
+    # ------------------------------------------------------------------ async generation (TRL's vLLM client)
+    def _wrap_vllm_for_async(self) -> None:
+        """Route TRL's vLLM calls through the async pipeline (server mode, one process)."""
+        a = self.parts.async_gen
+        self.vllm_generation.generate = lambda prompts, images, num_generations, profiler=None: a.engine_generate(
+            prompts, images, num_generations, training=self.model.training, step=self.state.global_step,
+            max_steps=self.state.max_steps)
+        self.vllm_generation.sync_weights = lambda: a.engine.sync(int(self.state.global_step), training=self.model.training)
+
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        """transformers' batch fetch, through the async part's lookahead of the epoch iterator in
+        async mode (the next generation batch's prompts are read ahead; the batches are the same)."""
+        if self.parts.async_gen is not None:
+            epoch_iterator = self.parts.async_gen.batches(epoch_iterator)
+        return super().get_batch_samples(epoch_iterator, num_batches, device)
+
+    def _async_generate_and_score(self, inputs) -> tuple[dict, int]:
+        """TRL's generation and scoring in async mode: push the weights first (when the step
+        changed), then score under the weights of the version that generated the batch, so that
+        ``old_per_token_logps`` (the behaviour log-probs) are that version's."""
+        a = self.parts.async_gen.engine
+        step = int(self.state.global_step)
+        if step != self._last_loaded_step:
+            self.vllm_generation.sync_weights()
+            self._last_loaded_step = step
+        expected = a.expected_version()
+        with self._weights_of_version(expected):
+            out = super()._generate_and_score_completions(inputs)
+            version = a.last_version
+            if version != expected:  # the batch in flight was for other prompts (dropped): TRL scored under other weights
+                out["old_per_token_logps"] = None
+        if out.get("old_per_token_logps") is None:
+            with self._weights_of_version(version):
+                out["old_per_token_logps"] = self.parts.forwards.behaviour_logps(self.model, out)
+        return out, version
+
+    def _weights_of_version(self, version: int):
+        """The trainable weights of policy ``version`` swapped in (nothing to do for the current step)."""
+        if version == int(self.state.global_step):
+            return contextlib.nullcontext()
+        return swapped(self._params(), self.parts.async_gen.engine.weights_of(version))
+
+    # ------------------------------------------------------------------ checkpoints
+    def _checkpointed(self) -> dict:
+        """``{name: Stateful}`` a checkpoint carries: the parts that are on, the run's counters
+        (``progress``) and TRL's buffered generation batch (``buffer``)."""
+        return {"progress": RunProgress(self), "buffer": BufferedBatch(self), **self.parts.on()}
 
     def _save_checkpoint(self, model, trial):
         """mixrl's files go into the checkpoint folder *before* TRL writes its own, so a
         checkpoint that looks complete (``trainer_state.json`` is written last) has them even
-        when the run is killed right after it: the rollout counters, the controller's and the
-        injections' state (an injection with ``state_in_file``: one torch.save file per process)."""
+        when the run is killed right after it (:mod:`mixrl.trainer.checkpoint_state`)."""
         folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-        self._save_mixrl_state(folder)
-        self._save_sampler_state(folder)
-        self._save_critic(folder)
+        checkpoint_state.save(folder, self._checkpointed(), rank=self.accelerator.process_index,
+                              should_save=self.args.should_save)
         super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
-        self._load_mixrl_state(checkpoint)
-        self._load_sampler_state(checkpoint)
-        self._load_critic(checkpoint)
+        if checkpoint:
+            checkpoint_state.load(checkpoint, self._checkpointed(), rank=self.accelerator.process_index,
+                                  step=int(self.state.global_step), device=self.accelerator.device)
+
+    def micro_step_at_checkpoint(self) -> int:
+        """TRL's micro-batch counter ``_step`` as of the end of optimizer step ``global_step``
+        (what a run resumed from a checkpoint of this step must continue from). A checkpoint
+        written inside the next step (the divergence guard saves before the optimizer step)
+        gives the value at that step's start."""
+        step, begin = self._mixrl_step_begin
+        return begin if step == int(self.state.global_step) else int(self._step)
 
     # ------------------------------------------------------------------ loss
-    def _forward_by_row_kind(self, model, inputs):
-        """Per-token log-probs and entropies. Rows the injections appended or wrote (another
-        ``row_source`` than the rollouts) get a forward of their own, trimmed to their longest
-        completion, so they cost their own tokens rather than the rollouts' padded width.
-        Rows are independent: the values are those of one forward over the micro-batch, up
-        to float rounding (measured: equal to 1e-6 on the pinned cases). With a sharded policy
-        (:meth:`_forwards_collective`) every micro-batch gets one forward: the kinds of rows
-        differ between processes (expert rows, replayed rows, teacher rows land on some), and
-        one forward per kind would leave a process waiting for a forward the others never run."""
-        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
-        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
-        kinds = inputs["row_source"].unique()
-        if len(kinds) == 1 or self._forwards_collective():
-            ids = torch.cat([prompt_ids, completion_ids], dim=1)
-            att = torch.cat([prompt_mask, completion_mask], dim=1)
-            logps, entropies, _ = self._get_per_token_logps_and_entropies(
-                model, ids, att, completion_ids.size(1), compute_entropy=True
-            )
-            return logps, entropies
-        logps = entropies = None
-        for kind in kinds:
-            rows = torch.nonzero(inputs["row_source"] == kind).squeeze(1)
-            w = completion_ids.size(1)
-            if int(kind) != prov.ON_POLICY:
-                w = int(completion_mask[rows].sum(-1).max().clamp(min=1))
-            ids = torch.cat([prompt_ids[rows], completion_ids[rows, :w]], dim=1)
-            att = torch.cat([prompt_mask[rows], completion_mask[rows, :w]], dim=1)
-            lp, ent, _ = self._get_per_token_logps_and_entropies(model, ids, att, w, compute_entropy=True)
-            if logps is None:
-                logps = lp.new_zeros(completion_ids.shape)
-                entropies = ent.new_zeros(completion_ids.shape)
-            cols = torch.arange(w, device=rows.device).unsqueeze(0)
-            logps = logps.index_put((rows.unsqueeze(1), cols), lp)
-            entropies = entropies.index_put((rows.unsqueeze(1), cols), ent)
-        return logps, entropies
-
     def _first_pass(self) -> bool:
         """Is this micro-batch seen for the first time (not a later ``num_iterations`` pass)?"""
         generate_every = self.args.steps_per_generation * self.num_iterations
@@ -394,19 +500,19 @@ class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, Checkpoi
 
     def _compute_loss(self, model, inputs):
         mode = "train" if self.model.training else "eval"
+        p = self.parts
         if mode == "train" and self._mixrl_step_begin[0] != self.state.global_step:
             self._mixrl_step_begin = (int(self.state.global_step), int(self._step))
-        logps, entropies = self._forward_by_row_kind(model, inputs)
+        logps, entropies = p.forwards.by_row_kind(model, inputs)
         if mode == "train":
-            self._controller_step_start(logps, inputs)
-            if self.injections and self._first_pass():
+            if p.controller is not None:
+                p.controller.step_start(logps, inputs, micro_step=self._step, accumulation=self.current_gradient_accumulation_steps)
+            if p.injections and self._first_pass():
                 # the rollouts' behaviour log-probs, exactly what the policy term divides by
                 old = inputs.get("old_per_token_logps")
                 old = logps.detach() if old is None else old
-                ctx = self._inject_context()
-                for inj in self.injections:
-                    inj.after_forward(ctx, inputs, old)
-        knobs = self.controller.knobs() if (self.controller is not None and mode == "train") else None
+                p.injections.after_forward(self._context(), inputs, old)
+        knobs = p.controller.knobs() if (p.controller is not None and mode == "train") else None
         loss, metrics = compute_objective(
             self.objective,
             logp=logps,
@@ -427,14 +533,60 @@ class MixrlGRPOTrainer(BatchFields, InjectionServices, ControllerHooks, Checkpoi
         )
         if mode == "train":
             check_step(self, inputs, metrics)  # an advantage or loss term out of bounds stops the run (mixrl.trainer.magnitude)
-            self._controller_step_end(metrics)
-            if self.critic is not None:
-                self._train_critic(inputs, mode)
-        if self.controller is not None:
-            metrics.update(self.controller.metrics())
+            if p.controller is not None:
+                p.controller.step_end(metrics, sync_gradients=self.accelerator.sync_gradients)
+            if p.critic is not None:
+                self._log(mode, p.critic.train_step(inputs))
+        if p.controller is not None:
+            metrics.update(p.controller.metrics())
         # loss/* parts are partial sums over this micro-batch: scale so TRL's mean over
         # micro-batches reports the whole step's value
         parts = self.current_gradient_accumulation_steps if mode == "train" else 1
         for key, value in metrics.items():
             self._metrics[mode][key].append(value * parts if key.startswith("loss/") else value)
         return loss
+
+
+class RunProgress:
+    """The run's counters as a checkpoint carries them (``Stateful``; TRL glue, so it reads the
+    trainer): rollouts and tokens generated, TRL's micro-batch counter ``_step`` (the
+    injections' seeded draws read it, and TRL decides from it when to generate; it is not in
+    TRL's checkpoint), and the run's config."""
+
+    def __init__(self, trainer: MixrlGRPOTrainer):
+        self.trainer = trainer
+
+    def state_dict(self) -> dict:
+        t = self.trainer
+        return {"rollouts": int(t.mixrl_rollouts), "generated_tokens": int(t.mixrl_generated_tokens),
+                "micro_step": int(t.micro_step_at_checkpoint()),
+                # the config this checkpoint was trained under (set by mixrl.trainer.run): a resume whose
+                # config.yaml was edited since is refused (mixrl.trainer.resume.check_trained_config)
+                **({"config": t.mixrl_config} if t.mixrl_config is not None else {})}
+
+    def load_state_dict(self, state: dict) -> None:
+        t = self.trainer  # the counters themselves are restored by mixrl.trainer.resume.load_run_state before training
+        t._step = int(state.get("micro_step", int(t.state.global_step) * int(t.args.gradient_accumulation_steps)))
+
+
+class BufferedBatch:
+    """TRL's buffered generation batch and its normalisers, when a checkpoint falls between two
+    generations (``num_iterations > 1``): per process (``Stateful``; TRL glue)."""
+
+    def __init__(self, trainer: MixrlGRPOTrainer):
+        self.trainer = trainer
+
+    def state_dict(self) -> dict:
+        t = self.trainer
+        generate_every = t.args.steps_per_generation * t.num_iterations
+        if t.micro_step_at_checkpoint() % generate_every and t._buffered_inputs is not None:
+            return {"buffered_inputs": t._buffered_inputs,
+                    "normalisers": {k: list(v) for k, v in (t._mixrl_normalisers or {}).items()}}
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        t = self.trainer
+        device = t.accelerator.device
+        t._buffered_inputs = [{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in b.items()}
+                              for b in state["buffered_inputs"]]
+        t._mixrl_normalisers = {k: tuple(v) for k, v in state["normalisers"].items()}

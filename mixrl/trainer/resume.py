@@ -13,7 +13,7 @@ resumed run:
   re-run), so both files continue instead of restarting or repeating steps.
 
 This module decides whether a resume may go on (the run's config against the command line)
-and keeps mixrl's counters in a checkpoint; finding the checkpoint, checking it is readable
+and reads mixrl's counters back from a checkpoint; finding the checkpoint, checking it is readable
 and trimming the logs are run-directory bookkeeping (:mod:`mixrl.trainer.rundir`).
 """
 
@@ -191,28 +191,14 @@ def resume_config(run_dir: str, overrides: list[str], composed: DictConfig | Non
     return cfg
 
 
+#: mixrl's own counters in a checkpoint (rollouts, generated tokens, TRL's micro-batch counter),
+#: written by the trainer's ``progress`` state (mixrl.trainer.checkpoint_state)
 RUN_STATE_FILE = "mixrl_run_state.json"
 
 
-def save_run_state(trainer, folder: str | Path) -> None:
-    """Write mixrl's own counters (the rollout count) into a checkpoint folder. The trainer
-    calls it before TRL writes the checkpoint, so a checkpoint that looks complete (its
-    ``trainer_state.json`` exists) always has them, even when the run is killed right after."""
-    (Path(folder) / RUN_STATE_FILE).write_text(json.dumps({
-        "rollouts": int(trainer.mixrl_rollouts),
-        "generated_tokens": int(getattr(trainer, "mixrl_generated_tokens", 0)),
-        # TRL's micro-batch counter: the injections' seeded draws (expert rows, prefix lengths,
-        # teacher picks) and TRL's choice of when to generate read it; it is not in TRL's checkpoint
-        "micro_step": int(trainer.micro_step_at_checkpoint()),
-        # the config this checkpoint was trained under (set by mixrl.trainer.run): a resume whose
-        # config.yaml was edited since is refused (check_trained_config)
-        **({"config": trainer.mixrl_config} if getattr(trainer, "mixrl_config", None) is not None else {}),
-    }))
-
-
 def trained_config(checkpoint: str | Path) -> dict | None:
-    """The config ``checkpoint`` was trained under, as :func:`save_run_state` recorded it (None
-    for a checkpoint written before it was recorded)."""
+    """The config ``checkpoint`` was trained under, as the trainer's ``progress`` state recorded
+    it (:class:`mixrl.trainer.grpo.MixrlGRPOTrainer`; None for a checkpoint written before it was recorded)."""
     path = Path(checkpoint) / RUN_STATE_FILE
     if not path.is_file():
         return None
@@ -256,17 +242,8 @@ def check_trained_config(cfg: DictConfig, checkpoint: str | Path) -> None:
         )
 
 
-def load_micro_step(checkpoint: str | Path, default: int) -> int:
-    """TRL's micro-batch counter as :func:`save_run_state` recorded it (``default`` for a
-    checkpoint written before it was recorded)."""
-    path = Path(checkpoint) / RUN_STATE_FILE
-    if path.is_file():
-        return int(json.loads(path.read_text()).get("micro_step", default))
-    return default
-
-
 def load_run_state(trainer, checkpoint: str | Path) -> None:
-    """Restore what :func:`save_run_state` wrote (a checkpoint without it keeps the counters)."""
+    """Restore the counters of :data:`RUN_STATE_FILE` (a checkpoint without it keeps them)."""
     path = Path(checkpoint) / RUN_STATE_FILE
     if path.is_file():
         state = json.loads(path.read_text())

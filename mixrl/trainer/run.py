@@ -217,7 +217,7 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
                                        eval_examples=(lambda: periodic.last_examples) if periodic is not None else None)
         callbacks.append(samples_cb)
     trainer = build.trainer_from_config(cfg, inputs=inputs, callbacks=callbacks, run_dir=run_dir)
-    trainer.mixrl_config = OmegaConf.to_container(cfg, resolve=True)  # recorded in each checkpoint (trainer.resume.save_run_state)
+    trainer.mixrl_config = OmegaConf.to_container(cfg, resolve=True)  # recorded in each checkpoint (the trainer's progress state)
     if cfg.logger.report_to:
         from mixrl.trainer.publish import route_to_trackers, tensorboard_dir  # deferred: trainer.publish imports transformers; `mixrl plan` imports this module and must not load it
 
@@ -277,8 +277,8 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
             f"continue with: mixrl train resume={run_dir}"
         )
     train_s = time.perf_counter() - t1
-    if trainer.sampler is not None:  # what the sampler paid: extra rollouts beyond those trained
-        console.print(trainer.sampler.summary(), highlight=False, soft_wrap=True)
+    if trainer.parts.sampler is not None:  # what the sampler paid: extra rollouts beyond those trained
+        console.print(trainer.parts.sampler.sampler.summary(), highlight=False, soft_wrap=True)
     # the final model is saved before the evaluation after training: a SIGTERM during it (and the
     # SIGKILL a scheduler sends after its grace period) cannot lose the trained weights
     model_dir = run_dir / "model"
@@ -335,8 +335,8 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
     }
     if trainer.is_fsdp_enabled:
         summary["sharding"] = _sharding(trainer)
-    if trainer.sampler is not None:
-        s = trainer.sampler
+    if trainer.parts.sampler is not None:
+        s = trainer.parts.sampler.sampler
         summary["sampler"] = {"name": str(cfg.sampler.name), "generated": s.generated, "trained": s.trained,
                               "generated_per_trained": s.generated / s.trained if s.trained else None,
                               "rounds_per_batch": s.rounds / s.batches if s.batches else None, "short_groups": s.short}

@@ -6,27 +6,32 @@ initialised to zero (values start at 0, and the head's construction draws no ran
 its own AdamW (``algo.critic.lr``, ``weight_decay``, constant learning rate) and gradient
 clipping (``max_grad_norm``). It runs in eval mode (no dropout) on the policy's device.
 
-Once per generation batch, after rewards, :meth:`CriticService._critic_advantages` computes
+Once per generation batch, after rewards, :meth:`Critic.advantages` computes
 under no_grad the value of every completion token of every local row (on-policy and
 off-policy: an expert row gets its GAE advantages from the critic too), builds the per-token
 rewards (the row's reward on its last token, a dense reward's list on its tokens:
 :mod:`mixrl.rewards.registry`), and replaces the row advantages with GAE's per-token ones
 (``mixrl.core.gae``); ``old_values`` and ``returns`` travel with the batch. On every training
-micro-batch, :meth:`CriticService._train_critic` takes one optimizer step on the clipped value
+micro-batch, :meth:`Critic.train_step` takes one optimizer step on the clipped value
 loss over the micro-batch's **on-policy** tokens only (``critic_mask``: off-policy tokens get
 values but are never regression targets). Its weights and optimizer state go into every
 checkpoint (``CRITIC_FILE``) and come back on resume.
 
 Single process only (validation refuses ``hardware.num_processes > 1``: the critic's gradients
-are not averaged over processes). This mixin of :class:`mixrl.trainer.grpo.MixrlGRPOTrainer` reads
-the trainer's ``model``, ``accelerator``, ``args``, ``reward_funcs``, ``reward_weights``,
-``advantage_params``, ``advantage_include_offpolicy`` and ``_metrics``.
+are not averaged over processes).
+
+Paper: Proximal Policy Optimization Algorithms (arXiv:1707.06347); GAE: High-Dimensional
+Continuous Control Using Generalized Advantage Estimation (arXiv:1506.02438).
+
+Owns: the value model and its optimizer (shared state: written once, by the saving process).
+Receives at construction its config node (``algo.critic`` as a dict), GAE's parameters and the
+reward functions with their weights (for dense rewards); per call: the batch and its rewards.
+Returns: metrics dicts (``critic/*``); the GAE fields go into the batch it is handed.
 """
 
 from __future__ import annotations
 
 import copy
-import os
 
 import torch
 from torch import nn
@@ -36,7 +41,6 @@ from mixrl.core import provenance as prov
 from mixrl.config.critic import VALUE_LOSS
 from mixrl.errors import ConfigError
 
-CRITIC_FILE = "mixrl_critic.pt"  # the critic's weights and optimizer state, in every checkpoint
 
 
 class ValueModel(nn.Module):
@@ -56,35 +60,40 @@ class ValueModel(nn.Module):
         return v[:, -width - 1 : -1]
 
 
-class CriticService:
-    """The critic: built from the policy, values at rollout time, trained each micro-batch, checkpointed (mixin)."""
+class Critic:
+    """The learned critic: values at rollout time, one optimizer step per training micro-batch."""
 
-    critic: ValueModel | None = None
-    critic_optimizer: torch.optim.Optimizer | None = None
-    critic_cfg: dict | None = None
+    def __init__(self, model: ValueModel, optimizer: torch.optim.Optimizer, cfg: dict, *, advantage_params: dict,
+                 include_offpolicy: bool, reward_funcs: list, reward_weights: torch.Tensor, batch_size: int):
+        self.model, self.optimizer, self.cfg = model, optimizer, dict(cfg)
+        self.advantage_params = advantage_params
+        self.include_offpolicy = bool(include_offpolicy)
+        self.reward_funcs, self.reward_weights = list(reward_funcs), reward_weights
+        self.batch_size = batch_size
 
-    def _setup_critic(self, cfg: dict) -> None:
-        policy = self.accelerator.unwrap_model(self.model)
+    @classmethod
+    def from_policy(cls, cfg: dict, *, policy: nn.Module, device, **kwargs) -> "Critic":
+        """A critic whose backbone is a copy of ``policy``'s (unwrapped), on ``device``, with its AdamW."""
         if hasattr(policy, "get_base_model"):
             raise ConfigError("algo.critic with a PEFT (LoRA) policy is not supported; train the full model")
         backbone = copy.deepcopy(policy.base_model)
         hidden = int(policy.config.hidden_size)
-        self.critic = ValueModel(backbone, hidden).to(self.accelerator.device)
-        self.critic.eval()  # no dropout; gradients still flow
-        self.critic.requires_grad_(True)
-        self.critic_cfg = dict(cfg)
-        self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=float(cfg.get("lr", 1e-5)),
-                                                  weight_decay=float(cfg.get("weight_decay", 0.0)))
+        model = ValueModel(backbone, hidden).to(device)
+        model.eval()  # no dropout; gradients still flow
+        model.requires_grad_(True)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=float(cfg.get("lr", 1e-5)),
+                                      weight_decay=float(cfg.get("weight_decay", 0.0)))
+        return cls(model, optimizer, cfg, **kwargs)
 
-    def _critic_values(self, inputs: dict, batch_size: int | None = None) -> torch.Tensor:
+    def values(self, inputs: dict, batch_size: int | None = None) -> torch.Tensor:
         """The critic's value of every completion token [B, T] (with grad: the caller decides)."""
         ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
         att = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
         width = inputs["completion_ids"].size(1)
         bs = batch_size or ids.size(0)
-        return torch.cat([self.critic(ids[i : i + bs], att[i : i + bs], width) for i in range(0, ids.size(0), bs)], dim=0)
+        return torch.cat([self.model(ids[i : i + bs], att[i : i + bs], width) for i in range(0, ids.size(0), bs)], dim=0)
 
-    def _dense_token_rewards(self, n_local: int, mask: torch.Tensor) -> torch.Tensor:
+    def dense_token_rewards(self, n_local: int, mask: torch.Tensor) -> torch.Tensor:
         """The weighted per-token rewards the reward functions returned as lists, [B, T] (0 elsewhere)."""
         dense = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
         weights = self.reward_weights.to(mask.device)
@@ -97,20 +106,23 @@ class CriticService:
                 dense[row, :n] += float(weights[f]) * torch.tensor(values, dtype=torch.float32, device=mask.device)
         return dense
 
-    def _critic_advantages(self, out: dict, rewards_local: torch.Tensor, mode: str) -> None:
+    def advantages(self, out: dict, rewards_local: torch.Tensor) -> dict[str, float]:
         """GAE's per-token advantages into ``out["advantages"]``, with ``old_values``, ``returns``
-        and ``critic_mask`` (on-policy completion tokens), for the local rows of a generation batch."""
+        and ``critic_mask`` (on-policy completion tokens), for the local rows of a generation batch.
+
+        Formula: A_t = sum_l (gamma lam)^l delta_{t+l}, delta_t = r_t + gamma V(s_{t+1}) - V(s_t);
+        returns R_t = A_t + V(s_t) (the value loss's targets)."""
         mask = out["completion_mask"].bool()
         with torch.no_grad():
-            values = self._critic_values(out, self.args.per_device_train_batch_size) * mask
-        dense = self._dense_token_rewards(rewards_local.shape[0], mask)
+            values = self.values(out, self.batch_size) * mask
+        dense = self.dense_token_rewards(rewards_local.shape[0], mask)
         token_rewards = dense.clone()
         length = mask.sum(1)
         rows = torch.nonzero(length > 0).squeeze(1)
         last = (length - 1).clamp(min=0)
         # the row's reward not already given per token (a dense reward's sum is in rewards_local) on its last token
         token_rewards[rows, last[rows]] += rewards_local.float()[rows] - dense.sum(1)[rows]
-        on_policy = (out["row_source"] == prov.ON_POLICY) if not self.advantage_include_offpolicy else None
+        on_policy = (out["row_source"] == prov.ON_POLICY) if not self.include_offpolicy else None
         adv = ADVANTAGES.get("gae")(rewards_local, torch.zeros_like(rewards_local), include=on_policy, token_rewards=token_rewards,
                                     values=values, mask=mask, **self.advantage_params)
         gamma, lam = float(self.advantage_params.get("gamma", 1.0)), float(self.advantage_params.get("lam", 0.95))
@@ -120,39 +132,29 @@ class CriticService:
         out["returns"] = returns
         out["critic_mask"] = mask & (out["token_source"] == prov.ON_POLICY)
         sel = out["critic_mask"]
-        if sel.any():
-            self._metrics[mode]["critic/values"].append(float(values[sel].mean()))
-            self._metrics[mode]["critic/returns"].append(float(returns[sel].mean()))
+        if not sel.any():
+            return {}
+        return {"critic/values": float(values[sel].mean()), "critic/returns": float(returns[sel].mean())}
 
-    def _train_critic(self, inputs: dict, mode: str) -> None:
+    def train_step(self, inputs: dict) -> dict[str, float]:
         """One optimizer step of the critic on the clipped value loss over this micro-batch's on-policy tokens."""
-        values = self._critic_values(inputs)
+        values = self.values(inputs)
         mask = inputs["critic_mask"]
         loss, clipfrac = VALUE_LOSSES.get(VALUE_LOSS)(values, inputs["old_values"], inputs["returns"], mask,
-                                                         clip=self.critic_cfg.get("value_clip", 0.2))
-        self.critic_optimizer.zero_grad(set_to_none=True)
+                                                         clip=self.cfg.get("value_clip", 0.2))
+        self.optimizer.zero_grad(set_to_none=True)
         if mask.any():
             loss.backward()
-            max_norm = self.critic_cfg.get("max_grad_norm", 1.0)
+            max_norm = self.cfg.get("max_grad_norm", 1.0)
             if max_norm is not None:
-                torch.nn.utils.clip_grad_norm_(self.critic.parameters(), float(max_norm))
-            self.critic_optimizer.step()
-        self._metrics[mode]["critic/value_loss"].append(float(loss.detach()))
-        self._metrics[mode]["critic/clipfrac"].append(float(clipfrac))
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), float(max_norm))
+            self.optimizer.step()
+        return {"critic/value_loss": float(loss.detach()), "critic/clipfrac": float(clipfrac)}
 
-    def _save_critic(self, folder: str) -> None:
-        if self.critic is None or not self.args.should_save:
-            return
-        os.makedirs(folder, exist_ok=True)
-        torch.save({"model": self.critic.state_dict(), "optimizer": self.critic_optimizer.state_dict()},
-                   os.path.join(folder, CRITIC_FILE))
+    # ------------------------------------------------------------------ checkpoints (shared)
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
 
-    def _load_critic(self, checkpoint: str | None) -> None:
-        if self.critic is None or not checkpoint:
-            return
-        path = os.path.join(checkpoint, CRITIC_FILE)
-        if not os.path.exists(path):
-            raise ConfigError(f"resume: {path} is missing (the critic of algo.critic); start a new run")
-        state = torch.load(path, weights_only=True, map_location=self.accelerator.device)
-        self.critic.load_state_dict(state["model"])
-        self.critic_optimizer.load_state_dict(state["optimizer"])
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])

@@ -1,0 +1,87 @@
+"""When a controller (``mixrl.core.CONTROLLERS``) steps during training.
+
+``after_rewards`` controllers (PALU) reshape a generation batch's rollout rewards before its
+advantages; ``step_start`` controllers (BAPO) decide on the first micro-batch of each optimizer
+step from the policy term's tokens (ratios and advantages summed over processes); ``step_end``
+controllers (EntroPIC) see the step's mean entropy after its last micro-batch. The loss reads
+the controller's knobs and metrics through :meth:`ControllerSteps.knobs` and :meth:`ControllerSteps.metrics`.
+
+Owns: the controller (its state is shared: written once, by the saving process, into
+``mixrl_state.json``) and the entropies of the running step's micro-batches. Receives at
+construction the policy term's token populations and the process collectives (``reduce``,
+``gather``; None with one process); per call: the micro-batch, its log-probs, the micro-step
+and whether gradients sync. Returns reshaped rewards; the controller's own metrics on request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from mixrl.core import provenance as prov
+
+
+class ControllerSteps:
+    """Stepping the controller at its moment (``controller.when``)."""
+
+    def __init__(self, controller, *, policy_tokens: tuple, reduce_sum: Callable | None, reduce_mean: Callable,
+                 gather: Callable, device):
+        self.controller = controller
+        self.policy_tokens = tuple(policy_tokens)  # the policy term's token populations
+        self.reduce_sum = reduce_sum  # None with one process
+        self.reduce_mean = reduce_mean
+        self.gather = gather
+        self.device = device
+        self.entropy_window: list[float] = []  # step_end controllers: entropies of the step's micro-batches
+
+    def step_start(self, logps: torch.Tensor, inputs: dict, *, micro_step: int, accumulation: int) -> None:
+        """``step_start`` controllers (BAPO) decide on the first micro-batch of each step from
+        the policy term's tokens (ratios and advantages summed over processes)."""
+        c = self.controller
+        if c.when != "step_start" or micro_step % accumulation != 0:
+            return
+        old = inputs.get("old_per_token_logps")
+        old = logps.detach() if old is None else old
+        sel = inputs["completion_mask"].bool() & prov.select(inputs["token_source"], self.policy_tokens)
+        ratio = torch.exp((logps.detach() - torch.where(sel, old, logps.detach())).clamp(-20, 20))
+        c.step({"ratio": ratio, "advantages": inputs["advantages"], "mask": sel.float()}, reduce=self.reduce_sum)
+
+    def after_rewards(self, out: dict, rewards: torch.Tensor, primary: torch.Tensor) -> torch.Tensor:
+        """``after_rewards`` controllers (PALU) see the generation batch's rollouts (gathered
+        rewards, lengths and successes: the first reward function >= 1) before the advantages,
+        and return the rewards the advantages are computed from."""
+        c = self.controller
+        if getattr(c, "when", None) != "after_rewards":
+            return rewards
+        lengths = self.gather(out["completion_mask"].sum(-1))
+        rows = self.gather(out["row_source"]) == prov.ON_POLICY
+        shaped = c.step({"rewards": rewards[rows], "lengths": lengths[rows], "correct": primary[rows] >= 1.0 - 1e-6})
+        rewards = rewards.clone()
+        rewards[rows] = shaped.to(rewards.dtype)
+        return rewards
+
+    def step_end(self, metrics: dict, *, sync_gradients: bool) -> None:
+        """``step_end`` controllers (EntroPIC) see the step's mean entropy after its last micro-batch."""
+        c = self.controller
+        if c.when != "step_end":
+            return
+        self.entropy_window.append(metrics.get("entropy", 0.0))
+        if sync_gradients:
+            window = torch.tensor(self.entropy_window, dtype=torch.float32, device=self.device).mean()
+            window = self.reduce_mean(window)
+            c.step({"entropy": float(window)})
+            self.entropy_window = []
+
+    def knobs(self) -> dict:
+        return self.controller.knobs()
+
+    def metrics(self) -> dict:
+        return self.controller.metrics()
+
+    # ------------------------------------------------------------------ checkpoints (shared, JSON)
+    def state_dict(self) -> dict:
+        return self.controller.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.controller.load_state_dict(state)

@@ -469,7 +469,7 @@ def remax(
     """ReMax: the reward of the greedy completion of the same prompt as baseline, ``A_i = r_i - r_greedy``.
 
     The trainer generates one greedy completion per prompt and scores it
-    (:mod:`mixrl.trainer.remax_baseline`); ``include`` does not change the baseline.
+    (:mod:`mixrl.trainer.parts.remax_baseline`); ``include`` does not change the baseline.
 
     Formula: ``A_i = R_i - R(x, y_greedy(x))``, y_greedy the greedy (argmax) completion of row i's prompt x
 

@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from mixrl.cli.errors import exit_launched_worker, user_errors
+from mixrl.cli.errors import exit_launched_worker, freeze_at_exit, user_errors
 from mixrl.config import hardware
 from mixrl.config.recipe_index import group_options, list_recipe_names, recipe_summary, recipes_dir
 from mixrl.config.schema import GROUPS
@@ -25,6 +25,8 @@ from mixrl.progress import progress_bar
 # seconds (tests/test_recipes_list.py checks that their path never imports torch).
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+freeze_at_exit()  # the process's last garbage collection skips the run's objects (mixrl.cli.errors)
 
 app = typer.Typer(
     help="mixrl: train language models with on-policy RL mixed with off-policy data, declared in config.\n\n"

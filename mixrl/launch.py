@@ -52,7 +52,7 @@ from mixrl.errors import ConfigError
 from mixrl.trainer.build import prepare_inputs, resolve_model_path
 from mixrl.trainer.fsdp import fsdp_config
 from mixrl.trainer.run import quiet_libraries
-from mixrl.trainer.rundir import HELD_ENV, RunDirLock, check_new_run_dir, default_run_dir
+from mixrl.trainer.state.rundir import HELD_ENV, RunDirLock, check_new_run_dir, default_run_dir
 
 LAUNCH_DIR = "launch"
 CLI = ["-m", "mixrl.cli.main", "train"]
@@ -301,7 +301,7 @@ def _stop(proc: subprocess.Popen | None, sig=signal.SIGTERM, wait_s: float = 30.
 def run_plan(plan: LaunchPlan, say=print, *, new_run: bool = True, lock_held: bool = False) -> int:
     """Write the plan's files, print the command, run it (and the vLLM server) and return its exit status.
     ``lock_held``: this process holds the run directory's lock for the launched processes
-    (:mod:`mixrl.trainer.rundir`), which then do not take it themselves."""
+    (:mod:`mixrl.trainer.state.rundir`), which then do not take it themselves."""
     launch_dir = write_plan(plan, new_run=new_run, say=say)
     held = {HELD_ENV: os.path.realpath(plan.run_dir)} if lock_held else {}
     server = None

@@ -20,7 +20,7 @@ CPU (no prepacked oneDNN weights), which only CPU runs pay. Nothing changes on G
 ``MIXRL_VLLM_CPU_PACKED_WEIGHTS=1`` turns the plugin off (vLLM's packed, non-reloadable weights).
 
 mixrl also checks after every sync that the engine's log-probs agree with the trainer's
-(mixrl.trainer.engine_sync), so a build where this patch no longer takes fails loudly.
+(mixrl.trainer.generation.engine_sync), so a build where this patch no longer takes fails loudly.
 """
 
 from __future__ import annotations

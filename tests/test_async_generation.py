@@ -1,4 +1,4 @@
-"""The actor-learner bookkeeping of ``hardware.vllm_async=true`` (mixrl.trainer.async_generation),
+"""The actor-learner bookkeeping of ``hardware.vllm_async=true`` (mixrl.trainer.generation.async_generation),
 against a fake engine: which weights generated each batch, when weights are pushed, what is kept.
 No vLLM and no training here; tests/test_vllm_cpu.py trains through a real server."""
 
@@ -10,7 +10,7 @@ import pytest
 
 from mixrl.config.compose import compose_config
 from mixrl.errors import ConfigError
-from mixrl.trainer.async_generation import AsyncGeneration, Lookahead, staleness_stats
+from mixrl.trainer.generation.async_generation import AsyncGeneration, Lookahead, staleness_stats
 
 
 class FakeEngine:

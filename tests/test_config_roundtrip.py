@@ -1,5 +1,5 @@
 """A run's saved ``config.yaml`` must always load back: for every shipped algo and recipe,
-the config is composed, written as a run directory holds it (:func:`mixrl.trainer.rundir.config_text`),
+the config is composed, written as a run directory holds it (:func:`mixrl.trainer.state.rundir.config_text`),
 then loaded and validated as ``resume=`` and ``mixrl eval`` do, giving the same config.
 Compose-only (no model, no training)."""
 
@@ -10,8 +10,8 @@ from omegaconf import OmegaConf
 
 from mixrl.config.compose import compose_config, group_options, list_recipe_names
 from mixrl.trainer.saved_eval import eval_config
-from mixrl.trainer.resume import resume_config
-from mixrl.trainer.rundir import config_text
+from mixrl.trainer.state.resume import resume_config
+from mixrl.trainer.state.rundir import config_text
 
 CASES = [f"algo={a}" for a in group_options("algo")] + [f"recipe={r}" for r in list_recipe_names()]
 

@@ -15,8 +15,8 @@ from mixrl.cli.main import app
 from mixrl.core import provenance as prov
 from mixrl.errors import RewardError
 from mixrl.rewards.registry import CheckedReward
-from mixrl.trainer.checkpoint_state import CRITIC_FILE
 from mixrl.trainer.parts.critic import Critic
+from mixrl.trainer.state.checkpoint_state import CRITIC_FILE
 
 runner = CliRunner()
 

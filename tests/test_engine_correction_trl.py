@@ -107,7 +107,7 @@ def _mixrl(cfg, out_dir: Path):
     vllm_cfg = OmegaConf.merge(cfg, {"hardware": {"use_vllm": True}})
     trainer.objective = build_objective(vllm_cfg)
     # the fake engine log-probs differ from the trainer's on purpose (a known perturbation), which the
-    # weight-sync check (mixrl.trainer.engine_sync) would rightly stop as a broken sync: log only
+    # weight-sync check (mixrl.trainer.generation.engine_sync) would rightly stop as a broken sync: log only
     trainer.vllm_sync_tolerance = float("inf")
     return trainer
 

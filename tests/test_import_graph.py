@@ -129,7 +129,8 @@ def test_the_deferral_check_finds_an_unexplained_import(tmp_path):
 def test_the_trainers_rooms_keep_to_themselves():
     """The trainer's parts (``mixrl/trainer/parts``) and generation modules import neither TRL nor
     transformers nor the TRL glue that builds them (``grpo``, ``assembly``, ``build``, ``run``), and
-    generation imports no part; the vLLM plugin package imports neither TRL nor the trainer."""
+    generation imports no part; the run's state (``mixrl/trainer/state``) imports neither those nor
+    a part nor generation; the vLLM plugin package imports neither TRL nor the trainer."""
     assert import_graph.room_violations(REPO / "mixrl") == []
 
 

@@ -124,7 +124,7 @@ def test_sigint_saves_a_checkpoint_and_says_how_to_resume(fast_overrides, tmp_pa
 
 def test_resume_refuses_overrides_that_change_the_run(tmp_path):
     from mixrl.config.compose import compose_config
-    from mixrl.trainer.rundir import config_text
+    from mixrl.trainer.state.rundir import config_text
 
     (tmp_path / "config.yaml").write_text(config_text(compose_config([])))
     res = runner.invoke(app, ["train", f"resume={tmp_path}", "algo.loss.clip_high=0.3"])
@@ -140,7 +140,7 @@ def test_resume_of_a_directory_that_is_not_a_run(tmp_path):
 
 
 def test_truncate_jsonl_drops_rows_after_the_checkpoint_and_a_torn_line(tmp_path):
-    from mixrl.trainer.rundir import truncate_jsonl
+    from mixrl.trainer.state.rundir import truncate_jsonl
 
     p = tmp_path / "m.jsonl"
     p.write_text('{"step": 1}\n{"step": 2}\n{"step": 3}\n{"step": 4, "lo')
@@ -149,7 +149,7 @@ def test_truncate_jsonl_drops_rows_after_the_checkpoint_and_a_torn_line(tmp_path
 
 
 def test_last_checkpoint_ignores_incomplete_folders(tmp_path):
-    from mixrl.trainer.rundir import last_checkpoint
+    from mixrl.trainer.state.rundir import last_checkpoint
 
     (tmp_path / "trainer" / "checkpoint-2").mkdir(parents=True)
     (tmp_path / "trainer" / "checkpoint-2" / "trainer_state.json").write_text("{}")

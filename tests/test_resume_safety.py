@@ -22,8 +22,8 @@ from typer.testing import CliRunner
 from mixrl.cli.main import app
 from mixrl.config.compose import compose_config
 from mixrl.errors import ConfigError
-from mixrl.trainer.resume import resume_config, same_value
-from mixrl.trainer.rundir import config_text
+from mixrl.trainer.state.resume import resume_config, same_value
+from mixrl.trainer.state.rundir import config_text
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,7 +116,7 @@ def _record_trained_config(d: Path, step: int = 2) -> None:
 
     from omegaconf import OmegaConf
 
-    from mixrl.trainer import checkpoint_state
+    from mixrl.trainer.state import checkpoint_state
     from mixrl.trainer.grpo import RunProgress
 
     cfg = OmegaConf.to_container(compose_config([*RUN, f"run_dir={d}"]), resolve=True)
@@ -146,7 +146,7 @@ def test_a_config_yaml_edited_since_the_checkpoint_is_refused_like_the_same_over
 
 def test_a_checkpoint_resumes_under_its_own_config_with_safe_changes(tmp_path, monkeypatch):
     from mixrl.trainer import run
-    from mixrl.trainer.resume import trained_config
+    from mixrl.trainer.state.resume import trained_config
 
     seen = []
     monkeypatch.setattr(run, "train_stages", lambda cfg, stages, console=None: seen.append(cfg) or run.RunResult(Path(cfg.resume), {}))
@@ -162,7 +162,7 @@ def test_a_checkpoint_resumes_under_its_own_config_with_safe_changes(tmp_path, m
 # --------------------------------------------------------------------------- one process per run
 HOLD = """
 import sys, time
-from mixrl.trainer.rundir import RunDirLock
+from mixrl.trainer.state.rundir import RunDirLock
 RunDirLock().acquire(sys.argv[1])
 print("locked", flush=True)
 time.sleep(120)
@@ -186,7 +186,7 @@ def test_a_second_process_on_a_run_in_use_is_refused_and_changes_nothing(hardwar
 
 def test_training_holds_the_lock_until_the_run_ends(tmp_path, monkeypatch):
     from mixrl.trainer import run
-    from mixrl.trainer.rundir import RunDirLock
+    from mixrl.trainer.state.rundir import RunDirLock
 
     seen = {}
 
@@ -218,8 +218,8 @@ def test_a_failed_run_dir_with_a_users_file_is_refused_and_left_as_it_is(tmp_pat
 
 
 def test_a_failed_run_dir_loses_only_mixrls_files(tmp_path):
-    from mixrl.trainer.rundir import check_new_run_dir, clear_failed_run
-    from mixrl.trainer.rundir import LOCK_FILE
+    from mixrl.trainer.state.rundir import check_new_run_dir, clear_failed_run
+    from mixrl.trainer.state.rundir import LOCK_FILE
 
     d = _run_dir(tmp_path)
     (d / "model").mkdir()
@@ -254,7 +254,7 @@ def test_a_readable_checkpoint_passes_the_check(tmp_path):
     import torch
     from safetensors.torch import save_file
 
-    from mixrl.trainer.rundir import unreadable_checkpoint_file
+    from mixrl.trainer.state.rundir import unreadable_checkpoint_file
 
     ckpt = tmp_path / "checkpoint-1"
     ckpt.mkdir()

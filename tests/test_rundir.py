@@ -1,6 +1,6 @@
-"""The run directory's layout (:mod:`mixrl.trainer.rundir`) as documented is the layout its
+"""The run directory's layout (:mod:`mixrl.trainer.state.rundir`) as documented is the layout its
 bookkeeping knows: every entry the module's docstring lists is one that a failed run's
-replacement may remove (:func:`~mixrl.trainer.rundir.written_by_mixrl`), and nothing else is."""
+replacement may remove (:func:`~mixrl.trainer.state.rundir.written_by_mixrl`), and nothing else is."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from mixrl.trainer import rundir
+from mixrl.trainer.state import rundir
 
 
 def _documented_entries() -> list[str]:

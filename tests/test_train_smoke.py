@@ -69,7 +69,7 @@ def _check_run_dir(run_dir: Path, *, steps: int, seed: int, kl: bool) -> dict:
     assert run_dir.is_dir(), f"{run_dir} was not created"
     for name in ("config.yaml", "metrics.jsonl", "summary.json", "model"):
         assert (run_dir / name).exists(), f"{run_dir / name} is missing"
-    from mixrl.trainer.rundir import written_by_mixrl
+    from mixrl.trainer.state.rundir import written_by_mixrl
 
     # a failed run is replaced only when it holds nothing but mixrl's files: every entry must be one
     assert [p.name for p in run_dir.iterdir() if not written_by_mixrl(p)] == []

@@ -22,15 +22,12 @@ REPO = Path(__file__).resolve().parents[1]
 TRAINER = REPO / "mixrl" / "trainer"
 #: the rooms whose modules are parts (or their helpers): no TRL, no trainer
 PART_ROOMS = ("parts", "generation")
-#: part modules outside those rooms (pure bookkeeping, no TRL)
-PART_MODULES = ("async_generation.py",)
 #: the TRL glue: the only trainer modules that build parts from, or hand them, the trainer
 GLUE = ("mixrl.trainer.grpo", "mixrl.trainer.assembly", "mixrl.trainer.build")
 
 
 def part_files(root: Path = TRAINER) -> list[Path]:
-    files = [p for room in PART_ROOMS for p in sorted((root / room).rglob("*.py"))]
-    return files + [root / m for m in PART_MODULES if (root / m).exists()]
+    return [p for room in PART_ROOMS for p in sorted((root / room).rglob("*.py"))]
 
 
 def _classes(path: Path) -> list[ast.ClassDef]:
@@ -170,7 +167,7 @@ def test_the_trainer_has_one_base_trls_and_replaces_only_the_listed_hooks():
 
 def _instances() -> dict:
     """One of every part, built from small stand-ins (no model, no TRL)."""
-    from mixrl.trainer.async_generation import AsyncGeneration, AsyncPipeline
+    from mixrl.trainer.generation.async_generation import AsyncGeneration, AsyncPipeline
     from mixrl.trainer.generation.lagged_weights import LaggedWeights
     from mixrl.trainer.parts import (
         ControllerSteps, Critic, Forwards, Injections, RemaxBaseline, SamplerRounds, Scoring, Teachers,

@@ -89,7 +89,7 @@ def test_compare_refuses_a_log_line_that_is_not_a_row(tmp_path):
 
 
 def test_resume_truncation_drops_unreadable_lines(tmp_path):
-    from mixrl.trainer.rundir import truncate_jsonl
+    from mixrl.trainer.state.rundir import truncate_jsonl
 
     path = tmp_path / "metrics.jsonl"
     path.write_bytes(b'{"step": 1, "loss": 0.5}\n\xff\xfe\n[2]\n{"step": 2}\n{"step": 3}\n{"step": 4, "lo')

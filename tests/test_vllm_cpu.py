@@ -3,7 +3,7 @@
 The tests marked ``vllm`` train for real through vLLM: colocate GRPO and CHORD, server GRPO and
 CHORD against a server started here (``python -m mixrl.vllm_cpu``), 3 steps each on the tiny
 model. Every run checks, after every weight sync, that vLLM's log-probs of the tokens it sampled
-match the trainer's (mixrl.trainer.engine_sync); CHORD at a high learning rate moves the weights
+match the trainer's (mixrl.trainer.generation.engine_sync); CHORD at a high learning rate moves the weights
 far enough that an engine left on stale weights disagrees by ~3 nats per token, and a run with
 the sync disabled must stop with the one-line error. `make test-vllm` runs them in .venv-vllm;
 elsewhere conftest skips them. The unmarked tests (config acceptance, the package check, the
@@ -331,7 +331,7 @@ class _OneProcess:
 
 
 def _check(out, tolerance):
-    from mixrl.trainer import engine_sync
+    from mixrl.trainer.generation import engine_sync
 
     return engine_sync.check(out, accelerator=_OneProcess(), tolerance=tolerance, step=4, own_logps=None)
 
@@ -343,7 +343,7 @@ def _batch(engine, own, source):
 
 
 def test_sync_check_measures_only_the_tokens_the_engine_sampled():
-    from mixrl.trainer import engine_sync
+    from mixrl.trainer.generation import engine_sync
 
     off = prov.EXPERT
     nan = float("nan")
@@ -359,7 +359,7 @@ def test_sync_check_measures_only_the_tokens_the_engine_sampled():
 
 
 def test_sync_tolerance_defaults():
-    from mixrl.trainer.engine_sync import CPU_TOLERANCE, GPU_TOLERANCE, default_tolerance
+    from mixrl.trainer.generation.engine_sync import CPU_TOLERANCE, GPU_TOLERANCE, default_tolerance
 
     assert default_tolerance("cpu", "float32") == default_tolerance("cpu", None) == CPU_TOLERANCE < SYNCED * 100
     assert default_tolerance("cpu", "bfloat16") == default_tolerance("cuda", None) == GPU_TOLERANCE

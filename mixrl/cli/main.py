@@ -94,8 +94,8 @@ def train(
     from mixrl.config.checks import check_environment  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
     from mixrl.config.compose import compose_config, compose_stages, expand_sweeps, parse_overrides  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
     from mixrl.trainer import run as trainer_run  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
-    from mixrl.trainer.resume import resume_config  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
-    from mixrl.trainer.rundir import resume_checkpoint  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+    from mixrl.trainer.state.resume import resume_config  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+    from mixrl.trainer.state.rundir import resume_checkpoint  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
 
     overrides = list(overrides or [])
     jobs = expand_sweeps(overrides) if multirun else [overrides]

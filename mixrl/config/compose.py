@@ -343,7 +343,7 @@ def compose_stages(cfg: DictConfig, overrides: list[str]) -> list[tuple[str, Dic
     return out
 
 
-_parse = parse_overrides  # the name trainer.resume and mixrl eval import
+_parse = parse_overrides  # the name trainer.state.resume and mixrl eval import
 
 
 # --------------------------------------------------------------------------- validation

@@ -29,7 +29,7 @@ def _check_staleness(cfg: DictConfig) -> None:
 
 def _check_async(cfg: DictConfig) -> None:
     """``hardware.vllm_async=true``: the layouts the actor-learner pipeline is built for
-    (mixrl.trainer.async_generation): a vLLM server, one training process with whole weights,
+    (mixrl.trainer.generation.async_generation): a vLLM server, one training process with whole weights,
     one pass per batch, and rollouts that are exactly the data loader's prompts as vLLM samples
     them (what is sent ahead must be what the step trains on)."""
     hw = cfg.hardware

@@ -174,7 +174,7 @@ class HardwareConfig:
     # (engine and trainer in float32), 0.05 on GPUs; inf: measured and logged only
     vllm_sync_tolerance: Optional[float] = None
     # server mode: the server generates the next batch while this one is trained on (actor-learner);
-    # each row records the policy version that sampled it (mixrl.trainer.async_generation)
+    # each row records the policy version that sampled it (mixrl.trainer.generation.async_generation)
     vllm_async: bool = False
     vllm_async_max_staleness: int = 1  # trainer steps a row's generating weights may lag behind (>= 1)
 

@@ -86,7 +86,7 @@ def check_out_dir(out_dir: Path) -> None:
     are reused, the README and tables rewritten), or only its ``runs/`` (a grid that was
     stopped). Otherwise ConfigError naming the first file it did not write (a README.md or
     compare.md of the user's own would be overwritten), as ``run_dir`` is refused
-    (:func:`mixrl.trainer.rundir.check_new_run_dir`): mixrl never overwrites what it did not write."""
+    (:func:`mixrl.trainer.state.rundir.check_new_run_dir`): mixrl never overwrites what it did not write."""
     out_dir = Path(out_dir)
     if not out_dir.exists():
         return

@@ -6,7 +6,7 @@ loading with a library's message (``SafetensorError: incomplete metadata``). A f
 without its tokenizer files makes transformers build an empty tokenizer from ``config.json``,
 which turns every prompt into no tokens and fails at generation (``IndexError``).
 :func:`unreadable_file` finds the first unreadable file in milliseconds (headers only), so
-``resume`` (:func:`mixrl.trainer.rundir.resume_checkpoint`), ``mixrl eval`` / ``mixrl publish``
+``resume`` (:func:`mixrl.trainer.state.rundir.resume_checkpoint`), ``mixrl eval`` / ``mixrl publish``
 (:func:`mixrl.evaluation.saved.resolve_model_dir`) and ``mixrl train model.path=FOLDER``
 (:func:`mixrl.trainer.build.resolve_model_path`) refuse such a folder in one line before any
 model loads; :func:`empty_tokenizer_note` is the tokenizer's check once it is loaded.

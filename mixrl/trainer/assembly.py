@@ -35,7 +35,7 @@ from trl.trainer.utils import add_fused_lm_head
 from mixrl.core.advantages import advantage_needs
 from mixrl.core import ADVANTAGES
 from mixrl.core.terms import term_needs
-from mixrl.trainer.async_generation import AsyncGeneration, AsyncPipeline
+from mixrl.trainer.generation.async_generation import AsyncGeneration, AsyncPipeline
 from mixrl.trainer.generation.lagged_weights import LaggedWeights, cpu_copy, trainable
 from mixrl.trainer.lm_head import fit_tile_to_vocab
 from mixrl.trainer.parts import Parts

@@ -35,7 +35,7 @@ from mixrl.models import tiny_bpe
 from mixrl.rewards import build_reward
 from mixrl.sources import SOURCES
 from mixrl.tasks import arith
-from mixrl.trainer.engine_sync import default_tolerance
+from mixrl.trainer.generation.engine_sync import default_tolerance
 from mixrl.trainer.magnitude import MagnitudeBounds
 from mixrl.vllm_cpu import colocated_engine_dtype, engine_dtype
 from mixrl.vllm_file_transfer import install_client

@@ -21,7 +21,7 @@ pinned by ``tests/test_trl_contract.py``):
   ``engine/*`` metrics describe the mismatch once per generation batch.
 * ``_save_checkpoint`` / ``_load_optimizer_and_scheduler``: everything a resumed run needs to
   continue exactly travels with checkpoints: each part that is on, by name, through the writer
-  :mod:`mixrl.trainer.checkpoint_state`.
+  :mod:`mixrl.trainer.state.checkpoint_state`.
 
 Besides these, ``get_batch_samples`` (transformers' batch fetch) is replaced in async mode, to
 read the next batch's prompts ahead, and TRL's vLLM client is wrapped (:meth:`_wrap_vllm_for_async`).
@@ -45,7 +45,7 @@ writes into TRL's ``_metrics``. The class's only base is TRL's ``GRPOTrainer``.
 * ``sampler``: the sampler (``cfg.sampler``): which prompts, which groups train.
 * ``controller``: when a controller (BAPO, EntroPIC, PALU) steps.
 * ``lag``: ``trainer.staleness = k``, the lagged weights (:mod:`mixrl.trainer.generation.lagged_weights`).
-* ``async_gen``: ``hardware.vllm_async=true``, generation ahead on a vLLM server (:mod:`mixrl.trainer.async_generation`).
+* ``async_gen``: ``hardware.vllm_async=true``, generation ahead on a vLLM server (:mod:`mixrl.trainer.generation.async_generation`).
 """
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ from mixrl.core import provenance as prov
 from mixrl.core.objective import Objective, compute_objective
 from mixrl.sources.base import Rollouts
 from mixrl.sources.rows import splice_prefixes
-from mixrl.trainer import checkpoint_state, engine_sync
 from mixrl.trainer.assembly import build_parts
+from mixrl.trainer.generation import engine_sync
 from mixrl.trainer.generation.lagged_weights import swapped, trainable
 from mixrl.trainer.magnitude import check_step
 from mixrl.trainer.parts.batch_fields import (
@@ -73,6 +73,7 @@ from mixrl.trainer.parts.batch_fields import (
 )
 from mixrl.trainer.parts.sampler_rounds import Round
 from mixrl.trainer.sample_log import capture_rows
+from mixrl.trainer.state import checkpoint_state
 
 OVERRIDDEN = (
     "_generate_single_turn",
@@ -100,7 +101,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
         critic: ``algo.critic`` as a dict (a learned critic for ``advantage gae``), or None.
     """
 
-    #: mean |Δ log p| between vLLM and the trainer above which a weight sync is broken (mixrl.trainer.engine_sync)
+    #: mean |Δ log p| between vLLM and the trainer above which a weight sync is broken (mixrl.trainer.generation.engine_sync)
     vllm_sync_tolerance: float | None = engine_sync.DEFAULT_TOLERANCE
     #: rows of each training batch kept for samples.jsonl (set by SampleLogCallback; 0: none), their texts cut to this many characters
     mixrl_sample_rows: int = 0
@@ -472,7 +473,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
     def _save_checkpoint(self, model, trial):
         """mixrl's files go into the checkpoint folder *before* TRL writes its own, so a
         checkpoint that looks complete (``trainer_state.json`` is written last) has them even
-        when the run is killed right after it (:mod:`mixrl.trainer.checkpoint_state`)."""
+        when the run is killed right after it (:mod:`mixrl.trainer.state.checkpoint_state`)."""
         folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         checkpoint_state.save(folder, self._checkpointed(), rank=self.accelerator.process_index,
                               should_save=self.args.should_save)
@@ -561,11 +562,11 @@ class RunProgress:
         return {"rollouts": int(t.mixrl_rollouts), "generated_tokens": int(t.mixrl_generated_tokens),
                 "micro_step": int(t.micro_step_at_checkpoint()),
                 # the config this checkpoint was trained under (set by mixrl.trainer.run): a resume whose
-                # config.yaml was edited since is refused (mixrl.trainer.resume.check_trained_config)
+                # config.yaml was edited since is refused (mixrl.trainer.state.resume.check_trained_config)
                 **({"config": t.mixrl_config} if t.mixrl_config is not None else {})}
 
     def load_state_dict(self, state: dict) -> None:
-        t = self.trainer  # the counters themselves are restored by mixrl.trainer.resume.load_run_state before training
+        t = self.trainer  # the counters themselves are restored by mixrl.trainer.state.resume.load_run_state before training
         t._step = int(state.get("micro_step", int(t.state.global_step) * int(t.args.gradient_accumulation_steps)))
 
 

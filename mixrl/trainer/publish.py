@@ -15,7 +15,7 @@ W&B alike, as in ``metrics.jsonl``. TensorBoard writes its events to ``RUN_DIR/t
 
 :func:`write_model_card` writes ``model/README.md`` (recipe, paper, base model, data, held-out
 results before/after, the resolved config, how to load it with plain transformers).
-:func:`save_merged` writes ``model-merged/`` (:data:`mixrl.trainer.rundir.MERGED_DIR`): a LoRA adapter merged into its base model
+:func:`save_merged` writes ``model-merged/`` (:data:`mixrl.trainer.state.rundir.MERGED_DIR`): a LoRA adapter merged into its base model
 (``model.lora.save_merged=true``).
 """
 

@@ -1,7 +1,7 @@
 """One training run: held-out accuracy before/after, train, save, summary; a staged run's stages.
 
 The run directory (its layout, lock, saved config, the refusal of one in use, the FAILED
-marker) is :mod:`mixrl.trainer.rundir`'s; the inputs and the trainer are assembled by
+marker) is :mod:`mixrl.trainer.state.rundir`'s; the inputs and the trainer are assembled by
 :mod:`mixrl.trainer.build` (:func:`~mixrl.trainer.build.prepare_inputs`,
 :func:`~mixrl.trainer.build.trainer_from_config`).
 """
@@ -26,9 +26,9 @@ from mixrl.errors import MixrlUserError, RewardError, RunInterrupted, TrainingDi
 from mixrl.trainer import build
 from mixrl.trainer.build import RunInputs, prepare_inputs
 from mixrl.trainer.magnitude import MagnitudeExceeded
-from mixrl.trainer.resume import load_run_state
 from mixrl.trainer.sample_log import SAMPLES_FILE
-from mixrl.trainer.rundir import (
+from mixrl.trainer.state.resume import load_run_state
+from mixrl.trainer.state.rundir import (
     EVAL_BEFORE,
     LOCK_FILE,
     MERGED_DIR,
@@ -119,7 +119,7 @@ def train(cfg: DictConfig, console: Console | None = None, *, before: dict | Non
 
     Every check runs before the run directory is created (:func:`prepare_inputs`), so a
     failed start leaves nothing behind. ``cfg.resume`` set: continue that run from its last
-    checkpoint (see :mod:`mixrl.trainer.resume`). A failure after the run directory exists
+    checkpoint (see :mod:`mixrl.trainer.state.resume`). A failure after the run directory exists
     writes the ``FAILED`` marker; SIGINT / SIGTERM save a checkpoint and raise :class:`RunInterrupted`
     (during a held-out evaluation they stop it within a batch: before training nothing is saved,
     after training the final model already is, since it is saved before that evaluation)."""

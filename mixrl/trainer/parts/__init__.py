@@ -4,7 +4,7 @@ Each part owns its state, is given what it needs (its config node and long-lived
 construction; the model as it is now, the batch and the step as call arguments), returns results
 and a metrics dict (only the trainer writes TRL's ``_metrics``), never holds the trainer, and is
 ``Stateful`` (``state_dict()`` / ``load_state_dict()``, working right after construction; the
-checkpoint writer :mod:`mixrl.trainer.checkpoint_state` saves each under its own name). None of
+checkpoint writer :mod:`mixrl.trainer.state.checkpoint_state` saves each under its own name). None of
 these modules imports TRL: what they need of it arrives as a callable. They are all built in one
 place, :func:`mixrl.trainer.assembly.build_parts`.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from mixrl.trainer.async_generation import AsyncPipeline
+from mixrl.trainer.generation.async_generation import AsyncPipeline
 from mixrl.trainer.generation.lagged_weights import LaggedWeights
 from mixrl.trainer.parts.controller_steps import ControllerSteps
 from mixrl.trainer.parts.critic import Critic

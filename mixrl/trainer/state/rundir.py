@@ -27,7 +27,7 @@ leaves a stale lock behind. Only rank 0 of a multi-process run takes it; a resum
 through the launcher (:mod:`mixrl.launch`) takes it in the launching process, before it
 writes ``launch/``, and tells the processes it starts (``MIXRL_RUN_DIR_LOCK_HELD``) not to.
 
-Whether a resume may go on (the config comparison) is :mod:`mixrl.trainer.resume`'s job; which
+Whether a resume may go on (the config comparison) is :mod:`mixrl.trainer.state.resume`'s job; which
 checkpoint it continues from, and whether that checkpoint is readable, is this module's.
 """
 
@@ -272,7 +272,7 @@ def resume_checkpoint(cfg: DictConfig) -> Path:
     """The checkpoint ``cfg.resume`` continues from; ConfigError when there is none, when
     ``trainer.max_steps`` leaves nothing to train, when a file of it is unreadable or when
     ``cfg`` trains something else than it was trained under
-    (:func:`mixrl.trainer.resume.check_trained_config`). Reads only."""
+    (:func:`mixrl.trainer.state.resume.check_trained_config`). Reads only."""
     run_dir = Path(cfg.resume)
     ckpt = last_checkpoint(run_dir)
     if ckpt is None:
@@ -293,7 +293,7 @@ def resume_checkpoint(cfg: DictConfig) -> Path:
             f"resume={run_dir}: {ckpt.name}/{name} is unreadable ({reason}); delete {ckpt} to resume from the "
             "checkpoint before it (if one is kept), or start a new run"
         )
-    from mixrl.trainer.resume import check_trained_config  # deferred: trainer.resume imports the config composition
+    from mixrl.trainer.state.resume import check_trained_config  # deferred: trainer.state.resume imports the config composition
 
     check_trained_config(cfg, ckpt)  # config.yaml edited since (another algo): refused as on the command line
     return ckpt

@@ -38,7 +38,7 @@ import torch
 from torch.distributed.checkpoint.stateful import Stateful
 
 from mixrl.errors import ConfigError
-from mixrl.trainer.resume import RUN_STATE_FILE
+from mixrl.trainer.state.resume import RUN_STATE_FILE
 
 STATE_FILE = "mixrl_state.json"
 GENERATION_FILE = "mixrl_generation_rank{rank}.pt"  # per process: lag snapshots, a buffered generation batch

@@ -14,7 +14,7 @@ resumed run:
 
 This module decides whether a resume may go on (the run's config against the command line)
 and reads mixrl's counters back from a checkpoint; finding the checkpoint, checking it is readable
-and trimming the logs are run-directory bookkeeping (:mod:`mixrl.trainer.rundir`).
+and trimming the logs are run-directory bookkeeping (:mod:`mixrl.trainer.state.rundir`).
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def resume_config(run_dir: str, overrides: list[str], composed: DictConfig | Non
     with the whole command line as for a new run (``composed``, composed here when not given)
     and compared over that section (a recipe: the whole config). The last override of a key
     wins, as in composition. Reads only: a refused resume changes nothing (the CLI then checks
-    :func:`mixrl.trainer.rundir.resume_checkpoint`, still before anything is written).
+    :func:`mixrl.trainer.state.rundir.resume_checkpoint`, still before anything is written).
 
     Raises ``ConfigError`` (one line) when the directory is not a run, its config does not
     load back, an override would change the objective, data or model of the run, or the run's
@@ -192,7 +192,7 @@ def resume_config(run_dir: str, overrides: list[str], composed: DictConfig | Non
 
 
 #: mixrl's own counters in a checkpoint (rollouts, generated tokens, TRL's micro-batch counter),
-#: written by the trainer's ``progress`` state (mixrl.trainer.checkpoint_state)
+#: written by the trainer's ``progress`` state (mixrl.trainer.state.checkpoint_state)
 RUN_STATE_FILE = "mixrl_run_state.json"
 
 

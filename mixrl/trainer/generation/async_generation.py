@@ -27,7 +27,7 @@ trainer step - version, at most ``max_staleness``). The trainer computes the row
 log-probs (``old_per_token_logps``) under exactly those weights (a CPU snapshot of the
 trainable parameters is taken at each push, kept while a request of its version may still be
 trained on), so vLLM's sampling log-probs are compared with the generating weights' (the
-weight-sync check, :mod:`mixrl.trainer.engine_sync`), the engine-mismatch correction corrects
+weight-sync check, :mod:`mixrl.trainer.generation.engine_sync`), the engine-mismatch correction corrects
 the engine's numerics only, and the policy ratio pi_theta / pi_old carries the staleness (what
 PPO clipping, M2PO or TOPR act on).
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mixrl.experiments.claims import render_claims
+from mixrl.experiments.claims import render_claims, render_estimates
 from mixrl.experiments.summary import MethodRow, by_level
 
 # --------------------------------------------------------------------------- formatting
@@ -83,6 +83,32 @@ def render_by_level(entries: list[dict]) -> str:
     return _md_table(header, body, left=(0, 1))
 
 
+CLAIMS_INTRO = (
+    "Each claim compares the per-seed values of two methods. The verdict comes from the stated test at 95% "
+    "(computed by `scipy.stats`): **agrees** / **disagrees** when the difference is significant in / against the claimed "
+    "direction, else **not resolved at this budget**. The interval is the deciding test's interval of the difference "
+    "(Welch: t-interval; bootstrap: percentile interval). The claims of a suite are judged together, so the table also "
+    "gives each Welch p-value adjusted by Holm's step-down procedure over all the measured claims (\"A Simple "
+    "Sequentially Rejective Multiple Test Procedure\", Holm 1979) and the verdict that stands at a family-wise error "
+    "rate of 5%: **verdict (Holm)**.")
+
+ESTIMATES_INTRO = (
+    "The interval estimates of \"Deep Reinforcement Learning at the Edge of the Statistical Precipice\" (Agarwal et al. "
+    "2021, arXiv:2108.13264; rliable): each side's interquartile mean over its seeds and P(method better than "
+    "baseline) (Mann-Whitney U / (n m), ties one half), each with a 95% stratified percentile bootstrap interval "
+    "(50,000 resamples, seeded).")
+
+
+def render_claims_section(claims: Sequence[dict]) -> str:
+    """``## Claims``: the verdicts (raw and under Holm) and the rliable interval estimates.
+    ``mixrl rejudge`` replaces this section of a committed page with a new one."""
+    out = ["## Claims", "", CLAIMS_INTRO, "", render_claims(claims), ""]
+    estimates = render_estimates(claims)
+    if estimates:
+        out += ["### Interval estimates", "", ESTIMATES_INTRO, "", estimates, ""]
+    return "\n".join(out).rstrip("\n")
+
+
 def render_markdown(rows: list[MethodRow], metric: str, target: float, plots: dict[str, str], curve_source: str,
                     inputs: Sequence[str] = (), claims: Sequence[dict] = ()) -> str:
     out = [f"# mixrl compare: held-out `{metric}`", ""]
@@ -108,11 +134,7 @@ def render_markdown(rows: list[MethodRow], metric: str, target: float, plots: di
                 "estimator from `trainer.eval_samples` samples per problem (\"Evaluating Large Language Models Trained on Code\", "
                 "Chen et al. 2021).", "", level_table, ""]
     if claims:
-        out += ["## Claims", "",
-                "Each claim compares the per-seed values of two methods. The verdict comes from the stated test at 95%: "
-                "**agrees** / **disagrees** when the difference is significant in / against the claimed direction, else "
-                "**not resolved at this budget**. The interval is the deciding test's interval of the difference "
-                "(Welch: t-interval; bootstrap: percentile interval).", "", render_claims(claims), ""]
+        out += [render_claims_section(claims), ""]
     out += ["## Runs", ""]
     per_run = []
     for r in rows:

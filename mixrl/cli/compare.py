@@ -22,6 +22,7 @@ from rich.table import Table
 
 from mixrl.cli.errors import user_errors
 from mixrl.experiments.compare import compare as run_compare
+from mixrl.experiments.rejudge import check_folder, rejudge_folder
 from mixrl.experiments.report import table_cells, table_header
 from mixrl.benchmarks.spec import is_benchmark_override
 from mixrl.errors import ConfigError
@@ -88,8 +89,6 @@ def rejudge(
     """Judge the claims of results folders again from the per-seed values in their compare.json (no runs needed):
     scipy's tests, Holm's adjustment, rliable's interval estimates. Rewrites compare.json and the Claims
     section of compare.md and README.md, and prints every verdict that changed."""
-    from mixrl.experiments.rejudge import check_folder, rejudge_folder
-
     out, _ = _consoles()
     for folder in folders:  # every folder is checked before any is written
         check_folder(folder)

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from mixrl.errors import ConfigError
-from mixrl.experiments.intervals import claim_estimates
 from mixrl.experiments.stats import AGREES, DISAGREES, TESTS, UNRESOLVED, holm, judge
 
 ALPHA = 0.05
@@ -137,6 +136,8 @@ def _judge_row(row: dict) -> dict:
     row.update(judge(a, b, better=row["better"], test=row["test"]).as_dict())
     row["method_mean"] = sum(a) / len(a)
     row["baseline_mean"] = sum(b) / len(b)
+    from mixrl.experiments.intervals import claim_estimates  # deferred: numpy and scipy; `mixrl --help` imports this module
+
     row.update(claim_estimates(a, b, better=row["better"]))
     if row["stat"] in ("rollouts_to", "tokens_to"):
         _censor(row)

@@ -51,14 +51,14 @@ def _matrix(scores) -> np.ndarray:
 
 def iqm(scores) -> float:
     """Interquartile mean over all runs and tasks (25% trimmed mean; rliable ``aggregate_iqm``)."""
-    from scipy.stats import trim_mean  # deferred: scipy loads in ~0.3 s
+    from scipy.stats import trim_mean  # deferred: scipy loads in ~0.3 s; `mixrl --help` imports this module
 
     return float(trim_mean(_matrix(scores), proportiontocut=0.25, axis=None))
 
 
 def _iqm_batched(x: np.ndarray) -> np.ndarray:
     """IQM of each ``x[r]`` (shape ``resamples x runs x tasks``)."""
-    from scipy.stats import trim_mean
+    from scipy.stats import trim_mean  # deferred: see iqm
 
     return trim_mean(x.reshape(x.shape[0], -1), proportiontocut=0.25, axis=1)
 
@@ -73,7 +73,7 @@ def _poi_batched(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 def probability_of_improvement(x, y) -> float:
     """P(X > Y) averaged over tasks, from each task's Mann-Whitney U / (n m) (rliable
     ``probability_of_improvement``; ``scipy.stats.mannwhitneyu``)."""
-    from scipy.stats import mannwhitneyu
+    from scipy.stats import mannwhitneyu  # deferred: see iqm
 
     x, y = _matrix(x), _matrix(y)
     if x.shape[1] != y.shape[1]:

@@ -49,3 +49,34 @@ def test_claim_estimates_direction():
     assert e["iqm_method"] == pytest.approx((0.50 + 0.50 + 0.51) / 3) and e["iqm_baseline"] == pytest.approx(0.11)
     assert (e["poi"], e["poi_low"], e["poi_high"]) == (1.0, 1.0, 1.0)
     assert claim_estimates(hi, lo, better="lower", resamples=2000)["poi"] == 0.0  # fewer rollouts is better: the method loses
+
+
+def test_compare_aggregates_over_levels_by_hand(tmp_path):
+    import json
+
+    from mixrl.experiments.claims import parse_claim
+    from mixrl.experiments.compare import compare
+
+    levels = {"a/x": [(0.6, 0.4), (0.7, 0.5), (0.8, 0.6)], "b/x": [(0.5, 0.0), (0.6, 0.0), (0.7, 0.1)]}
+    for recipe, per_run in levels.items():
+        for seed, (l3, l5) in enumerate(per_run):
+            d = tmp_path / "runs" / f"{recipe[0]}{seed}"
+            d.mkdir(parents=True)
+            after = {"accuracy": (l3 + l5) / 2, "accuracy/level3": l3, "accuracy/level5": l5, "n": 8.0}
+            (d / "summary.json").write_text(json.dumps({"recipe": recipe, "algo": recipe[0], "seed": seed, "steps": 2,
+                                                        "rollouts": 20, "eval_before": {"accuracy": 0.1}, "eval_after": after}))
+    claim = parse_claim({"paper": "P", "claim": "A beats B", "method": "a/x", "baseline": "b/x"})
+    res = compare([tmp_path / "runs"], tmp_path / "out", plots=False, claims=[claim])
+    agg = res.aggregate
+    assert agg["levels"] == ["3", "5"] and agg["baseline"] == "b/x"
+    a, b = agg["methods"]
+    # A's 6 scores sorted 0.4 0.5 0.6 0.6 0.7 0.8: drop one each side -> mean(0.5, 0.6, 0.6, 0.7) = 0.6
+    # B's: 0 0 0.1 0.5 0.6 0.7 -> mean(0, 0.1, 0.5, 0.6) = 0.3
+    assert (a["iqm"], b["iqm"]) == (pytest.approx(0.6), pytest.approx(0.3))
+    assert a["iqm_low"] <= 0.6 <= a["iqm_high"]
+    # P(A > B): level 3, [0.6 0.7 0.8] vs [0.5 0.6 0.7]: 6 wins + 2 ties x 1/2 = 7/9; level 5: 1 -> (7/9 + 1) / 2
+    assert a["poi"] == pytest.approx(8 / 9) and b["poi"] is None
+    assert a["poi_low"] <= 8 / 9 <= a["poi_high"]
+    md = (tmp_path / "out" / "compare.md").read_text()
+    assert "## Over the levels" in md and "| a/x | 3 x 2 | 0.600 [" in md
+    assert json.loads((tmp_path / "out" / "compare.json").read_text())["aggregate"]["scores"]["b/x"][2] == [0.7, 0.1]

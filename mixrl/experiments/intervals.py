@@ -128,3 +128,23 @@ def claim_estimates(a: Sequence[float], b: Sequence[float], *, better: str = "hi
     out["poi_low"], out["poi_high"] = stratified_bootstrap_ci(_poi_batched, sign * x, sign * y, resamples=resamples,
                                                               seed=seed)
     return out
+
+
+def suite_estimates(scores: dict[str, Sequence[Sequence[float]]], *, baseline: str | None = None,
+                    resamples: int = RESAMPLES, seed: int = 0) -> list[dict]:
+    """Per method (``scores``: method -> runs x tasks, the same tasks for every method): the IQM over
+    runs and tasks with its stratified bootstrap 95% interval and, against ``baseline`` (when it is
+    one of the methods), P(method > baseline) averaged over tasks with its interval; the figures
+    the paper draws for a suite (its Fig. 1 and Fig. 8)."""
+    out = []
+    base = _matrix(scores[baseline]) if baseline in scores else None
+    for i, (method, s) in enumerate(scores.items()):
+        x = _matrix(s)
+        low, high = stratified_bootstrap_ci(_iqm_batched, x, resamples=resamples, seed=seed + i)
+        row = {"method": method, "runs": x.shape[0], "tasks": x.shape[1], "iqm": iqm(x), "iqm_low": low, "iqm_high": high,
+               "poi": None, "poi_low": None, "poi_high": None}
+        if base is not None and method != baseline:
+            row["poi"] = probability_of_improvement(x, base)
+            row["poi_low"], row["poi_high"] = stratified_bootstrap_ci(_poi_batched, x, base, resamples=resamples, seed=seed + i)
+        out.append(row)
+    return out

@@ -90,3 +90,8 @@ def test_rejudge_cli(tmp_path):
     r = CliRunner().invoke(app, ["rejudge", str(d), str(empty)])
     assert r.exit_code == 2 and "has no compare.json" in r.output
     assert "old table" in (d / "README.md").read_text()  # every folder is checked before any is written
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "compare.json").write_text(json.dumps({"claims": [{"method_values": [1.0], "baseline_values": [0.0]}]}))
+    r = CliRunner().invoke(app, ["rejudge", str(broken)])
+    assert r.exit_code == 2 and "claim 1 lacks paper" in r.output and len(r.output.strip().splitlines()) == 1

@@ -20,6 +20,8 @@ from mixrl.experiments.claims import rejudge
 from mixrl.experiments.report import render_claims_section
 
 PAGES = ("compare.md", "README.md")
+#: what a claim row of compare.json must hold to be judged again
+REQUIRED = ("paper", "claim", "method", "baseline", "metric", "stat", "better", "target", "what", "verdict")
 #: from "## Claims" to the next level-2 heading (or the end)
 _SECTION = re.compile(r"^## Claims\n.*?(?=^## |\Z)", re.S | re.M)
 
@@ -45,8 +47,12 @@ def check_folder(folder: Path) -> list[dict]:
         raise ConfigError(f"{path} is not valid JSON ({e}); restore it from git or run mixrl compare again") from None
     claims = data.get("claims") or []
     for i, c in enumerate(claims):
-        if "method_values" not in c or "baseline_values" not in c:
+        if not isinstance(c, dict) or "method_values" not in c or "baseline_values" not in c:
             raise ConfigError(f"{path}: claim {i + 1} has no per-seed values (method_values, baseline_values); "
+                              "run mixrl compare on the runs instead")
+        missing = [k for k in REQUIRED if k not in c]
+        if missing:
+            raise ConfigError(f"{path}: claim {i + 1} lacks {', '.join(missing)}; restore compare.json from git or "
                               "run mixrl compare on the runs instead")
     return claims
 

@@ -1,4 +1,6 @@
-"""mixrl.experiments.stats: Welch's t-test, the bootstrap interval and verdicts, against hand computations."""
+"""mixrl.experiments.stats: Welch's t-test, the bootstrap interval, Holm's adjustment and verdicts, against hand
+computations, textbook values and the hand-written incomplete-beta code they replace (mixrl.experiments.stats at
+commit 99786f1)."""
 
 from __future__ import annotations
 
@@ -6,7 +8,7 @@ import math
 
 import pytest
 
-from mixrl.experiments.stats import AGREES, DISAGREES, UNRESOLVED, bootstrap_ci, judge, t_two_sided_p, welch
+from mixrl.experiments.stats import AGREES, DISAGREES, UNRESOLVED, bootstrap_ci, holm, judge, mean_ci, t_quantile, t_two_sided_p, welch
 
 
 def test_t_p_value_matches_closed_forms():
@@ -19,6 +21,35 @@ def test_t_p_value_matches_closed_forms():
     assert t_two_sided_p(1.959964, 1e7) == pytest.approx(0.05, abs=1e-5)
     # the textbook quantile t_{0.975, 4} = 2.776445
     assert t_two_sided_p(2.776445, 4) == pytest.approx(0.05, abs=1e-6)
+    # textbook table quantiles: t_{0.975, 4} = 2.776, t_{0.975, 10} = 2.228, t_{0.995, 5} = 4.032
+    assert t_quantile(0.975, 4) == pytest.approx(2.776445, abs=1e-6)
+    assert t_quantile(0.975, 10) == pytest.approx(2.228139, abs=1e-6)
+    assert t_quantile(0.995, 5) == pytest.approx(4.032143, abs=1e-6)
+
+
+def test_scipy_agrees_with_the_hand_written_code_it_replaces():
+    # values of welch / mean_ci from the incomplete-beta implementation at commit 99786f1
+    w = welch([0.5, 0.6, 0.55, 0.7, 0.52], [0.4, 0.45, 0.5, 0.42, 0.48])
+    assert (w.t, w.df) == (pytest.approx(3.0846152896509684, rel=1e-12), pytest.approx(5.990347384067678, rel=1e-12))
+    assert w.p == pytest.approx(0.02158032072318552, rel=1e-9)
+    assert (w.low, w.high) == (pytest.approx(0.025596927125623975, rel=1e-9), pytest.approx(0.22240307287437613, rel=1e-9))
+    w = welch([0.124, 0.13, 0.11, 0.125, 0.131], [0.16, 0.148, 0.148, 0.137, 0.164])
+    assert w.p == pytest.approx(0.002345916565636754, rel=1e-9)
+    assert w.low == pytest.approx(-0.04162226109627844, rel=1e-9)
+    m, lo, hi = mean_ci([0.3, 0.35, 0.25, 0.4, 0.3])
+    assert (m, lo, hi) == (pytest.approx(0.32), pytest.approx(0.2492142611508864, rel=1e-9), pytest.approx(0.3907857388491136, rel=1e-9))
+
+
+def test_welch_with_one_constant_group_is_quiet_and_exact():
+    # every run of one side at its budget (rollouts_to): s_b = 0, so t = diff / (s_a / sqrt(n_a)), df = n_a - 1
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        w = welch([5120.0, 12800.0, 8960.0, 6400.0, 11520.0], [12800.0] * 5)
+    sa = math.sqrt(sum((x - 8960.0) ** 2 for x in [5120.0, 12800.0, 8960.0, 6400.0, 11520.0]) / 4)
+    assert w.t == pytest.approx(-3840.0 / (sa / math.sqrt(5)))
+    assert w.df == pytest.approx(4)
 
 
 def test_welch_by_hand():
@@ -64,6 +95,15 @@ def test_bootstrap_by_hand_and_seeded():
     assert bootstrap_ci(a, b, seed=3) == bootstrap_ci(a, b, seed=3)
     lo, hi = bootstrap_ci(a, b)
     assert lo < sum(a) / 5 - sum(b) / 5 < hi and lo > 0
+
+
+def test_holm_by_hand():
+    # sorted p: 0.005 (x4 = 0.02), 0.01 (x3 = 0.03), 0.03 (x2 = 0.06), 0.04 (x1 = 0.04 -> max so far 0.06)
+    assert holm([0.01, 0.04, 0.03, None, 0.005]) == [pytest.approx(0.03), pytest.approx(0.06), pytest.approx(0.06), None,
+                                                     pytest.approx(0.02)]
+    assert holm([0.4, 0.9]) == [pytest.approx(0.8), pytest.approx(0.9)]  # capped at 1 and monotone
+    assert holm([0.6, 0.7]) == [1.0, 1.0]
+    assert holm([0.03]) == [0.03] and holm([]) == []
 
 
 def test_verdicts():

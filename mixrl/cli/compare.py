@@ -1,8 +1,9 @@
-"""``mixrl compare`` and ``mixrl eval`` (logic in :mod:`mixrl.experiments.compare` and
+"""``mixrl compare``, ``mixrl rejudge`` and ``mixrl eval`` (logic in :mod:`mixrl.experiments.compare`,
+:mod:`mixrl.experiments.rejudge` and
 :mod:`mixrl.trainer.saved_eval`).
 
-Registered in ``mixrl.cli.main`` with ``app.command("compare")(compare)`` and
-``app.command("eval")(eval_model)``; user errors print one line and exit 2
+Registered in ``mixrl.cli.main`` with ``app.command("compare")(compare)``,
+``app.command("rejudge")(rejudge)`` and ``app.command("eval")(eval_model)``; user errors print one line and exit 2
 (``mixrl.cli.errors.user_errors``).
 """
 
@@ -21,6 +22,7 @@ from rich.table import Table
 
 from mixrl.cli.errors import user_errors
 from mixrl.experiments.compare import compare as run_compare
+from mixrl.experiments.rejudge import check_folder, rejudge_folder
 from mixrl.experiments.report import table_cells, table_header
 from mixrl.benchmarks.spec import is_benchmark_override
 from mixrl.errors import ConfigError
@@ -73,6 +75,35 @@ def compare(
     table.caption = f"{n_runs} runs; final/best: mean ± sample std over runs; rollouts: mean over runs that reached the target"
     out.print(table)
     out.print(f"wrote [bold]{result.markdown}[/]" + (f" and {len(result.plots)} plots in {result.out_dir}" if result.plots else ""))
+
+
+# --------------------------------------------------------------------------- rejudge
+@user_errors
+def rejudge(
+    folders: List[Path] = typer.Argument(
+        ..., help="Results folders holding compare.json (written by mixrl reproduce or mixrl compare), e.g. docs/results/hard.",
+        show_default=False,
+    ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the changes without rewriting any file."),
+):
+    """Judge the claims of results folders again from the per-seed values in their compare.json (no runs needed):
+    scipy's tests, Holm's adjustment, rliable's interval estimates. Rewrites compare.json and the Claims
+    section of compare.md and README.md, and prints every verdict that changed."""
+    out, _ = _consoles()
+    for folder in folders:  # every folder is checked before any is written
+        check_folder(folder)
+    table = Table(title="mixrl rejudge: verdicts that changed")
+    for col in ("folder", "claim", "before", "now", "now, under Holm"):
+        table.add_column(col)
+    total = 0
+    for folder in folders:
+        rows, changes = rejudge_folder(folder, write=not dry_run)
+        total += len(rows)
+        for c in changes:
+            table.add_row(escape(c.folder), escape(c.claim), c.old, c.new, c.holm)
+        out.print(f"{folder}: {len(rows)} claims, {len(changes)} changed" + ("" if dry_run or not rows else " (rewritten)"))
+    if table.row_count:
+        out.print(table)
 
 
 # --------------------------------------------------------------------------- eval

@@ -323,8 +323,9 @@ def _build_tiny_on_data(cfg, overrides: list[str], *, force: bool, steps: Option
 
 from mixrl.cli.explain import explain  # noqa: E402
 app.command()(explain)
-from mixrl.cli.compare import compare, eval_model  # noqa: E402
+from mixrl.cli.compare import compare, eval_model, rejudge  # noqa: E402
 app.command("compare")(compare)
+app.command("rejudge")(rejudge)
 from mixrl.cli.samples import samples  # noqa: E402
 app.command("samples")(samples)
 app.command("eval")(eval_model)

@@ -23,7 +23,11 @@ Runs are grouped by method: the recipe name when the run used one, else ``algo``
 * held-out pass@k by level: greedy accuracy and pass@k (``trainer.eval_samples``) before and
   after training, per level, mean ± std over runs;
 * claims (``claims=``, e.g. from a suite): per claim a verdict from a stated test over the
-  seeds (:mod:`mixrl.experiments.claims`, :mod:`mixrl.experiments.stats`).
+  seeds (:mod:`mixrl.experiments.claims`, :mod:`mixrl.experiments.stats`), with Holm's adjustment
+  over the claims and rliable's interval estimates;
+* over the held-out levels (tasks), rliable's suite figures: each method's interquartile mean of
+  the final per-level accuracy over runs x levels with a stratified bootstrap interval, and its
+  probability of improvement over the claims' usual baseline (:func:`aggregate_over_levels`).
 
 Everything here is pure Python over the files (no torch import); plots need matplotlib.
 This module is the entry point; the work is in :mod:`~mixrl.experiments.runs` (reading),
@@ -44,7 +48,7 @@ from mixrl.experiments.claims import judge_claims
 from mixrl.experiments.plots import curve_source, make_plots, require_matplotlib
 from mixrl.experiments.report import render_markdown
 from mixrl.experiments.runs import CompareError, find_runs, load_run
-from mixrl.experiments.summary import MethodRow, available_metrics, by_level, group_runs, summarize
+from mixrl.experiments.summary import MethodRow, available_metrics, by_level, group_runs, level_scores, summarize
 
 # --------------------------------------------------------------------------- entry point
 @dataclass
@@ -55,6 +59,30 @@ class CompareResult:
     plots: dict[str, str]
     curve_source: str
     claims: list = field(default_factory=list)
+    aggregate: dict | None = None
+
+
+def aggregate_over_levels(rows: Sequence[MethodRow], claims: Sequence = (), measure: str = "accuracy") -> dict | None:
+    """rliable's suite figures over the held-out levels (:func:`mixrl.experiments.intervals.suite_estimates`):
+    each method's final ``measure`` per run and level, its IQM and stratified bootstrap interval, and
+    P(method > baseline), the baseline being the method the claims name most often as theirs. None
+    when fewer than two levels are shared by every method."""
+    scores = {}
+    for r in rows:
+        levels, matrix = level_scores(r, measure)
+        if matrix:
+            scores[r.method] = (levels, matrix)
+    shared = set.intersection(*(set(lv) for lv, _ in scores.values())) if scores else set()
+    if len(shared) < 2:
+        return None
+    levels = sorted(shared, key=int)
+    mats = {m: [[row[lv.index(x)] for x in levels] for row in mat] for m, (lv, mat) in scores.items()}
+    named = [c.baseline for c in claims if c.baseline in mats]
+    baseline = max(set(named), key=named.count) if named else None
+    from mixrl.experiments.intervals import suite_estimates  # deferred: numpy and scipy; `mixrl --help` imports compare
+
+    return {"measure": measure, "levels": levels, "baseline": baseline, "scores": mats,
+            "methods": suite_estimates(mats, baseline=baseline)}
 
 
 def compare(paths: Sequence[str | Path], out_dir: str | Path, *, metric: str = "accuracy", target: float = 0.6,
@@ -76,11 +104,13 @@ def compare(paths: Sequence[str | Path], out_dir: str | Path, *, metric: str = "
     if claims:
         judged = judge_claims(list(claims), groups)
     levels = by_level(rows)
+    aggregate = aggregate_over_levels(rows, claims)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written, desc = (make_plots(rows, out, metric, band) if plots else ({}, curve_source(runs, metric)))
     md = out / "compare.md"
-    md.write_text(render_markdown(rows, metric, target, written, desc, [str(p) for p in paths], judged))
+    md.write_text(render_markdown(rows, metric, target, written, desc, [str(p) for p in paths], judged,
+                                 aggregate))
     data = {
         "metric": metric, "target": target,
         "methods": [{
@@ -93,7 +123,8 @@ def compare(paths: Sequence[str | Path], out_dir: str | Path, *, metric: str = "
         } for r in rows],
         "by_level": levels,
         "claims": judged,
+        "aggregate": aggregate,
         "plots": written,
     }
     (out / "compare.json").write_text(json.dumps(data, indent=2))
-    return CompareResult(rows, out, md, written, desc, judged)
+    return CompareResult(rows, out, md, written, desc, judged, aggregate)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mixrl.experiments.claims import render_claims
+from mixrl.experiments.claims import render_claims, render_estimates
 from mixrl.experiments.summary import MethodRow, by_level
 
 # --------------------------------------------------------------------------- formatting
@@ -83,8 +83,58 @@ def render_by_level(entries: list[dict]) -> str:
     return _md_table(header, body, left=(0, 1))
 
 
+CLAIMS_INTRO = (
+    "Each claim compares the per-seed values of two methods. The verdict comes from the stated test at 95% "
+    "(computed by `scipy.stats`): **agrees** / **disagrees** when the difference is significant in / against the claimed "
+    "direction, else **not resolved at this budget**. The interval is the deciding test's interval of the difference "
+    "(Welch: t-interval; bootstrap: percentile interval). The claims of a suite are judged together, so the table also "
+    "gives each Welch p-value adjusted by Holm's step-down procedure over all the measured claims (\"A Simple "
+    "Sequentially Rejective Multiple Test Procedure\", Holm 1979) and the verdict that stands at a family-wise error "
+    "rate of 5%: **verdict (Holm)**.")
+
+ESTIMATES_INTRO = (
+    "The interval estimates of \"Deep Reinforcement Learning at the Edge of the Statistical Precipice\" (Agarwal et al. "
+    "2021, arXiv:2108.13264; rliable): each side's interquartile mean over its seeds and P(method better than "
+    "baseline) (Mann-Whitney U / (n m), ties one half), each with a 95% stratified percentile bootstrap interval "
+    "(50,000 resamples, seeded).")
+
+
+def render_claims_section(claims: Sequence[dict]) -> str:
+    """``## Claims``: the verdicts (raw and under Holm) and the rliable interval estimates.
+    ``mixrl rejudge`` replaces this section of a committed page with a new one."""
+    out = ["## Claims", "", CLAIMS_INTRO, "", render_claims(claims), ""]
+    estimates = render_estimates(claims)
+    if estimates:
+        out += ["### Interval estimates", "", ESTIMATES_INTRO, "", estimates, ""]
+    return "\n".join(out).rstrip("\n")
+
+
+def render_aggregate(aggregate: dict | None) -> str:
+    """``## Over the levels``: rliable's IQM and probability of improvement per method (or "")."""
+    if not aggregate:
+        return ""
+    base = aggregate["baseline"]
+    header = ["method", "runs x levels", f"IQM of final {aggregate['measure']} [95% CI]"]
+    if base:
+        header.append(f"P(better than {base}) [95% CI]")
+    body = []
+    for m in aggregate["methods"]:
+        cells = [m["method"], f"{m['runs']} x {m['tasks']}", f"{m['iqm']:.3f} [{m['iqm_low']:.3f}, {m['iqm_high']:.3f}]"]
+        if base:
+            cells.append("–" if m["poi"] is None else f"{m['poi']:.2f} [{m['poi_low']:.2f}, {m['poi_high']:.2f}]")
+        body.append(cells)
+    return "\n".join([
+        "## Over the levels", "",
+        f"Each level ({', '.join(aggregate['levels'])}) is a task, as in \"Deep Reinforcement Learning at the Edge of the "
+        "Statistical Precipice\" (Agarwal et al. 2021, arXiv:2108.13264; rliable): the interquartile mean of the final "
+        f"held-out `{aggregate['measure']}` over all runs and levels, and the probability that a run of the method beats a run "
+        "of the baseline on a level (Mann-Whitney U / (n m), averaged over levels), each with a 95% stratified bootstrap "
+        "interval (runs resampled within each level; 50,000 resamples, seeded).", "",
+        _md_table(header, body), ""])
+
+
 def render_markdown(rows: list[MethodRow], metric: str, target: float, plots: dict[str, str], curve_source: str,
-                    inputs: Sequence[str] = (), claims: Sequence[dict] = ()) -> str:
+                    inputs: Sequence[str] = (), claims: Sequence[dict] = (), aggregate: dict | None = None) -> str:
     out = [f"# mixrl compare: held-out `{metric}`", ""]
     if inputs:
         out += ["Runs from: " + ", ".join(f"`{p}`" for p in inputs), ""]
@@ -107,12 +157,11 @@ def render_markdown(rows: list[MethodRow], metric: str, target: float, plots: di
                 "Before training (mean over runs) → after training: mean [95% t-interval] over runs. pass@k is the unbiased "
                 "estimator from `trainer.eval_samples` samples per problem (\"Evaluating Large Language Models Trained on Code\", "
                 "Chen et al. 2021).", "", level_table, ""]
+    agg = render_aggregate(aggregate)
+    if agg:
+        out += [agg]
     if claims:
-        out += ["## Claims", "",
-                "Each claim compares the per-seed values of two methods. The verdict comes from the stated test at 95%: "
-                "**agrees** / **disagrees** when the difference is significant in / against the claimed direction, else "
-                "**not resolved at this budget**. The interval is the deciding test's interval of the difference "
-                "(Welch: t-interval; bootstrap: percentile interval).", "", render_claims(claims), ""]
+        out += [render_claims_section(claims), ""]
     out += ["## Runs", ""]
     per_run = []
     for r in rows:

@@ -1,12 +1,19 @@
 """Judging a claim "method A beats method B on a metric" from per-seed values.
 
-Two tests of the difference of means ``mean(A) - mean(B)``, both at 95%:
+Two tests of the difference of means ``mean(A) - mean(B)``, both at 95%, computed by
+``scipy.stats``:
 
 * :func:`welch` - Welch's unequal-variance t-test (two-sided), with the Welch-Satterthwaite
-  degrees of freedom; the p-value comes from the Student t distribution via the regularised
-  incomplete beta function (no scipy).
+  degrees of freedom: ``scipy.stats.ttest_ind(a, b, equal_var=False)`` and its
+  ``confidence_interval``.
+
+  Formula: ``t = (mean(a) - mean(b)) / se``, ``se^2 = s_a^2/n_a + s_b^2/n_b``,
+  ``df = se^4 / ((s_a^2/n_a)^2/(n_a-1) + (s_b^2/n_b)^2/(n_b-1))``, ``p = 2 P(T_df >= |t|)``,
+  interval ``diff -+ t_{1-alpha/2, df} se`` ("The generalization of 'Student's' problem when
+  several different population variances are involved", Welch 1947).
 * :func:`bootstrap_ci` - a percentile bootstrap interval of the difference: each group is
-  resampled with replacement, ``resamples`` times, from a seeded generator (reproducible).
+  resampled with replacement, independently, ``resamples`` times, from a seeded generator
+  (reproducible): ``scipy.stats.bootstrap(..., method="percentile", paired=False)``.
 
 :func:`judge` turns them into a verdict, stated with the test that produced it:
 ``"agrees"`` (the difference is significant in the claimed direction), ``"disagrees"``
@@ -14,14 +21,18 @@ Two tests of the difference of means ``mean(A) - mean(B)``, both at 95%:
 difference is significant when p < alpha; with ``test="bootstrap"`` when the interval
 excludes 0. ``better="lower"`` claims (rollouts to a target) flip the direction.
 
-Pure Python; values are plain floats (one per seed).
+:func:`holm` adjusts the p-values of many claims judged at once (Holm-Bonferroni, "A Simple
+Sequentially Rejective Multiple Test Procedure", Holm 1979).
+
+Values are plain floats (one per seed); scipy loads on first use (about 0.3 s), so importing
+this module stays cheap.
 """
 
 from __future__ import annotations
 
 import math
-import random
 import statistics
+import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
@@ -32,48 +43,20 @@ TESTS = ("welch", "bootstrap")
 
 
 # --------------------------------------------------------------------------- t distribution
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the incomplete beta function (modified Lentz)."""
-    tiny, eps = 1e-300, 3e-16
-    qab, qap, qam = a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 500):
-        m2 = 2 * m
-        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c if abs(1.0 + aa / c) > tiny else tiny
-        h *= d * c
-        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c if abs(1.0 + aa / c) > tiny else tiny
-        delta = d * c
-        h *= delta
-        if abs(delta - 1.0) < eps:
-            break
-    return h
-
-
-def betainc(a: float, b: float, x: float) -> float:
-    """Regularised incomplete beta function I_x(a, b)."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    if x < (a + 1.0) / (a + b + 2.0):
-        return math.exp(log_front) * _betacf(a, b, x) / a
-    return 1.0 - math.exp(log_front) * _betacf(b, a, 1.0 - x) / b
-
-
 def t_two_sided_p(t: float, df: float) -> float:
-    """Two-sided p-value of Student's t with ``df`` degrees of freedom: P(|T| >= |t|)."""
+    """Two-sided p-value of Student's t with ``df`` degrees of freedom: P(|T| >= |t|) (``scipy.stats.t``)."""
     if math.isinf(t):
         return 0.0
-    return betainc(df / 2.0, 0.5, df / (df + t * t))
+    from scipy.stats import t as student_t  # deferred: scipy loads in ~0.3 s; `mixrl --help` imports this module
+
+    return float(2.0 * student_t.sf(abs(t), df))
+
+
+def t_quantile(q: float, df: float) -> float:
+    """The ``q`` quantile of Student's t with ``df`` degrees of freedom (``scipy.stats.t.ppf``)."""
+    from scipy.stats import t as student_t  # deferred: see t_two_sided_p
+
+    return float(student_t.ppf(q, df))
 
 
 # --------------------------------------------------------------------------- tests
@@ -87,54 +70,70 @@ class Welch:
     high: float
 
 
-def _t_quantile(q: float, df: float) -> float:
-    """The ``q`` quantile (q > 0.5) of Student's t, by bisection on :func:`t_two_sided_p`."""
-    target = 2.0 * (1.0 - q)
-    lo, hi = 0.0, 1.0
-    while t_two_sided_p(hi, df) > target:
-        hi *= 2.0
-    for _ in range(200):
-        mid = (lo + hi) / 2.0
-        if t_two_sided_p(mid, df) > target:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2.0
-
-
 def welch(a: Sequence[float], b: Sequence[float], alpha: float = 0.05) -> Welch:
-    """Welch's t-test of mean(a) - mean(b), two-sided. Needs at least 2 values per group.
+    """Welch's t-test of mean(a) - mean(b), two-sided (``scipy.stats.ttest_ind(equal_var=False)``).
+    Needs at least 2 values per group.
 
     Both groups without spread: p = 1 when the means are equal, else 0 (the difference is
-    exact), and the interval is the difference itself."""
+    exact), and the interval is the difference itself (scipy returns NaN there)."""
     if len(a) < 2 or len(b) < 2:
         raise ValueError(f"Welch's t-test needs at least 2 values per group, got {len(a)} and {len(b)}")
-    ma, mb = statistics.fmean(a), statistics.fmean(b)
-    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
-    diff = ma - mb
-    se2 = va + vb
-    if se2 == 0.0:
+    diff = statistics.fmean(a) - statistics.fmean(b)
+    if statistics.variance(a) == 0.0 and statistics.variance(b) == 0.0:
         return Welch(diff, math.copysign(math.inf, diff) if diff else 0.0, math.inf, 0.0 if diff else 1.0, diff, diff)
-    se = math.sqrt(se2)
-    df = se2 * se2 / ((va * va) / (len(a) - 1) + (vb * vb) / (len(b) - 1))
-    t = diff / se
-    half = _t_quantile(1.0 - alpha / 2.0, df) * se
-    return Welch(diff, t, df, t_two_sided_p(t, df), diff - half, diff + half)
+    from scipy.stats import ttest_ind  # deferred: see t_two_sided_p
+
+    with warnings.catch_warnings():  # one group constant (every run at its budget): scipy warns of precision loss, its result is exact
+        warnings.filterwarnings("ignore", "Precision loss occurred", RuntimeWarning)
+        res = ttest_ind([float(x) for x in a], [float(x) for x in b], equal_var=False)
+    ci = res.confidence_interval(confidence_level=1.0 - alpha)
+    return Welch(diff, float(res.statistic), float(res.df), float(res.pvalue), float(ci.low), float(ci.high))
 
 
 def bootstrap_ci(a: Sequence[float], b: Sequence[float], *, alpha: float = 0.05, resamples: int = 10_000,
                  seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap interval (1 - alpha) of mean(a) - mean(b); seeded, reproducible."""
+    """Percentile bootstrap interval (1 - alpha) of mean(a) - mean(b), the groups resampled
+    independently (``scipy.stats.bootstrap``, ``paired=False``); seeded, reproducible.
+    A group of one value is that value in every resample."""
     if not a or not b:
         raise ValueError("the bootstrap needs at least 1 value per group")
-    rng = random.Random(seed)
-    na, nb = len(a), len(b)
-    diffs = sorted(
-        sum(rng.choices(a, k=na)) / na - sum(rng.choices(b, k=nb)) / nb for _ in range(resamples)
-    )
-    lo_i = int(math.floor(alpha / 2.0 * resamples))
-    hi_i = int(math.ceil((1.0 - alpha / 2.0) * resamples)) - 1
-    return diffs[lo_i], diffs[min(hi_i, resamples - 1)]
+    import numpy as np  # deferred: see t_two_sided_p (numpy with scipy)
+    from scipy.stats import bootstrap  # deferred: see t_two_sided_p
+
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if x.size < 2 and y.size < 2:
+        d = float(x[0] - y[0])
+        return d, d
+    if x.size < 2 or y.size < 2:  # scipy resamples groups of two or more: the single value is a constant shift
+        sign, data, shift = (1.0, x, -y[0]) if y.size < 2 else (-1.0, y, x[0])
+        res = bootstrap((data,), np.mean, confidence_level=1.0 - alpha, n_resamples=resamples, method="percentile",
+                        rng=np.random.default_rng(seed))
+        ends = sorted(float(sign * v + shift) for v in (res.confidence_interval.low, res.confidence_interval.high))
+        return ends[0], ends[1]
+
+    def diff_of_means(u, v, axis=-1):
+        return np.mean(u, axis=axis) - np.mean(v, axis=axis)
+
+    res = bootstrap((x, y), diff_of_means, confidence_level=1.0 - alpha, n_resamples=resamples, method="percentile",
+                    paired=False, vectorized=True, rng=np.random.default_rng(seed))
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+# --------------------------------------------------------------------------- many claims at once
+def holm(pvalues: Sequence[float | None]) -> list[float | None]:
+    """Holm-Bonferroni adjusted p-values ("A Simple Sequentially Rejective Multiple Test
+    Procedure", Holm 1979), in the input's order; ``None`` (a claim without a test) stays None
+    and does not count in the family.
+
+    Formula: with the m p-values sorted, p_(1) <= ... <= p_(m),
+    ``adj_(i) = min(1, max_{j <= i} (m - j + 1) p_(j))``; rejecting where ``adj < alpha`` is
+    Holm's step-down procedure at family-wise error rate alpha."""
+    idx = sorted((i for i, p in enumerate(pvalues) if p is not None), key=lambda i: pvalues[i])
+    m, out, running = len(idx), list(pvalues), 0.0
+    for rank, i in enumerate(idx):
+        running = max(running, min(1.0, (m - rank) * float(pvalues[i])))
+        out[i] = running
+    return out
 
 
 # --------------------------------------------------------------------------- verdicts
@@ -187,7 +186,7 @@ def judge(a: Sequence[float], b: Sequence[float], *, better: str = "higher", tes
 
 
 def mean_ci(values: Sequence[float], alpha: float = 0.05) -> tuple[float, float | None, float | None]:
-    """Mean and its (1 - alpha) Student-t interval ``mean -+ t_{1-alpha/2, n-1} s / sqrt(n)``
+    """Mean and its (1 - alpha) Student-t interval ``mean -+ t_{1-alpha/2, n-1} s / sqrt(n)`` (``scipy.stats.t``)
     (no interval for fewer than 2 values)."""
     vals = [float(v) for v in values]
     if not vals:
@@ -195,5 +194,5 @@ def mean_ci(values: Sequence[float], alpha: float = 0.05) -> tuple[float, float 
     m = statistics.fmean(vals)
     if len(vals) < 2:
         return m, None, None
-    half = _t_quantile(1.0 - alpha / 2.0, len(vals) - 1) * statistics.stdev(vals) / math.sqrt(len(vals))
+    half = t_quantile(1.0 - alpha / 2.0, len(vals) - 1) * statistics.stdev(vals) / math.sqrt(len(vals))
     return m, m - half, m + half

@@ -172,6 +172,24 @@ def by_level(rows: list[MethodRow]) -> list[dict]:
     return out
 
 
+def level_scores(row: MethodRow, measure: str = "accuracy") -> tuple[list[str], list[list[float]]]:
+    """The levels and the ``runs x levels`` matrix of ``measure`` after training (``eval_after``
+    keys ``MEASURE/levelN``), for :func:`mixrl.experiments.intervals.suite_estimates`. A run that
+    lacks one of the levels the method's runs share is left out."""
+    per_run = []
+    for run in row.runs:
+        after = run.summary.get("eval_after") or {}
+        vals = {}
+        for k, v in after.items():
+            m = _LEVEL_KEY.match(k)
+            if m and m.group(1) == measure and m.group(2) is not None and _num(v) is not None:
+                vals[m.group(2)] = float(v)
+        per_run.append(vals)
+    shared = set.intersection(*(set(v) for v in per_run)) if per_run else set()
+    levels = sorted(shared, key=int)
+    return levels, [[v[lv] for lv in levels] for v in per_run if levels]
+
+
 def available_metrics(runs: Sequence[Run]) -> list[str]:
     keys: set[str] = set()
     for r in runs:

@@ -54,8 +54,12 @@ COMPLETION = 24
 #: held-out problems per evaluation
 EVAL_SIZE = 4
 
-BUILTIN_MODEL = "tiny-bpe"  # conf/model/tiny-bpe.yaml
+BUILTIN_MODEL = "builtin:tiny-bpe"  # conf/model/tiny-bpe.yaml
 BUILTIN_TEACHER = "builtin:tiny-bpe-teacher"
+#: the built-in models' context, widened for the recipes' own prompts (their system prompts alone
+#: reach 230 tokens of the byte-level BPE); a Qwen2 model has rotary positions, no position table,
+#: so the same weights run at any length (the 128 of its config is what it was trained on)
+CONTEXT = 512
 
 #: (hardware.strategy, several processes?) -> the CPU hardware config that runs the same path
 CPU_HARDWARE: dict[tuple[str, bool], tuple[str, str]] = {
@@ -137,13 +141,45 @@ class Context:
 # ----------------------------------------------------------------------------- the rules
 
 
+def widened(name: str, context: int = CONTEXT) -> Path:
+    """A copy of built-in model ``name``'s cached folder whose config (and tokenizer) say
+    ``context`` positions: ``<folder>-context<N>`` beside it, written once (atomically)."""
+    import json
+    import shutil
+    import tempfile
+
+    from mixrl.models.builtin import resolve  # deferred: the models package imports torch
+
+    src = Path(resolve(name, progress=False))
+    dst = src.with_name(f"{src.name}-context{context}")
+    if (dst / "config.json").is_file():
+        return dst
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}-", dir=src.parent))
+    shutil.copytree(src, tmp, dirs_exist_ok=True)
+    for file, key in (("config.json", "max_position_embeddings"), ("tokenizer_config.json", "model_max_length")):
+        path = tmp / file
+        if path.is_file():
+            data = json.loads(path.read_text())
+            data[key] = context
+            path.write_text(json.dumps(data, indent=2))
+    try:
+        os.rename(tmp, dst)
+    except OSError:  # another process wrote it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dst
+
+
 def _model(ctx: Context) -> list[Swap]:
     path = str(ctx.cfg.model.path)
     if path.startswith("builtin:") or os.path.isdir(path):
         return []
-    return [Swap("model", f"{path} ({ctx.cfg.model.dtype})", f"builtin:{BUILTIN_MODEL} (float32)",
-                 "no download: the built-in Qwen2-architecture BPE chat model, Qwen2.5's chat template",
-                 f"model={BUILTIN_MODEL}")]
+    new = widened(BUILTIN_MODEL)
+    return [
+        Swap("model", f"{path} ({ctx.cfg.model.dtype})", f"{BUILTIN_MODEL} (float32)",
+             "no download: the built-in Qwen2-architecture BPE chat model, Qwen2.5's chat template", "model=tiny-bpe"),
+        _set("model.path", BUILTIN_MODEL, str(new),
+             f"its context widened 128 -> {CONTEXT} tokens (rotary positions: the same weights) so the recipe's own prompts fit"),
+    ]
 
 
 def _teacher(ctx: Context) -> list[Swap]:
@@ -151,10 +187,12 @@ def _teacher(ctx: Context) -> list[Swap]:
     if str(source.get("name")) != "teacher":
         return []
     models = [str(m) for m in source.get("models") or []]
-    new = [BUILTIN_TEACHER if is_hub_id(m) else m for m in models]
-    if new == models:
+    if not any(is_hub_id(m) for m in models):
         return []
-    out = [_set("teacher.source.models", models, new, "no download: the built-in BPE teacher (the student's tokenizer), one per teacher")]
+    teacher = str(widened(BUILTIN_TEACHER))
+    new = [teacher if is_hub_id(m) else m for m in models]
+    out = [_set("teacher.source.models", models, new,
+                f"no download: the built-in BPE teacher ({BUILTIN_TEACHER}, the student's tokenizer, context {CONTEXT}), one per teacher")]
     if str(source.get("dtype")) not in ("auto", "float32", "None"):
         out.append(_set("teacher.source.dtype", source.get("dtype"), "auto", "float32 on CPU (the student's dtype)"))
     return out
@@ -369,3 +407,18 @@ def table(swaps: list[Swap], title: str = "rehearsal: what this CPU run swaps"):
         tab.caption = "nothing to swap: this config runs on CPU as it is"
     return tab
 
+
+
+def gpu_recipes() -> list[str]:
+    """The shipped recipes whose hardware is a GPU config (``hardware.device: cuda``), from the
+    YAML files alone (no composition): what ``make rehearse`` rehearses."""
+    from mixrl.config.recipe_index import _field, _load, _selected, conf_dir, list_recipe_names, recipes_dir
+
+    defaults = _selected(_load(conf_dir() / "config.yaml").get("defaults"), override=False)
+    out = []
+    for name in list_recipe_names():
+        recipe = OmegaConf.load(recipes_dir() / f"{name}.yaml")
+        options = {**defaults, **_selected(recipe.get("defaults"), override=True)}
+        if str(_field(recipe, options, "hardware", "device")) == "cuda":
+            out.append(name)
+    return out

@@ -31,7 +31,10 @@ prompt, evaluation) is the recipe's.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -39,6 +42,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from mixrl.config.recipe_index import _field, _load, _selected, conf_dir, list_recipe_names, recipes_dir
 from mixrl.errors import ConfigError
 
 __all__ = ["CPU_HARDWARE", "RULES", "STEPS", "Swap", "plan_rehearsal", "overrides", "sample_path", "samples_dir"]
@@ -144,10 +148,6 @@ class Context:
 def widened(name: str, context: int = CONTEXT) -> Path:
     """A copy of built-in model ``name``'s cached folder whose config (and tokenizer) say
     ``context`` positions: ``<folder>-context<N>`` beside it, written once (atomically)."""
-    import json
-    import shutil
-    import tempfile
-
     from mixrl.models.builtin import resolve  # deferred: the models package imports torch
 
     src = Path(resolve(name, progress=False))
@@ -396,13 +396,14 @@ def overrides(swaps: list[Swap]) -> list[str]:
 
 def table(swaps: list[Swap], title: str = "rehearsal: what this CPU run swaps"):
     """One rich table: key, recipe value, rehearsal value, why."""
+    from rich.markup import escape  # deferred: only the commands that print it
     from rich.table import Table  # deferred: only the commands that print it
 
     tab = Table(title=title, show_lines=False)
     for col in ("key", "recipe", "rehearsal", "why"):
         tab.add_column(col, overflow="fold")
     for s in swaps:
-        tab.add_row(s.key, _fmt(s.recipe), _fmt(s.rehearsal), s.why)
+        tab.add_row(*(escape(str(v)) for v in (s.key, _fmt(s.recipe), _fmt(s.rehearsal), s.why)))
     if not swaps:
         tab.caption = "nothing to swap: this config runs on CPU as it is"
     return tab
@@ -412,8 +413,6 @@ def table(swaps: list[Swap], title: str = "rehearsal: what this CPU run swaps"):
 def gpu_recipes() -> list[str]:
     """The shipped recipes whose hardware is a GPU config (``hardware.device: cuda``), from the
     YAML files alone (no composition): what ``make rehearse`` rehearses."""
-    from mixrl.config.recipe_index import _field, _load, _selected, conf_dir, list_recipe_names, recipes_dir
-
     defaults = _selected(_load(conf_dir() / "config.yaml").get("defaults"), override=False)
     out = []
     for name in list_recipe_names():

@@ -18,7 +18,7 @@ What is swapped:
   DDP / DeepSpeed processes -> 2-process DDP, one GPU -> one CPU process; vLLM (colocate or server)
   -> vLLM's CPU build colocated when this interpreter can import vllm, else transformers' generate;
 * sizes: steps (:data:`STEPS`), prompts per step (the inject rows with them, keeping their ratio to
-  the rollouts), completion length (and an aggregation's ``max_len`` with it), evaluation size and
+  the rollouts), generations per prompt capped at :data:`GENERATIONS` (per-group injections with them), completion length (and an aggregation's ``max_len`` with it), evaluation size and
   period, the checkpoint period (one checkpoint at least), and every step count of a schedule
   (a schedule component's parameter bounded as "a number of steps" / "a step number", and
   ``trainer.warmup_steps``) scaled by steps / recipe steps, so the schedule's shape runs within
@@ -50,9 +50,10 @@ __all__ = ["CPU_HARDWARE", "RULES", "STEPS", "Swap", "plan_rehearsal", "override
 #: optimizer steps of a rehearsal: enough for a schedule's warmup and decay to each take a step
 STEPS = 2
 #: prompts per step of a rehearsal (before rounding up for the processes and inject rows)
-PROMPTS = 2
-#: generations per prompt at most (a recipe's own G when smaller)
-GENERATIONS = 4
+PROMPTS = 1
+#: generations per prompt at most: the recipe's own G up to 8 (the shipped recipes' G), so that a
+#: group keeps its size and per-group injections (LUFFY 1 of 8, RePO 4 of 8) their share
+GENERATIONS = 8
 #: completion tokens: the built-in BPE model's context is 128 positions, prompt included
 COMPLETION = 24
 #: held-out problems per evaluation
@@ -318,6 +319,10 @@ def _batch(ctx: Context) -> list[Swap]:
         out.append(_set("trainer.prompts_per_step", P, P2, "a rehearsal batch"))
     if G2 != G:
         out.append(_set("algo.num_generations", G, G2, "a rehearsal group size"))
+        per_group = algo.inject.get("per_group") if isinstance(algo.inject, Mapping) else None
+        if isinstance(per_group, int) and per_group > 0:
+            new = min(G2 - 1, max(1, round(per_group * G2 / G)))
+            out.append(_set("algo.inject.per_group", per_group, new, f"its share of the group kept ({per_group}/{G} -> {new}/{G2})"))
     if isinstance(rows, int) and rows:
         R2 = int(rows * P2 * G2 / (P * G))
         if R2 != rows:

@@ -240,8 +240,8 @@ def _hardware(ctx: Context) -> list[Swap]:
         raise ConfigError(f"--rehearse: no CPU equivalent of hardware={hw.name} (strategy {strategy}); add one to mixrl/config/rehearsal.py CPU_HARDWARE")
     name, why = CPU_HARDWARE[(strategy, several)]
     if hw.use_vllm and ctx.vllm:
-        name, why = "cpu-vllm", (f"vLLM's CPU build, colocated, in one process (the recipe's {strategy} over "
-                                 f"{hw.num_processes} processes is not combined with vLLM on CPU)")
+        name, why = "cpu-vllm", (f"vLLM's CPU build, colocated, in one process (the recipe: vLLM {hw.vllm_mode}, {strategy} over "
+                                 f"{hw.num_processes} processes; the rehearsal does not combine several processes with vLLM)")
     elif hw.use_vllm:
         why += f"; vLLM {hw.vllm_mode} -> transformers' generate (this interpreter has no vllm: use .venv-vllm for its CPU build)"
     ctx.world = 1 if name in ("cpu", "cpu-vllm") else 2

@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test test-fast test-other-cpu tiny docs clean
+.PHONY: install demo test test-fast rehearse test-other-cpu tiny docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +32,13 @@ test: install
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope
 
 test-fast: install
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope -m "not slow"
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope -m "not slow and not rehearse"
+
+# every GPU recipe (recipes/**/*.yaml whose hardware is a GPU config, discovered) rehearsed end to end on
+# CPU: `mixrl train recipe=NAME --rehearse` trains, evaluates and saves each (tests/test_rehearsal.py,
+# marked `rehearse`, which `make test` leaves out); the vLLM one runs in `make test-vllm`
+rehearse: install
+	$(BIN)/python -m pytest tests/test_rehearsal.py -n $(TEST_WORKERS) -m "rehearse and not vllm" --durations=0
 
 # the exact-value tests (pins, hand-computed losses) again, under a CPU kernel set other than this
 # machine's best: a pin that only one kind of CPU reproduces fails here, on any machine

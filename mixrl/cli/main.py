@@ -89,6 +89,12 @@ def train(
              "model.trust_remote_code); without it such a run is refused.",
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars (they show only on a terminal anyway)."),
+    rehearse: bool = typer.Option(
+        False, "--rehearse",
+        help="Rehearse the config on this CPU machine: the built-in BPE model and teacher, the dataset's shipped schema "
+             "sample, the CPU equivalent of the hardware, a few steps; everything else as configured. Prints what it swaps "
+             "(also RUN_DIR/rehearsal.json).",
+    ),
 ):
     """Train. With no overrides: GRPO on the built-in arithmetic task with the tiny model (CPU, minutes)."""
     from mixrl.config.checks import check_environment  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
@@ -100,6 +106,11 @@ def train(
     overrides = list(overrides or [])
     jobs = expand_sweeps(overrides) if multirun else [overrides]
     resume = [ov.value() for ov in parse_overrides(list(overrides)) if ov.key_or_group == "resume"]
+    swaps = None
+    if rehearse:
+        if multirun or (resume and resume[-1]):
+            raise ConfigError("--rehearse rehearses one new run; drop " + ("-m (multirun)" if multirun else "resume="))
+        jobs, swaps = _rehearsal_job(jobs[0])
     if resume and resume[-1]:  # the run's own config, with the overrides checked against it
         if multirun:
             raise ConfigError("resume=RUN_DIR continues one run; drop -m (multirun)")
@@ -115,6 +126,13 @@ def train(
     if any(hardware.needs_launch(cfg) for cfg in cfgs):  # hardware asks for processes: start them through the launcher
         # the launched processes load the resumed run's config again: they need the user's consent too
         launched = [[*job, "--trust-run-code"] for job in jobs] if trust_run_code and cfgs[0].resume else jobs
+        if swaps is not None:
+            _print_rehearsal(swaps)
+            try:
+                rc = _launch_jobs(cfgs, launched, overrides, multirun)
+            finally:
+                _write_rehearsal(cfgs[0], swaps)
+            raise typer.Exit(rc)
         raise typer.Exit(_launch_jobs(cfgs, launched, overrides, multirun))
     if multirun:
         root = Path("runs") / "multirun" / datetime.now().strftime("%Y-%m-%d/%H%M%S")
@@ -123,6 +141,8 @@ def train(
             cfg.run_dir = str(Path(cfg.run_dir) / f"{i}" if cfg.run_dir else root / f"{i}-{tag}")
         err.print(f"multirun: {len(cfgs)} jobs")
     staged = [compose_stages(cfg, job) for cfg, job in zip(cfgs, jobs)]  # stages are checked up front too
+    if swaps is not None:
+        raise typer.Exit(_run_rehearsal(cfgs[0], staged[0], swaps, trainer_run))
     results = []
     for i, cfg in enumerate(cfgs):
         if multirun:
@@ -147,6 +167,50 @@ def train(
             table.add_row(str(i), " ".join(jobs[i]), *acc, str(r.run_dir))
         out.print(table)
     exit_launched_worker(0)
+
+
+def _rehearsal_job(job: list[str]) -> tuple[list[list[str]], list]:
+    """``--rehearse``: the job with the rehearsal's swaps appended (mixrl.config.rehearsal), and
+    the swaps. The run directory is fixed here so that rehearsal.json lands in it."""
+    from mixrl.config import rehearsal  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+    from mixrl.config.compose import compose_config  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+    from mixrl.trainer.state.rundir import default_run_dir  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+
+    job = [f"recipe={o}" if "=" not in o and o in list_recipe_names() else o for o in job]
+    cfg = compose_config(job)
+    swaps = rehearsal.plan_rehearsal(cfg)
+    job = [*job, *rehearsal.overrides(swaps)]
+    if not cfg.run_dir:
+        job.append(f"run_dir={default_run_dir(cfg)}")
+    return [job], swaps
+
+
+def _print_rehearsal(swaps: list) -> None:
+    from mixrl.config import rehearsal  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+
+    out.print(rehearsal.table(swaps))
+
+
+def _write_rehearsal(cfg, swaps: list) -> None:
+    """RUN_DIR/rehearsal.json: the swaps, once the run directory exists (also after a failed run)."""
+    run_dir = Path(str(cfg.run_dir))
+    if run_dir.is_dir():
+        (run_dir / "rehearsal.json").write_text(json.dumps({"swaps": [s.row() for s in swaps]}, indent=2, default=str) + "\n")
+
+
+def _run_rehearsal(cfg, staged, swaps: list, trainer_run) -> int:
+    """One rehearsed run in this process: the table, the run, rehearsal.json, the summary."""
+    _print_rehearsal(swaps)
+    try:
+        result = trainer_run.train_stages(cfg, staged, console=err)
+    finally:
+        if int(os.environ.get("RANK", "0")) == 0:
+            _write_rehearsal(cfg, swaps)
+    out.print(_summary_table(result.summary))
+    out.print(f"run directory: [bold]{result.run_dir}[/]")
+    _close_process_group()
+    exit_launched_worker(0)
+    return 0
 
 
 def _close_process_group() -> None:

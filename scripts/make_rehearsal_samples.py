@@ -1,0 +1,119 @@
+"""Write the rehearsal's schema samples, mixrl/data/samples/<data config>.jsonl (package data), one per
+conf/data/*.yaml that names a hub dataset: ``python scripts/make_rehearsal_samples.py``.
+
+Each file has the hub dataset's own columns, types and nesting (sources in mixrl/data/samples/README.md);
+the problems are small arithmetic word problems made up here, so that the built-in BPE model's context
+holds them and math-verify checks their answers (``\\boxed{}`` in every expert trace, ``#### N`` for GSM8K).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+OUT = Path(__file__).resolve().parent.parent / "mixrl" / "data" / "samples"
+N = 24
+
+#: LUFFY's system prompt (ElliottYan/LUFFY luffy/scripts/data/prepare_openr1_data_spec_sys.py), shortened to its last sentence
+LUFFY_SYSTEM = "If applicable, include the answer in \\boxed{} for closed-form results like multiple choices or mathematical solutions."
+
+
+def problems() -> list[dict]:
+    """N problems: a word problem, its numbers, the answer, a short worked solution."""
+    out = []
+    for i in range(N):
+        a, b, c = 3 + (7 * i) % 41, 2 + (5 * i) % 17, 1 + i % 6
+        kind = i % 4
+        if kind == 0:
+            q, ans = f"What is {a} + {b}?", a + b
+            work = f"{a} + {b} = {a + b}"
+            gsm = f"Ann has {a} apples and buys {b} more. How many apples does she have?"
+            calc = f"She has {a} + {b} = <<{a}+{b}={a + b}>>{a + b} apples."
+        elif kind == 1:
+            q, ans = f"What is {a} + {b} - {c}?", a + b - c
+            work = f"{a} + {b} = {a + b}, then {a + b} - {c} = {a + b - c}"
+            gsm = f"A shelf holds {a} books. {b} are added and {c} are taken. How many books are on it?"
+            calc = f"After adding there are {a} + {b} = <<{a}+{b}={a + b}>>{a + b} books.\nAfter taking some there are {a + b} - {c} = <<{a + b}-{c}={a + b - c}>>{a + b - c} books."
+        elif kind == 2:
+            q, ans = f"Compute {c} * {b}.", c * b
+            work = f"{c} * {b} = {c * b}"
+            gsm = f"Tom has {c} boxes with {b} pens each. How many pens does he have?"
+            calc = f"He has {c} * {b} = <<{c}*{b}={c * b}>>{c * b} pens."
+        else:
+            q, ans = f"Find x if x - {b} = {a}.", a + b
+            work = f"x = {a} + {b} = {a + b}"
+            gsm = f"After spending ${b}, Maria has ${a} left. How much did she have?"
+            calc = f"She had {a} + {b} = <<{a}+{b}={a + b}>>{a + b} dollars."
+        out.append({"i": i, "problem": q, "answer": str(ans), "work": work, "gsm": gsm, "calc": calc})
+    return out
+
+
+def trace(p: dict) -> str:
+    """An R1-style trace: thinking, then the answer boxed."""
+    return f"<think>\n{p['work']}\n</think>\nThe answer is $\\boxed{{{p['answer']}}}$."
+
+
+def openr1(ps: list[dict]) -> list[dict]:
+    rows = []
+    for p in ps:
+        wrong = f"<think>\n{p['work']}? Not sure.\n</think>\n$\\boxed{{{int(p['answer']) + 1}}}$"
+        gens = [trace(p), wrong] if p["i"] % 3 == 0 else [trace(p)]
+        correct = [True, False] if p["i"] % 3 == 0 else [True]
+        rows.append({
+            "problem": p["problem"],
+            "solution": f"${p['work']}$, so the answer is ${p['answer']}$.",
+            "answer": p["answer"],
+            "problem_type": "Algebra",
+            "question_type": "math-word-problem",
+            "source": "olympiads" if p["i"] % 2 else "cn_contest",
+            "uuid": f"5e1f0000-0000-4000-8000-{p['i']:012d}",
+            "is_reasoning_complete": [True] * len(gens),
+            "generations": gens,
+            "correctness_math_verify": correct,
+            "correctness_llama": None,
+            "finish_reasons": None,
+            "correctness_count": sum(correct),
+            "messages": [{"content": p["problem"], "role": "user"}, {"content": gens[0], "role": "assistant"}],
+        })
+    return rows
+
+
+def luffy(ps: list[dict]) -> list[dict]:
+    return [{
+        "data_source": "openr1",
+        "prompt": [{"content": LUFFY_SYSTEM, "role": "system"}, {"content": p["problem"], "role": "user"}],
+        "target": [{"content": trace(p), "role": "assistant"}],
+        "ability": "math",
+        "reward_model": {"ground_truth": p["answer"], "style": "rule"},
+        "extra_info": {"index": p["i"], "split": "default"},
+    } for p in ps]
+
+
+def ghpo(ps: list[dict]) -> list[dict]:
+    return [{
+        "problem": p["problem"],
+        "solution": f"${p['work']}$. The answer is $\\boxed{{{p['answer']}}}$.",
+        "solution_hint": f"First, {p['work']}. So the final answer is $\\boxed{{{p['answer']}}}$.",
+    } for p in ps]
+
+
+def gsm8k(ps: list[dict]) -> list[dict]:
+    return [{"question": p["gsm"], "answer": f"{p['calc']}\n#### {p['answer']}"} for p in ps]
+
+
+def write(name: str, rows: list[dict]) -> None:
+    with open(OUT / f"{name}.jsonl", "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def main() -> None:
+    ps = problems()
+    write("openr1-math", openr1(ps))
+    write("luffy-openr1-46k", luffy(ps))
+    write("ghpo-math3to5", ghpo(ps))
+    write("gsm8k", gsm8k(ps))
+
+
+if __name__ == "__main__":
+    main()

@@ -48,7 +48,7 @@ test-other-cpu: install
 	got=$$(ATEN_CPU_CAPABILITY=$$cap $(BIN)/python -c "import torch; print(torch.backends.cpu.get_cpu_capability().lower())"); \
 	if [ "$$got" != "$$cap" ]; then echo "test-other-cpu: torch ignored ATEN_CPU_CAPABILITY=$$cap (runs $$got)"; exit 1; fi; \
 	echo "test-other-cpu: exact-value tests under ATEN_CPU_CAPABILITY=$$cap"; \
-	ATEN_CPU_CAPABILITY=$$cap $(BIN)/python -m pytest -m exact
+	ATEN_CPU_CAPABILITY=$$cap $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope -m exact
 
 tiny: install
 	$(BIN)/mixrl model build-tiny

@@ -455,6 +455,7 @@ def trainer_from_config(cfg: DictConfig, *, inputs: RunInputs | None = None, cal
             sampler=sampler,
             sampler_length=sampler_length,
             critic=OmegaConf.to_container(cfg.algo.critic, resolve=True) if cfg.algo.get("critic") is not None else None,
+            padding_free=str(cfg.trainer.get("padding_free", "auto")),
         )
     trainer.vllm_sync_tolerance = _sync_tolerance(cfg, model_path)  # checked after every weight sync (engine_sync)
     trainer.magnitude_bounds = MagnitudeBounds.from_config(cfg.trainer)  # checked every micro-batch (mixrl.trainer.magnitude)

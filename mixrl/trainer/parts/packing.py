@@ -1,0 +1,239 @@
+"""Padding-free rows: the rows of a forward packed into one sequence (``trainer.padding_free``).
+
+TRL's per-token log-probs run the model on ``[rows, prompt + completion]`` with prompts
+left-padded and completions right-padded to the longest in the chunk, so a batch with a long
+tail of lengths spends most of its forward and backward on padding. Here the real tokens of
+every row (``attention_mask == 1``) are concatenated into one sequence of batch size 1, with
+position ids restarting at 0 on each row; transformers builds the attention from the position
+ids when no attention mask is given (``transformers.masking_utils.find_packed_sequence_indices``:
+a block-diagonal causal mask for SDPA / eager / flex attention on CPU, flash-attention's
+variable-length kernel from ``cu_seq_lens`` under ``flash_attention_2``), so no token attends
+across rows. The fused LM head (``trl.trainer.utils.add_fused_lm_head``) is handed pre-shifted
+labels (``shift_labels``): the next token of the same row where it is a scored (completion)
+token, ``-100`` elsewhere, so a row's last token never scores the next row's first. The
+per-token log-probs and entropies come back scattered into the ``[rows, completion width]``
+layout the losses read (0 on padding, as the padded forward's masked head returns), so no loss
+changes. Rows with no scored token (entirely prompt, empty completions) are left out of the
+packed sequence: their values are 0 either way. The same packing serves the policy's loss
+forward, the old policy's and the reference model's log-probs, the teachers' scoring (all
+through TRL's ``_get_per_token_logps_and_entropies``) and the critic's values.
+
+Equal to the padded forward: rotary position embeddings depend only on the distance between
+two tokens, so a row's positions starting at 0 (packed) or after its left padding (TRL's padded
+forward numbers positions from the first column) give the same attention up to float rounding;
+measured within 1e-5 (float32) on per-token log-probs, losses and gradients of every algorithm
+family (``tests/test_padding_free.py``). Not equal, hence the padded forward, for: a model whose
+attention is not built by transformers' masking utilities (custom code, encoder-decoders),
+absolute position embeddings (GPT-2's learned positions see the left padding), an attention
+implementation outside :data:`ATTENTIONS`, a row whose attention mask has a hole inside it
+(the padded forward runs the hidden token as a query), multimodal inputs and MoE auxiliary
+losses. ``true`` refuses such a model with one line; ``auto`` (the default) keeps the padded
+forward for it and says why once.
+
+Idea: verl's ``use_remove_padding`` (verl/workers/actor/dp_actor.py: ``unpad_input`` /
+``pad_input`` around one variable-length forward); TRL packs only in SFT (``padding_free``).
+
+Owns: the mode, the reasons already said. Receives per call: the model, the rows. Returns
+tensors. No state to checkpoint (``state_dict() == {}``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+MODES = ("auto", "true", "false")
+#: attention implementations that build a packed-rows mask from position ids (transformers 5)
+ATTENTIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
+#: functions of transformers.masking_utils that honour packed position ids
+_MASK_BUILDERS = ("create_causal_mask", "create_sliding_window_causal_mask", "create_masks_for_generate")
+#: position-embedding types that see absolute positions (padded and packed rows would differ)
+_ABSOLUTE = ("absolute", "learned")
+
+
+def resolve_mode(value) -> str:
+    """``trainer.padding_free`` as one of :data:`MODES` (YAML booleans accepted)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    text = str(value).strip().lower()
+    if text in ("1", "yes", "on"):
+        return "true"
+    if text in ("0", "no", "off", "none", "null"):
+        return "false"
+    return text
+
+
+def _base_model(model):
+    """The transformers model under DDP / FSDP / PEFT wrappers."""
+    seen = 0
+    while seen < 8:
+        seen += 1
+        if hasattr(model, "get_base_model"):
+            model = model.get_base_model()
+        elif hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
+            model = model.module
+        else:
+            break
+    return model
+
+
+def unsupported_class(model_class, config) -> str | None:
+    """Why a model of ``model_class`` with ``config`` cannot take packed rows, or None.
+    Reads code and config only (no weights): usable before the model loads."""
+    if getattr(config, "is_encoder_decoder", False):
+        return f"{config.model_type} is an encoder-decoder model"
+    impl = getattr(config, "_attn_implementation", None) or "sdpa"
+    if impl not in ATTENTIONS:
+        return f"attention implementation '{impl}' does not take packed rows (padding-free needs one of {', '.join(ATTENTIONS)})"
+    if str(getattr(config, "position_embedding_type", "rope")) in _ABSOLUTE or getattr(config, "n_positions", None):
+        return f"{config.model_type} has absolute position embeddings (packed rows would see other positions than padded ones)"
+    backbone = getattr(model_class, "base_model_prefix", None)
+    sources = []
+    for klass in inspect.getmro(model_class):
+        if klass.__module__.startswith("transformers.models") or klass.__module__.startswith("transformers_modules"):
+            try:
+                sources.append(inspect.getsource(inspect.getmodule(klass)))
+            except (OSError, TypeError):
+                pass
+            break
+    if not any(name in src for src in sources for name in _MASK_BUILDERS):
+        return (f"{model_class.__name__} does not build its attention mask with transformers' masking utilities "
+                f"(no packed-rows mask from position ids{'' if backbone else ''})")
+    return None
+
+
+def unsupported(model) -> str | None:
+    """Why ``model`` (wrapped or not) cannot take packed rows, or None."""
+    base = _base_model(model)
+    config = getattr(base, "config", None)
+    if config is None:
+        return f"{type(base).__name__} has no transformers config"
+    return unsupported_class(type(base), config)
+
+
+@dataclass
+class Packed:
+    """One chunk of rows packed into one sequence (every tensor 1-D over the packed tokens)."""
+
+    input_ids: torch.Tensor  # [N]
+    position_ids: torch.Tensor  # [N], 0 at each row's first token
+    shift_labels: torch.Tensor  # [N]: the next token of the same row where it is scored, else -100
+    rows: torch.Tensor  # [S]: the row of each scored token
+    cols: torch.Tensor  # [S]: its completion column
+    at: torch.Tensor  # [S]: the packed index whose output scores it (the token before it)
+
+
+def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int) -> Packed | None:
+    """Pack the real tokens of ``[B, L]`` rows (the last ``logits_to_keep`` columns scored, as in
+    TRL's padded forward). None when the padded forward must be kept: a row's attention mask
+    is not one run of ones (a hole: the padded forward runs the hidden token as a query), or
+    no row has a scored token (the padded forward keeps the loss connected to the model)."""
+    B, L = input_ids.shape
+    C = int(logits_to_keep)
+    m = attention_mask.bool()
+    runs = m[:, 0].long() + (m[:, 1:] & ~m[:, :-1]).sum(1)
+    if bool((runs > 1).any()):
+        return None
+    keep = m[:, L - C:].any(1)  # rows with no scored token contribute 0 either way
+    if not bool(keep.any()):
+        return None
+    sel = m & keep.unsqueeze(1)
+    ids = input_ids[sel]
+    positions = (m.long().cumsum(1) - 1)[sel]
+    rows = torch.arange(B, device=input_ids.device).unsqueeze(1).expand(B, L)[sel]
+    cols = torch.arange(L, device=input_ids.device).unsqueeze(0).expand(B, L)[sel]
+    # token k+1 is scored at k when it is a completion token of the same row
+    scored_next = torch.zeros_like(sel[sel])
+    scored_next[:-1] = (rows[1:] == rows[:-1]) & (cols[1:] >= L - C)
+    shift = torch.full_like(ids, -100)
+    shift[:-1] = torch.where(scored_next[:-1], ids[1:], shift[:-1])
+    at = torch.nonzero(scored_next).squeeze(1)
+    return Packed(ids, positions, shift, rows[at + 1], cols[at + 1] - (L - C), at)
+
+
+def unpack(values: torch.Tensor, packed: Packed, shape: tuple[int, int]) -> torch.Tensor:
+    """``values`` [N] (one per packed token, each scoring the next) into ``shape`` = [B, C], 0 where unscored."""
+    out = values.new_zeros(shape)
+    return out.index_put((packed.rows, packed.cols), values[packed.at])
+
+
+class Packing:
+    """Padding-free forwards for ``trainer.padding_free`` (``auto`` | ``true`` | ``false``).
+
+    Args:
+        mode: :data:`MODES`.
+        say: ``text -> None``: where ``auto`` says once per model why it keeps the padded forward.
+    """
+
+    def __init__(self, mode: str, *, say: Callable[[str], None] = print):
+        self.mode = resolve_mode(mode)
+        if self.mode not in MODES:
+            raise ValueError(f"trainer.padding_free={mode!r}; use auto, true or false")
+        self.say = say
+        self._verdicts: dict[int, str | None] = {}
+
+    def reason(self, model) -> str | None:
+        """Why ``model``'s forwards stay padded (None: packed). Decided once per model."""
+        if self.mode == "false":
+            return "trainer.padding_free=false"
+        key = id(model)
+        if key not in self._verdicts:
+            why = unsupported(model)
+            if why is not None and self.mode == "true":
+                from mixrl.errors import ConfigError
+
+                raise ConfigError(f"trainer.padding_free=true: {why}; set trainer.padding_free=auto or false")
+            if why is not None:
+                self.say(f"padding-free rows off for {type(_base_model(model)).__name__}: {why} (padded forwards)")
+            self._verdicts[key] = why
+        return self._verdicts[key]
+
+    def applies(self, model) -> bool:
+        return self.reason(model) is None
+
+    def logps(self, model, input_ids, attention_mask, logits_to_keep, *, batch_size=None, compute_entropy=False,
+              autocast: Callable = None, padded: Callable = None):
+        """TRL's ``_get_per_token_logps_and_entropies`` on packed rows: ``(logps [B, C], entropies
+        [B, C] or None, None)``. A chunk that cannot be packed (:func:`pack` returns None) goes to
+        ``padded(input_ids, attention_mask)`` (TRL's own, for those rows)."""
+        import contextlib
+
+        autocast = autocast or contextlib.nullcontext
+        B, C = input_ids.size(0), int(logits_to_keep)
+        batch_size = batch_size or B
+        all_logps, all_entropies = [], []
+        for start in range(0, B, batch_size):
+            ids, att = input_ids[start:start + batch_size], attention_mask[start:start + batch_size]
+            p = pack(ids, att, C)
+            if p is None:
+                lp, ent, _ = padded(ids, att)
+            else:
+                with autocast():
+                    out = model(input_ids=p.input_ids.unsqueeze(0), position_ids=p.position_ids.unsqueeze(0),
+                                shift_labels=p.shift_labels.unsqueeze(0), fused_lm_head=True)
+                lp = unpack(out.log_probs[0], p, (ids.size(0), C))
+                ent = unpack(out.entropy[0], p, (ids.size(0), C)) if compute_entropy else None
+            all_logps.append(lp)
+            all_entropies.append(ent)
+        logps = torch.cat(all_logps, dim=0)
+        entropies = torch.cat(all_entropies, dim=0) if compute_entropy else None
+        return logps, entropies, None
+
+    def values(self, backbone, head, input_ids, attention_mask, width: int) -> torch.Tensor | None:
+        """The critic's value before each of the last ``width`` tokens, [B, width] (float32), on
+        packed rows; None when the rows cannot be packed (the caller runs its padded forward)."""
+        p = pack(input_ids, attention_mask, width)
+        if p is None:
+            return None
+        h = backbone(input_ids=p.input_ids.unsqueeze(0), position_ids=p.position_ids.unsqueeze(0)).last_hidden_state
+        v = head(h[0].to(head.weight.dtype)).squeeze(-1).float()
+        return unpack(v, p, (input_ids.size(0), int(width)))
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass

@@ -90,7 +90,6 @@ def unsupported_class(model_class, config) -> str | None:
         return f"attention implementation '{impl}' does not take packed rows (padding-free needs one of {', '.join(ATTENTIONS)})"
     if str(getattr(config, "position_embedding_type", "rope")) in _ABSOLUTE or getattr(config, "n_positions", None):
         return f"{config.model_type} has absolute position embeddings (packed rows would see other positions than padded ones)"
-    backbone = getattr(model_class, "base_model_prefix", None)
     sources = []
     for klass in inspect.getmro(model_class):
         if klass.__module__.startswith("transformers.models") or klass.__module__.startswith("transformers_modules"):
@@ -101,7 +100,7 @@ def unsupported_class(model_class, config) -> str | None:
             break
     if not any(name in src for src in sources for name in _MASK_BUILDERS):
         return (f"{model_class.__name__} does not build its attention mask with transformers' masking utilities "
-                f"(no packed-rows mask from position ids{'' if backbone else ''})")
+                "(no packed-rows mask from position ids)")
     return None
 
 
@@ -213,7 +212,7 @@ class Packing:
             else:
                 with autocast():
                     out = model(input_ids=p.input_ids.unsqueeze(0), position_ids=p.position_ids.unsqueeze(0),
-                                shift_labels=p.shift_labels.unsqueeze(0), fused_lm_head=True)
+                                shift_labels=p.shift_labels.unsqueeze(0), fused_lm_head=True, use_cache=False)
                 lp = unpack(out.log_probs[0], p, (ids.size(0), C))
                 ent = unpack(out.entropy[0], p, (ids.size(0), C)) if compute_entropy else None
             all_logps.append(lp)
@@ -228,7 +227,9 @@ class Packing:
         p = pack(input_ids, attention_mask, width)
         if p is None:
             return None
-        h = backbone(input_ids=p.input_ids.unsqueeze(0), position_ids=p.position_ids.unsqueeze(0)).last_hidden_state
+        # no cache: transformers reads packed rows from the position ids only without one
+        h = backbone(input_ids=p.input_ids.unsqueeze(0), position_ids=p.position_ids.unsqueeze(0),
+                     use_cache=False).last_hidden_state
         v = head(h[0].to(head.weight.dtype)).squeeze(-1).float()
         return unpack(v, p, (input_ids.size(0), int(width)))
 

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -226,8 +227,8 @@ CASES = {
     "dr_grpo": (["algo=dr_grpo"], None),
     "gspo": (["algo=gspo"], None),
     "sft": (["algo=sft"], None),
-    "chord": (["algo=chord", "algo.mix.expert_rows=4"], None),
-    "chord|expert rows much longer": (["algo=chord", "algo.mix.expert_rows=4"], _short),
+    "chord": (["algo=chord", "algo.inject.rows=4"], None),
+    "chord|expert rows much longer": (["algo=chord", "algo.inject.rows=4"], _short),
     "luffy": (["algo=luffy"], None),
     "ampo (teacher)": (["algo=ampo", *TEACHER], None),
     "kdrl (teacher)": (["algo=kdrl", *TEACHER, "teacher.source.privileged=expert"], None),
@@ -249,6 +250,12 @@ def _close(a: float, b: float, scale: float = 1.0) -> bool:
     return abs(a - b) <= TOL * max(1.0, abs(b), scale)
 
 
+#: metrics not a function of the numbers: wall-clock, and DPO's accuracy, the share of pairs whose
+#: margin is > 0: at the first step the policy is the reference, every margin is 0 up to rounding
+#: (dpo/margin agrees within 1e-5), and the share flips with the rounding of either forward
+UNCOMPARED = re.compile(r"seconds|dpo/accuracy")
+
+
 def differences(padded: dict, packed: dict) -> list[str]:
     """Every difference between two ``run_one_step`` results beyond 1e-5."""
     if (padded["steps"], len(padded["losses"]), len(padded["metrics"]), len(padded["grads"])) != (
@@ -257,7 +264,8 @@ def differences(padded: dict, packed: dict) -> list[str]:
     bad = [f"loss {i}: {b!r} vs {a!r}" for i, (a, b) in enumerate(zip(padded["losses"], packed["losses"]))
            if not _close(b, a)]
     for i, (a, b) in enumerate(zip(padded["metrics"], packed["metrics"])):
-        bad += [f"step row {i}: {k} = {b.get(k)!r} vs {v!r}" for k, v in a.items() if k not in b or not _close(b[k], v)]
+        bad += [f"step row {i}: {k} = {b.get(k)!r} vs {v!r}" for k, v in a.items()
+                if not UNCOMPARED.search(k) and (k not in b or not _close(b[k], v))]
     for i, (a, b) in enumerate(zip(padded["grads"], packed["grads"])):
         if not _close(b["norm"], a["norm"]):
             bad.append(f"step {i}: grad norm {b['norm']!r} vs {a['norm']!r}")

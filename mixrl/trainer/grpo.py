@@ -509,9 +509,16 @@ class MixrlGRPOTrainer(GRPOTrainer):
         return self._step % generate_every < self.args.steps_per_generation
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
-                                           compute_entropy=False, compute_aux_loss=False, **multimodal):
+                                           compute_entropy=False, compute_aux_loss=False, pixel_values=None,
+                                           image_grid_thw=None, num_images=None, pixel_attention_mask=None,
+                                           spatial_shapes=None, num_tiles=None, image_sizes=None, token_type_ids=None,
+                                           mm_token_type_ids=None, image_position_ids=None):
         """TRL's per-token log-probs (every forward: the loss's, the old policy's, the reference's,
         the teachers'), on packed rows where ``trainer.padding_free`` applies (:mod:`mixrl.trainer.parts.packing`)."""
+        multimodal = dict(pixel_values=pixel_values, image_grid_thw=image_grid_thw, num_images=num_images,
+                          pixel_attention_mask=pixel_attention_mask, spatial_shapes=spatial_shapes, num_tiles=num_tiles,
+                          image_sizes=image_sizes, token_type_ids=token_type_ids, mm_token_type_ids=mm_token_type_ids,
+                          image_position_ids=image_position_ids)
         padded = lambda ids, att: super(MixrlGRPOTrainer, self)._get_per_token_logps_and_entropies(  # noqa: E731
             model, ids, att, logits_to_keep, batch_size, compute_entropy, compute_aux_loss, **multimodal)
         if compute_aux_loss or any(v is not None for v in multimodal.values()) or not self.packing.applies(model):

@@ -307,3 +307,20 @@ def test_every_family_trains_the_same_padding_free(case, tmp_path, monkeypatch):
         assert calls["values"] > 0, "the critic's values were not packed"
     bad = differences(runs["false"], runs["true"])
     assert not bad, f"{case}: " + "; ".join(bad[:8]) + (f" (+{len(bad) - 8} more)" if len(bad) > 8 else "")
+
+
+def test_mixrl_train_refuses_true_in_one_line_before_the_run_directory(tmp_path):
+    """``mixrl train`` with ``trainer.padding_free=true`` and an attention that cannot take packed
+    rows: exit 2, one line naming the fix, no run directory, no model loaded."""
+    from typer.testing import CliRunner
+
+    from mixrl.cli.main import app
+
+    run_dir = tmp_path / "run"
+    res = CliRunner().invoke(app, ["train", f"model.path={PIN_MODEL}", "model.attn_implementation=paged|sdpa",
+                                   "trainer.padding_free=true", f"run_dir={run_dir}", "logger.progress=false",
+                                   "hardware.torch_threads=1", "data.train_size=16", "trainer.eval_size=0"])
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "trainer.padding_free=true" in lines[0] and "padding_free=auto" in lines[0], lines
+    assert not run_dir.exists()

@@ -113,6 +113,11 @@ def unsupported(model) -> str | None:
     return unsupported_class(type(base), config)
 
 
+def refusal(why: str) -> str:
+    """The one line that refuses ``trainer.padding_free=true`` for a model, naming the fix."""
+    return f"trainer.padding_free=true: {why}; set trainer.padding_free=auto (padded forwards for this model) or false"
+
+
 @dataclass
 class Packed:
     """One chunk of rows packed into one sequence (every tensor 1-D over the packed tokens)."""
@@ -184,7 +189,7 @@ class Packing:
             if why is not None and self.mode == "true":
                 from mixrl.errors import ConfigError
 
-                raise ConfigError(f"trainer.padding_free=true: {why}; set trainer.padding_free=auto or false")
+                raise ConfigError(refusal(why))
             if why is not None:
                 self.say(f"padding-free rows off for {type(_base_model(model)).__name__}: {why} (padded forwards)")
             self._verdicts[key] = why

@@ -42,13 +42,30 @@ def test_pack_by_hand():
     ids = torch.tensor([[0, 5, 6, 7, 8], [4, 5, 6, 0, 0], [0, 0, 9, 3, 0]])
     att = (ids != 0).long()
     p = pack(ids, att, 2)
-    assert p.input_ids.tolist() == [5, 6, 7, 8, 9, 3]
-    assert p.position_ids.tolist() == [0, 1, 2, 3, 0, 1]
+    assert p.input_ids.tolist() == [[5, 6, 7, 8, 9, 3]]
+    assert p.position_ids.tolist() == [[0, 1, 2, 3, 0, 1]]
     # token k+1 scored at k when it is a completion token of the same row; never across rows
-    assert p.shift_labels.tolist() == [-100, 7, 8, -100, 3, -100]
+    assert p.shift_labels.tolist() == [[-100, 7, 8, -100, 3, -100]]
     assert p.rows.tolist() == [0, 0, 2] and p.cols.tolist() == [0, 1, 0] and p.at.tolist() == [1, 2, 4]
-    values = torch.tensor([10.0, 11.0, 12.0, 13.0, 14.0, 15.0])
+    values = torch.tensor([[10.0, 11.0, 12.0, 13.0, 14.0, 15.0]])
     assert unpack(values, p, (3, 2)).tolist() == [[11.0, 12.0], [0.0, 0.0], [14.0, 0.0]]
+
+
+def test_pack_with_a_capacity_by_hand():
+    # rows of 4, 2, 3 and 1 tokens, at most 5 tokens per sequence: first fit by decreasing length
+    # puts row 0 (4) then row 3 (1) in sequence 0, row 2 (3) then row 1 (2) in sequence 1
+    ids = torch.tensor([[0, 1, 2, 3, 4], [0, 0, 0, 5, 6], [0, 0, 7, 8, 9], [0, 0, 0, 0, 10]])
+    att = (ids != 0).long()
+    att[0, 0] = 0  # token 0 would not be a pad here: keep row 0 at 4 tokens
+    p = pack(ids, att, 1, capacity=5)
+    assert p.input_ids.tolist() == [[1, 2, 3, 4, 10], [7, 8, 9, 5, 6]]
+    assert p.position_ids.tolist() == [[0, 1, 2, 3, 0], [0, 1, 2, 0, 1]]
+    assert p.shift_labels.tolist() == [[-100, -100, 4, -100, -100], [-100, 9, -100, 6, -100]]
+    assert p.rows.tolist() == [0, 1, 2] and p.cols.tolist() == [0, 0, 0] and p.at.tolist() == [2, 8, 6]
+    # a sequence with room to spare ends in filler: positions restart, nothing scored
+    p = pack(ids, att, 1, capacity=7)  # rows 0 and 2 fill sequence 0; rows 1 and 3 leave 4 tokens of filler
+    assert p.input_ids.shape == (2, 7) and p.position_ids[1].tolist() == [0, 1, 0, 0, 1, 2, 3]
+    assert p.shift_labels[1].tolist() == [6, -100, -100, -100, -100, -100, -100]
 
 
 def test_pack_keeps_the_padded_forward_for_a_hole_or_nothing_to_score():

@@ -403,11 +403,11 @@ def check_padding_free(cfg: DictConfig, model_path: str) -> None:
     """``trainer.padding_free=true`` refused, before the model loads, for a model whose class and
     config cannot take packed rows (:func:`mixrl.trainer.parts.packing.unsupported_class`); a
     model of custom code (no class in transformers' mapping) is checked when it loads."""
-    from mixrl.trainer.parts.packing import refusal, resolve_mode, unsupported_class
+    from mixrl.trainer.parts.packing import refusal, resolve_mode, unsupported_class  # deferred: as the trainer's modules below
 
     if resolve_mode(cfg.trainer.get("padding_free", "auto")) != "true":
         return
-    from transformers import AutoConfig, AutoModelForCausalLM  # deferred: transformers is heavy
+    from transformers import AutoConfig, AutoModelForCausalLM  # deferred: transformers is heavy; `mixrl plan` imports this module and must not load it
 
     try:
         config = AutoConfig.from_pretrained(model_path, trust_remote_code=bool(cfg.model.trust_remote_code))

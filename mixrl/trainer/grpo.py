@@ -519,12 +519,14 @@ class MixrlGRPOTrainer(GRPOTrainer):
                           pixel_attention_mask=pixel_attention_mask, spatial_shapes=spatial_shapes, num_tiles=num_tiles,
                           image_sizes=image_sizes, token_type_ids=token_type_ids, mm_token_type_ids=mm_token_type_ids,
                           image_position_ids=image_position_ids)
-        padded = lambda ids, att: super(MixrlGRPOTrainer, self)._get_per_token_logps_and_entropies(  # noqa: E731
-            model, ids, att, logits_to_keep, batch_size, compute_entropy, compute_aux_loss, **multimodal)
-        if compute_aux_loss or any(v is not None for v in multimodal.values()) or not self.packing.applies(model):
+        padded = lambda ids, att: GRPOTrainer._get_per_token_logps_and_entropies(  # noqa: E731
+            self, model, ids, att, logits_to_keep, batch_size, compute_entropy, compute_aux_loss, **multimodal)
+        packing = getattr(self, "packing", None)
+        if (packing is None or compute_aux_loss or any(v is not None for v in multimodal.values())
+                or not packing.applies(model)):
             return padded(input_ids, attention_mask)  # MoE aux losses and images: TRL's padded forward
-        return self.packing.logps(model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
-                                  compute_entropy=compute_entropy, autocast=self.accelerator.autocast, padded=padded)
+        return packing.logps(model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
+                             compute_entropy=compute_entropy, autocast=self.accelerator.autocast, padded=padded)
 
     def _compute_loss(self, model, inputs):
         mode = "train" if self.model.training else "eval"

@@ -39,11 +39,14 @@ tensors. No state to checkpoint (``state_dict() == {}``).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from mixrl.errors import ConfigError
 
 MODES = ("auto", "true", "false")
 #: attention implementations that build a packed-rows mask from position ids (transformers 5)
@@ -120,23 +123,27 @@ def refusal(why: str) -> str:
 
 @dataclass
 class Packed:
-    """One chunk of rows packed into one sequence (every tensor 1-D over the packed tokens)."""
+    """One chunk of rows packed into ``[K, W]`` sequences (``K = 1`` unless a capacity splits them)."""
 
-    input_ids: torch.Tensor  # [N]
-    position_ids: torch.Tensor  # [N], 0 at each row's first token
-    shift_labels: torch.Tensor  # [N]: the next token of the same row where it is scored, else -100
+    input_ids: torch.Tensor  # [K, W]
+    position_ids: torch.Tensor  # [K, W], 0 at each row's first token (and at each sequence's filler)
+    shift_labels: torch.Tensor  # [K, W]: the next token of the same row where it is scored, else -100
     rows: torch.Tensor  # [S]: the row of each scored token
     cols: torch.Tensor  # [S]: its completion column
-    at: torch.Tensor  # [S]: the packed index whose output scores it (the token before it)
+    at: torch.Tensor  # [S]: the flat index (into K * W) whose output scores it (the token before it)
 
 
-def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int) -> Packed | None:
+def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
+         capacity: int | None = None) -> Packed | None:
     """Pack the real tokens of ``[B, L]`` rows (the last ``logits_to_keep`` columns scored, as in
-    TRL's padded forward). None when the padded forward must be kept: a row's attention mask
-    is not one run of ones (a hole: the padded forward runs the hidden token as a query), or
-    no row has a scored token (the padded forward keeps the loss connected to the model)."""
+    TRL's padded forward) into one sequence, or, with ``capacity``, into sequences of at most that
+    many tokens (first-fit by decreasing length; a sequence's unused tail is filler with positions
+    restarting at 0 and nothing scored). None when the padded forward must be kept: a row's
+    attention mask is not one run of ones (a hole: the padded forward runs the hidden token as
+    a query), or no row has a scored token (the padded forward keeps the loss connected to the model)."""
     B, L = input_ids.shape
     C = int(logits_to_keep)
+    dev = input_ids.device
     m = attention_mask.bool()
     runs = m[:, 0].long() + (m[:, 1:] & ~m[:, :-1]).sum(1)
     if bool((runs > 1).any()):
@@ -145,23 +152,44 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: 
     if not bool(keep.any()):
         return None
     sel = m & keep.unsqueeze(1)
-    ids = input_ids[sel]
+    ids = input_ids[sel]  # the kept rows' tokens, row after row
     positions = (m.long().cumsum(1) - 1)[sel]
-    rows = torch.arange(B, device=input_ids.device).unsqueeze(1).expand(B, L)[sel]
-    cols = torch.arange(L, device=input_ids.device).unsqueeze(0).expand(B, L)[sel]
+    rows = torch.arange(B, device=dev).unsqueeze(1).expand(B, L)[sel]
+    cols = torch.arange(L, device=dev).unsqueeze(0).expand(B, L)[sel]
     # token k+1 is scored at k when it is a completion token of the same row
-    scored_next = torch.zeros_like(sel[sel])
+    scored_next = torch.zeros(ids.numel(), dtype=torch.bool, device=dev)
     scored_next[:-1] = (rows[1:] == rows[:-1]) & (cols[1:] >= L - C)
     shift = torch.full_like(ids, -100)
     shift[:-1] = torch.where(scored_next[:-1], ids[1:], shift[:-1])
     at = torch.nonzero(scored_next).squeeze(1)
-    return Packed(ids, positions, shift, rows[at + 1], cols[at + 1] - (L - C), at)
+    # sequences: each row goes whole into the first with room (longest rows first)
+    lengths = sel.sum(1).tolist()
+    cap = max(max(lengths), int(capacity)) if capacity else sum(lengths)
+    fill: list[int] = []
+    where = [(0, 0)] * B  # (sequence, offset) of each kept row
+    for r in sorted((r for r in range(B) if lengths[r]), key=lambda r: -lengths[r]):
+        k = next((k for k, f in enumerate(fill) if f + lengths[r] <= cap), None)
+        if k is None:
+            k = len(fill)
+            fill.append(0)
+        where[r] = (k, fill[k])
+        fill[k] += lengths[r]
+    K, W = len(fill), max(fill)
+    start = torch.tensor([k * W + o for k, o in where], dtype=torch.long, device=dev)
+    target = start[rows] + positions  # each token's flat index in [K * W]
+    flat_pos = torch.arange(W, device=dev).repeat(K) - torch.tensor(fill, device=dev).repeat_interleave(W)
+    out_ids = torch.full((K * W,), int(ids[0]), dtype=ids.dtype, device=dev)  # filler: any token, never scored
+    out_pos = flat_pos.clamp(min=0)  # filler restarts at 0: a sequence of its own
+    out_shift = torch.full((K * W,), -100, dtype=shift.dtype, device=dev)
+    out_ids[target], out_pos[target], out_shift[target] = ids, positions, shift
+    return Packed(out_ids.view(K, W), out_pos.view(K, W), out_shift.view(K, W), rows[at + 1], cols[at + 1] - (L - C),
+                  target[at])
 
 
 def unpack(values: torch.Tensor, packed: Packed, shape: tuple[int, int]) -> torch.Tensor:
-    """``values`` [N] (one per packed token, each scoring the next) into ``shape`` = [B, C], 0 where unscored."""
+    """``values`` [K, W] (one per packed token, each scoring the next) into ``shape`` = [B, C], 0 where unscored."""
     out = values.new_zeros(shape)
-    return out.index_put((packed.rows, packed.cols), values[packed.at])
+    return out.index_put((packed.rows, packed.cols), values.reshape(-1)[packed.at])
 
 
 class Packing:
@@ -187,8 +215,6 @@ class Packing:
         if key not in self._verdicts:
             why = unsupported(model)
             if why is not None and self.mode == "true":
-                from mixrl.errors import ConfigError
-
                 raise ConfigError(refusal(why))
             if why is not None:
                 self.say(f"padding-free rows off for {type(_base_model(model)).__name__}: {why} (padded forwards)")
@@ -198,28 +224,34 @@ class Packing:
     def applies(self, model) -> bool:
         return self.reason(model) is None
 
+    @staticmethod
+    def capacity(model, width: int) -> int | None:
+        """Tokens per packed sequence: all in one under flash attention (variable-length kernel,
+        no mask); else at most the padded width, so the ``[W, W]`` mask that SDPA / eager / flex
+        build over a sequence never holds more than the padded chunk's masks did."""
+        impl = getattr(getattr(_base_model(model), "config", None), "_attn_implementation", None) or "sdpa"
+        return None if impl.startswith("flash_attention") else int(width)
+
     def logps(self, model, input_ids, attention_mask, logits_to_keep, *, batch_size=None, compute_entropy=False,
               autocast: Callable = None, padded: Callable = None):
         """TRL's ``_get_per_token_logps_and_entropies`` on packed rows: ``(logps [B, C], entropies
         [B, C] or None, None)``. A chunk that cannot be packed (:func:`pack` returns None) goes to
         ``padded(input_ids, attention_mask)`` (TRL's own, for those rows)."""
-        import contextlib
-
         autocast = autocast or contextlib.nullcontext
         B, C = input_ids.size(0), int(logits_to_keep)
         batch_size = batch_size or B
         all_logps, all_entropies = [], []
         for start in range(0, B, batch_size):
             ids, att = input_ids[start:start + batch_size], attention_mask[start:start + batch_size]
-            p = pack(ids, att, C)
+            p = pack(ids, att, C, capacity=self.capacity(model, ids.size(1)))
             if p is None:
                 lp, ent, _ = padded(ids, att)
             else:
                 with autocast():
-                    out = model(input_ids=p.input_ids.unsqueeze(0), position_ids=p.position_ids.unsqueeze(0),
-                                shift_labels=p.shift_labels.unsqueeze(0), fused_lm_head=True, use_cache=False)
-                lp = unpack(out.log_probs[0], p, (ids.size(0), C))
-                ent = unpack(out.entropy[0], p, (ids.size(0), C)) if compute_entropy else None
+                    out = model(input_ids=p.input_ids, position_ids=p.position_ids, shift_labels=p.shift_labels,
+                                fused_lm_head=True, use_cache=False)
+                lp = unpack(out.log_probs, p, (ids.size(0), C))
+                ent = unpack(out.entropy, p, (ids.size(0), C)) if compute_entropy else None
             all_logps.append(lp)
             all_entropies.append(ent)
         logps = torch.cat(all_logps, dim=0)
@@ -229,13 +261,12 @@ class Packing:
     def values(self, backbone, head, input_ids, attention_mask, width: int) -> torch.Tensor | None:
         """The critic's value before each of the last ``width`` tokens, [B, width] (float32), on
         packed rows; None when the rows cannot be packed (the caller runs its padded forward)."""
-        p = pack(input_ids, attention_mask, width)
+        p = pack(input_ids, attention_mask, width, capacity=self.capacity(backbone, input_ids.size(1)))
         if p is None:
             return None
         # no cache: transformers reads packed rows from the position ids only without one
-        h = backbone(input_ids=p.input_ids.unsqueeze(0), position_ids=p.position_ids.unsqueeze(0),
-                     use_cache=False).last_hidden_state
-        v = head(h[0].to(head.weight.dtype)).squeeze(-1).float()
+        h = backbone(input_ids=p.input_ids, position_ids=p.position_ids, use_cache=False).last_hidden_state
+        v = head(h.to(head.weight.dtype)).squeeze(-1).float()
         return unpack(v, p, (input_ids.size(0), int(width)))
 
     def state_dict(self) -> dict:

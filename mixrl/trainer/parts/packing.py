@@ -3,7 +3,9 @@
 TRL's per-token log-probs run the model on ``[rows, prompt + completion]`` with prompts
 left-padded and completions right-padded to the longest in the chunk, so a batch with a long
 tail of lengths spends most of its forward and backward on padding. Here the real tokens of
-every row (``attention_mask == 1``) are concatenated into one sequence of batch size 1, with
+every row (``attention_mask == 1``) are concatenated into one sequence (under flash attention;
+with a mask-based attention, sequences of at most the padded width, so that the ``[W, W]`` mask
+never exceeds the padded chunk's: :meth:`Packing.capacity`), with
 position ids restarting at 0 on each row; transformers builds the attention from the position
 ids when no attention mask is given (``transformers.masking_utils.find_packed_sequence_indices``:
 a block-diagonal causal mask for SDPA / eager / flex attention on CPU, flash-attention's

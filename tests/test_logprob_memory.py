@@ -7,7 +7,8 @@ model whose forward TRL patched with ``add_fused_lm_head`` (the policy and the r
 projects the hidden states through the LM head in ``[TOKEN_CHUNK_SIZE, vocab chunk]`` tiles and
 keeps online log-sum-exp statistics per token, ``log p(y_t) = z_{y_t} - logsumexp_v z_v`` and
 ``H_t = logsumexp_v z_v - sum_v softmax(z)_v z_v`` (``z`` = logits / temperature); backward
-recomputes each tile. These tests pin that path: its values and gradients equal the plain
+recomputes each tile. Every test runs on both forwards of ``trainer.padding_free`` (TRL's padded
+rows, and mixrl's rows packed into one sequence: :mod:`mixrl.trainer.parts.packing`). These tests pin that path: its values and gradients equal the plain
 ``log_softmax`` over the whole ``[B, T, V]`` logits (with padded and prompt positions), and
 its largest temporary is a tile, not ``B T V`` (so ``mixrl plan`` may count the tile).
 """
@@ -46,14 +47,27 @@ def _batch():
     return ids, att, 30
 
 
+@pytest.fixture(autouse=True, params=["false", "true"], ids=["padded", "padding-free"])
+def padding_free(request):
+    """Every test on both forwards: TRL's padded rows and mixrl's packed rows (``trainer.padding_free``)."""
+    _MODE[0] = request.param
+    yield request.param
+    _MODE[0] = "false"
+
+
+_MODE = ["false"]
+
+
 def _policy_path(model, ids, att, keep):
     """What ``Forwards.by_row_kind`` calls, on the model as TRL prepares it."""
     from trl.trainer.utils import add_fused_lm_head
 
     from mixrl.trainer.grpo import MixrlGRPOTrainer
+    from mixrl.trainer.parts.packing import Packing
 
     add_fused_lm_head(model, temperature=TEMPERATURE, outputs=("log_probs", "entropy"))  # as GRPOTrainer.__init__
-    stub = SimpleNamespace(accelerator=SimpleNamespace(autocast=contextlib.nullcontext, is_main_process=True))
+    stub = SimpleNamespace(accelerator=SimpleNamespace(autocast=contextlib.nullcontext, is_main_process=True),
+                           packing=Packing(_MODE[0]))
     logps, ent, _ = MixrlGRPOTrainer._get_per_token_logps_and_entropies(stub, model, ids, att, keep, compute_entropy=True)
     return logps, ent
 
@@ -80,7 +94,12 @@ def test_the_trainer_prepares_every_scoring_model_with_the_fused_head():
     init = inspect.getsource(GRPOTrainer.__init__)
     assert 'outputs=("log_probs", "entropy")' in init and "add_fused_lm_head(\n                self.ref_model" in init
     assert "add_fused_lm_head(m," in inspect.getsource(assembly.load_teacher_models)
-    assert "fused_lm_head=True" in inspect.getsource(MixrlGRPOTrainer._get_per_token_logps_and_entropies)
+    from mixrl.trainer.parts.packing import Packing
+
+    assert "fused_lm_head=True" in inspect.getsource(GRPOTrainer._get_per_token_logps_and_entropies)  # padded
+    assert "GRPOTrainer._get_per_token_logps_and_entropies(" in inspect.getsource(
+        MixrlGRPOTrainer._get_per_token_logps_and_entropies)
+    assert "fused_lm_head=True" in inspect.getsource(Packing.logps)  # padding-free
     assert "trainer._get_per_token_logps_and_entropies(" in inspect.getsource(assembly.build_parts)  # Forwards' logps
     assert "self.logps(model, ids, att" in inspect.getsource(Forwards.by_row_kind)
 

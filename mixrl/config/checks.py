@@ -120,6 +120,10 @@ def validate_run(cfg: DictConfig) -> None:
             f"trainer.max_completion_length={t.max_completion_length} must be a positive number of tokens, "
             "e.g. trainer.max_completion_length=256"
         )
+    padding_free = str(t.get("padding_free", "auto")).strip().lower()
+    if padding_free not in ("auto", "true", "false"):
+        raise ConfigError(f"trainer.padding_free={t.padding_free} is not auto, true or false; "
+                          "set trainer.padding_free=auto (packed rows where the model can take them)")
     if cfg.data.limit is not None and int(cfg.data.limit) <= 0:
         raise ConfigError(
             f"data.limit={cfg.data.limit} would train on no rows; set a positive number of rows, "

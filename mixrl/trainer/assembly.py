@@ -116,7 +116,7 @@ def build_parts(trainer, *, objective, advantage: tuple[str, dict, bool], inject
         critic_part = Critic.from_policy(critic, policy=acc.unwrap_model(trainer.model), device=device,
                                          advantage_params=advantage_params, include_offpolicy=include_offpolicy,
                                          reward_funcs=trainer.reward_funcs, reward_weights=trainer.reward_weights,
-                                         batch_size=args.per_device_train_batch_size)
+                                         batch_size=args.per_device_train_batch_size, packing=trainer.packing)
 
     # 4. sampler, controller, lagged weights, ReMax
     sampler_part = None

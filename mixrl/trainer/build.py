@@ -381,6 +381,8 @@ def prepare_inputs(cfg: DictConfig, console: Console, *, check: bool = True) -> 
     if check:
         check_training_data(cfg, tokenizer, train_ds, reward_funcs, model_path, extra_texts=extra)  # before the model loads
         check_train_size(cfg, train_ds, heldout)
+    if check:
+        check_padding_free(cfg, model_path)  # trainer.padding_free=true with a model that cannot take packed rows
     if check and teacher is not None:  # a missing teacher folder or another vocabulary fails here, not after the run directory exists
         teacher.check_builtin_teacher(tokenizer)  # before building it
         teacher.resolve(progress=bool(cfg.logger.progress))
@@ -395,6 +397,28 @@ def prepare_inputs(cfg: DictConfig, console: Console, *, check: bool = True) -> 
         )
     return RunInputs(model_path, tokenizer, train_ds, eval_rows, heldout, reward_funcs, reward_weights,
                      time.perf_counter() - t0, time.process_time() - cpu0, source=source, source_rows=source_rows)
+
+
+def check_padding_free(cfg: DictConfig, model_path: str) -> None:
+    """``trainer.padding_free=true`` refused, before the model loads, for a model whose class and
+    config cannot take packed rows (:func:`mixrl.trainer.parts.packing.unsupported_class`); a
+    model of custom code (no class in transformers' mapping) is checked when it loads."""
+    from mixrl.trainer.parts.packing import refusal, resolve_mode, unsupported_class  # deferred: as the trainer's modules below
+
+    if resolve_mode(cfg.trainer.get("padding_free", "auto")) != "true":
+        return
+    from transformers import AutoConfig, AutoModelForCausalLM  # deferred: transformers is heavy; `mixrl plan` imports this module and must not load it
+
+    try:
+        config = AutoConfig.from_pretrained(model_path, trust_remote_code=bool(cfg.model.trust_remote_code))
+        model_class = AutoModelForCausalLM._model_mapping[type(config)]
+    except Exception:  # noqa: BLE001 - unknown here: the loaded model is checked (mixrl.trainer.grpo)
+        return
+    if cfg.model.attn_implementation:
+        config._attn_implementation = cfg.model.attn_implementation
+    why = unsupported_class(model_class, config)
+    if why is not None:
+        raise ConfigError(refusal(why))
 
 
 # --------------------------------------------------------------------------- the trainer
@@ -455,6 +479,7 @@ def trainer_from_config(cfg: DictConfig, *, inputs: RunInputs | None = None, cal
             sampler=sampler,
             sampler_length=sampler_length,
             critic=OmegaConf.to_container(cfg.algo.critic, resolve=True) if cfg.algo.get("critic") is not None else None,
+            padding_free=str(cfg.trainer.get("padding_free", "auto")),
         )
     trainer.vllm_sync_tolerance = _sync_tolerance(cfg, model_path)  # checked after every weight sync (engine_sync)
     trainer.magnitude_bounds = MagnitudeBounds.from_config(cfg.trainer)  # checked every micro-batch (mixrl.trainer.magnitude)

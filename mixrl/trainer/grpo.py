@@ -68,6 +68,7 @@ from mixrl.trainer.assembly import build_parts
 from mixrl.trainer.generation import engine_sync
 from mixrl.trainer.generation.lagged_weights import swapped, trainable
 from mixrl.trainer.magnitude import check_step
+from mixrl.trainer.parts.packing import Packing
 from mixrl.trainer.parts.batch_fields import (
     behaviour_is_policy, behaviour_known, engine_mismatch_metrics, global_counts, guided_rows, provenance_fields,
 )
@@ -80,6 +81,7 @@ OVERRIDDEN = (
     "_calculate_rewards",
     "_generate_and_score_completions",
     "_compute_loss",
+    "_get_per_token_logps_and_entropies",
     "_save_checkpoint",
     "_load_optimizer_and_scheduler",
 )
@@ -99,6 +101,8 @@ class MixrlGRPOTrainer(GRPOTrainer):
         sampler: an optional :class:`mixrl.sampler.runtime.Sampler` (``sampler_length``: its
             max-completion-length schedule, or None).
         critic: ``algo.critic`` as a dict (a learned critic for ``advantage gae``), or None.
+        padding_free: ``trainer.padding_free`` (``auto`` | ``true`` | ``false``): every forward's rows
+            packed into one sequence (:mod:`mixrl.trainer.parts.packing`).
     """
 
     #: mean |Δ log p| between vLLM and the trainer above which a weight sync is broken (mixrl.trainer.generation.engine_sync)
@@ -123,6 +127,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
         sampler: Any = None,
         sampler_length: Any = None,
         critic: dict | None = None,
+        padding_free: str = "false",
         **kwargs,
     ):
         self.objective = objective
@@ -136,6 +141,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
         self._mixrl_rollouts: Rollouts | None = None
         self._mixrl_rewards_per_func: torch.Tensor | None = None
         self._mixrl_normalisers: dict[str, tuple[float, float, float]] | None = None
+        self.packing = Packing(padding_free, say=lambda text: print(text) if int(os.environ.get("RANK", "0")) == 0 else None)
         super().__init__(*args, **kwargs)
         self.parts = build_parts(self, objective=objective, advantage=advantage, injections=injections or [],
                                  controller=controller, teacher=teacher, staleness=staleness,
@@ -143,6 +149,9 @@ class MixrlGRPOTrainer(GRPOTrainer):
                                  critic=critic)
         if self.parts.async_gen is not None:
             self._wrap_vllm_for_async()
+        for model in (self.model, self.ref_model, *(self.parts.teachers.frozen if self.parts.teachers else [])):
+            if model is not None:  # decided (true: refused, auto: said) now, not at the first forward
+                self.packing.reason(model)
 
     # ------------------------------------------------------------------ small helpers
     def _log(self, mode: str, metrics: dict) -> None:
@@ -498,6 +507,26 @@ class MixrlGRPOTrainer(GRPOTrainer):
         """Is this micro-batch seen for the first time (not a later ``num_iterations`` pass)?"""
         generate_every = self.args.steps_per_generation * self.num_iterations
         return self._step % generate_every < self.args.steps_per_generation
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                                           compute_entropy=False, compute_aux_loss=False, pixel_values=None,
+                                           image_grid_thw=None, num_images=None, pixel_attention_mask=None,
+                                           spatial_shapes=None, num_tiles=None, image_sizes=None, token_type_ids=None,
+                                           mm_token_type_ids=None, image_position_ids=None):
+        """TRL's per-token log-probs (every forward: the loss's, the old policy's, the reference's,
+        the teachers'), on packed rows where ``trainer.padding_free`` applies (:mod:`mixrl.trainer.parts.packing`)."""
+        multimodal = dict(pixel_values=pixel_values, image_grid_thw=image_grid_thw, num_images=num_images,
+                          pixel_attention_mask=pixel_attention_mask, spatial_shapes=spatial_shapes, num_tiles=num_tiles,
+                          image_sizes=image_sizes, token_type_ids=token_type_ids, mm_token_type_ids=mm_token_type_ids,
+                          image_position_ids=image_position_ids)
+        padded = lambda ids, att: GRPOTrainer._get_per_token_logps_and_entropies(  # noqa: E731
+            self, model, ids, att, logits_to_keep, batch_size, compute_entropy, compute_aux_loss, **multimodal)
+        packing = getattr(self, "packing", None)
+        if (packing is None or compute_aux_loss or any(v is not None for v in multimodal.values())
+                or not packing.applies(model)):
+            return padded(input_ids, attention_mask)  # MoE aux losses and images: TRL's padded forward
+        return packing.logps(model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
+                             compute_entropy=compute_entropy, autocast=self.accelerator.autocast, padded=padded)
 
     def _compute_loss(self, model, inputs):
         mode = "train" if self.model.training else "eval"

@@ -64,8 +64,10 @@ class Critic:
     """The learned critic: values at rollout time, one optimizer step per training micro-batch."""
 
     def __init__(self, model: ValueModel, optimizer: torch.optim.Optimizer, cfg: dict, *, advantage_params: dict,
-                 include_offpolicy: bool, reward_funcs: list, reward_weights: torch.Tensor, batch_size: int):
+                 include_offpolicy: bool, reward_funcs: list, reward_weights: torch.Tensor, batch_size: int,
+                 packing=None):
         self.model, self.optimizer, self.cfg = model, optimizer, dict(cfg)
+        self.packing = packing  # a mixrl.trainer.parts.packing.Packing: padding-free value forwards (None: padded)
         self.advantage_params = advantage_params
         self.include_offpolicy = bool(include_offpolicy)
         self.reward_funcs, self.reward_weights = list(reward_funcs), reward_weights
@@ -91,7 +93,13 @@ class Critic:
         att = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
         width = inputs["completion_ids"].size(1)
         bs = batch_size or ids.size(0)
-        return torch.cat([self.model(ids[i : i + bs], att[i : i + bs], width) for i in range(0, ids.size(0), bs)], dim=0)
+        out = []
+        for i in range(0, ids.size(0), bs):
+            v = None
+            if self.packing is not None and self.packing.applies(self.model.backbone):
+                v = self.packing.values(self.model.backbone, self.model.head, ids[i : i + bs], att[i : i + bs], width)
+            out.append(v if v is not None else self.model(ids[i : i + bs], att[i : i + bs], width))
+        return torch.cat(out, dim=0)
 
     def dense_token_rewards(self, n_local: int, mask: torch.Tensor) -> torch.Tensor:
         """The weighted per-token rewards the reward functions returned as lists, [B, T] (0 elsewhere)."""

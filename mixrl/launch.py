@@ -57,10 +57,10 @@ from mixrl.config.hardware import (
     starts_vllm_server,
     world_size,
 )
-from mixrl.errors import ConfigError
+from mixrl.errors import PREEMPTED_EXIT, ConfigError
 from mixrl.trainer.build import prepare_inputs, resolve_model_path
 from mixrl.trainer.fsdp import fsdp_config
-from mixrl.trainer.run import quiet_libraries
+from mixrl.trainer.run import PREEMPTED_MARKER, quiet_libraries
 from mixrl.trainer.state.rundir import HELD_ENV, RunDirLock, check_new_run_dir, default_run_dir
 
 LAUNCH_DIR = "launch"
@@ -353,9 +353,6 @@ def run_plan(plan: LaunchPlan, say=print, *, new_run: bool = True, lock_held: bo
     are forwarded to the training processes (:func:`forward_signal`); when they stopped on one
     after a checkpoint (they leave ``launch/preempted-node<machine_rank>``) the status is
     :data:`mixrl.errors.PREEMPTED_EXIT`, whatever torchrun reports."""
-    from mixrl.errors import PREEMPTED_EXIT
-    from mixrl.trainer.run import PREEMPTED_MARKER
-
     launch_dir = write_plan(plan, new_run=new_run, say=say)
     marker = launch_dir / PREEMPTED_MARKER.format(machine=machine_rank)
     marker.unlink(missing_ok=True)  # a previous attempt's
@@ -367,7 +364,7 @@ def run_plan(plan: LaunchPlan, say=print, *, new_run: bool = True, lock_held: bo
         server = subprocess.Popen(plan.server_argv, env={**os.environ, **plan.server_env}, stdout=log,
                                   stderr=subprocess.STDOUT, start_new_session=True)
     say(f"launching: {plan.shell()}")
-    say(f"(recorded in {launch_dir / 'command.sh'})")
+    say(f"(recorded in {launch_dir / ('command.sh' if machine_rank == 0 else f'command-node{machine_rank}.sh')})")
     proc = subprocess.Popen(plan.argv, env={**os.environ, **plan.env, **held}, start_new_session=True)
     old_handlers = {}
     if threading.current_thread() is threading.main_thread():

@@ -147,7 +147,7 @@ def sbatch_script(cfg: DictConfig, overrides: list[str], *, python: str | None =
         "done",
         f'if [ "$rc" -eq {PREEMPTED_EXIT} ]; then',
         '  echo "mixrl: stopped after a checkpoint; requeueing job $SLURM_JOB_ID (it continues from that checkpoint)"',
-        '  scontrol requeue "$SLURM_JOB_ID"',
+        '  scontrol requeue "$SLURM_JOB_ID" || echo "mixrl: scontrol requeue failed; submit this script again (it continues the run)"',
         "fi",
         'exit "$rc"',
         "",
@@ -161,7 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 2 or args[0] != "hostnames":
         print("usage: python -m mixrl.slurm hostnames NODELIST", file=sys.stderr)
         return 2
-    print("\n".join(hostnames(args[1])))
+    try:
+        print("\n".join(hostnames(args[1])), flush=True)
+    except BrokenPipeError:  # `| head -n 1` closed the pipe after the first host: that one is all it needs
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 

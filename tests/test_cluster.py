@@ -154,7 +154,7 @@ def test_sbatch_script_for_two_nodes_with_a_vllm_server(tmp_path):
     for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
                  "#SBATCH --signal=B:USR1@120", "#SBATCH --requeue", 'scontrol show hostnames "$SLURM_JOB_NODELIST"',
                  'hardware.machine_rank="$SLURM_NODEID"', 'hardware.num_machines="$SLURM_NNODES"',
-                 'hardware.vllm_server_host="$MIXRL_MAIN_ADDR"', f'if [ "$rc" -eq {PREEMPTED_EXIT} ]', 'scontrol requeue "$SLURM_JOB_ID"'):
+                 'hardware.vllm_server_host="$MIXRL_MAIN_ADDR"', f'if [ "$rc" -eq {PREEMPTED_EXIT} ]', 'scontrol requeue "$SLURM_JOB_ID" ||'):
         assert line in text, line
     assert f"run_dir={tmp_path / 'r'} resume=auto" in text and not (tmp_path / "r").exists()  # nothing created
 

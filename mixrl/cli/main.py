@@ -173,6 +173,9 @@ def _resolve_resume_auto(overrides: list[str], multirun: bool) -> list[str]:
     if last_checkpoint(run_dir) is not None:
         err.print(f"resume=auto: continuing {run_dir} from its newest complete checkpoint", highlight=False, soft_wrap=True)
         return [*kept, f"resume={run_dir}"]
+    ranks = [ov.value() for ov in parsed if ov.key_or_group == "hardware.machine_rank"]
+    if ranks and str(ranks[-1]) != "0":
+        return kept  # machine R>0 of a multi-node run joins the directory machine 0 checks (and may have created already)
     try:
         check_new_run_dir(run_dir, say=lambda text: None)
     except ConfigError as e:

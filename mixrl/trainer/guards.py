@@ -44,19 +44,6 @@ def likely_cause(learning_rate: float | None) -> str:
 
 
 # --------------------------------------------------------------------------- interrupts
-def any_process(flag: bool) -> bool:
-    """``flag`` of this process, or of any process of the launched group (an all-reduce of the
-    maximum; every process must call it at the same point)."""
-    import torch.distributed as dist  # deferred: only a launched run has a process group
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return flag
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-    t = torch.tensor([1 if flag else 0], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
-
-
 def agreed_signal(signum: int | None) -> int | None:
     """The signal every process of a launched group stops on: the largest signal number any of
     them received (one all-reduce; every process calls it at the same point), None when none was
@@ -116,7 +103,10 @@ class InterruptGuard(TrainerCallback):
         """Has a signal asked the run to stop? Under a launcher, True in every process as soon
         as one of them was signalled (one all-reduce), so the processes of an evaluation stop
         at the same batch and none waits in a collective for the others."""
-        return any_process(self.signum is not None)
+        agreed = agreed_signal(self.signum)
+        if agreed is not None:
+            self.agreed = agreed  # a process that was not signalled itself stops too, on the same signal
+        return agreed is not None
 
     def install(self) -> InterruptGuard:
         if threading.current_thread() is threading.main_thread():

@@ -150,7 +150,8 @@ def train(cfg: DictConfig, console: Console | None = None, *, before: dict | Non
     Every check runs before the run directory is created (:func:`prepare_inputs`), so a
     failed start leaves nothing behind. ``cfg.resume`` set: continue that run from its last
     checkpoint (see :mod:`mixrl.trainer.state.resume`). A failure after the run directory exists
-    writes the ``FAILED`` marker; SIGINT / SIGTERM save a checkpoint and raise :class:`RunInterrupted`
+    writes the ``FAILED`` marker; SIGINT / SIGTERM / SIGUSR1 save a checkpoint and raise :class:`RunInterrupted`
+    (:class:`~mixrl.errors.RunPreempted`, exit status 75, for SIGTERM / SIGUSR1: :func:`stopped_error`)
     (during a held-out evaluation they stop it within a batch: before training nothing is saved,
     after training the final model already is, since it is saved before that evaluation)."""
     from mixrl.trainer.guards import InterruptGuard  # deferred: trainer.guards imports transformers; `mixrl plan` imports this module and must not load it

@@ -235,6 +235,7 @@ def plan_launch(cfg: DictConfig, overrides: list[str], run_dir: Path, *, python:
         argv += [f"--log-dir={logs}", "--redirects=3", "--tee=3"]
         argv += child
         env["OMP_NUM_THREADS"] = str(int(hw.torch_threads or 1))
+        env[ELASTIC_SIGNALS] = "SIGINT,SIGHUP,SIGQUIT"  # not SIGTERM: see run_plan
         env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = "[rank${rank}] "
     else:
         ds_file = None
@@ -247,6 +248,7 @@ def plan_launch(cfg: DictConfig, overrides: list[str], run_dir: Path, *, python:
         acc_file = launch_dir / "accelerate.yaml"
         files["accelerate.yaml"] = yaml.safe_dump(accelerate_config(cfg, ds_file), sort_keys=True)
         argv = [py, "-m", "accelerate.commands.launch", "--config_file", str(acc_file), *child]
+        env[ELASTIC_SIGNALS] = "SIGINT,SIGHUP,SIGQUIT"  # accelerate's multi-GPU launch is torch elastic's too
         train_ids, server_ids = training_gpus(cfg)
         if server_ids:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, train_ids))
@@ -344,6 +346,19 @@ def forward_signal(proc: subprocess.Popen, signum: int) -> None:
 
 #: what a launcher forwards to the processes it started (a scheduler's preemption and warning signals)
 FORWARDED = (signal.SIGTERM, signal.SIGUSR1)
+#: the signals torch elastic (torchrun, accelerate's multi-GPU launch) stops its workers on, with a 30 s
+#: deadline: SIGTERM is left out, so that a scheduler that signals every process of a job (SLURM's
+#: cgroup) does not have torchrun kill the workers while they finish a step and save
+ELASTIC_SIGNALS = "TORCHELASTIC_SIGNALS_TO_HANDLE"
+
+
+def _ignore_forwarded() -> None:
+    """In the launcher's child (torchrun, accelerate) before exec: SIGTERM and SIGUSR1 ignored, which
+    exec keeps (and the workers inherit until their interrupt guard installs its handlers): the
+    training processes get these signals themselves (from the scheduler, or :func:`forward_signal`),
+    finish the step and save; torchrun then ends when they exit."""
+    for sig in FORWARDED:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def run_plan(plan: LaunchPlan, say=print, *, new_run: bool = True, lock_held: bool = False, machine_rank: int = 0) -> int:
@@ -365,7 +380,8 @@ def run_plan(plan: LaunchPlan, say=print, *, new_run: bool = True, lock_held: bo
                                   stderr=subprocess.STDOUT, start_new_session=True)
     say(f"launching: {plan.shell()}")
     say(f"(recorded in {launch_dir / ('command.sh' if machine_rank == 0 else f'command-node{machine_rank}.sh')})")
-    proc = subprocess.Popen(plan.argv, env={**os.environ, **plan.env, **held}, start_new_session=True)
+    proc = subprocess.Popen(plan.argv, env={**os.environ, **plan.env, **held}, start_new_session=True,
+                            preexec_fn=_ignore_forwarded)
     old_handlers = {}
     if threading.current_thread() is threading.main_thread():
         for sig in FORWARDED:

@@ -49,6 +49,19 @@ class RunInterrupted(RunStopped):
     exit_code = 130
 
 
+#: the exit status of a run stopped by a preemption signal after it saved a checkpoint: EX_TEMPFAIL of
+#: sysexits.h ("a temporary failure; the user is invited to retry"): running the same command again
+#: (``resume=auto``) continues it; the sbatch script of ``mixrl plan --sbatch`` requeues the job on it
+PREEMPTED_EXIT = 75
+
+
+class RunPreempted(RunInterrupted):
+    """SIGTERM or SIGUSR1 (a scheduler's preemption or time-limit warning) stopped the run after a
+    checkpoint was saved: exit status :data:`PREEMPTED_EXIT`, so a job script can requeue it."""
+
+    exit_code = PREEMPTED_EXIT
+
+
 class StorageError(MixrlUserError):
     """A file of the run could not be written: the disk is full, or the folder is read-only."""
 

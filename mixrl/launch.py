@@ -24,7 +24,15 @@ not only torchrun's summary of its exit.
 
 Multi-node: run the same ``mixrl train`` on every machine with ``hardware.num_machines=N
 hardware.machine_rank=R hardware.main_process_ip=<machine 0> run_dir=<a path shared by all>``
-(``hardware.main_process_port`` defaults to 29500).
+(``hardware.main_process_port`` defaults to 29500): each machine's launcher starts its
+``num_processes`` with torchrun's (CPU) or accelerate's static rendezvous at machine 0; machine
+0 checks and creates the run directory, machine R records ``launch/command-node<R>.sh`` and its
+processes' logs under ``launch/logs/node<R>/``. ``mixrl plan --sbatch FILE`` writes the SLURM job
+that runs it (:mod:`mixrl.slurm`).
+
+SIGTERM and SIGUSR1 sent to a launcher are forwarded to its training processes
+(:func:`forward_signal`); a run they stopped after a checkpoint exits with
+:data:`mixrl.errors.PREEMPTED_EXIT` (75) on every machine.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,10 +57,10 @@ from mixrl.config.hardware import (
     starts_vllm_server,
     world_size,
 )
-from mixrl.errors import ConfigError
+from mixrl.errors import PREEMPTED_EXIT, ConfigError
 from mixrl.trainer.build import prepare_inputs, resolve_model_path
 from mixrl.trainer.fsdp import fsdp_config
-from mixrl.trainer.run import quiet_libraries
+from mixrl.trainer.run import PREEMPTED_MARKER, quiet_libraries
 from mixrl.trainer.state.rundir import HELD_ENV, RunDirLock, check_new_run_dir, default_run_dir
 
 LAUNCH_DIR = "launch"
@@ -222,9 +231,11 @@ def plan_launch(cfg: DictConfig, overrides: list[str], run_dir: Path, *, python:
         # each process's own stdout and stderr (a C++ abort message too: redirected at the file
         # descriptor) in RUN_DIR/launch/logs/<run id>/attempt_0/<rank>/{stdout,stderr}.log, and on
         # the console with a [rank<r>] prefix
-        argv += [f"--log-dir={launch_dir / 'logs'}", "--redirects=3", "--tee=3"]
+        logs = launch_dir / "logs" / (f"node{int(hw.machine_rank)}" if int(hw.num_machines) > 1 else "")
+        argv += [f"--log-dir={logs}", "--redirects=3", "--tee=3"]
         argv += child
         env["OMP_NUM_THREADS"] = str(int(hw.torch_threads or 1))
+        env[ELASTIC_SIGNALS] = "SIGINT,SIGHUP,SIGQUIT"  # not SIGTERM: see run_plan
         env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = "[rank${rank}] "
     else:
         ds_file = None
@@ -237,6 +248,7 @@ def plan_launch(cfg: DictConfig, overrides: list[str], run_dir: Path, *, python:
         acc_file = launch_dir / "accelerate.yaml"
         files["accelerate.yaml"] = yaml.safe_dump(accelerate_config(cfg, ds_file), sort_keys=True)
         argv = [py, "-m", "accelerate.commands.launch", "--config_file", str(acc_file), *child]
+        env[ELASTIC_SIGNALS] = "SIGINT,SIGHUP,SIGQUIT"  # accelerate's multi-GPU launch is torch elastic's too
         train_ids, server_ids = training_gpus(cfg)
         if server_ids:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, train_ids))
@@ -246,12 +258,18 @@ def plan_launch(cfg: DictConfig, overrides: list[str], run_dir: Path, *, python:
         plan.server_argv = vllm_server_command(cfg, model_path or str(cfg.model.path))
         plan.server_env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, server_ids))}
         files["vllm-server.sh"] = "#!/bin/sh\n" + plan.server_shell() + "\n"
-    files["command.sh"] = (
+    files[command_file(cfg)] = (
         "#!/bin/sh\n# written by `mixrl train` (mixrl.launch): the exact command it ran\n"
         + (f"# vLLM server started first: {plan.server_shell()}\n" if plan.server_argv else "")
         + f"cd {shlex.quote(os.getcwd())}\n{plan.shell()}\n"
     )
     return plan
+
+
+def command_file(cfg: DictConfig) -> str:
+    """``command.sh``; on machine R>0 of a multi-node run ``command-node<R>.sh`` (the run directory is shared)."""
+    rank = int(cfg.hardware.machine_rank)
+    return f"command-node{rank}.sh" if rank > 0 else "command.sh"
 
 
 def launch_run_dir(cfg: DictConfig) -> Path:
@@ -298,11 +316,61 @@ def _stop(proc: subprocess.Popen | None, sig=signal.SIGTERM, wait_s: float = 30.
         proc.wait()
 
 
-def run_plan(plan: LaunchPlan, say=print, *, new_run: bool = True, lock_held: bool = False) -> int:
+def worker_pids(pid: int) -> list[int]:
+    """The processes ``pid`` (torchrun, accelerate) started: its children, read from ``/proc``
+    (torchrun starts each worker in a session of its own, so a signal to its process group misses
+    them). Empty where there is no ``/proc``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:  # field 4 of /proc/PID/stat, after "pid (comm) state"
+            found.append(int(stat.parent.name))
+    return sorted(found)
+
+
+def forward_signal(proc: subprocess.Popen, signum: int) -> None:
+    """Send ``signum`` to the launched training processes themselves, not to torchrun: torchrun
+    answers SIGTERM by stopping its workers with a 30 s deadline, too short for a step and a
+    checkpoint; the workers instead finish their step, agree, save and exit
+    (:class:`mixrl.trainer.guards.InterruptGuard`)."""
+    pids = worker_pids(proc.pid)
+    for pid in pids or [proc.pid]:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+#: what a launcher forwards to the processes it started (a scheduler's preemption and warning signals)
+FORWARDED = (signal.SIGTERM, signal.SIGUSR1)
+#: the signals torch elastic (torchrun, accelerate's multi-GPU launch) stops its workers on, with a 30 s
+#: deadline: SIGTERM is left out, so that a scheduler that signals every process of a job (SLURM's
+#: cgroup) does not have torchrun kill the workers while they finish a step and save
+ELASTIC_SIGNALS = "TORCHELASTIC_SIGNALS_TO_HANDLE"
+
+
+def _ignore_forwarded() -> None:
+    """In the launcher's child (torchrun, accelerate) before exec: SIGTERM and SIGUSR1 ignored, which
+    exec keeps (and the workers inherit until their interrupt guard installs its handlers): the
+    training processes get these signals themselves (from the scheduler, or :func:`forward_signal`),
+    finish the step and save; torchrun then ends when they exit."""
+    for sig in FORWARDED:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def run_plan(plan: LaunchPlan, say=print, *, new_run: bool = True, lock_held: bool = False, machine_rank: int = 0) -> int:
     """Write the plan's files, print the command, run it (and the vLLM server) and return its exit status.
     ``lock_held``: this process holds the run directory's lock for the launched processes
-    (:mod:`mixrl.trainer.state.rundir`), which then do not take it themselves."""
+    (:mod:`mixrl.trainer.state.rundir`), which then do not take it themselves. SIGTERM and SIGUSR1
+    are forwarded to the training processes (:func:`forward_signal`); when they stopped on one
+    after a checkpoint (they leave ``launch/preempted-node<machine_rank>``) the status is
+    :data:`mixrl.errors.PREEMPTED_EXIT`, whatever torchrun reports."""
     launch_dir = write_plan(plan, new_run=new_run, say=say)
+    marker = launch_dir / PREEMPTED_MARKER.format(machine=machine_rank)
+    marker.unlink(missing_ok=True)  # a previous attempt's
     held = {HELD_ENV: os.path.realpath(plan.run_dir)} if lock_held else {}
     server = None
     if plan.server_argv is not None:
@@ -311,8 +379,13 @@ def run_plan(plan: LaunchPlan, say=print, *, new_run: bool = True, lock_held: bo
         server = subprocess.Popen(plan.server_argv, env={**os.environ, **plan.server_env}, stdout=log,
                                   stderr=subprocess.STDOUT, start_new_session=True)
     say(f"launching: {plan.shell()}")
-    say(f"(recorded in {launch_dir / 'command.sh'})")
-    proc = subprocess.Popen(plan.argv, env={**os.environ, **plan.env, **held}, start_new_session=True)
+    say(f"(recorded in {launch_dir / ('command.sh' if machine_rank == 0 else f'command-node{machine_rank}.sh')})")
+    proc = subprocess.Popen(plan.argv, env={**os.environ, **plan.env, **held}, start_new_session=True,
+                            preexec_fn=_ignore_forwarded)
+    old_handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in FORWARDED:
+            old_handlers[sig] = signal.signal(sig, lambda signum, frame: forward_signal(proc, signum))
     try:
         rc = proc.wait()
     except KeyboardInterrupt:  # forward Ctrl-C: the processes save a checkpoint and stop
@@ -323,7 +396,12 @@ def run_plan(plan: LaunchPlan, say=print, *, new_run: bool = True, lock_held: bo
             _stop(proc, signal.SIGKILL)
             rc = 130
     finally:
+        for sig, handler in old_handlers.items():
+            signal.signal(sig, handler)
         _stop(server)
+    if rc != 0 and marker.is_file():
+        rc = PREEMPTED_EXIT
+        marker.unlink(missing_ok=True)
     (launch_dir / "exit_status").write_text(f"{rc}\n{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
     return rc
 
@@ -344,6 +422,9 @@ def launch(cfg: DictConfig, overrides: list[str], say=print) -> int:
         if starts_vllm_server(cfg):
             model_path = resolve_model_path(cfg, progress=False)
         plan = plan_launch(cfg, overrides, run_dir, model_path=model_path)
-        return run_plan(plan, say=say, new_run=not cfg.get("resume"), lock_held=lock.fd is not None)
+        # machine 0 checks (and creates) a new run's directory; the others join it, which machine 0 may have written already
+        new_run = not cfg.get("resume") and int(cfg.hardware.machine_rank) == 0
+        return run_plan(plan, say=say, new_run=new_run, lock_held=lock.fd is not None,
+                        machine_rank=int(cfg.hardware.machine_rank))
     finally:
         lock.release()

@@ -43,7 +43,8 @@ layer  modules
 3      ``trainer``; ``vllm_cpu``, ``vllm_file_transfer`` (the trainer's vLLM plumbing);
        ``explain`` (reads a composed config and renders its objective: a consumer of config
        and core, beside the trainer)
-4      ``launch``; ``plan`` (renders the launch command with ``launch``'s own functions, so it
+4      ``launch``; ``slurm`` (the sbatch job of a hardware config: the multi-node launch per node);
+       ``plan`` (renders the launch command with ``launch``'s own functions, so it
        sits beside it); ``experiments`` (compare, claims, stats, suites, reproduce, methods: they
        run, launch or read runs; ``experiments.stats`` is pure numbers and imports nothing of
        mixrl, but only ``experiments`` reads it, so it lives in that package, at its layer);
@@ -71,7 +72,7 @@ LAYERS = {
     "sources": 1, "sampler": 1, "data": 1, "rewards": 1, "models": 1, "tasks": 1, "evaluation": 1,
     "config": 2,
     "trainer": 3, "vllm_cpu": 3, "vllm_file_transfer": 3, "explain": 3,
-    "launch": 4, "plan": 4, "experiments": 4, "benchmarks": 4,
+    "launch": 4, "slurm": 4, "plan": 4, "experiments": 4, "benchmarks": 4,
     "cli": 5,
 }
 

@@ -220,3 +220,26 @@ def test_magnitude_bounds_from_config():
     with pytest.raises(ConfigError, match=r"trainer.max_abs_advantage=0 is out of range: it must be > 0"):
         compose_config(["trainer.max_abs_advantage=0"])
     assert OmegaConf.select(cfg, "trainer.max_abs_loss") == 50
+
+
+def test_a_schedulers_signal_twice_keeps_stopping_after_the_step_and_exits_to_requeue():
+    """SLURM signals every process of a job and the launcher forwards its own copy: a second SIGTERM /
+    SIGUSR1 must not quit in the middle of the checkpoint (only SIGINT does); the stop is a preemption."""
+    said = []
+    guard = InterruptGuard(say=said.append).install()
+    try:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        os.kill(os.getpid(), signal.SIGTERM)  # ignored: stopping already
+        assert guard.signum == signal.SIGUSR1 and len(said) == 1 and "Ctrl-C to quit now" in said[0]
+
+        class Control:
+            should_save = should_training_stop = False
+
+        guard.on_step_end(None, None, Control)  # one process: the agreed signal is its own
+        assert Control.should_save and Control.should_training_stop
+        assert guard.agreed == signal.SIGUSR1 and guard.preempted and guard.name == "SIGUSR1"
+    finally:
+        guard.restore()
+    ctrl_c = InterruptGuard(say=said.append)
+    ctrl_c.signum = signal.SIGINT
+    assert not ctrl_c.preempted  # Ctrl-C: exit 130, no requeue

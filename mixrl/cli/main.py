@@ -104,6 +104,7 @@ def train(
     from mixrl.trainer.state.rundir import resume_checkpoint  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
 
     overrides = list(overrides or [])
+    overrides = _resolve_resume_auto(overrides, multirun)
     jobs = expand_sweeps(overrides) if multirun else [overrides]
     resume = [ov.value() for ov in parse_overrides(list(overrides)) if ov.key_or_group == "resume"]
     swaps = None
@@ -213,6 +214,42 @@ def _run_rehearsal(cfg, staged, swaps: list, trainer_run) -> int:
     return 0
 
 
+def _resolve_resume_auto(overrides: list[str], multirun: bool) -> list[str]:
+    """``resume=auto run_dir=PATH``: the command a requeued job runs again. With a complete checkpoint
+    in PATH (:func:`mixrl.trainer.state.rundir.last_checkpoint`) it becomes ``resume=PATH`` (the
+    other overrides are checked against the run's config as for any resume); with none, a new run
+    into PATH, refused as any new run is when PATH holds something else (one line, exit 2)."""
+    from mixrl.config.compose import parse_overrides  # deferred: imports torch; `mixrl --help` must not load it
+    from mixrl.trainer.state.rundir import check_new_run_dir, last_checkpoint  # deferred: imports torch
+
+    parsed = parse_overrides(list(overrides))
+    resume = [ov.value() for ov in parsed if ov.key_or_group == "resume"]
+    if not resume or resume[-1] != "auto":
+        return overrides
+    if multirun:
+        raise ConfigError("resume=auto continues one run; drop -m (multirun)")
+    run_dirs = [ov.value() for ov in parsed if ov.key_or_group == "run_dir"]
+    if not run_dirs or not run_dirs[-1]:
+        raise ConfigError("resume=auto needs run_dir=PATH: the run directory to continue if it holds a checkpoint, "
+                          "or to start in if it is new")
+    run_dir = Path(str(run_dirs[-1]))
+    kept = [o for o, ov in zip(overrides, parsed) if ov.key_or_group != "resume"]
+    if last_checkpoint(run_dir) is not None:
+        err.print(f"resume=auto: continuing {run_dir} from its newest complete checkpoint", highlight=False, soft_wrap=True)
+        return [*kept, f"resume={run_dir}"]
+    ranks = [ov.value() for ov in parsed if ov.key_or_group == "hardware.machine_rank"]
+    if ranks and str(ranks[-1]) != "0":
+        return kept  # machine R>0 of a multi-node run joins the directory machine 0 checks (and may have created already)
+    try:
+        check_new_run_dir(run_dir, say=lambda text: None)
+    except ConfigError as e:
+        raise ConfigError(f"resume=auto: {run_dir} holds no complete checkpoint to continue from, and a new run cannot "
+                          f"start there: {e}") from None
+    if run_dir.is_dir() and any(p.name not in ("launch", ".mixrl.lock") for p in run_dir.iterdir()):
+        err.print(f"resume=auto: {run_dir} holds no complete checkpoint; starting it again", highlight=False, soft_wrap=True)
+    return kept
+
+
 def _close_process_group() -> None:
     """Under a launcher: every process waits until rank 0 has written the run, then the process
     group closes. (A gloo process left to the interpreter's exit while its peer still works
@@ -248,6 +285,9 @@ def _launch_jobs(cfgs, jobs, overrides, multirun: bool) -> int:
 def plan(
     overrides: Optional[List[str]] = OVERRIDES,
     prompt_tokens: Optional[int] = typer.Option(None, "--prompt-tokens", help="Prompt length assumed by the memory estimate (tokens; default 512, the built-in task's longest prompt for builtin:arith)."),
+    sbatch: Optional[Path] = typer.Option(None, "--sbatch", help="Also write a SLURM job script for this config to this file: "
+                                          "hardware.num_machines nodes, one `mixrl train` per node, requeued on preemption "
+                                          "(needs run_dir=PATH on a shared file system; see mixrl/slurm.py)."),
 ):
     """Geometry, per-GPU memory estimate and launch command of a config, without loading the model.
 
@@ -258,7 +298,18 @@ def plan(
     from mixrl.plan import render_plan  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
 
     overrides = [f"recipe={o}" if "=" not in o and o in list_recipe_names() else o for o in (overrides or [])]
-    sys.stdout.write(render_plan(compose_config(overrides), overrides, prompt_tokens=prompt_tokens))
+    composed = overrides
+    if sbatch is not None and not any(o.startswith("hardware.main_process_ip=") for o in overrides):
+        composed = [*overrides, "hardware.main_process_ip=slurm-first-node"]  # the job reads it from SLURM on each node
+    cfg = compose_config(composed)
+    if sbatch is not None:
+        from mixrl.slurm import sbatch_script  # deferred: keeps `mixrl --help` light
+
+        text = sbatch_script(cfg, overrides)  # checked (run_dir) before anything is written
+        sbatch.write_text(text)
+        sbatch.chmod(0o755)
+        err.print(f"wrote {sbatch}: sbatch {sbatch}", highlight=False, soft_wrap=True)
+    sys.stdout.write(render_plan(cfg, overrides, prompt_tokens=prompt_tokens))
 
 
 # --------------------------------------------------------------------------- config

@@ -253,7 +253,7 @@ class RecipeInfo:
 class RunConfig:
     seed: int = 0
     run_dir: Optional[str] = None  # default: runs/<date>/<time>-<algo>-s<seed>
-    resume: Optional[str] = None  # a run directory: continue it from its last checkpoint
+    resume: Optional[str] = None  # a run directory: continue it from its last checkpoint; auto (with run_dir): continue run_dir if it holds a complete checkpoint, else start it
     plugins: list = field(default_factory=list)  # modules imported before validation: they register components
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     data: DataConfig = field(default_factory=DataConfig)

@@ -73,6 +73,8 @@ def deadline(seconds: float | None):
         def on_watchdog(signum, frame):
             if fired.is_set() and not done.is_set():
                 raise RewardTimeout(f"no result after {seconds:g} s")
+            if callable(old):  # not the watchdog's: a scheduler's SIGUSR1 (preemption warning) goes to the interrupt guard
+                old(signum, frame)
 
         def watch():
             if not done.wait(float(seconds)):

@@ -1,8 +1,15 @@
 """Run health: interrupts, divergence and collapse.
 
-* :class:`InterruptGuard`: the first SIGINT / SIGTERM asks the trainer to finish the current
-  optimizer step, save a checkpoint and stop (a second one quits at once); during a reward
-  call (which may hang) it stops the call at once (:mod:`mixrl.rewards.deadline`); during a
+* :class:`InterruptGuard`: the first SIGINT / SIGTERM / SIGUSR1 asks the trainer to finish the
+  current optimizer step, save a checkpoint and stop (a second one quits at once). Under a
+  launcher the processes agree at every step end (one all-reduce) whether any of them was
+  signalled, so a signal sent to one process only (``kill`` of rank 0) stops all of them after the
+  same step, with one checkpoint; SIGTERM and SIGUSR1 (a scheduler's preemption or time-limit
+  warning, e.g. SLURM's ``--signal=USR1@120``) end the run with exit status
+  :data:`mixrl.errors.PREEMPTED_EXIT` once that checkpoint is saved. In a single process,
+  during a reward call (which may hang) it stops the call at once (:mod:`mixrl.rewards.deadline`);
+  under a launcher it does not (the other processes would wait in a collective for this one:
+  ``reward.timeout_s`` bounds a hung reward there); during a
   held-out evaluation (before, every ``trainer.eval_every`` steps, after training) the
   evaluation asks :meth:`InterruptGuard.stop_requested` between batches and tokens and stops
   within seconds (:class:`mixrl.evaluation.accuracy.EvaluationInterrupted`), however long the
@@ -37,31 +44,47 @@ def likely_cause(learning_rate: float | None) -> str:
 
 
 # --------------------------------------------------------------------------- interrupts
-def any_process(flag: bool) -> bool:
-    """``flag`` of this process, or of any process of the launched group (an all-reduce of the
-    maximum; every process must call it at the same point)."""
+def agreed_signal(signum: int | None) -> int | None:
+    """The signal every process of a launched group stops on: the largest signal number any of
+    them received (one all-reduce; every process calls it at the same point), None when none was
+    signalled. A single process: its own."""
     import torch.distributed as dist  # deferred: only a launched run has a process group
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return flag
+        return signum
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-    t = torch.tensor([1 if flag else 0], device=device)
+    t = torch.tensor([signum or 0], device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+    return int(t.item()) or None
+
+
+#: the signals a scheduler sends before it stops a job (SLURM: SIGTERM at preemption or the time
+#: limit, the signal of ``--signal``, here SIGUSR1, some time before): they end a run that saved a
+#: checkpoint with :data:`mixrl.errors.PREEMPTED_EXIT` (requeue), where SIGINT (Ctrl-C) ends it with 130
+PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+def _multi_process() -> bool:
+    import os  # deferred: only the handler asks
+
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
 class InterruptGuard(TrainerCallback):
-    """SIGINT / SIGTERM -> save a checkpoint at the end of the current step and stop.
+    """SIGINT / SIGTERM / SIGUSR1 -> save a checkpoint at the end of the current step and stop.
 
     ``install()`` replaces the handlers (main thread only), ``restore()`` puts them back.
-    ``signum`` is the first signal received (None if none). A second signal restores the
-    default handlers and raises ``KeyboardInterrupt`` at once.
+    ``signum`` is the first signal this process received (None if none); ``agreed`` the signal
+    all processes stopped on at a step end (:func:`agreed_signal`; this process's own in a
+    single process). A second signal to this process restores the default handlers and raises
+    ``KeyboardInterrupt`` at once.
     """
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
     def __init__(self, say: Callable[[str], None] = print):
         self.signum: int | None = None
+        self.agreed: int | None = None
         self.say = say
         self.doing: str | None = None  # what a signal stops now (:meth:`during`), for its message
         self._old: dict[int, object] = {}
@@ -80,7 +103,10 @@ class InterruptGuard(TrainerCallback):
         """Has a signal asked the run to stop? Under a launcher, True in every process as soon
         as one of them was signalled (one all-reduce), so the processes of an evaluation stop
         at the same batch and none waits in a collective for the others."""
-        return any_process(self.signum is not None)
+        agreed = agreed_signal(self.signum)
+        if agreed is not None:
+            self.agreed = agreed  # a process that was not signalled itself stops too, on the same signal
+        return agreed is not None
 
     def install(self) -> InterruptGuard:
         if threading.current_thread() is threading.main_thread():
@@ -95,23 +121,40 @@ class InterruptGuard(TrainerCallback):
 
     def _handle(self, signum, frame):
         if self.signum is not None:
+            if signum in PREEMPT_SIGNALS:
+                # a scheduler's signal comes more than once (SLURM signals every process of the job, and the
+                # launcher forwards its own copy): the run is stopping already; only SIGINT (or SIGKILL) quits now
+                return
             self.restore()
             raise KeyboardInterrupt
         self.signum = signum
-        if in_reward_call():  # a reward may never return: stop it now (the run saves a checkpoint)
+        if in_reward_call() and not _multi_process():  # a reward may never return: stop it now (the run saves a checkpoint)
             self.say(f"{self.name}: stopping the running reward function, saving a checkpoint, then stopping")
             raise RewardSignal(self.name)
         if self.doing is not None:
             self.say(f"{signal.Signals(signum).name}: stopping {self.doing} (again to quit now)")
             return
-        self.say(f"{signal.Signals(signum).name}: saving a checkpoint after this step, then stopping (again to quit now)")
+        again = " (Ctrl-C to quit now)" if signum in PREEMPT_SIGNALS else " (again to quit now)"
+        self.say(f"{signal.Signals(signum).name}: saving a checkpoint after this step, then stopping{again}")
+
+    @property
+    def stopped(self) -> int | None:
+        """The signal the run stops on (agreed at a step end, else this process's own), or None."""
+        return self.agreed or self.signum
+
+    @property
+    def preempted(self) -> bool:
+        """Stopped by a scheduler's signal (:data:`PREEMPT_SIGNALS`): a saved run exits to be requeued."""
+        return self.stopped in PREEMPT_SIGNALS
 
     @property
     def name(self) -> str:
-        return signal.Signals(self.signum).name if self.signum is not None else ""
+        return signal.Signals(self.stopped).name if self.stopped is not None else ""
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.signum is not None:
+        # every process asks at every step end (the all-reduce is one integer), so all stop after the same step
+        self.agreed = agreed_signal(self.signum)
+        if self.agreed is not None:
             control.should_save = True
             control.should_training_stop = True
         return control

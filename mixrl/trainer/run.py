@@ -22,7 +22,7 @@ import torch
 
 from mixrl.config.geometry import geometry
 from mixrl.progress import progress_bar
-from mixrl.errors import MixrlUserError, RewardError, RunInterrupted, TrainingDiverged, storage_error
+from mixrl.errors import PREEMPTED_EXIT, MixrlUserError, RewardError, RunInterrupted, RunPreempted, TrainingDiverged, storage_error
 from mixrl.trainer import build
 from mixrl.trainer.build import RunInputs, prepare_inputs
 from mixrl.trainer.magnitude import MagnitudeExceeded
@@ -107,6 +107,36 @@ def _eval_start(trainer, tokenizer, rows, reward_fn, cfg, console: Console, mode
     return result
 
 
+#: written under RUN_DIR/launch/ by a launched run's first process on each machine when a preemption
+#: signal stopped it after a checkpoint: that machine's launcher then exits with PREEMPTED_EXIT too
+#: (torchrun itself reports any failed process as 1)
+PREEMPTED_MARKER = "preempted-node{machine}"
+
+
+def stopped_error(guard, cfg, run_dir: Path, message: str, *, saved: bool) -> RunInterrupted:
+    """The error a signalled run ends with: :class:`RunPreempted` (exit status
+    :data:`~mixrl.errors.PREEMPTED_EXIT`, requeue) for SIGTERM / SIGUSR1 once a checkpoint is saved,
+    :class:`RunInterrupted` (130) otherwise. A preempted launched process leaves
+    :data:`PREEMPTED_MARKER` for its machine's launcher."""
+    if not (saved and guard.preempted):
+        return RunInterrupted(message)
+    launch_dir = Path(run_dir) / "launch"
+    if launch_dir.is_dir() and int(os.environ.get("LOCAL_RANK", "0")) == 0 and "WORLD_SIZE" in os.environ:
+        marker = launch_dir / PREEMPTED_MARKER.format(machine=int(cfg.hardware.machine_rank))
+        try:
+            marker.write_text(message + "\n")
+        except OSError:
+            pass
+    return RunPreempted(f"{message} (exit status {PREEMPTED_EXIT}: preempted; the same command with resume=auto continues it)")
+
+
+def _barrier() -> None:
+    import torch.distributed as dist  # deferred: only a launched run has a process group
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
 def _finite_params(model) -> bool:
     return all(bool(torch.isfinite(p).all()) for p in model.parameters())
 
@@ -120,7 +150,8 @@ def train(cfg: DictConfig, console: Console | None = None, *, before: dict | Non
     Every check runs before the run directory is created (:func:`prepare_inputs`), so a
     failed start leaves nothing behind. ``cfg.resume`` set: continue that run from its last
     checkpoint (see :mod:`mixrl.trainer.state.resume`). A failure after the run directory exists
-    writes the ``FAILED`` marker; SIGINT / SIGTERM save a checkpoint and raise :class:`RunInterrupted`
+    writes the ``FAILED`` marker; SIGINT / SIGTERM / SIGUSR1 save a checkpoint and raise :class:`RunInterrupted`
+    (:class:`~mixrl.errors.RunPreempted`, exit status 75, for SIGTERM / SIGUSR1: :func:`stopped_error`)
     (during a held-out evaluation they stop it within a batch: before training nothing is saved,
     after training the final model already is, since it is saved before that evaluation)."""
     from mixrl.trainer.guards import InterruptGuard  # deferred: trainer.guards imports transformers; `mixrl plan` imports this module and must not load it
@@ -257,9 +288,10 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
         ) from None
     except RewardInterrupted as e:  # SIGINT / SIGTERM stopped a reward call (it may have hung): save and stop
         saved = save_now() if trainer.state.global_step > 0 else None
-        raise RunInterrupted(
-            f"{e} at step {trainer.state.global_step + 1}: "
-            + (f"checkpoint saved in {saved}; continue with: mixrl train resume={run_dir}" if saved else last_checkpoint_note(run_dir))
+        raise stopped_error(
+            guard, cfg, run_dir, f"{e} at step {trainer.state.global_step + 1}: "
+            + (f"checkpoint saved in {saved}; continue with: mixrl train resume={run_dir}" if saved else last_checkpoint_note(run_dir)),
+            saved=saved is not None,
         ) from None
     except MagnitudeExceeded as e:  # raised before the micro-batch's backward: the weights are those of the last finished step
         saved = save_now() if trainer.state.global_step > 0 else None
@@ -270,12 +302,11 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
         if isinstance(e, RewardTooSlow) and trainer.state.global_step > 0:
             save_now()  # the weights of the last finished step, to continue from once the reward is fixed
         raise RewardError(f"{e}; stopped at step {trainer.state.global_step}, {last_checkpoint_note(run_dir)}") from None
-    if guard.signum is not None:
+    if guard.stopped is not None:  # every process stopped after the same step and joined its checkpoint
+        _barrier()  # no process exits (and makes a launcher stop the others) before rank 0 wrote the checkpoint's last file
         ckpt = last_checkpoint(run_dir)
-        raise RunInterrupted(
-            f"{guard.name} at step {trainer.state.global_step}: checkpoint saved in {ckpt}; "
-            f"continue with: mixrl train resume={run_dir}"
-        )
+        raise stopped_error(guard, cfg, run_dir, f"{guard.name} at step {trainer.state.global_step}: checkpoint saved in {ckpt}; "
+                                                 f"continue with: mixrl train resume={run_dir}", saved=ckpt is not None)
     train_s = time.perf_counter() - t1
     if trainer.parts.sampler is not None:  # what the sampler paid: extra rollouts beyond those trained
         console.print(trainer.parts.sampler.sampler.summary(), highlight=False, soft_wrap=True)

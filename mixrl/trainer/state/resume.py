@@ -42,6 +42,11 @@ RESUME_SAFE = (
     "reward.timeout_s",
     "trainer.max_abs_advantage",  # raised to continue a run the magnitude guard stopped
     "trainer.max_abs_loss",
+    # where the machines of a multi-node run meet, and which one this is: a requeued job lands on other nodes
+    "hardware.machine_rank",
+    "hardware.main_process_ip",
+    "hardware.main_process_port",
+    "hardware.vllm_server_host",
     "resume",
 )
 

@@ -130,7 +130,10 @@ def _step_gradient(overrides: list[str], out_dir: Path) -> tuple[torch.Tensor, l
                 grads.append(torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().flatten().double()
                                         for p in kwargs["model"].parameters() if p.requires_grad]))
 
-        trainer = build.trainer_from_config(cfg, callbacks=[Grab()])
+        from mixrl.trainer.callbacks import MetricsJsonlCallback
+
+        # the metrics.jsonl logger mixrl train adds: the step's metrics reach every tracker through TRL's log
+        trainer = build.trainer_from_config(cfg, callbacks=[Grab(), MetricsJsonlCallback(out_dir / "metrics.jsonl")])
         trainer.model.to(torch.float64)
         calls = []
         compute_loss = trainer._compute_loss
@@ -156,6 +159,13 @@ def test_budget_step_gradient_equals_the_fixed_micro_batch_step(tmp_path, aggreg
     assert fixed.norm() > 0
     assert torch.allclose(budget, fixed, rtol=0, atol=1e-6), float((budget - fixed).abs().max())
     assert 0.0 <= metrics[0]["batch/padding_fraction"] < 1.0
+    if aggregation == "token-mean":  # the metrics in metrics.jsonl; trimmed micro-batches carry less padding
+        import json
+
+        rows = [json.loads(line) for line in (tmp_path / "budget" / "metrics.jsonl").read_text().splitlines()]
+        fixed_rows = [json.loads(line) for line in (tmp_path / "fixed" / "metrics.jsonl").read_text().splitlines()]
+        assert rows[0]["batch/padding_fraction"] < fixed_rows[0]["batch/padding_fraction"]
+        assert rows[0]["batch/trained_tokens_per_second"] > 0
 
 
 def test_budget_step_gradient_with_pairs_split_across_micro_batches(tmp_path):
@@ -167,3 +177,33 @@ def test_budget_step_gradient_with_pairs_split_across_micro_batches(tmp_path):
     budget, _, n_budget = _step_gradient([*over, "trainer.max_tokens_per_micro_batch=40"], tmp_path / "budget")
     assert n_budget > 2
     assert torch.allclose(budget, fixed, rtol=0, atol=1e-6), float((budget - fixed).abs().max())
+
+
+# --------------------------------------------------------------------------- mixrl plan
+def test_plan_sizes_activations_from_the_budget():
+    """``mixrl plan`` with ``trainer.max_tokens_per_micro_batch = N``: a micro-batch's forward holds
+    max(N, s) tokens (s = prompt + completion tokens of one row) instead of s x rows, by hand."""
+    from mixrl.config.compose import compose_config
+    from mixrl.plan import estimate, model_shape
+
+    base = ["recipe=grpo/qwen2.5-math-1.5b-gsm8k", "hardware=gpu-8x80g", "trainer.micro_batch_size=4", "hardware.use_vllm=false"]
+    shape = model_shape(compose_config(base))
+    fixed = estimate(compose_config(base), shape, prompt_tokens=256)
+    s, b, C = 256 + 1024, 4, 1024
+    assert fixed["micro_batch_tokens"] == s * b
+    budget = estimate(compose_config([*base, "trainer.max_tokens_per_micro_batch=2560"]), shape, prompt_tokens=256)
+    assert budget["micro_batch_tokens"] == 2560
+    # activations are linear in the tokens of a forward: half the tokens, half the activations
+    assert budget["activations"] == pytest.approx(fixed["activations"] * 2560 / (s * b))
+    assert budget["lm_head"] < fixed["lm_head"]
+    one_row = estimate(compose_config([*base, "trainer.max_tokens_per_micro_batch=100"]), shape, prompt_tokens=256)
+    assert one_row["micro_batch_tokens"] == s  # a row longer than the budget is a micro-batch of its own
+
+
+def test_a_bad_budget_is_one_line():
+    from mixrl.config.compose import compose_config
+    from mixrl.config.rules import validate_rules
+    from mixrl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="max_tokens_per_micro_batch must be >= 1"):
+        validate_rules(compose_config(["trainer.max_tokens_per_micro_batch=0"]))

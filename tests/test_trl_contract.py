@@ -46,6 +46,12 @@ PINNED: dict[str, tuple[tuple[str, object], ...]] = {
         ("model", REQUIRED),
         ("inputs", REQUIRED),
     ),
+    "training_step": (
+        ("self", REQUIRED),
+        ("model", REQUIRED),
+        ("inputs", REQUIRED),
+        ("num_items_in_batch", REQUIRED),
+    ),
     "_save_checkpoint": (
         ("self", REQUIRED),
         ("model", REQUIRED),

@@ -16,7 +16,8 @@ per forward (null: the whole step), through :meth:`TokenBudget.scoring_rows`.
 Also here, for every run: :func:`forward_tokens`, the real and total tokens of the loss forwards
 as :meth:`mixrl.trainer.parts.forwards.Forwards.by_row_kind` runs them (``batch/padding_fraction``).
 
-Owns: the budget, the cost model (padded or packed rows), the count reducer. No state to checkpoint.
+Owns: the budget, the cost model (padded or packed rows), the count reducer. Receives per call: the
+step's rows (a TRL batch dict). Returns each micro-batch's fields. No state to checkpoint (``state_dict() == {}``).
 """
 
 from __future__ import annotations

@@ -102,6 +102,10 @@ def run(opts: argparse.Namespace, log: Callable[[str], None]) -> dict:
                     runner.lengths = draw
                 else:
                     wrap_generation(runner, draw, runner.processing_class.eos_token_id)
+                    if algo_of(name) == "chord":  # long expert rows: 3x a drawn rollout length
+                        from bench.varlen import stretch_experts
+
+                        stretch_experts(runner, draw)
             participants[name] = (timer, runner)
             log(f"built {name}: {DESCRIPTIONS[name]}")
         participants = {name: participants[name] for name in variants}

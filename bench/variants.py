@@ -162,7 +162,10 @@ class FloorLoop:
 
         P, G = self.geom.prompts_per_step, self.geom.num_generations
         batch = [self.rows[self.order[(step * P + i) % len(self.rows)]] for i in range(P)]
-        enc = self.tok([r["prompt"] for r in batch], return_tensors="pt", padding=True, padding_side="left").to(self.device)
+        # a chat model's prompts are messages: its chat template, as TRL applies it
+        texts = [r["prompt"] if isinstance(r["prompt"], str) else
+                 self.tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False) for r in batch]
+        enc = self.tok(texts, return_tensors="pt", padding=True, padding_side="left").to(self.device)
         prompt_ids = enc["input_ids"].repeat_interleave(G, 0)
         prompt_mask = enc["attention_mask"].repeat_interleave(G, 0)
         with torch.no_grad(), self.autocast:

@@ -11,7 +11,8 @@ variant, and the rows the training step sees have the drawn, long-tailed lengths
 
 Variants (beside ``trl``, ``grpo``, ``chord``, ``floor``): ``grpo-budget`` (padded rows in
 token-budget micro-batches, ``trainer.max_tokens_per_micro_batch=--token-budget``), ``grpo-pf``
-(``trainer.padding_free=true``: packed rows), ``grpo-pf-budget`` (both), and the same for chord.
+(``trainer.padding_free=true``: packed rows), ``grpo-pf-budget`` (both), and the same for chord,
+whose expert rows are stretched to 3x a drawn rollout length (:func:`stretch_experts`).
 A variant whose config key this checkout lacks (``trainer.padding_free`` before it is merged) is
 reported "not available" rather than run.
 """
@@ -77,6 +78,32 @@ def wrap_generation(trainer, draw: LengthDraw, eos: int) -> None:
         return ids, logprobs
 
     trainer._generate_single_turn = generate_cut
+
+
+def stretch_experts(trainer, draw: LengthDraw, factor: float = 3.0) -> None:
+    """CHORD's expert rows (``algo.inject`` appending rows): each expert completion repeated, then cut,
+    to ``factor`` x a drawn rollout length in tokens (clipped to max_completion_length): long expert
+    rows as R1 demonstrations are beside rollouts. The ``k``-th call draws from stream ``10^6 + k``."""
+    injections = trainer.parts.injections.injections
+    if not injections or not hasattr(injections[0], "sample"):
+        return
+    inj, tok = injections[0], trainer.processing_class
+    sample = inj.sample
+    calls = [0]
+
+    def stretched(ctx):
+        picks = sample(ctx)
+        lengths = draw.draw(1_000_000 + calls[0], len(picks))
+        calls[0] += 1
+        out = []
+        for (prompt, text), n in zip(picks, lengths):
+            target = int(min(max(round(factor * n), 1), draw.max_len))
+            ids = tok(text=text, add_special_tokens=False)["input_ids"] or [tok.eos_token_id]
+            ids = (ids * (target // len(ids) + 1))[:target]
+            out.append((prompt, tok.decode(ids)))
+        return out
+
+    inj.sample = stretched
 
 
 def cut_tensor(completion_ids: torch.Tensor, completion_mask: torch.Tensor, lengths: list[int], eos: int, pad: int):

@@ -108,6 +108,12 @@ def ratios(rep: dict) -> dict:
                 "generated_tokens_ratio": ((x.generated_tokens / len(x.records)) / (g.generated_tokens / len(g.records))
                                            if x.generated_tokens and g.generated_tokens and x.records and g.records else None),
             }
+    for name in ("grpo-budget", "grpo-pf", "grpo-pf-budget", "chord-budget", "chord-pf", "chord-pf-budget"):
+        x, base = res.get(name), res.get(name.split("-")[0])  # bench.varlen: a batching against plain TRL and its padded self
+        if x and t:
+            out[f"{name}_vs_trl"] = {"step": paired_ratio(x, t), "rollout": paired_ratio(x, t, "rollout_seconds"),
+                                     "train": paired_ratio(x, t, "train_seconds"),
+                                     "vs_padded": paired_ratio(x, base) if base else None}
     return out
 
 
@@ -167,6 +173,11 @@ def ratio_lines(rep: dict) -> list[tuple[str, dict, str]]:
             d = r[f"{name}_vs_grpo"]
             lines.append((label, d, f"trained tokens {fmt(d['trained_tokens_ratio'], '.3f')}; generated tokens (all steps) "
                                     f"{fmt(d['generated_tokens_ratio'], '.3f')}"))
+    for name in ("grpo-budget", "grpo-pf", "grpo-pf-budget", "chord-budget", "chord-pf", "chord-pf-budget"):
+        if f"{name}_vs_trl" in r:
+            d = r[f"{name}_vs_trl"]
+            lines.append((f"(8) mixrl {name} / plain TRL", d,
+                          f"step / mixrl {name.split('-')[0]} (padded rows): {_r(d.get('vs_padded'))}"))
     return lines
 
 
@@ -189,6 +200,12 @@ def markdown(rep: dict, profile_path: str | None, md_dir: str | Path | None = No
         f"- geometry: {rep['geometry']}; config overrides: `{' '.join(rep['overrides'])}`",
         f"- steps: {rep['warmup']} warm-up + {rep['steps']} measured per variant, schedule `{rep['schedule']}`; "
         f"setup {rep['setup_seconds']:.0f}s, run {rep['run_seconds']:.0f}s",
+    ]
+    if rep.get("length_distribution"):
+        lines += [f"- completion lengths (`--lengths variable`): {rep['length_distribution']}; "
+                  f"token budget of the `*-budget` variants: {rep['token_budget']} tokens per micro-batch"]
+    lines += [f"- not available on this checkout: `{name}` ({why})" for name, why in (rep.get("unavailable") or {}).items()]
+    lines += [
         "",
         "## Step time",
         "",

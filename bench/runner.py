@@ -61,6 +61,25 @@ def run(opts: argparse.Namespace, log: Callable[[str], None]) -> dict:
     from mixrl.config.geometry import geometry
 
     geom = geometry(compose("grpo", overrides, 1))  # checks the overrides before any model loads
+    variable = opts.lengths == "variable"
+    draw = None
+    unavailable: dict[str, str] = {}
+    if variable:
+        from bench.varlen import LengthDraw, base_and_overrides
+        from mixrl.errors import ConfigError
+
+        max_len = int(compose("grpo", overrides, 1).trainer.max_completion_length)
+        opts.length_median = opts.length_median or max_len / 4
+        opts.token_budget = opts.token_budget or 4 * (max_len + 32)
+        draw = LengthDraw(opts.length_median, opts.length_sigma, max_len)
+        for name in list(variants):
+            try:
+                compose(algo_of(name), [*overrides, *base_and_overrides(name, opts.token_budget)[1]], 1)
+            except ConfigError as e:  # e.g. trainer.padding_free on a checkout without it
+                unavailable[name] = str(e).splitlines()[0]
+                log(f"{name}: not available ({unavailable[name]})")
+        variants = [v for v in variants if v not in unavailable]
+        turns = Turns(variants, seed=0, interleaved=opts.schedule == "interleaved", device=opts.device)
     geom_text = geom.describe()
     chord_rows = geometry(compose("chord", overrides, 1)).expert_rows_per_step if "chord" in variants else 0
     tmp = Path(tempfile.mkdtemp(prefix="mixrl-bench-"))  # the trainers' output folders, removed below
@@ -72,9 +91,21 @@ def run(opts: argparse.Namespace, log: Callable[[str], None]) -> dict:
             total = W + S + (len(profile_steps) if name == "grpo" else 0)
             timer = StepTimer(name, turns, opts.device, W, W + S, profile_steps if name == "grpo" else None,
                               log=None if opts.quiet else log, description=DESCRIPTIONS[name])
-            cfg = compose(algo_of(name), overrides, total)
+            extra = base_and_overrides(name, opts.token_budget)[1] if variable else []
+            cfg = compose(algo_of(name), [*overrides, *extra], total)
             runner = build_variant(name, cfg, timer, steps=total, device=opts.device, out_dir=tmp / name,
-                                   generation_kwargs=lengths_kwargs(cfg, opts.lengths))
+                                   generation_kwargs=lengths_kwargs(cfg, "fixed" if variable else opts.lengths))
+            if draw is not None:  # every variant: the same drawn lengths
+                from bench.varlen import wrap_generation
+
+                if name == "floor":
+                    runner.lengths = draw
+                else:
+                    wrap_generation(runner, draw, runner.processing_class.eos_token_id)
+                    if algo_of(name) == "chord":  # long expert rows: 3x a drawn rollout length
+                        from bench.varlen import stretch_experts
+
+                        stretch_experts(runner, draw)
             participants[name] = (timer, runner)
             log(f"built {name}: {DESCRIPTIONS[name]}")
         participants = {name: participants[name] for name in variants}
@@ -119,6 +150,9 @@ def run(opts: argparse.Namespace, log: Callable[[str], None]) -> dict:
         "steps": S,
         "schedule": opts.schedule,
         "lengths": opts.lengths,
+        "length_distribution": draw.describe() if draw is not None else None,
+        "token_budget": opts.token_budget if variable else None,
+        "unavailable": unavailable,
         "rss_reset": turns.rss_reset_ok,
         "process_peak_rss_mb": lifetime_peak_rss_mb(),
         "setup_seconds": setup_s,

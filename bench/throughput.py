@@ -66,7 +66,7 @@ from bench.report import (TARGET_OVERHEAD, check_out, markdown, ratio_lines, rat
 from bench.runner import run  # noqa: E402
 from bench.timer import StepTimer  # noqa: E402
 from bench.turns import Aborted, Turns  # noqa: E402
-from bench.variants import (ALGO, DEFAULT_VARIANTS, DESCRIPTIONS, VARIANTS, FloorLoop, build_mixrl_trainer,  # noqa: E402
+from bench.variants import (ALGO, DEFAULT_VARIANTS, VARLEN_VARIANTS, DESCRIPTIONS, VARIANTS, FloorLoop, build_mixrl_trainer,  # noqa: E402
                             build_trl_trainer, compose, fixed_lengths)
 
 #: the names this module had before the split, importable from here as before
@@ -89,13 +89,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=10, help="measured steps per variant (default 10)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
-    p.add_argument("--only", default=",".join(DEFAULT_VARIANTS),
-                   help=f"variants to run (default {','.join(DEFAULT_VARIANTS)}; also: {', '.join(v for v in VARIANTS if v not in DEFAULT_VARIANTS)})")
+    p.add_argument("--only", default=None,
+                   help=f"variants to run (default {','.join(DEFAULT_VARIANTS)}; with --lengths variable {','.join(VARLEN_VARIANTS)}; "
+                   f"also: {', '.join(v for v in VARIANTS if v not in DEFAULT_VARIANTS)})")
     p.add_argument("--schedule", choices=("interleaved", "sequential"), default="interleaved",
                    help="interleaved (default): variants take turns step by step; sequential: one after the other")
-    p.add_argument("--lengths", choices=("fixed", "sampled"), default="fixed",
+    p.add_argument("--lengths", choices=("fixed", "sampled", "variable"), default="fixed",
                    help="fixed (default): every completion is max_completion_length tokens (eos suppressed), the same "
-                   "work in every variant and step; sampled: completions stop at eos, as in training")
+                   "work in every variant and step; sampled: completions stop at eos, as in training; variable: "
+                   "lengths drawn from a lognormal (--length-median, --length-sigma), the same for every variant (bench.varlen)")
+    p.add_argument("--length-median", type=float, default=None,
+                   help="--lengths variable: median completion length in tokens (default: max_completion_length / 4)")
+    p.add_argument("--length-sigma", type=float, default=1.0, help="--lengths variable: lognormal sigma in log space (default 1.0)")
+    p.add_argument("--token-budget", type=int, default=None,
+                   help="--lengths variable: trainer.max_tokens_per_micro_batch of the *-budget variants "
+                   "(default: 4 x (max_completion_length + 32))")
     p.add_argument("--model", default=None, help="model folder (default: the built-in tiny model, mixrl.models.tiny.warm_start())")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="config override for every variant, e.g. --set trainer.prompts_per_step=4 (repeatable)")
@@ -109,6 +117,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quiet", action="store_true", help="no per-step lines")
     opts = p.parse_args(argv)
     opts.argv = list(sys.argv[1:] if argv is None else argv)
+    if opts.only is None:
+        opts.only = ",".join(VARLEN_VARIANTS if opts.lengths == "variable" else DEFAULT_VARIANTS)
     if opts.warmup < 0 or opts.steps < 1:
         p.error("--warmup must be >= 0 and --steps >= 1")
     bad = [v for v in (x.strip() for x in opts.only.split(",")) if v and v not in VARIANTS]

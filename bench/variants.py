@@ -17,8 +17,12 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from bench.timer import StepTimer
 
-VARIANTS = ("trl", "grpo", "chord", "floor", "prefix", "hint", "replay", "teacher")
+VARIANTS = ("trl", "grpo", "chord", "floor", "prefix", "hint", "replay", "teacher",
+            "grpo-budget", "grpo-pf", "grpo-pf-budget", "chord-budget", "chord-pf", "chord-pf-budget")
 DEFAULT_VARIANTS = ("trl", "grpo", "chord", "floor")
+#: the default of --lengths variable (bench.varlen): every batching of grpo and chord beside TRL and the floor
+VARLEN_VARIANTS = ("trl", "grpo", "grpo-budget", "grpo-pf", "grpo-pf-budget", "chord", "chord-budget", "chord-pf",
+                   "chord-pf-budget", "floor")
 #: variants that are a mixrl algo of another name
 ALGO = {"prefix": "prefixrl", "hint": "guide", "replay": "remix", "teacher": "kdrl"}
 DESCRIPTIONS = {
@@ -30,6 +34,13 @@ DESCRIPTIONS = {
     "hint": "mixrl algo=guide (groups whose rollouts all fail are generated again with a hint)",
     "replay": "mixrl algo=remix (replayed past rollouts beside the fresh ones; half the fresh rollouts per step)",
     "teacher": "mixrl algo=kdrl (grpo + reverse KL to the built-in teacher, one teacher forward per batch)",
+    # bench.varlen: the same algos, batched otherwise
+    "grpo-budget": "mixrl algo=grpo, padded rows in token-budget micro-batches",
+    "grpo-pf": "mixrl algo=grpo, padding-free (packed) rows",
+    "grpo-pf-budget": "mixrl algo=grpo, padding-free rows in token-budget micro-batches",
+    "chord-budget": "mixrl algo=chord, padded rows in token-budget micro-batches",
+    "chord-pf": "mixrl algo=chord, padding-free (packed) rows",
+    "chord-pf-budget": "mixrl algo=chord, padding-free rows in token-budget micro-batches",
 }
 
 
@@ -59,6 +70,9 @@ def lengths_kwargs(cfg, lengths: str) -> dict | None:
 
 def algo_of(variant: str) -> str:
     """The mixrl algo a variant's config is composed for (``trl`` and ``floor`` use grpo's)."""
+    from bench.varlen import base_and_overrides
+
+    variant = base_and_overrides(variant, 0)[0]
     return "grpo" if variant in ("trl", "floor") else ALGO.get(variant, variant)
 
 
@@ -141,13 +155,17 @@ class FloorLoop:
         g = torch.Generator().manual_seed(int(cfg.seed))
         self.order = torch.randperm(len(self.rows), generator=g).tolist()
         self.autocast = torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=bool(args.bf16))
+        self.lengths = None  # --lengths variable: a bench.varlen.LengthDraw (its k-th draw cuts the k-th rollout)
 
     def rollout(self, step: int) -> dict:
         import torch
 
         P, G = self.geom.prompts_per_step, self.geom.num_generations
         batch = [self.rows[self.order[(step * P + i) % len(self.rows)]] for i in range(P)]
-        enc = self.tok([r["prompt"] for r in batch], return_tensors="pt", padding=True, padding_side="left").to(self.device)
+        # a chat model's prompts are messages: its chat template, as TRL applies it
+        texts = [r["prompt"] if isinstance(r["prompt"], str) else
+                 self.tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False) for r in batch]
+        enc = self.tok(texts, return_tensors="pt", padding=True, padding_side="left").to(self.device)
         prompt_ids = enc["input_ids"].repeat_interleave(G, 0)
         prompt_mask = enc["attention_mask"].repeat_interleave(G, 0)
         with torch.no_grad(), self.autocast:
@@ -156,6 +174,11 @@ class FloorLoop:
         is_eos = completion_ids == self.tok.eos_token_id
         first = torch.where(is_eos.any(1), is_eos.int().argmax(1), completion_ids.shape[1])
         completion_mask = (torch.arange(completion_ids.shape[1], device=self.device)[None] <= first[:, None]).int()
+        if self.lengths is not None:
+            from bench.varlen import cut_tensor
+
+            completion_ids, completion_mask = cut_tensor(completion_ids, completion_mask, self.lengths.draw(step - 1, len(completion_ids)),
+                                                         self.tok.eos_token_id, self.tok.pad_token_id)
         texts = self.tok.batch_decode(completion_ids.masked_fill(completion_mask == 0, self.tok.pad_token_id), skip_special_tokens=True)
         kwargs = {k: [r[k] for r in batch for _ in range(G)] for k in batch[0] if k != "prompt"}
         rewards = torch.tensor([float(x or 0.0) for x in self.reward_fn(prompts=[r["prompt"] for r in batch for _ in range(G)],

@@ -11,7 +11,9 @@ How the estimate is computed (bytes per GPU; ``N`` parameters, ``p`` bytes per p
 ``i`` MLP size, ``V`` vocabulary, ``kv`` = KV heads x head dim, ``s`` = prompt tokens
 (``--prompt-tokens``, default 512; the built-in task's longest prompt for ``builtin:arith``) +
 ``C`` = ``trainer.max_completion_length``, ``b`` = rows of one micro-batch: ``trainer.micro_batch_size``
-plus the rows an injection appends to it, e.g. CHORD's expert rows):
+plus the rows an injection appends to it, e.g. CHORD's expert rows; with a token budget
+``trainer.max_tokens_per_micro_batch = N`` a micro-batch's forward holds ``max(N, s)`` tokens instead of ``s b``,
+which sizes the activations and the LM head below):
 
 * parameters ``N``: embeddings ``V h`` (+ ``V h`` for an untied LM head) + per layer attention
   ``h (h + 2 kv) + h h`` (+ q/k/v biases for Qwen2) + MLP ``3 h i`` + two RMSNorms; checked
@@ -287,13 +289,17 @@ def estimate(cfg: DictConfig, shape: ModelShape, *, prompt_tokens: int = 512) ->
     appended = geom.expert_rows_per_process // max(geom.grad_accum, 1)
     b, h, L = geom.micro_batch_size + appended, shape.hidden, shape.layers
     a_layer = layer_activation_bytes(shape, p)
-    acts = activation_bytes(shape, p, s * b, bool(hw.gradient_checkpointing))
+    # a token budget (trainer.max_tokens_per_micro_batch) bounds a micro-batch's forward at N tokens (one longer row: its own s)
+    budget = t.get("max_tokens_per_micro_batch")
+    tokens = max(int(budget), s) if budget else s * b
+    acts = activation_bytes(shape, p, tokens, bool(hw.gradient_checkpointing))
     compact = hw.device == "cuda"  # TRL scores only the completion tokens where Triton runs (CUDA)
-    head = lm_head_bytes(shape, p, b * (C if compact else s - 1), compact=compact, trainable=not lora)
+    head = lm_head_bytes(shape, p, tokens * (C if compact else s - 1) // s, compact=compact, trainable=not lora)
     kv_token = 2 * L * shape.kv_dim * p  # bytes of KV cache per token
     gpu = gpu_memory_gb(cfg)
     out = {
         "params": N, "trainable_params": n_train, "seq_tokens": s, "world_size": W, "rows_per_micro_batch": b,
+        "micro_batch_tokens": tokens,
         "weights": weights, "gradients": grads, "ddp_buckets": buckets, "optimizer": optim, "reference": reference,
         "teachers": teachers, "teachers_unknown": teacher_unknown, "gathered": gathered,
         "activations": acts, "layer_activation_bytes": a_layer, "lm_head": head["total"], "lm_head_parts": head,

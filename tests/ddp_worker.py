@@ -4,9 +4,10 @@ Run by ``tests/test_ddp.py`` (not collected by pytest)::
 
     torchrun --nproc_per_node W tests/ddp_worker.py --model DIR --out DIR --case luffy:6 --case chord:3
 
-Each ``--case ALGO:MICRO[:K]`` builds the trainer exactly as ``mixrl.trainer.run.train``
+Each ``--case ALGO:MICRO[:K[:N]]`` builds the trainer exactly as ``mixrl.trainer.run.train``
 does (composed config, ``hardware.num_processes`` = the torchrun world size,
-``trainer.micro_batch_size`` = MICRO, LUFFY's ``algo.inject.per_group`` = K), runs
+``trainer.micro_batch_size`` = MICRO, LUFFY's ``algo.inject.per_group`` = K,
+``trainer.max_tokens_per_micro_batch`` = N), runs
 ``trainer.train()`` for one optimizer step and writes, from rank 0,
 ``OUT/<algo>[-k<K>]-w<W>-m<MICRO>.json`` and ``.grad.pt``:
 
@@ -104,7 +105,7 @@ def make_trainer(overrides: list[str], callbacks: list):
     return build.trainer_from_config(cfg, callbacks=callbacks), geometry(cfg)
 
 
-def run_case(algo: str, micro: int, k: int | None, model: str, out: Path) -> None:
+def run_case(algo: str, micro: int, k: int | None, model: str, out: Path, budget: int | None = None) -> None:
     import torch.distributed as dist
     from transformers import TrainerCallback
 
@@ -112,7 +113,7 @@ def run_case(algo: str, micro: int, k: int | None, model: str, out: Path) -> Non
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
-    name = f"{algo}{'' if k is None else f'-k{k}'}-w{world}-m{micro}"
+    name = f"{algo}{'' if k is None else f'-k{k}'}-w{world}-m{micro}{'' if budget is None else f'-b{budget}'}"
     overrides = [
         f"algo={algo}",
         f"model.path={model}",
@@ -130,6 +131,8 @@ def run_case(algo: str, micro: int, k: int | None, model: str, out: Path) -> Non
     ]
     if k is not None:
         overrides.append(f"algo.inject.per_group={k}")
+    if budget is not None:  # token-budget micro-batches (mixrl.trainer.parts.token_budget)
+        overrides.append(f"trainer.max_tokens_per_micro_batch={budget}")
     if algo == "chord":
         # a fixed count (wins over the ratio): the preset's expert_ratio rounds to a multiple of
         # processes x micro-batches, which would give the 1-process, 1-micro-batch run fewer expert rows
@@ -258,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", required=True, help="tiny model directory")
     ap.add_argument("--out", required=True, help="output directory")
     ap.add_argument("--case", action="append", required=True,
-                    help="ALGO:MICRO_BATCH_SIZE[:EXPERTS_PER_GROUP], e.g. luffy:6 or luffy:3:3")
+                    help="ALGO:MICRO_BATCH_SIZE[:EXPERTS_PER_GROUP[:TOKEN_BUDGET]], e.g. luffy:6, luffy:3:3 or grpo:6::40")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     out = Path(a.out)
@@ -266,8 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     patch_generation()
     patch_chord_sample()
     for case in a.case:
-        algo, micro, *k = case.split(":")
-        run_case(algo, int(micro), int(k[0]) if k else None, a.model, out)
+        algo, micro, *rest = case.split(":")
+        k = int(rest[0]) if rest and rest[0] else None
+        run_case(algo, int(micro), k, a.model, out, budget=int(rest[1]) if len(rest) > 1 else None)
     return 0
 
 

@@ -38,8 +38,8 @@ RTOL = 1e-5
 
 # (world size, cases): ALGO:MICRO_BATCH_SIZE[:EXPERTS_PER_GROUP]; 12 rollouts per step
 LAUNCHES = {
-    1: ["luffy:12", "luffy:12:3", "chord:12", "chord:6"],
-    2: ["luffy:6", "luffy:3:3", "chord:6", "chord:3"],
+    1: ["luffy:12", "luffy:12:3", "chord:12", "chord:6", "grpo:12"],
+    2: ["luffy:6", "luffy:3:3", "chord:6", "chord:3", "grpo:6::40"],
 }
 
 
@@ -186,6 +186,21 @@ def test_luffy_two_processes_match_one_process(ddp_runs, ref, other):
     _assert_run_consistent(*a)
     _assert_run_consistent(*b)
     assert (a[0]["world"], b[0]["world"]) == (1, 2)
+    _assert_same_step(a, b)
+
+
+# --------------------------------------------------------------------------- token budget
+@pytest.mark.slow
+def test_token_budget_two_processes_match_one_process(ddp_runs):
+    """``trainer.max_tokens_per_micro_batch=40`` over 2 processes (6 rows each, several micro-batches
+    of varied row counts, as many on both ranks) against one process with one micro-batch of 12
+    rows: the same rows, per-row losses and reduced gradient (relative 1e-5, float32)."""
+    a, b = _load(ddp_runs, "grpo-w1-m12"), _load(ddp_runs, "grpo-w2-m6-b40")
+    counts = [sum(1 for mb in b[0]["micro_batches"] if mb["rank"] == r) for r in (0, 1)]
+    assert counts[0] == counts[1] > 1, counts  # split, and as many micro-batches on every rank
+    for mb in b[0]["micro_batches"]:
+        assert mb["sum_rows"] == pytest.approx(mb["loss"], rel=RTOL, abs=1e-7), mb
+    assert b[0]["grad_norms"][0] == pytest.approx(b[0]["grad_norms"][1], rel=1e-9)
     _assert_same_step(a, b)
 
 

@@ -66,6 +66,12 @@ PINNED: dict[str, tuple[tuple[str, object], ...]] = {
         ("mm_token_type_ids", None),
         ("image_position_ids", None),
     ),
+    "training_step": (
+        ("self", REQUIRED),
+        ("model", REQUIRED),
+        ("inputs", REQUIRED),
+        ("num_items_in_batch", REQUIRED),
+    ),
     "_save_checkpoint": (
         ("self", REQUIRED),
         ("model", REQUIRED),

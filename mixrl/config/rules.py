@@ -64,6 +64,20 @@ def _check_async(cfg: DictConfig) -> None:
                           "use hardware.vllm_async=false for it")
 
 
+def _check_token_budget(cfg: DictConfig) -> None:
+    """``trainer.max_tokens_per_micro_batch``: a positive budget, and a layout whose backward can run
+    several times per optimizer step inside one TRL micro-step (DeepSpeed's engine steps its
+    optimizer inside each backward it counts)."""
+    n = cfg.trainer.get("max_tokens_per_micro_batch")
+    if n is None:
+        return
+    if int(n) < 1:
+        raise ConfigError(f"trainer.max_tokens_per_micro_batch must be >= 1 (tokens per micro-batch forward) or null, got {n}")
+    if cfg.hardware.deepspeed:
+        raise ConfigError("trainer.max_tokens_per_micro_batch runs several backwards per DeepSpeed micro-step; "
+                          "unset hardware.deepspeed (use hardware.strategy=fsdp) or set trainer.max_tokens_per_micro_batch=null")
+
+
 def _check_cov_window(cfg: DictConfig) -> None:
     """clip_cov's covariance window must not be empty by construction (cov_lower <= cov_upper)."""
     specs = [("algo.loss", cfg.algo.get("loss"))]
@@ -97,5 +111,6 @@ def validate_rules(cfg: DictConfig) -> None:
     _check_staleness(cfg)
     _check_async(cfg)
     _check_cov_window(cfg)
+    _check_token_budget(cfg)
     check_sampler(cfg)
     check_objective(cfg)

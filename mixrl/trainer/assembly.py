@@ -19,7 +19,8 @@ Order (each step needs the ones above it):
    existed: the order of construction is the order of random draws, which the pins fix).
 4. The sampler, the controller, the lagged weights, ReMax's baseline.
 5. The injections' context: it offers the teachers, the sampler and the scoring to injections.
-6. Asynchronous generation last: it wraps TRL's vLLM client, already built.
+6. Asynchronous generation: it wraps TRL's vLLM client, already built.
+7. Token-budget micro-batches (``trainer.max_tokens_per_micro_batch``).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from mixrl.trainer.parts.remax_baseline import RemaxBaseline
 from mixrl.trainer.parts.sampler_rounds import SamplerRounds
 from mixrl.trainer.parts.scoring import Scoring
 from mixrl.trainer.parts.teacher import SELF, Teachers
+from mixrl.trainer.parts.token_budget import TokenBudget
 
 
 def load_teacher_models(teacher, *, policy_dtype, device, temperature: float, cast_lm_head_to_fp32: bool) -> list:
@@ -68,7 +70,7 @@ def load_teacher_models(teacher, *, policy_dtype, device, temperature: float, ca
 
 def build_parts(trainer, *, objective, advantage: tuple[str, dict, bool], injections: list, controller=None, teacher=None,
                 staleness: int = 0, async_generation: int = 0, sampler=None, sampler_length=None,
-                critic: dict | None = None) -> Parts:
+                critic: dict | None = None, token_budget: dict | None = None) -> Parts:
     """Every part of ``trainer`` (a :class:`~mixrl.trainer.grpo.MixrlGRPOTrainer` whose TRL
     ``__init__`` has run), in the order of the module docstring. ``trainer`` is read here, once;
     no part keeps it. The keyword arguments are what the config asked for (None / 0: off)."""
@@ -83,7 +85,8 @@ def build_parts(trainer, *, objective, advantage: tuple[str, dict, bool], inject
         collective=acc.num_processes > 1 and (trainer._dist.is_fsdp or trainer._dist.is_zero3),
         device=device, pad_token_id=tok.pad_token_id,
         dummy_token=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
-        batch_size=args.per_device_train_batch_size,
+        # rows per no-grad forward: trainer.micro_batch_size (under a token budget TRL's batch size is the whole step)
+        batch_size=(token_budget or {}).get("scoring_batch_size") or args.per_device_train_batch_size,
         no_checkpointing=lambda model: disable_gradient_checkpointing(model, args.gradient_checkpointing_kwargs),
     )
     scoring = Scoring(
@@ -116,7 +119,7 @@ def build_parts(trainer, *, objective, advantage: tuple[str, dict, bool], inject
         critic_part = Critic.from_policy(critic, policy=acc.unwrap_model(trainer.model), device=device,
                                          advantage_params=advantage_params, include_offpolicy=include_offpolicy,
                                          reward_funcs=trainer.reward_funcs, reward_weights=trainer.reward_weights,
-                                         batch_size=args.per_device_train_batch_size, packing=trainer.packing)
+                                         batch_size=forwards.batch_size, packing=trainer.packing)
 
     # 4. sampler, controller, lagged weights, ReMax
     sampler_part = None
@@ -170,6 +173,21 @@ def build_parts(trainer, *, objective, advantage: tuple[str, dict, bool], inject
             snapshot=lambda: cpu_copy(trainable(acc.unwrap_model(trainer.model))),
             max_staleness=int(async_generation),
         ), tokenize_prompts=tokenize_prompts)
+
+    # 7. token-budget micro-batches: as many on every process (the largest count)
+    budget = None
+    if token_budget is not None:
+        def reduce_max(n: int) -> int:
+            if acc.num_processes == 1:
+                return int(n)
+            most = torch.tensor([int(n)], dtype=torch.long, device=device)
+            torch.distributed.all_reduce(most, op=torch.distributed.ReduceOp.MAX)
+            return int(most)
+
+        budget = TokenBudget(int(token_budget["budget"]), packed=bool(token_budget.get("packed", False)),
+                             reduce_max=reduce_max, scoring_batch_size=token_budget.get("scoring_batch_size"))
+
     return Parts(forwards=forwards, scoring=scoring, injections=inject, teachers=teachers, critic=critic_part,
-                 remax=remax, sampler=sampler_part, controller=controller_part, lag=lag, async_gen=async_gen)
+                 remax=remax, sampler=sampler_part, controller=controller_part, lag=lag, async_gen=async_gen,
+                 budget=budget)
 

@@ -199,6 +199,7 @@ def grpo_args(cfg: DictConfig, run_dir: Path, geom: Geometry | None = None):
     t, hw = cfg.trainer, cfg.hardware
     cpu = hw.device == "cpu"
     dtype = None if cfg.model.dtype == "auto" else cfg.model.dtype
+    budget = t.get("max_tokens_per_micro_batch")
     return GRPOConfig(
         output_dir=str(run_dir / "trainer"),
         seed=int(cfg.seed),
@@ -210,9 +211,10 @@ def grpo_args(cfg: DictConfig, run_dir: Path, geom: Geometry | None = None):
         max_grad_norm=float(t.max_grad_norm),
         adam_beta1=float(t.adam_beta1),
         adam_beta2=float(t.adam_beta2),
-        per_device_train_batch_size=geom.micro_batch_size,
-        gradient_accumulation_steps=geom.grad_accum,
-        steps_per_generation=geom.grad_accum,
+        # a token budget: TRL hands the whole step to one training_step, split there (mixrl.trainer.parts.token_budget)
+        per_device_train_batch_size=geom.rows_per_process if budget else geom.micro_batch_size,
+        gradient_accumulation_steps=1 if budget else geom.grad_accum,
+        steps_per_generation=1 if budget else geom.grad_accum,
         num_generations=geom.num_generations,
         num_iterations=int(t.num_iterations),
         temperature=float(t.temperature),
@@ -480,11 +482,26 @@ def trainer_from_config(cfg: DictConfig, *, inputs: RunInputs | None = None, cal
             sampler_length=sampler_length,
             critic=OmegaConf.to_container(cfg.algo.critic, resolve=True) if cfg.algo.get("critic") is not None else None,
             padding_free=str(cfg.trainer.get("padding_free", "auto")),
+            token_budget=token_budget_spec(cfg, geom),
         )
     trainer.vllm_sync_tolerance = _sync_tolerance(cfg, model_path)  # checked after every weight sync (engine_sync)
     trainer.magnitude_bounds = MagnitudeBounds.from_config(cfg.trainer)  # checked every micro-batch (mixrl.trainer.magnitude)
     trainer.remove_callback(PrinterCallback)  # mixrl prints its own progress and summary
     return trainer
+
+
+def token_budget_spec(cfg: DictConfig, geom: Geometry) -> dict | None:
+    """``trainer.max_tokens_per_micro_batch`` for the trainer's budget part (None: rows per micro-batch):
+    the budget, whether rows are packed (``trainer.padding_free``), and the rows of a no-grad scoring
+    forward (``trainer.micro_batch_size``, when set)."""
+    budget = cfg.trainer.get("max_tokens_per_micro_batch")
+    if budget is None:
+        return None
+    from mixrl.trainer.parts.packing import resolve_mode  # deferred: as the trainer's modules below
+
+    packed = resolve_mode(cfg.trainer.get("padding_free", "auto")) != "false"  # auto: packed where the model takes it
+    return {"budget": int(budget), "packed": packed,
+            "scoring_batch_size": geom.micro_batch_size if cfg.trainer.micro_batch_size is not None else None}
 
 
 def _cpu_colocated(cfg: DictConfig) -> bool:

@@ -19,6 +19,9 @@ pinned by ``tests/test_trl_contract.py``):
   engine-mismatch correction (``algo.engine_correction``) recomputes it from the engine's
   log-probs (``sampling_per_token_logps``) and the trainer's (``old_per_token_logps``), and
   ``engine/*`` metrics describe the mismatch once per generation batch.
+* ``training_step``: with ``trainer.max_tokens_per_micro_batch`` TRL hands the whole step's rows to one
+  call, split here into token-budget micro-batches (:mod:`mixrl.trainer.parts.token_budget`), forward and
+  backward each; every step (either way) logs ``batch/padding_fraction`` and ``batch/trained_tokens_per_second``.
 * ``_save_checkpoint`` / ``_load_optimizer_and_scheduler``: everything a resumed run needs to
   continue exactly travels with checkpoints: each part that is on, by name, through the writer
   :mod:`mixrl.trainer.state.checkpoint_state`.
@@ -46,12 +49,14 @@ writes into TRL's ``_metrics``. The class's only base is TRL's ``GRPOTrainer``.
 * ``controller``: when a controller (BAPO, EntroPIC, PALU) steps.
 * ``lag``: ``trainer.staleness = k``, the lagged weights (:mod:`mixrl.trainer.generation.lagged_weights`).
 * ``async_gen``: ``hardware.vllm_async=true``, generation ahead on a vLLM server (:mod:`mixrl.trainer.generation.async_generation`).
+* ``budget``: ``trainer.max_tokens_per_micro_batch``, token-budget micro-batches (:mod:`mixrl.trainer.parts.token_budget`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import time
 from typing import Any
 
 import torch
@@ -62,6 +67,7 @@ from mixrl.core import ADVANTAGES
 from mixrl.core.advantages import advantage_needs
 from mixrl.core import provenance as prov
 from mixrl.core.objective import Objective, compute_objective
+from mixrl.core.token_budget import padding_fraction
 from mixrl.sources.base import Rollouts
 from mixrl.sources.rows import splice_prefixes
 from mixrl.trainer.assembly import build_parts
@@ -73,6 +79,7 @@ from mixrl.trainer.parts.batch_fields import (
     behaviour_is_policy, behaviour_known, engine_mismatch_metrics, global_counts, guided_rows, provenance_fields,
 )
 from mixrl.trainer.parts.sampler_rounds import Round
+from mixrl.trainer.parts.token_budget import forward_tokens
 from mixrl.trainer.sample_log import capture_rows
 from mixrl.trainer.state import checkpoint_state
 
@@ -82,6 +89,7 @@ OVERRIDDEN = (
     "_generate_and_score_completions",
     "_compute_loss",
     "_get_per_token_logps_and_entropies",
+    "training_step",
     "_save_checkpoint",
     "_load_optimizer_and_scheduler",
 )
@@ -103,6 +111,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
         critic: ``algo.critic`` as a dict (a learned critic for ``advantage gae``), or None.
         padding_free: ``trainer.padding_free`` (``auto`` | ``true`` | ``false``): every forward's rows
             packed into one sequence (:mod:`mixrl.trainer.parts.packing`).
+        token_budget: ``{"budget", "packed", "scoring_batch_size"}`` (``trainer.max_tokens_per_micro_batch``), or None.
     """
 
     #: mean |Δ log p| between vLLM and the trainer above which a weight sync is broken (mixrl.trainer.generation.engine_sync)
@@ -128,6 +137,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
         sampler_length: Any = None,
         critic: dict | None = None,
         padding_free: str = "false",
+        token_budget: dict | None = None,
         **kwargs,
     ):
         self.objective = objective
@@ -142,11 +152,15 @@ class MixrlGRPOTrainer(GRPOTrainer):
         self._mixrl_rewards_per_func: torch.Tensor | None = None
         self._mixrl_normalisers: dict[str, tuple[float, float, float]] | None = None
         self.packing = Packing(padding_free, say=lambda text: print(text) if int(os.environ.get("RANK", "0")) == 0 else None)
+        # the running optimizer step's loss forwards: (real tokens, forward tokens), seconds in training_step, in generation
+        self._mixrl_tokens = [0, 0]
+        self._mixrl_seconds = [0.0, 0.0]
+        self._mixrl_chunk: tuple[int, int] | None = None  # (index, count) of the token-budget micro-batch in flight
         super().__init__(*args, **kwargs)
         self.parts = build_parts(self, objective=objective, advantage=advantage, injections=injections or [],
                                  controller=controller, teacher=teacher, staleness=staleness,
                                  async_generation=async_generation, sampler=sampler, sampler_length=sampler_length,
-                                 critic=critic)
+                                 critic=critic, token_budget=token_budget)
         if self.parts.async_gen is not None:
             self._wrap_vllm_for_async()
         for model in (self.model, self.ref_model, *(self.parts.teachers.frozen if self.parts.teachers else [])):
@@ -218,7 +232,10 @@ class MixrlGRPOTrainer(GRPOTrainer):
         critic's values), accounting, teacher log-probs, logging, and the normalisers of every term."""
         training = self.model.training
         mode = "train" if training else "eval"
-        out, inputs, version = self._stage_gen(inputs, training, mode)
+        began = time.perf_counter()
+        budget = self.parts.budget
+        with budget.scoring_rows(self.args) if budget is not None else contextlib.nullcontext():
+            out, inputs, version = self._stage_gen(inputs, training, mode)
         self._stage_provenance(out, version, training, mode)
         rewards, ctx, scored_sources = self._stage_reward(out, inputs, training, mode)
         sources, start = self._stage_adv(out, inputs, rewards, training, mode)
@@ -227,6 +244,8 @@ class MixrlGRPOTrainer(GRPOTrainer):
         self._stage_log(out, rewards, start, scored_sources, training, mode)
         self._mixrl_normalisers = global_counts(out, self.objective, num_processes=self.accelerator.num_processes,
                                                 reduce_sum=lambda t: self.accelerator.reduce(t, reduction="sum"))
+        if training:
+            self._mixrl_seconds[1] += time.perf_counter() - began
         return out
 
     def _stage_gen(self, inputs, training: bool, mode: str):
@@ -534,9 +553,14 @@ class MixrlGRPOTrainer(GRPOTrainer):
         if mode == "train" and self._mixrl_step_begin[0] != self.state.global_step:
             self._mixrl_step_begin = (int(self.state.global_step), int(self._step))
         logps, entropies = p.forwards.by_row_kind(model, inputs)
+        # the micro-batch's place in its optimizer step: TRL's micro-step, or the token-budget micro-batch in flight
+        micro, parts = self._mixrl_chunk or (self._step, self.current_gradient_accumulation_steps)
         if mode == "train":
+            real, total = forward_tokens(inputs, collective=p.forwards.collective, packed=self.packing.applies(model))
+            self._mixrl_tokens[0] += real
+            self._mixrl_tokens[1] += total
             if p.controller is not None:
-                p.controller.step_start(logps, inputs, micro_step=self._step, accumulation=self.current_gradient_accumulation_steps)
+                p.controller.step_start(logps, inputs, micro_step=micro, accumulation=parts)
             if p.injections and self._first_pass():
                 # the rollouts' behaviour log-probs, exactly what the policy term divides by
                 old = inputs.get("old_per_token_logps")
@@ -564,17 +588,75 @@ class MixrlGRPOTrainer(GRPOTrainer):
         if mode == "train":
             check_step(self, inputs, metrics)  # an advantage or loss term out of bounds stops the run (mixrl.trainer.magnitude)
             if p.controller is not None:
-                p.controller.step_end(metrics, sync_gradients=self.accelerator.sync_gradients)
+                last = micro == parts - 1 if self._mixrl_chunk else self.accelerator.sync_gradients
+                p.controller.step_end(metrics, sync_gradients=last)
             if p.critic is not None:
                 self._log(mode, p.critic.train_step(inputs))
         if p.controller is not None:
             metrics.update(p.controller.metrics())
         # loss/* parts are partial sums over this micro-batch: scale so TRL's mean over
         # micro-batches reports the whole step's value
-        parts = self.current_gradient_accumulation_steps if mode == "train" else 1
+        parts = parts if mode == "train" else 1
         for key, value in metrics.items():
             self._metrics[mode][key].append(value * parts if key.startswith("loss/") else value)
         return loss
+
+
+    def training_step(self, model, inputs, num_items_in_batch):
+        """TRL's micro-step; with a token budget, the whole step's rows in token-budget micro-batches
+        (:meth:`_budget_step`). After an optimizer step's last micro-step, the step's
+        ``batch/padding_fraction`` and ``batch/trained_tokens_per_second`` (:meth:`_log_step_tokens`)."""
+        began = time.perf_counter()
+        if self.parts.budget is None:
+            loss = super().training_step(model, inputs, num_items_in_batch)
+        else:
+            loss = self._budget_step(model, inputs)
+        self._mixrl_seconds[0] += time.perf_counter() - began
+        if self._step % self.current_gradient_accumulation_steps == 0:
+            self._log_step_tokens()
+        return loss
+
+    def _budget_step(self, model, inputs) -> torch.Tensor:
+        """One optimizer step's rows (TRL's ``_prepare_inputs`` of a one-micro-step step) in token-budget
+        micro-batches: forward and backward each (gradients synchronised after the last one only),
+        TRL's ``training_step`` bookkeeping once. Returns the step's loss (the micro-batches' sum)."""
+        began = time.perf_counter()
+        model.train()
+        if hasattr(self.optimizer, "train") and callable(self.optimizer.train):
+            self.optimizer.train()
+        inputs = self._prepare_inputs(inputs)
+        chunks = self.parts.budget.chunks(inputs)
+        total = None
+        try:
+            for i, chunk in enumerate(chunks):
+                self._mixrl_chunk = (i, len(chunks))
+                sync = i == len(chunks) - 1
+                with contextlib.nullcontext() if sync else self.accelerator.no_sync(model):
+                    with self.compute_loss_context_manager():
+                        loss = self.compute_loss(model, chunk)
+                    self.accelerator.backward(loss)
+                total = loss.detach() if total is None else total + loss.detach()
+        finally:
+            self._mixrl_chunk = None
+        self._step += 1  # TRL's micro-step counter and step time, as GRPOTrainer.training_step keeps them
+        self._current_train_step_time += time.perf_counter() - began
+        if self._step % self.current_gradient_accumulation_steps == 0:
+            self._metrics["train"]["step_time"].append(self._current_train_step_time)
+            self._current_train_step_time = 0.0
+        return total
+
+    def _log_step_tokens(self) -> None:
+        """``batch/padding_fraction`` (padding over all tokens of the step's loss forwards, all
+        processes) and ``batch/trained_tokens_per_second`` (their real tokens, all processes, over
+        the seconds this process spent in the step's training outside generation and scoring)."""
+        counts = torch.tensor(self._mixrl_tokens, dtype=torch.long, device=self.accelerator.device)
+        real, total = (int(x) for x in self.accelerator.reduce(counts, reduction="sum"))
+        seconds = self._mixrl_seconds[0] - self._mixrl_seconds[1]
+        self._metrics["train"]["batch/padding_fraction"].append(padding_fraction(real, total))
+        if seconds > 0:
+            self._metrics["train"]["batch/trained_tokens_per_second"].append(real / seconds)
+        self._mixrl_tokens = [0, 0]
+        self._mixrl_seconds = [0.0, 0.0]
 
 
 class RunProgress:

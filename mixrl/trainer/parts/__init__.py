@@ -24,6 +24,7 @@ from mixrl.trainer.parts.remax_baseline import RemaxBaseline
 from mixrl.trainer.parts.sampler_rounds import SamplerRounds
 from mixrl.trainer.parts.scoring import Scoring
 from mixrl.trainer.parts.teacher import Teachers
+from mixrl.trainer.parts.token_budget import TokenBudget
 
 
 @dataclass
@@ -40,6 +41,7 @@ class Parts:
     controller: ControllerSteps | None = None  # BAPO, EntroPIC, PALU (algo.controller)
     lag: LaggedWeights | None = None  # the weights of k steps ago for generation (trainer.staleness)
     async_gen: AsyncPipeline | None = None  # generation ahead on a vLLM server (hardware.vllm_async)
+    budget: TokenBudget | None = None  # token-budget micro-batches (trainer.max_tokens_per_micro_batch)
 
     def on(self) -> dict[str, Any]:
         """``{name: part}`` of the parts that are on, in field order."""

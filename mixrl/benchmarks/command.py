@@ -103,21 +103,9 @@ def evaluate(model_dir: str | Path, overrides: list[str], *, trust_run_code: boo
     reward_fn = None
     loaded = []
     for bench in sel.benchmarks:  # every benchmark's rows are read (and checked) before any model loads
-        if bench.builtin:
-            bcfg = cfg.copy()
-            if str(bcfg.data.source) != bench.source or bcfg.data.eval_source:
-                bcfg.data.source, bcfg.data.eval_source = bench.source, None
-            rows = build.load_eval_rows(bcfg)[: sel.limit or None]
-            if not rows:
-                raise ConfigError(f"benchmarks.{bench.name}: the held-out split is empty; set trainer.eval_size > 0")
-            problems = [bench_data.Problem(index=i, id=str(i), problem=str(r["prompt"]), answer=str(r.get("answer")), row=dict(r))
-                        for i, r in enumerate(rows)]
-            if reward_fn is None:
-                reward_fn = build.build_reward_funcs(cfg)[0][0]
-            system = None
-        else:
-            problems = bench_data.load_problems(bench, sel.limit)
-            system = bench.system_prompt if bench.system_prompt is not None else (cfg.data.system_prompt or None)
+        problems, system = load_problems_for(bench, cfg, sel.limit)
+        if bench.builtin and reward_fn is None:
+            reward_fn = build.build_reward_funcs(cfg)[0][0]
         loaded.append((bench, problems, system))
 
     results = []
@@ -139,6 +127,23 @@ def evaluate(model_dir: str | Path, overrides: list[str], *, trust_run_code: boo
             results.append(res)
     return {"model_dir": str(path), "suite": sel.name, "backend": backend, "config": str(saved) if saved else None,
             "benchmarks": results, "average": average(results), "paper_table": table}
+
+
+def load_problems_for(bench: spec.Benchmark, cfg, limit: int | None) -> tuple[list, str | None]:
+    """``(problems, system_prompt)`` of one benchmark under the run's config ``cfg``: a built-in
+    task's held-out split (the run's own prompts, ``trainer.eval_size`` rows) or the benchmark's
+    source, with its system prompt (the benchmark's, else the run's ``data.system_prompt``)."""
+    if bench.builtin:
+        bcfg = cfg.copy()
+        if str(bcfg.data.source) != bench.source or bcfg.data.eval_source:
+            bcfg.data.source, bcfg.data.eval_source = bench.source, None
+        rows = build.load_eval_rows(bcfg)[: limit or None]
+        if not rows:
+            raise ConfigError(f"benchmarks.{bench.name}: the held-out split is empty; set trainer.eval_size > 0")
+        return [bench_data.Problem(index=i, id=str(i), problem=str(r["prompt"]), answer=str(r.get("answer")), row=dict(r))
+                for i, r in enumerate(rows)], None
+    system = bench.system_prompt if bench.system_prompt is not None else (cfg.data.system_prompt or None)
+    return bench_data.load_problems(bench, limit), system
 
 
 def average(results: list[dict]) -> dict:

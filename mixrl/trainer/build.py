@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -321,6 +321,7 @@ class RunInputs:
     cpu_seconds: float = 0.0
     source: object = None  # the off-policy source, prepared on train_ds (see prepare_sources)
     source_rows: object = None  # the training rows after the source's prepare: what the run trains on
+    benchmarks: list = field(default_factory=list)  # trainer.eval_benchmarks, loaded (mixrl.benchmarks.live.LiveBenchmark)
 
 
 def prepare_sources(cfg: DictConfig, train_ds, *, teacher=None):
@@ -393,8 +394,14 @@ def prepare_inputs(cfg: DictConfig, console: Console, *, check: bool = True) -> 
         model_path, tokenizer = extend_tiny(
             cfg, model_path, new_chars, say=lambda text: console.print(text, soft_wrap=True, highlight=False)
         )
+    benchmarks = []
+    if cfg.trainer.get("eval_benchmarks") and int(cfg.trainer.eval_every) > 0:  # the papers' benchmarks, read before the run starts
+        from mixrl.benchmarks.live import prepare  # deferred: benchmarks load only for runs that score them
+
+        benchmarks = prepare(cfg, tokenizer, reward_funcs[0])
     return RunInputs(model_path, tokenizer, train_ds, eval_rows, heldout, reward_funcs, reward_weights,
-                     time.perf_counter() - t0, time.process_time() - cpu0, source=source, source_rows=source_rows)
+                     time.perf_counter() - t0, time.process_time() - cpu0, source=source, source_rows=source_rows,
+                     benchmarks=benchmarks)
 
 
 # --------------------------------------------------------------------------- the trainer

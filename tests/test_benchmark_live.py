@@ -118,3 +118,24 @@ def test_pass_at_k_of_the_live_metrics_is_the_unbiased_estimator():
 
     for c in range(5):
         assert per_problem("pass@2", [True] * c + [False] * (4 - c)) == pytest.approx(1 - comb(4 - c, 2) / comb(4, 2))
+
+
+def test_plan_counts_the_benchmark_evaluation_by_hand():
+    """chord/qwen2.5-7b-openr1: math6, the first 32 problems (AIME has 30), k = 4, 8192 new tokens;
+    the KV cache of 32 rows x (512 prompt + 8192) tokens at 2 L kv p bytes per token."""
+    from mixrl import plan
+
+    cfg = compose_config(["recipe=chord/qwen2.5-7b-openr1"])
+    ev = plan.evaluation_counts(cfg, prompt_tokens=512)
+    assert [(r["name"], r["problems"], r["samples"]) for r in ev["benchmarks"]] == [
+        ("aime24", 30, 4), ("aime25", 30, 4), ("amc", 32, 4), ("math500", 32, 4), ("minerva", 32, 4), ("olympiadbench", 32, 4)]
+    assert ev["tokens_per_eval"] == (30 + 30 + 4 * 32) * 4 * 8192
+    assert ev["evaluations"] == 600 // 50 and ev["tokens_total"] == 12 * ev["tokens_per_eval"]
+    assert ev["final_tokens"] == (30 * 32 + 30 * 32 + 83 * 32 + 500 + 272 + 675) * 8192
+    assert ev["seconds_per_eval"] == ev["tokens_per_eval"] / plan.EVAL_TOKENS_PER_S["hf"]
+    e = plan.estimate(cfg, plan.model_shape(cfg), prompt_tokens=512)
+    assert e["eval_kv"] == 2 * 28 * (4 * 128) * 2 * (512 + 8192) * 32
+    text = plan.render_plan(cfg, ["recipe=chord/qwen2.5-7b-openr1"], prompt_tokens=512)
+    assert "evaluation KV cache" in text and "eval/aime24/avg@4" in text and f"{ev['tokens_per_eval']:,}" in text
+    assert plan.evaluation_counts(compose_config([])) is None  # no benchmarks: no evaluation section
+    assert "evaluation (" not in plan.render_plan(compose_config([]), [])

@@ -29,11 +29,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mixrl.benchmarks import scoring, spec
-from mixrl.benchmarks.data import Problem
+from mixrl.benchmarks import spec
 from mixrl.errors import ConfigError
+
+if TYPE_CHECKING:  # benchmarks.data imports datasets; the config checks (and `mixrl plan`) import this module
+    from mixrl.benchmarks.data import Problem
 
 
 @dataclass
@@ -121,6 +123,7 @@ def evaluate(model, tokenizer, live: LiveBenchmark, *, batch_size: int, stop: Ca
     """``{metric: value}`` of ``model`` on one benchmark (``k`` samples per problem under its
     protocol), in the caller's RNG state; ``stop`` as for
     :func:`mixrl.evaluation.accuracy.generate_completions`."""
+    from mixrl.benchmarks import scoring  # deferred: scoring loads math-verify
     from mixrl.benchmarks.metrics import per_problem  # deferred: metrics imports the evaluation's pass@k
     from mixrl.evaluation.accuracy import generate_completions  # deferred: imports torch
 

@@ -52,11 +52,11 @@ def test_a_two_step_run_logs_the_arith_benchmark_beside_the_heldout_accuracy(fas
     from transformers import AutoModelForCausalLM
 
     tok = build.load_tokenizer(str(run_dir / "model") if (run_dir / "model").is_dir() else cfg.model.path, cfg)
-    (bench,) = live.prepare(cfg, tok, build.build_reward_funcs(cfg)[0][0])
+    (bench,) = live.prepare(cfg, tok, build.build_reward_funcs(cfg)[0][0], eval_rows=build.load_eval_rows)
     assert (len(bench.problems), bench.samples, bench.metrics) == (6, 4, ["avg@4", "pass@4"])
     model = AutoModelForCausalLM.from_pretrained(str(run_dir / "model"))
     examples: list[dict] = []
-    scores = live.evaluate(model, tok, bench, batch_size=8, examples=examples)
+    scores = bench.evaluate(model, tok, batch_size=8, examples=examples)
     assert set(scores) == {"avg@4", "pass@4"} and 0.0 <= scores["avg@4"] <= scores["pass@4"] <= 1.0
     assert len(examples) == 6 and {"prompt", "completion", "correct", "reward"} <= set(examples[0])
 
@@ -71,7 +71,7 @@ def test_math_fixtures_score_during_training_with_a_subset_and_k(tiny_model_path
     from transformers import AutoModelForCausalLM
 
     tok = build.load_tokenizer(tiny_model_path, cfg)
-    benches = live.prepare(cfg, tok, None)
+    benches = live.prepare(cfg, tok, None, eval_rows=build.load_eval_rows)
     assert [(b.bench.name, len(b.problems), b.samples, b.max_new_tokens) for b in benches] == [
         ("aime24", 2, 2, 6), ("amc23", 2, 2, 6)]
     assert benches[0].metrics == ["avg@2", "pass@2", "maj@2"]
@@ -93,8 +93,8 @@ def test_bad_benchmark_settings_are_one_line_before_the_run_directory(fast_overr
 
 
 def test_greedy_benchmark_with_k_above_one_is_refused():
-    with pytest.raises(ConfigError, match="decodes greedily"):  # the config's checks select the benchmarks
-        compose_config(["trainer.eval_benchmarks=arith", "trainer.eval_benchmark_k=4"])
+    with pytest.raises(ConfigError, match="decodes greedily"):
+        live.selection(compose_config(["trainer.eval_benchmarks=arith", "trainer.eval_benchmark_k=4"]))
 
 
 GPU_RECIPES = ["ampo/qwen2.5-7b-instruct-openr1", "chord/mu-qwen2.5-7b-openr1", "chord/phi-qwen2.5-7b-openr1",

@@ -25,7 +25,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from mixrl.benchmarks import data as bench_data
-from mixrl.benchmarks import runner, spec
+from mixrl.benchmarks import live, runner, spec
 from mixrl.benchmarks.metrics import stratified_interval
 from mixrl.benchmarks.paper import paper_table
 from mixrl.errors import ConfigError
@@ -130,20 +130,8 @@ def evaluate(model_dir: str | Path, overrides: list[str], *, trust_run_code: boo
 
 
 def load_problems_for(bench: spec.Benchmark, cfg, limit: int | None) -> tuple[list, str | None]:
-    """``(problems, system_prompt)`` of one benchmark under the run's config ``cfg``: a built-in
-    task's held-out split (the run's own prompts, ``trainer.eval_size`` rows) or the benchmark's
-    source, with its system prompt (the benchmark's, else the run's ``data.system_prompt``)."""
-    if bench.builtin:
-        bcfg = cfg.copy()
-        if str(bcfg.data.source) != bench.source or bcfg.data.eval_source:
-            bcfg.data.source, bcfg.data.eval_source = bench.source, None
-        rows = build.load_eval_rows(bcfg)[: limit or None]
-        if not rows:
-            raise ConfigError(f"benchmarks.{bench.name}: the held-out split is empty; set trainer.eval_size > 0")
-        return [bench_data.Problem(index=i, id=str(i), problem=str(r["prompt"]), answer=str(r.get("answer")), row=dict(r))
-                for i, r in enumerate(rows)], None
-    system = bench.system_prompt if bench.system_prompt is not None else (cfg.data.system_prompt or None)
-    return bench_data.load_problems(bench, limit), system
+    """:func:`mixrl.benchmarks.live.load_problems_for` with the trainer's held-out rows."""
+    return live.load_problems_for(bench, cfg, limit, build.load_eval_rows)
 
 
 def average(results: list[dict]) -> dict:

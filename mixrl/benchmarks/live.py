@@ -51,8 +51,16 @@ class LiveBenchmark:
     max_new_tokens: int
 
     @property
+    def name(self) -> str:
+        return self.bench.name
+
+    @property
     def generations(self) -> int:
         return len(self.problems) * self.samples
+
+    def evaluate(self, model, tokenizer, **kwargs) -> dict[str, float]:
+        """:func:`evaluate` on this benchmark (what the periodic evaluation calls)."""
+        return evaluate(model, tokenizer, self, **kwargs)
 
 
 def metrics_at(protocol_metrics: list[str], k: int) -> list[str]:
@@ -95,10 +103,29 @@ def selection(cfg) -> spec.Selection | None:
     return sel
 
 
-def prepare(cfg, tokenizer, reward_fn: Callable | None) -> list[LiveBenchmark]:
-    """Load the selected benchmarks' problems and render their prompts (once, before training)."""
-    from mixrl.benchmarks import runner  # deferred: runner imports torch; the config checks import this module
-    from mixrl.benchmarks.command import load_problems_for  # deferred: command imports the trainer's build
+def load_problems_for(bench: spec.Benchmark, cfg, limit: int | None, eval_rows: Callable) -> tuple[list, str | None]:
+    """``(problems, system_prompt)`` of one benchmark under the run's config ``cfg``: a built-in
+    task's held-out split (``eval_rows(cfg)``: the run's own prompts, ``trainer.eval_size`` rows) or
+    the benchmark's source, with its system prompt (the benchmark's, else the run's ``data.system_prompt``)."""
+    from mixrl.benchmarks import data as bench_data  # deferred: data imports datasets
+
+    if bench.builtin:
+        bcfg = cfg.copy()
+        if str(bcfg.data.source) != bench.source or bcfg.data.eval_source:
+            bcfg.data.source, bcfg.data.eval_source = bench.source, None
+        rows = eval_rows(bcfg)[: limit or None]
+        if not rows:
+            raise ConfigError(f"benchmarks.{bench.name}: the held-out split is empty; set trainer.eval_size > 0")
+        return [bench_data.Problem(index=i, id=str(i), problem=str(r["prompt"]), answer=str(r.get("answer")), row=dict(r))
+                for i, r in enumerate(rows)], None
+    system = bench.system_prompt if bench.system_prompt is not None else (cfg.data.system_prompt or None)
+    return bench_data.load_problems(bench, limit), system
+
+
+def prepare(cfg, tokenizer, reward_fn: Callable | None, *, eval_rows: Callable) -> list[LiveBenchmark]:
+    """Load the selected benchmarks' problems and render their prompts (once, before training);
+    ``eval_rows(cfg)``: the held-out rows of a built-in task (:func:`mixrl.trainer.build.load_eval_rows`)."""
+    from mixrl.benchmarks import runner  # deferred: runner imports torch; `mixrl plan` imports this module
 
     sel = selection(cfg)
     if sel is None:
@@ -107,7 +134,7 @@ def prepare(cfg, tokenizer, reward_fn: Callable | None) -> list[LiveBenchmark]:
     k = cfg.trainer.get("eval_benchmark_k")
     out = []
     for bench in sel.benchmarks:
-        problems, system = load_problems_for(bench, cfg, sel.limit)
+        problems, system = load_problems_for(bench, cfg, sel.limit, eval_rows)
         samples = int(k) if k is not None else bench.protocol.samples
         out.append(LiveBenchmark(
             bench=bench, problems=problems, prompts=[runner.render(tokenizer, p, system, chat=chat) for p in problems],

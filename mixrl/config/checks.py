@@ -120,9 +120,6 @@ def validate_run(cfg: DictConfig) -> None:
             f"trainer.max_completion_length={t.max_completion_length} must be a positive number of tokens, "
             "e.g. trainer.max_completion_length=256"
         )
-    from mixrl.benchmarks.live import selection  # deferred: the benchmark files are read only when a run checks them
-
-    selection(cfg)  # trainer.eval_benchmarks: unknown names and bad settings fail here, before the run directory exists
     if cfg.data.limit is not None and int(cfg.data.limit) <= 0:
         raise ConfigError(
             f"data.limit={cfg.data.limit} would train on no rows; set a positive number of rows, "

@@ -135,13 +135,10 @@ class PeriodicEvalCallback(TrainerCallback):
                 batch_size=self.batch_size, pass_k=self.pass_k, samples=self.samples, ks=self.ks, temperature=self.temperature,
                 examples=examples, stop=self.stop,
             ) if self.rows_in else {}
-            if self.benchmarks:
-                from mixrl.benchmarks import live  # deferred: only runs with trainer.eval_benchmarks score benchmarks
-
-                for bench in self.benchmarks:
-                    scores = live.evaluate(model, self.tokenizer, bench, batch_size=self.batch_size, stop=self.stop,
-                                           examples=None if self.rows_in else examples)
-                    result.update({f"{bench.bench.name}/{m}": v for m, v in scores.items()})
+            for bench in self.benchmarks:  # each scores itself (mixrl.benchmarks.live.LiveBenchmark.evaluate)
+                scores = bench.evaluate(model, self.tokenizer, batch_size=self.batch_size, stop=self.stop,
+                                        examples=None if self.rows_in else examples)
+                result.update({f"{bench.name}/{m}": v for m, v in scores.items()})
             self.last_examples = (step, examples)
             return result
 

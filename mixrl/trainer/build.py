@@ -364,6 +364,9 @@ def prepare_inputs(cfg: DictConfig, console: Console, *, check: bool = True) -> 
     what is loaded): :func:`trainer_from_config` for tests and tools."""
     from transformers import set_seed  # deferred: transformers is heavy; the light commands (--help, config show, plan) never load it
 
+    from mixrl.benchmarks.live import selection  # deferred: reads conf/benchmarks only here
+
+    selection(cfg)  # trainer.eval_benchmarks: a bad name or setting is one line, before anything loads
     t0, cpu0 = time.perf_counter(), time.process_time()
     _set_threads(cfg)
     set_seed(int(cfg.seed))
@@ -398,7 +401,7 @@ def prepare_inputs(cfg: DictConfig, console: Console, *, check: bool = True) -> 
     if cfg.trainer.get("eval_benchmarks") and int(cfg.trainer.eval_every) > 0:  # the papers' benchmarks, read before the run starts
         from mixrl.benchmarks.live import prepare  # deferred: benchmarks load only for runs that score them
 
-        benchmarks = prepare(cfg, tokenizer, reward_funcs[0])
+        benchmarks = prepare(cfg, tokenizer, reward_funcs[0], eval_rows=load_eval_rows)
     return RunInputs(model_path, tokenizer, train_ds, eval_rows, heldout, reward_funcs, reward_weights,
                      time.perf_counter() - t0, time.process_time() - cpu0, source=source, source_rows=source_rows,
                      benchmarks=benchmarks)

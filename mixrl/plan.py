@@ -57,9 +57,18 @@ which sizes the activations and the LM head below):
   after every generation, so the share only counts while generating. In server mode the server
   GPUs are reported apart.
 
-Peak per training GPU = the larger of two phases, both with weights + optimizer + reference +
+* evaluation (``trainer.eval_benchmarks``, :mod:`mixrl.benchmarks.live`): every ``eval_every``
+  steps each process generates the benchmarks' samples with transformers ``generate``,
+  ``max(eval_batch_size // k, 1) x k`` rows at once, holding their KV cache
+  ``2 L kv p (s_eval) rows`` with ``s_eval`` = prompt tokens + the largest protocol's new tokens
+  (the evaluation phase: weights, optimizer, gathered units and that cache). Its time is counted
+  in generated tokens, problems x k x max new tokens (an upper bound: samples that stop early
+  take less), at a stated throughput (:data:`EVAL_TOKENS_PER_S`), and so is the final table
+  (``mixrl eval RUN benchmarks=recipe``: every problem, the protocol's samples).
+
+Peak per training GPU = the larger of three phases, both with weights + optimizer + reference +
 teachers + DDP buckets + gathered units: training (+ gradients + activations + LM head, + the
-vLLM share unless it sleeps) and generation (+ KV cache or vLLM share). It ignores the CUDA
+vLLM share unless it sleeps), generation (+ KV cache or vLLM share) and evaluation. It ignores the CUDA
 context (~1 GB), allocator fragmentation and communication buffers (DeepSpeed's bucket sizes
 are ``auto``, ``h^2`` elements): a plan fits when its peak leaves 10 % of the GPU free.
 """
@@ -108,6 +117,49 @@ KNOWN_MODELS: dict[str, dict] = {
 PUBLISHED_PARAMS_B = {"Qwen/Qwen2.5-7B-Instruct": 7.62, "Qwen/Qwen2.5-Math-7B": 7.62, "Qwen/Qwen2.5-Math-1.5B": 1.54}
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 2}
+
+#: problems in the split each shipped benchmark reads (its dataset card; LUFFY's valid.all.parquet
+#: for amc, minerva and olympiadbench), to count an evaluation's generated tokens without reading it
+BENCHMARK_PROBLEMS = {"aime24": 30, "aime25": 30, "amc": 83, "amc23": 40, "math500": 500, "minerva": 272,
+                      "olympiadbench": 675, "arc_c": 1172, "gpqa_diamond": 198, "mmlu_pro": 12032}
+
+#: decode throughput the plan's evaluation times assume, tokens per second per GPU (a 7B model in
+#: bf16, batches of tens of rows: transformers ``generate`` during training, vLLM's offline engine
+#: for the final table); stated in the plan, not measured by it
+EVAL_TOKENS_PER_S = {"hf": 1_000.0, "vllm": 10_000.0}
+
+
+def evaluation_counts(cfg: DictConfig, *, prompt_tokens: int = 512) -> dict | None:
+    """What ``trainer.eval_benchmarks`` generates: per benchmark the problems, samples and new
+    tokens during training and for the final table, the evaluations of the run, the generated
+    tokens and the times at :data:`EVAL_TOKENS_PER_S`; None without benchmarks (or eval_every 0)."""
+    from mixrl.benchmarks.live import metrics_at, selection  # deferred: reads conf/benchmarks only when asked
+
+    t = cfg.trainer
+    sel = selection(cfg)
+    if sel is None or int(t.eval_every) <= 0:
+        return None
+    k = t.get("eval_benchmark_k")
+    rows, unknown = [], []
+    for b in sel.benchmarks:
+        size = int(t.eval_size) if b.builtin else BENCHMARK_PROBLEMS.get(b.name)
+        if size is None:
+            unknown.append(b.name)
+            continue
+        n = min(size, sel.limit) if sel.limit else size
+        samples = int(k) if k is not None else b.protocol.samples
+        new = int(b.protocol.max_new_tokens or t.max_completion_length)
+        rows.append({"name": b.name, "problems": n, "samples": samples, "metrics": metrics_at(b.protocol.metrics, samples),
+                     "max_new_tokens": new, "tokens": n * samples * new,
+                     "final_problems": size, "final_samples": b.protocol.samples, "final_tokens": size * b.protocol.samples * new})
+    evals = int(t.max_steps) // int(t.eval_every)
+    per_eval = sum(r["tokens"] for r in rows)
+    final = sum(r["final_tokens"] for r in rows)
+    batch = max(int(t.eval_batch_size) // max(int(k or 1), 1), 1) * int(k or 1)
+    return {"suite": sel.name, "benchmarks": rows, "unknown": unknown, "evaluations": evals, "tokens_per_eval": per_eval,
+            "tokens_total": per_eval * evals, "seconds_per_eval": per_eval / EVAL_TOKENS_PER_S["hf"],
+            "final_tokens": final, "final_seconds": final / EVAL_TOKENS_PER_S["vllm"], "batch_rows": batch,
+            "seq_tokens": prompt_tokens + max((r["max_new_tokens"] for r in rows), default=0)}
 
 
 @dataclass
@@ -342,7 +394,10 @@ def estimate(cfg: DictConfig, shape: ModelShape, *, prompt_tokens: int = 512) ->
     out["vllm_sleeps"] = sleeps
     out["train_phase"] = held + grads + gathered + acts + head["total"] + out["critic_train"] + (0.0 if sleeps else out["vllm_share"])
     out["generation_phase"] = held + gathered + gen_gather + out["generation"] + out["vllm_share"]
-    out["peak"] = max(out["train_phase"], out["generation_phase"])
+    ev = evaluation_counts(cfg, prompt_tokens=prompt_tokens)
+    out["eval_kv"] = kv_token * ev["seq_tokens"] * ev["batch_rows"] if ev else 0.0
+    out["eval_phase"] = (held + gathered + gen_gather + out["eval_kv"] + (0.0 if sleeps else out["vllm_share"])) if ev else 0.0
+    out["peak"] = max(out["train_phase"], out["generation_phase"], out["eval_phase"])
     return out
 
 
@@ -406,13 +461,19 @@ def render_plan(cfg: DictConfig, overrides: list[str], *, prompt_tokens: int | N
                          + ("sleep mode: freed while training)" if e["vllm_sleeps"] else "held while training: no sleep mode)"))
         elif not hw.use_vllm:
             lines.append(f"  generation KV cache   {_gb(e['generation'])}  (transformers generate, {geom.rows_per_process} rows at once)")
-        lines.append(f"  phases                training {_gb(e['train_phase'])}, generation {_gb(e['generation_phase'])}")
+        if e["eval_phase"]:
+            ev = evaluation_counts(cfg, prompt_tokens=prompt_tokens)
+            lines.append(f"  evaluation KV cache   {_gb(e['eval_kv'])}  (transformers generate, {ev['batch_rows']} rows x "
+                         f"{ev['seq_tokens']:,} tokens: trainer.eval_benchmarks every {cfg.trainer.eval_every} steps)")
+        lines.append(f"  phases                training {_gb(e['train_phase'])}, generation {_gb(e['generation_phase'])}"
+                     + (f", evaluation {_gb(e['eval_phase'])}" if e["eval_phase"] else ""))
         verdict = ""
         if e["gpu_gb"]:
             gpu = e["gpu_gb"] * GB
             verdict = (f"  -> fits a {e['gpu_gb']:.0f} GB GPU ({e['peak'] / gpu:.0%})" if fits(e)
                        else f"  -> does NOT fit a {e['gpu_gb']:.0f} GB GPU with 10% headroom ({e['peak'] / gpu:.0%}): "
-                            "lower trainer.micro_batch_size, use hardware.strategy=zero3/fsdp or offload")
+                            + ("lower trainer.eval_batch_size (the evaluation's KV cache is the peak)" if e["peak"] == e["eval_phase"]
+                               else "lower trainer.micro_batch_size, use hardware.strategy=zero3/fsdp or offload"))
         lines += [f"  peak                  {_gb(e['peak'])}{verdict}"]
         if "server_share" in e:
             lines.append(f"  vLLM server GPUs      {_gb(e['server_share'])} each (vllm_server_gpu_memory_utilization "
@@ -420,6 +481,7 @@ def render_plan(cfg: DictConfig, overrides: list[str], *, prompt_tokens: int | N
                          f"{_gb(e['server_kv'])} = {e['server_kv_tokens']:,} tokens per copy; {e['server_copies']} copies; "
                          f"a step generates up to {e['step_tokens_all']:,} tokens)")
         lines.append("")
+    lines += render_evaluation(cfg, prompt_tokens)
     command = "mixrl train " + " ".join(overrides)
     lines.append("launch")
     lines.append(f"  {command}")
@@ -435,3 +497,31 @@ def render_plan(cfg: DictConfig, overrides: list[str], *, prompt_tokens: int | N
     else:
         lines.append("  runs in this process (one process, no launcher)")
     return "\n".join(lines) + "\n"
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:,.1f} h" if seconds >= 360 else f"{seconds / 60:,.1f} min"
+
+
+def render_evaluation(cfg: DictConfig, prompt_tokens: int) -> list[str]:
+    """The plan's evaluation section: the benchmarks' samples and generated tokens during training
+    (every eval_every steps) and for the final table, with times at the stated throughput."""
+    ev = evaluation_counts(cfg, prompt_tokens=prompt_tokens)
+    if ev is None:
+        return []
+    t = cfg.trainer
+    lines = [f"evaluation (trainer.eval_benchmarks={ev['suite']}: every {t.eval_every} steps, {ev['evaluations']} evaluations; "
+             "the final table: mixrl eval RUN benchmarks=recipe)",
+             f"  {'benchmark':<14} {'problems x k':>14} {'new tokens':>10} {'logged as':<26} {'final table':>22}"]
+    for r in ev["benchmarks"]:
+        logged = f"eval/{r['name']}/{r['metrics'][0]}"
+        lines.append(f"  {r['name']:<14} {r['problems']:>6,} x {r['samples']:<5} {r['max_new_tokens']:>10,} {logged:<26} "
+                     f"{r['final_problems']:>8,} x {r['final_samples']:<3} = {r['final_problems'] * r['final_samples']:,}")
+    if ev["unknown"]:
+        lines.append(f"  not counted (size unknown to mixrl.plan.BENCHMARK_PROBLEMS): {', '.join(ev['unknown'])}")
+    lines += [f"  per evaluation        up to {ev['tokens_per_eval']:,} generated tokens on every process (each scores every problem): "
+              f"~{_hours(ev['seconds_per_eval'])} at {EVAL_TOKENS_PER_S['hf']:,.0f} tokens/s (transformers generate, assumed); "
+              f"{_hours(ev['seconds_per_eval'] * ev['evaluations'])} over the run",
+              f"  final table           up to {ev['final_tokens']:,} generated tokens: ~{_hours(ev['final_seconds'])} at "
+              f"{EVAL_TOKENS_PER_S['vllm']:,.0f} tokens/s (vLLM, assumed)", ""]
+    return lines

@@ -42,14 +42,15 @@ layer  modules
 2      ``config`` (compose and validate)
 3      ``trainer``; ``vllm_cpu``, ``vllm_file_transfer`` (the trainer's vLLM plumbing);
        ``explain`` (reads a composed config and renders its objective: a consumer of config
-       and core, beside the trainer)
+       and core, beside the trainer); ``benchmarks`` (the papers' benchmarks as config, their
+       scoring and metrics, the trainer's periodic benchmark evaluation and ``mixrl eval
+       benchmarks=``: it loads saved models with the trainer's assembly and vLLM's engine, and
+       the trainer's assembly loads the benchmarks a run scores, so it sits beside the trainer)
 4      ``launch``; ``slurm`` (the sbatch job of a hardware config: the multi-node launch per node);
        ``plan`` (renders the launch command with ``launch``'s own functions, so it
        sits beside it); ``experiments`` (compare, claims, stats, suites, reproduce, methods: they
        run, launch or read runs; ``experiments.stats`` is pure numbers and imports nothing of
-       mixrl, but only ``experiments`` reads it, so it lives in that package, at its layer);
-       ``benchmarks`` (the papers' benchmarks as config, their scoring and metrics, and ``mixrl eval
-       benchmarks=``: it loads saved models with the trainer's assembly and vLLM's engine)
+       mixrl, but only ``experiments`` reads it, so it lives in that package, at its layer)
 5      ``cli``
 =====  =====================================================================================
 
@@ -72,7 +73,7 @@ LAYERS = {
     "sources": 1, "sampler": 1, "data": 1, "rewards": 1, "models": 1, "tasks": 1, "evaluation": 1,
     "config": 2,
     "trainer": 3, "vllm_cpu": 3, "vllm_file_transfer": 3, "explain": 3,
-    "launch": 4, "slurm": 4, "plan": 4, "experiments": 4, "benchmarks": 4,
+    "launch": 4, "slurm": 4, "plan": 4, "experiments": 4, "benchmarks": 3,
     "cli": 5,
 }
 

@@ -25,7 +25,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from mixrl.benchmarks import data as bench_data
-from mixrl.benchmarks import runner, spec
+from mixrl.benchmarks import live, runner, spec
 from mixrl.benchmarks.metrics import stratified_interval
 from mixrl.benchmarks.paper import paper_table
 from mixrl.errors import ConfigError
@@ -103,21 +103,9 @@ def evaluate(model_dir: str | Path, overrides: list[str], *, trust_run_code: boo
     reward_fn = None
     loaded = []
     for bench in sel.benchmarks:  # every benchmark's rows are read (and checked) before any model loads
-        if bench.builtin:
-            bcfg = cfg.copy()
-            if str(bcfg.data.source) != bench.source or bcfg.data.eval_source:
-                bcfg.data.source, bcfg.data.eval_source = bench.source, None
-            rows = build.load_eval_rows(bcfg)[: sel.limit or None]
-            if not rows:
-                raise ConfigError(f"benchmarks.{bench.name}: the held-out split is empty; set trainer.eval_size > 0")
-            problems = [bench_data.Problem(index=i, id=str(i), problem=str(r["prompt"]), answer=str(r.get("answer")), row=dict(r))
-                        for i, r in enumerate(rows)]
-            if reward_fn is None:
-                reward_fn = build.build_reward_funcs(cfg)[0][0]
-            system = None
-        else:
-            problems = bench_data.load_problems(bench, sel.limit)
-            system = bench.system_prompt if bench.system_prompt is not None else (cfg.data.system_prompt or None)
+        problems, system = load_problems_for(bench, cfg, sel.limit)
+        if bench.builtin and reward_fn is None:
+            reward_fn = build.build_reward_funcs(cfg)[0][0]
         loaded.append((bench, problems, system))
 
     results = []
@@ -139,6 +127,11 @@ def evaluate(model_dir: str | Path, overrides: list[str], *, trust_run_code: boo
             results.append(res)
     return {"model_dir": str(path), "suite": sel.name, "backend": backend, "config": str(saved) if saved else None,
             "benchmarks": results, "average": average(results), "paper_table": table}
+
+
+def load_problems_for(bench: spec.Benchmark, cfg, limit: int | None) -> tuple[list, str | None]:
+    """:func:`mixrl.benchmarks.live.load_problems_for` with the trainer's held-out rows."""
+    return live.load_problems_for(bench, cfg, limit, build.load_eval_rows)
 
 
 def average(results: list[dict]) -> dict:
@@ -210,3 +203,56 @@ def render_table(result: dict) -> Table:
 def write_json(result: dict, out_file: Path) -> None:
     out_file.parent.mkdir(parents=True, exist_ok=True)
     out_file.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def plot_table(result: dict, path: str | Path) -> Path:
+    """The table as a bar chart (PNG): per benchmark (and the average) our first metric column in %
+    with its 95% interval as an error bar, beside the paper's base and method rows when the config
+    carries them (``recipe_info.paper_table``)."""
+    from mixrl.explain.schedules import require_matplotlib  # deferred: matplotlib is optional (the plot extra)
+
+    matplotlib = require_matplotlib()
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # deferred: matplotlib is optional (the plot extra)
+
+    benches = result["benchmarks"]
+    col = _column(next(iter(benches[0]["metrics"])), benches[0]["samples"])
+    names, ours, lows, highs = [], [], [], []
+    for r in benches:
+        d = {_column(m, r["samples"]): v for m, v in r["metrics"].items()}.get(col)
+        names.append(r["name"])
+        ours.append(100 * d["value"] if d else float("nan"))
+        lows.append(100 * (d["value"] - d["low"]) if d else 0.0)
+        highs.append(100 * (d["high"] - d["value"]) if d else 0.0)
+    paper = result.get("paper_table") or {}
+    prows = [paper[k] for k in ("base", "method") if paper.get(k)]
+    if len(benches) > 1 and col in result["average"]:
+        a = result["average"][col]
+        names.append("average")
+        ours.append(100 * a["value"])
+        lows.append(100 * (a["value"] - a["low"]))
+        highs.append(100 * (a["high"] - a["value"]))
+    series = [(f"ours: {col}", ours, (lows, highs))]
+    for row in prows:
+        scores = row.get("scores") or {}
+        vals = [scores.get(n) for n in names[: len(benches)]]
+        if len(names) > len(benches):
+            vals.append(sum(vals) / len(vals) if None not in vals else None)
+        series.append((f"paper: {row['name']}", [float("nan") if v is None else float(v) for v in vals], None))
+    width = 0.8 / len(series)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(names) + 2), 4.0))
+    for j, (label, vals, err) in enumerate(series):
+        xs = [i + (j - (len(series) - 1) / 2) * width for i in range(len(names))]
+        ax.bar(xs, vals, width, label=label, yerr=err, capsize=3 if err else 0)
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels(names, rotation=20)
+    ax.set_ylabel("% correct")
+    ax.set_ylim(0, 100)
+    ax.set_title(f"{Path(result['model_dir']).name}: {result['suite']} (error bars: 95% bootstrap intervals)", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out

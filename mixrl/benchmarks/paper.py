@@ -51,14 +51,25 @@ def check(table: Any, where: str) -> None:
                 raise ConfigError(f"{where}.{row}.scores.{k}={v!r} must be a percentage in [0, 100] or null; fix the recipe")
 
 
+_TRAINING_KEYS = ("eval_benchmarks", "eval_benchmark_problems", "eval_benchmark_k", "eval_benchmark_overrides")
+
+
 def without_unset(cfg):
-    """``cfg`` without ``recipe_info.benchmarks`` / ``paper_table`` when they are null (a copy), so
-    that ``mixrl config show`` prints recipes without a paper table as before these keys existed."""
+    """``cfg`` without ``recipe_info.benchmarks`` / ``paper_table`` when they are null, and without
+    the ``trainer.eval_benchmark*`` keys when ``trainer.eval_benchmarks`` is null (a copy), so that
+    ``mixrl config show`` prints configs that evaluate no benchmark as before these keys existed."""
     info = cfg.get("recipe_info")
-    if info is None or not any(k in info and info[k] is None for k in ("benchmarks", "paper_table")):
+    drop_info = info is not None and any(k in info and info[k] is None for k in ("benchmarks", "paper_table"))
+    t = cfg.get("trainer")
+    drop_trainer = t is not None and "eval_benchmarks" in t and t.eval_benchmarks is None
+    if not drop_info and not drop_trainer:
         return cfg
     cfg = OmegaConf.create(OmegaConf.to_container(cfg))
     for k in ("benchmarks", "paper_table"):
-        if k in cfg.recipe_info and cfg.recipe_info[k] is None:
+        if drop_info and k in cfg.recipe_info and cfg.recipe_info[k] is None:
             del cfg.recipe_info[k]
+    if drop_trainer:
+        for k in _TRAINING_KEYS:
+            if k in cfg.trainer:
+                del cfg.trainer[k]
     return cfg

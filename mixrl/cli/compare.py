@@ -120,6 +120,8 @@ def eval_model(
              "without it such a run is refused.",
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars (they show only on a terminal anyway)."),
+    plot_file: Optional[Path] = typer.Option(
+        None, "--plot", help="With benchmarks=SUITE: also draw the table as a PNG (ours with 95% intervals beside the paper's rows)."),
 ):
     """Evaluate a saved model on its run's held-out split (greedy accuracy, per level, pass@k), or
     with benchmarks=SUITE on the papers' benchmarks under their protocol (conf/benchmarks/: math6,
@@ -133,8 +135,16 @@ def eval_model(
     out, err = _consoles()
     if out_file is not None:
         check_out_file(out_file)  # before the evaluation: its results are not lost to an unwritable --out
-    if any(is_benchmark_override(o) for o in overrides or []):  # benchmarks=SUITE: the papers' benchmarks (mixrl.benchmarks.command)
-        _eval_benchmarks(model_dir, list(overrides or []), out_file, trust_run_code, quiet, out, err)
+    benchmarks = any(is_benchmark_override(o) for o in overrides or [])
+    if plot_file is not None:
+        if not benchmarks:
+            raise ConfigError("--plot draws the benchmark table: add benchmarks=SUITE (e.g. benchmarks=math6), or drop --plot")
+        check_out_file(plot_file, "--plot")
+        from mixrl.explain.schedules import require_matplotlib  # deferred: matplotlib is optional (the plot extra)
+
+        require_matplotlib()  # before the evaluation: a missing matplotlib is one line, not a lost table
+    if benchmarks:  # benchmarks=SUITE: the papers' benchmarks (mixrl.benchmarks.command)
+        _eval_benchmarks(model_dir, list(overrides or []), out_file, trust_run_code, quiet, out, err, plot_file)
         return
     cfg, saved = eval_config(model_dir, list(overrides or []), trust_run_code=trust_run_code)  # a bad override fails before any model is loaded
     resolve_model_dir(model_dir)
@@ -163,7 +173,7 @@ def eval_model(
         out.print(f"wrote [bold]{escape(str(out_file))}[/]")
 
 
-def _eval_benchmarks(model_dir, overrides, out_file, trust_run_code, quiet, out, err) -> None:
+def _eval_benchmarks(model_dir, overrides, out_file, trust_run_code, quiet, out, err, plot_file=None) -> None:
     """``mixrl eval MODEL benchmarks=SUITE``: the table of :mod:`mixrl.benchmarks.command`."""
     from mixrl.benchmarks import command  # deferred: imports torch when it evaluates; `mixrl --help` never loads it
 
@@ -172,3 +182,6 @@ def _eval_benchmarks(model_dir, overrides, out_file, trust_run_code, quiet, out,
     if out_file is not None:
         command.write_json(result, out_file)
         out.print(f"wrote [bold]{escape(str(out_file))}[/]")
+    if plot_file is not None:
+        command.plot_table(result, plot_file)
+        out.print(f"wrote [bold]{escape(str(plot_file))}[/]")

@@ -68,6 +68,13 @@ class TrainerConfig:
     eval_pass_at: list = field(default_factory=lambda: [1, 8, 32])  # the k values reported when eval_samples > 0
     eval_sample_every: bool = True  # false: periodic evaluations (eval_every) are greedy only; sampling before/after training only
     eval_batch_size: int = 128
+    # the papers' benchmarks during training (mixrl.benchmarks.live): a suite or benchmark of conf/benchmarks/,
+    # scored every eval_every steps on its first eval_benchmark_problems problems with eval_benchmark_k samples
+    # (null: all problems / the protocol's samples), logged as eval/<benchmark>/<metric>
+    eval_benchmarks: Any = None  # a name (math6) or a list of names ([aime24,math500])
+    eval_benchmark_problems: Optional[int] = None
+    eval_benchmark_k: Optional[int] = None
+    eval_benchmark_overrides: list = field(default_factory=list)  # more benchmarks.* overrides, e.g. [benchmarks.source_dir=DIR]
     eval_before_cache: Optional[str] = None  # a folder: reuse the starting model's held-out results across runs (mixrl.evaluation.cache)
 
 

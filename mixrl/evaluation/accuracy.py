@@ -74,11 +74,13 @@ def generate_completions(
     batch_size: int = 128,
     do_sample: bool = False,
     temperature: float = 1.0,
+    top_p: float | None = None,
     num_return_sequences: int = 1,
     progress: Callable[[int], None] | None = None,
     stop: Callable[[], bool] | None = None,
 ) -> list[list[str]]:
     """Completions (decoded, special tokens removed) for each prompt: a list of n per prompt.
+    ``top_p``: nucleus sampling when sampling (None: the whole distribution).
     ``stop``: asked before each batch (and, in a single process, at each generated token);
     once it returns True the generation ends and :class:`EvaluationInterrupted` is raised."""
     was_training = model.training
@@ -103,7 +105,7 @@ def generate_completions(
                 max_new_tokens=max_new_tokens,
                 do_sample=do_sample,
                 temperature=temperature if do_sample else None,
-                top_p=None,
+                top_p=top_p if do_sample else None,
                 top_k=None,
                 num_return_sequences=num_return_sequences,
                 pad_token_id=tokenizer.pad_token_id,

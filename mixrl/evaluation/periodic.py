@@ -1,11 +1,15 @@
-"""Held-out evaluation during training (``trainer.eval_every``).
+"""Held-out and benchmark evaluation during training (``trainer.eval_every``).
 
 :class:`PeriodicEvalCallback` runs greedy accuracy (and sampled pass@k when
 ``trainer.eval_pass_k`` > 0) on the run's fixed held-out rows every ``trainer.eval_every``
-optimizer steps. Each evaluation appends one row to ``eval.jsonl`` in the run directory::
+optimizer steps, and, with ``trainer.eval_benchmarks`` (:mod:`mixrl.benchmarks.live`), the
+papers' benchmarks with a subset of problems and ``trainer.eval_benchmark_k`` samples, as
+the papers' validation curves do. Each evaluation appends one row to ``eval.jsonl`` in the
+run directory::
 
     {"step": 20, "rollouts": 1280, "accuracy": 0.41, "n": 256.0, "accuracy/level1": ...,
-     "pass@4": ..., "sampled_accuracy": ..., "seconds": 3.2}
+     "pass@4": ..., "sampled_accuracy": ..., "aime24/avg@4": 0.1, "aime24/pass@4": 0.3,
+     "seconds": 3.2}
 
 and logs the same values as ``eval/<key>`` in that step's metrics row (``metrics.jsonl``,
 and any logger). Rows are written at steps N, 2N, ...; the evaluations before and after
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +50,9 @@ class PeriodicEvalCallback(TrainerCallback):
             and for the model when none is given. Optional: without it the model comes from
             the callback arguments and ``eval/*`` is added to the logs of that step.
         model: the model to evaluate (default: the trainer's).
+        benchmarks: :class:`mixrl.benchmarks.live.LiveBenchmark` list, scored after the held-out
+            rows; each metric is logged as ``eval/<benchmark>/<metric>``. With benchmarks the
+            held-out rows may be empty (``trainer.eval_size=0``).
         stop: asked between batches (:func:`~mixrl.evaluation.accuracy.evaluate_accuracy`); when
             it returns True (a SIGTERM) the evaluation stops, writes no row and asks the trainer
             to save a checkpoint and stop, as the interrupt guard does at a step's end.
@@ -69,6 +76,7 @@ class PeriodicEvalCallback(TrainerCallback):
         trainer: Any = None,
         model: Any = None,
         stop: Callable[[], bool] | None = None,
+        benchmarks: Sequence = (),
     ):
         self.every = int(every)
         self.path = Path(run_dir) / EVAL_FILE
@@ -85,18 +93,21 @@ class PeriodicEvalCallback(TrainerCallback):
         self._trainer = trainer
         self.model = model
         self.stop = stop
+        self.benchmarks = list(benchmarks)
         self.rows: list[dict] = []  # the eval.jsonl rows written by this callback
         self.last_examples: tuple[int, list[dict]] | None = None  # (step, greedy examples) of the last evaluation (samples.jsonl)
         self._pending: dict[str, float] | None = None
 
     @classmethod
-    def from_config(cls, cfg, run_dir, tokenizer, rows, reward_fn, *, trainer=None, model=None, stop=None) -> "PeriodicEvalCallback":
+    def from_config(cls, cfg, run_dir, tokenizer, rows, reward_fn, *, trainer=None, model=None, stop=None,
+                    benchmarks: Sequence = ()) -> "PeriodicEvalCallback":
         t = cfg.trainer
         return cls(
             every=int(t.eval_every), run_dir=run_dir, tokenizer=tokenizer, rows=rows, reward_fn=reward_fn,
             max_new_tokens=int(t.max_completion_length), batch_size=int(t.eval_batch_size), pass_k=int(t.eval_pass_k) if t.eval_sample_every else 0,
             samples=int(t.eval_samples) if t.eval_sample_every else 0, ks=tuple(t.eval_pass_at),
             temperature=float(t.temperature), seed=int(cfg.seed), trainer=trainer, model=model, stop=stop,
+            benchmarks=benchmarks,
         )
 
     @property
@@ -110,10 +121,11 @@ class PeriodicEvalCallback(TrainerCallback):
         return t
 
     def due(self, step: int) -> bool:
-        return self.every > 0 and bool(self.rows_in) and step > 0 and step % self.every == 0
+        return self.every > 0 and bool(self.rows_in or self.benchmarks) and step > 0 and step % self.every == 0
 
     def evaluate(self, model, step: int) -> dict:
-        """One evaluation (greedy accuracy, per level, pass@k) in a forked, seeded RNG state."""
+        """One evaluation (greedy accuracy, per level, pass@k; each benchmark's metrics as
+        ``NAME/METRIC``) in a forked, seeded RNG state."""
         devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(self.seed * 1_000_003 + step)
@@ -122,7 +134,11 @@ class PeriodicEvalCallback(TrainerCallback):
                 model, self.tokenizer, self.rows_in, self.reward_fn, max_new_tokens=self.max_new_tokens,
                 batch_size=self.batch_size, pass_k=self.pass_k, samples=self.samples, ks=self.ks, temperature=self.temperature,
                 examples=examples, stop=self.stop,
-            )
+            ) if self.rows_in else {}
+            for bench in self.benchmarks:  # each scores itself (mixrl.benchmarks.live.LiveBenchmark.evaluate)
+                scores = bench.evaluate(model, self.tokenizer, batch_size=self.batch_size, stop=self.stop,
+                                        examples=None if self.rows_in else examples)
+                result.update({f"{bench.name}/{m}": v for m, v in scores.items()})
             self.last_examples = (step, examples)
             return result
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -323,6 +323,7 @@ class RunInputs:
     cpu_seconds: float = 0.0
     source: object = None  # the off-policy source, prepared on train_ds (see prepare_sources)
     source_rows: object = None  # the training rows after the source's prepare: what the run trains on
+    benchmarks: list = field(default_factory=list)  # trainer.eval_benchmarks, loaded (mixrl.benchmarks.live.LiveBenchmark)
 
 
 def prepare_sources(cfg: DictConfig, train_ds, *, teacher=None):
@@ -365,6 +366,9 @@ def prepare_inputs(cfg: DictConfig, console: Console, *, check: bool = True) -> 
     what is loaded): :func:`trainer_from_config` for tests and tools."""
     from transformers import set_seed  # deferred: transformers is heavy; the light commands (--help, config show, plan) never load it
 
+    from mixrl.benchmarks.live import selection  # deferred: reads conf/benchmarks only here
+
+    selection(cfg)  # trainer.eval_benchmarks: a bad name or setting is one line, before anything loads
     t0, cpu0 = time.perf_counter(), time.process_time()
     _set_threads(cfg)
     set_seed(int(cfg.seed))
@@ -397,8 +401,14 @@ def prepare_inputs(cfg: DictConfig, console: Console, *, check: bool = True) -> 
         model_path, tokenizer = extend_tiny(
             cfg, model_path, new_chars, say=lambda text: console.print(text, soft_wrap=True, highlight=False)
         )
+    benchmarks = []
+    if cfg.trainer.get("eval_benchmarks") and int(cfg.trainer.eval_every) > 0:  # the papers' benchmarks, read before the run starts
+        from mixrl.benchmarks.live import prepare  # deferred: benchmarks load only for runs that score them
+
+        benchmarks = prepare(cfg, tokenizer, reward_funcs[0], eval_rows=load_eval_rows)
     return RunInputs(model_path, tokenizer, train_ds, eval_rows, heldout, reward_funcs, reward_weights,
-                     time.perf_counter() - t0, time.process_time() - cpu0, source=source, source_rows=source_rows)
+                     time.perf_counter() - t0, time.process_time() - cpu0, source=source, source_rows=source_rows,
+                     benchmarks=benchmarks)
 
 
 def check_padding_free(cfg: DictConfig, model_path: str) -> None:

@@ -235,10 +235,10 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
         from mixrl.trainer.publish import HeldoutBeforeCallback  # deferred: trainer.publish imports transformers; `mixrl plan` imports this module and must not load it
 
         callbacks.append(HeldoutBeforeCallback(lambda: before, trainer=lambda: trainer))
-    if cfg.trainer.eval_every > 0:  # held-out accuracy every N steps -> eval.jsonl (the lambda: trainer is built below)
+    if cfg.trainer.eval_every > 0:  # held-out accuracy (and benchmarks) every N steps -> eval.jsonl (the lambda: trainer is built below)
         from mixrl.evaluation.periodic import PeriodicEvalCallback  # deferred: evaluation.periodic imports transformers; `mixrl plan` imports this module and must not load it
         callbacks.append(PeriodicEvalCallback.from_config(cfg, run_dir, tokenizer, eval_rows, reward_funcs[0], trainer=lambda: trainer,
-                                                          stop=guard.stop_requested))
+                                                          stop=guard.stop_requested, benchmarks=inputs.benchmarks))
     samples_cb = None
     if cfg.logger.samples_per_step > 0 or cfg.logger.samples_eval > 0:  # what the model writes -> samples.jsonl, trackers
         periodic = next((cb for cb in callbacks if hasattr(cb, "last_examples")), None)

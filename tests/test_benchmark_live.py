@@ -1,0 +1,141 @@
+"""Benchmarks during training (``trainer.eval_benchmarks``, :mod:`mixrl.benchmarks.live`): the
+periodic evaluation scores a benchmark suite with a subset and a smaller k, logged as
+``eval/<benchmark>/<metric>``; the GPU recipes evaluate on their papers' suites."""
+
+from __future__ import annotations
+
+import json
+from math import comb
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from mixrl.benchmarks import live
+from mixrl.cli.main import app
+from mixrl.config.compose import compose_config
+from mixrl.errors import ConfigError
+
+runner = CliRunner()
+FIXTURES = Path(__file__).parent / "fixtures" / "benchmarks"
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_metrics_at_k_keep_the_protocols_kinds():
+    assert live.metrics_at(["avg@32", "pass@32", "maj@32"], 4) == ["avg@4", "pass@4", "maj@4"]
+    assert live.metrics_at(["avg@1"], 1) == ["avg@1"]
+    assert live.metrics_at(["avg@16", "pass@1", "pass@16"], 2) == ["avg@2", "pass@2"]
+
+
+def test_a_two_step_run_logs_the_arith_benchmark_beside_the_heldout_accuracy(fast_overrides, tmp_path):
+    """Greedy arith benchmark = the run's held-out rows decoded greedily: eval/arith/avg@1 equals
+    eval/accuracy of the same step; a sampled arith (k=4, temperature 1) logs avg@4 and pass@4,
+    and pass@4 is the fraction of problems with a correct sample in its 4."""
+    res = runner.invoke(app, ["train", *fast_overrides, "trainer.eval_every=2", "trainer.eval_benchmarks=arith",
+                              "trainer.eval_benchmark_k=1"])
+    assert res.exit_code == 0, res.output[-2000:]
+    run_dir = tmp_path / "run"
+    (row,) = _rows(run_dir / "eval.jsonl")
+    assert row["step"] == 2 and row["arith/avg@1"] == pytest.approx(row["accuracy"])
+    metrics = _rows(run_dir / "metrics.jsonl")
+    assert metrics[-1]["eval/arith/avg@1"] == pytest.approx(row["accuracy"])
+    assert "eval/arith/avg@1" not in metrics[0]
+
+    cfg = compose_config([*fast_overrides, "trainer.eval_benchmarks=arith", "trainer.eval_benchmark_k=4",
+                          "trainer.eval_benchmark_problems=6",
+                          "trainer.eval_benchmark_overrides=['benchmarks.arith.protocol.temperature=1.0',"
+                          "'benchmarks.arith.protocol.metrics=[avg@1,pass@1]']"])
+    from mixrl.trainer import build
+    from transformers import AutoModelForCausalLM
+
+    tok = build.load_tokenizer(str(run_dir / "model") if (run_dir / "model").is_dir() else cfg.model.path, cfg)
+    (bench,) = live.prepare(cfg, tok, build.build_reward_funcs(cfg)[0][0], eval_rows=build.load_eval_rows)
+    assert (len(bench.problems), bench.samples, bench.metrics) == (6, 4, ["avg@4", "pass@4"])
+    model = AutoModelForCausalLM.from_pretrained(str(run_dir / "model"))
+    examples: list[dict] = []
+    scores = bench.evaluate(model, tok, batch_size=8, examples=examples)
+    assert set(scores) == {"avg@4", "pass@4"} and 0.0 <= scores["avg@4"] <= scores["pass@4"] <= 1.0
+    assert len(examples) == 6 and {"prompt", "completion", "correct", "reward"} <= set(examples[0])
+
+
+def test_math_fixtures_score_during_training_with_a_subset_and_k(tiny_model_path, tmp_path):
+    """A math suite read from the fixtures (the hub schema), 2 problems x 2 samples each."""
+    cfg = compose_config([f"model.path={tiny_model_path}", "trainer.max_completion_length=8", "trainer.eval_benchmarks=[aime24,amc23]",
+                          "trainer.eval_benchmark_problems=2", "trainer.eval_benchmark_k=2",
+                          f"trainer.eval_benchmark_overrides=['benchmarks.source_dir={FIXTURES}',"
+                          "'benchmarks.all.protocol.max_new_tokens=6']"])
+    from mixrl.trainer import build
+    from transformers import AutoModelForCausalLM
+
+    tok = build.load_tokenizer(tiny_model_path, cfg)
+    benches = live.prepare(cfg, tok, None, eval_rows=build.load_eval_rows)
+    assert [(b.bench.name, len(b.problems), b.samples, b.max_new_tokens) for b in benches] == [
+        ("aime24", 2, 2, 6), ("amc23", 2, 2, 6)]
+    assert benches[0].metrics == ["avg@2", "pass@2", "maj@2"]
+    scores = live.evaluate(AutoModelForCausalLM.from_pretrained(tiny_model_path), tok, benches[0], batch_size=4)
+    assert scores == {"avg@2": 0.0, "pass@2": 0.0, "maj@2": 0.0}  # an untrained tiny model writes no boxed answer
+
+
+@pytest.mark.parametrize("override, words", [
+    ("trainer.eval_benchmarks=aime2024", "unknown benchmark or suite 'aime2024'"),
+    ("trainer.eval_benchmark_k=0", "eval_benchmark_k=0 is out of range"),
+    ("trainer.eval_benchmark_problems=0", "eval_benchmark_problems=0 is out of range"),
+])
+def test_bad_benchmark_settings_are_one_line_before_the_run_directory(fast_overrides, tmp_path, override, words):
+    extra = [] if override.startswith("trainer.eval_benchmarks=") else ["trainer.eval_benchmarks=math6"]
+    res = runner.invoke(app, ["train", *fast_overrides, "trainer.eval_every=2", *extra, override])
+    assert res.exit_code == 2, res.output[-2000:]
+    assert words in res.output
+    assert not (tmp_path / "run").exists()
+
+
+def test_greedy_benchmark_with_k_above_one_is_refused():
+    with pytest.raises(ConfigError, match="decodes greedily"):
+        live.selection(compose_config(["trainer.eval_benchmarks=arith", "trainer.eval_benchmark_k=4"]))
+
+
+GPU_RECIPES = ["ampo/qwen2.5-7b-instruct-openr1", "chord/mu-qwen2.5-7b-openr1", "chord/phi-qwen2.5-7b-openr1",
+               "chord/qwen2.5-7b-openr1", "exgrpo/qwen2.5-math-7b-openr1", "ghpo/qwen2.5-math-7b-math3to5",
+               "kdrl/qwen2.5-math-1.5b-openr1", "luffy/qwen2.5-math-7b-openr1", "mix/qwen2.5-7b-openr1",
+               "opd/qwen2.5-math-1.5b-openr1", "opsd/qwen2.5-math-1.5b-openr1", "remix/qwen2.5-math-7b-openr1"]
+
+
+@pytest.mark.parametrize("recipe", GPU_RECIPES)
+def test_gpu_recipes_evaluate_on_their_papers_benchmarks(recipe):
+    cfg = compose_config([f"recipe={recipe}"])
+    t = cfg.trainer
+    assert t.eval_size == 0, "no held-out training rows: the papers report benchmarks"
+    assert t.eval_every > 0 and t.eval_benchmarks == cfg.recipe_info.benchmarks
+    sel = live.selection(cfg)
+    assert sel is not None and sel.benchmarks and t.eval_benchmark_k and t.eval_benchmark_problems
+
+
+def test_pass_at_k_of_the_live_metrics_is_the_unbiased_estimator():
+    from mixrl.benchmarks.metrics import per_problem
+
+    for c in range(5):
+        assert per_problem("pass@2", [True] * c + [False] * (4 - c)) == pytest.approx(1 - comb(4 - c, 2) / comb(4, 2))
+
+
+def test_plan_counts_the_benchmark_evaluation_by_hand():
+    """chord/qwen2.5-7b-openr1: math6, the first 32 problems (AIME has 30), k = 4, 8192 new tokens;
+    the KV cache of 32 rows x (512 prompt + 8192) tokens at 2 L kv p bytes per token."""
+    from mixrl import plan
+
+    cfg = compose_config(["recipe=chord/qwen2.5-7b-openr1"])
+    ev = plan.evaluation_counts(cfg, prompt_tokens=512)
+    assert [(r["name"], r["problems"], r["samples"]) for r in ev["benchmarks"]] == [
+        ("aime24", 30, 4), ("aime25", 30, 4), ("amc", 32, 4), ("math500", 32, 4), ("minerva", 32, 4), ("olympiadbench", 32, 4)]
+    assert ev["tokens_per_eval"] == (30 + 30 + 4 * 32) * 4 * 8192
+    assert ev["evaluations"] == 600 // 50 and ev["tokens_total"] == 12 * ev["tokens_per_eval"]
+    assert ev["final_tokens"] == (30 * 32 + 30 * 32 + 83 * 32 + 500 + 272 + 675) * 8192
+    assert ev["seconds_per_eval"] == ev["tokens_per_eval"] / plan.EVAL_TOKENS_PER_S["hf"]
+    e = plan.estimate(cfg, plan.model_shape(cfg), prompt_tokens=512)
+    assert e["eval_kv"] == 2 * 28 * (4 * 128) * 2 * (512 + 8192) * 32
+    text = plan.render_plan(cfg, ["recipe=chord/qwen2.5-7b-openr1"], prompt_tokens=512)
+    assert "evaluation KV cache" in text and "eval/aime24/avg@4" in text and f"{ev['tokens_per_eval']:,}" in text
+    assert plan.evaluation_counts(compose_config([])) is None  # no benchmarks: no evaluation section
+    assert "evaluation (" not in plan.render_plan(compose_config([]), [])

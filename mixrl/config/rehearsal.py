@@ -177,7 +177,7 @@ def _model(ctx: Context) -> list[Swap]:
         return []
     new = widened(BUILTIN_MODEL)
     why = "no download: the built-in Qwen2-architecture BPE chat model, Qwen2.5's chat template"
-    from mixrl.plan import KNOWN_MODELS  # noqa: PLC0415 (mixrl.plan imports the config package)
+    from mixrl.plan import KNOWN_MODELS  # imported here: mixrl.plan imports mixrl.config
 
     family = str(KNOWN_MODELS.get(path, {}).get("model_type", ""))
     if family and family != "qwen2":

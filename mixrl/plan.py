@@ -8,7 +8,8 @@ the geometry and command.
 
 How the estimate is computed (bytes per GPU; ``N`` parameters, ``p`` bytes per parameter of
 ``model.dtype`` (bf16: 2, fp32: 4), ``W`` training processes, ``L`` layers, ``h`` hidden size,
-``i`` MLP size, ``V`` vocabulary, ``kv`` = KV heads x head dim, ``s`` = prompt tokens
+``i`` MLP size, ``V`` vocabulary, ``d`` head dim (``h / heads`` unless the config gives ``head_dim``, as
+Qwen3's do), ``q`` = heads x ``d`` (``h`` for Qwen2), ``kv`` = KV heads x ``d``, ``s`` = prompt tokens
 (``--prompt-tokens``, default 512; the built-in task's longest prompt for ``builtin:arith``) +
 ``C`` = ``trainer.max_completion_length``, ``b`` = rows of one micro-batch: ``trainer.micro_batch_size``
 plus the rows an injection appends to it, e.g. CHORD's expert rows; with a token budget
@@ -16,8 +17,9 @@ plus the rows an injection appends to it, e.g. CHORD's expert rows; with a token
 which sizes the activations and the LM head below):
 
 * parameters ``N``: embeddings ``V h`` (+ ``V h`` for an untied LM head) + per layer attention
-  ``h (h + 2 kv) + h h`` (+ q/k/v biases for Qwen2) + MLP ``3 h i`` + two RMSNorms; checked
-  against the published totals of the known models by ``tests/test_plan.py``.
+  ``h (q + 2 kv) + q h`` (+ q/k/v biases for Qwen2; + the per-head q/k RMSNorms, ``2 d``, for
+  Qwen3) + MLP ``3 h i`` + two RMSNorms; checked against the published totals of the known models
+  (Qwen2.5 and Qwen3) by ``tests/test_plan.py``.
 * weights ``N p`` (zero3/fsdp: ``/ W``; offload: 0, streamed from CPU). FSDP2 under accelerate's
   bf16 mixed precision keeps float32 master weights of the trainable parameters (4 bytes each),
   so its weights, gradients and AdamW moments are float32. A frozen reference model
@@ -32,9 +34,10 @@ which sizes the activations and the LM head below):
 * sharded strategies (zero3/fsdp) hold the unit they compute unsharded: two decoder layers
   (the current one and the prefetched next) and the LM head, ``(2 N_layer + V h) p``.
 * activations per micro-batch, from what a Qwen2 decoder layer saves for backward per token,
-  ``a = 2 (4 h + p h) + p (h + 2 kv) + 2 p h + 4 p i + 4 heads`` (the float32 RMSNorm input copies and
+  ``a = 2 (4 h + p h) + p (q + 2 kv) + 2 p q + 4 p i + 4 heads`` (the float32 RMSNorm input copies and
   outputs, q/k/v after RoPE, the attention output and o_proj input, the SwiGLU gate/up/act/product,
-  SDPA's float32 log-sum-exp; no ``s^2`` term; checked against autograd's saved-tensor
+  SDPA's float32 log-sum-exp; Qwen3 adds its q/k RMSNorms' ``(4 + p) (q + kv)``; no ``s^2`` term;
+  checked, for Qwen2 and Qwen3, against autograd's saved-tensor
   hooks by the tests). With gradient checkpointing the input of every layer, ``L s b h p``, plus
   one layer recomputed, ``s b a``; without, ``L s b a``; plus the final norm, ``s b (4 h + p h)``.
   (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models", count
@@ -89,7 +92,8 @@ from mixrl.models import tiny_bpe, tiny_spec
 
 GB = 1024**3
 
-#: hub id -> the fields of its config.json used here (Qwen2 architecture, published configs)
+#: hub id -> the fields of its config.json used here (Qwen2 and Qwen3 architectures, published configs;
+#: Qwen3 gives ``head_dim`` (128, not hidden / heads), has no q/k/v biases and normalises q and k per head)
 KNOWN_MODELS: dict[str, dict] = {
     "Qwen/Qwen2.5-7B-Instruct": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
                                      num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False, model_type="qwen2",
@@ -103,6 +107,14 @@ KNOWN_MODELS: dict[str, dict] = {
     "Qwen/Qwen2.5-Math-1.5B": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                                    num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, model_type="qwen2",
                                    max_position_embeddings=4096),
+    # huggingface.co/Qwen/Qwen3-4B-Instruct-2507/blob/main/config.json
+    "Qwen/Qwen3-4B-Instruct-2507": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
+                                        num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True,
+                                        model_type="qwen3", attention_bias=False, max_position_embeddings=262144),
+    # huggingface.co/Qwen/Qwen3-8B/blob/main/config.json
+    "Qwen/Qwen3-8B": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                          num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=False,
+                          model_type="qwen3", attention_bias=False, max_position_embeddings=40960),
     # the built-in tiny model (mixrl.models.tiny) before it is built
     "builtin:tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
                          num_key_value_heads=4, vocab_size=18, tie_word_embeddings=True, model_type="qwen2",
@@ -114,7 +126,9 @@ KNOWN_MODELS: dict[str, dict] = {
 }
 
 #: published parameter counts (billions) the formula is checked against
-PUBLISHED_PARAMS_B = {"Qwen/Qwen2.5-7B-Instruct": 7.62, "Qwen/Qwen2.5-Math-7B": 7.62, "Qwen/Qwen2.5-Math-1.5B": 1.54}
+#: (Qwen3: the model cards' "Number of Parameters": 4.0B / 8.2B, and the safetensors totals the hub pages show, 4.02B / 8.19B)
+PUBLISHED_PARAMS_B = {"Qwen/Qwen2.5-7B-Instruct": 7.62, "Qwen/Qwen2.5-Math-7B": 7.62, "Qwen/Qwen2.5-Math-1.5B": 1.54,
+                      "Qwen/Qwen3-4B-Instruct-2507": 4.02, "Qwen/Qwen3-8B": 8.19}
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 2}
 
@@ -172,25 +186,31 @@ class ModelShape:
     kv_heads: int
     vocab: int
     tied: bool
-    bias: bool  # q/k/v biases (Qwen2)
+    bias: bool  # q/k/v biases (Qwen2; Qwen3 has none)
+    explicit_head_dim: int | None = None  # config.json's head_dim (Qwen3: 128, not hidden / heads)
+    qk_norm: bool = False  # per-head RMSNorms on q and k (Qwen3)
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.explicit_head_dim or self.hidden // self.heads
+
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_dim
 
     @property
     def kv_dim(self) -> int:
         return self.kv_heads * self.head_dim
 
     def params(self) -> int:
-        h, i, kv = self.hidden, self.intermediate, self.kv_dim
-        attn = h * h + 2 * h * kv + h * h + ((h + 2 * kv) if self.bias else 0)
+        h, i, q, kv = self.hidden, self.intermediate, self.q_dim, self.kv_dim
+        attn = h * q + 2 * h * kv + q * h + ((q + 2 * kv) if self.bias else 0) + (2 * self.head_dim if self.qk_norm else 0)
         layer = attn + 3 * h * i + 2 * h
         return self.vocab * h * (1 if self.tied else 2) + self.layers * layer + h
 
     def lora_params(self, r: int) -> int:
-        h, i, kv = self.hidden, self.intermediate, self.kv_dim
-        per_layer = (h + h) + (h + kv) * 2 + (h + h) + (h + i) * 2 + (i + h)  # q, k, v, o, gate, up, down
+        h, i, q, kv = self.hidden, self.intermediate, self.q_dim, self.kv_dim
+        per_layer = (h + q) + (h + kv) * 2 + (q + h) + (h + i) * 2 + (i + h)  # q, k, v, o, gate, up, down
         return self.layers * r * per_layer
 
 
@@ -199,7 +219,10 @@ def _shape(conf: dict, source: str) -> ModelShape:
         source=source, hidden=int(conf["hidden_size"]), intermediate=int(conf["intermediate_size"]),
         layers=int(conf["num_hidden_layers"]), heads=int(conf["num_attention_heads"]),
         kv_heads=int(conf.get("num_key_value_heads") or conf["num_attention_heads"]), vocab=int(conf["vocab_size"]),
-        tied=bool(conf.get("tie_word_embeddings", False)), bias=conf.get("model_type") == "qwen2",
+        tied=bool(conf.get("tie_word_embeddings", False)),
+        bias=conf.get("model_type") == "qwen2" or bool(conf.get("attention_bias", False)),  # Qwen2 always has them
+        explicit_head_dim=int(conf["head_dim"]) if conf.get("head_dim") else None,
+        qk_norm=conf.get("model_type") == "qwen3",
     )
 
 
@@ -247,14 +270,16 @@ LM_HEAD_TILE_VOCAB = 32768
 
 
 def layer_activation_bytes(shape: ModelShape, p: int) -> int:
-    """Bytes one decoder layer keeps for backward per token (Qwen2: RMSNorm in float32, SDPA,
-    SwiGLU MLP, no dropout): per RMSNorm its float32 input copy and its output, ``4 h + p h``
-    (twice); the q/k/v outputs after RoPE, ``p (h + 2 kv)``; the attention output and the
-    o_proj input, ``2 p h``; gate, up, silu(gate) and their product, ``4 p i``; SDPA's float32
-    log-sum-exp, ``4`` per head. Checked against what autograd saves
+    """Bytes one decoder layer keeps for backward per token (Qwen2/Qwen3: RMSNorm in float32,
+    SDPA, SwiGLU MLP, no dropout): per RMSNorm its float32 input copy and its output, ``4 h + p h``
+    (twice); the q/k/v outputs after RoPE, ``p (q + 2 kv)`` (``q`` = heads x head dim); the
+    attention output and the o_proj input, ``2 p q``; gate, up, silu(gate) and their product,
+    ``4 p i``; SDPA's float32 log-sum-exp, ``4`` per head; Qwen3's per-head q/k RMSNorms, their
+    float32 inputs and outputs, ``(4 + p) (q + kv)``. Checked against what autograd saves
     (``torch.autograd.graph.saved_tensors_hooks``) by ``tests/test_plan.py``."""
-    h, kv, i = shape.hidden, shape.kv_dim, shape.intermediate
-    return 2 * (4 * h + p * h) + p * (h + 2 * kv) + 2 * p * h + 4 * p * i + 4 * shape.heads
+    h, q, kv, i = shape.hidden, shape.q_dim, shape.kv_dim, shape.intermediate
+    qk_norm = (4 + p) * (q + kv) if shape.qk_norm else 0
+    return 2 * (4 * h + p * h) + p * (q + 2 * kv) + 2 * p * q + 4 * p * i + 4 * shape.heads + qk_norm
 
 
 def activation_bytes(shape: ModelShape, p: int, tokens: int, checkpointing: bool) -> int:

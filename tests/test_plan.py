@@ -43,6 +43,32 @@ def test_parameter_count_formula_matches_the_published_sizes(hub_id):
     assert n / 1e9 == pytest.approx(PUBLISHED_PARAMS_B[hub_id], rel=0.01)
 
 
+@pytest.mark.parametrize("hub_id", sorted(PUBLISHED_PARAMS_B))
+def test_parameter_count_formula_is_exact_against_transformers(hub_id):
+    """The formula counts exactly the parameters transformers builds from the same config (on
+    the meta device: no memory), Qwen3's explicit head_dim and q/k norms included."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    conf = dict(KNOWN_MODELS[hub_id])
+    hf_conf = AutoConfig.for_model(conf.pop("model_type"), **conf)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_conf)
+    # named_parameters de-duplicates a tied LM head, as the formula's one V h does
+    assert _shape(KNOWN_MODELS[hub_id], "t").params() == sum(q.numel() for q in model.parameters())
+
+
+def test_qwen3_shape_by_hand():
+    """Qwen3-4B: head_dim 128 from config.json, not hidden / heads = 2560 / 32 = 80 (for the 8B both
+    give 128), no q/k/v biases, per-head q/k norms, tied embeddings; Qwen2.5 unchanged."""
+    s4 = _shape(KNOWN_MODELS["Qwen/Qwen3-4B-Instruct-2507"], "t")
+    assert (s4.head_dim, s4.q_dim, s4.kv_dim, s4.bias, s4.qk_norm, s4.tied) == (128, 4096, 1024, False, True, True)
+    h, i, q, kv, L, V = 2560, 9728, 4096, 1024, 36, 151936
+    assert s4.params() == V * h + L * (h * q + 2 * h * kv + q * h + 2 * 128 + 3 * h * i + 2 * h) + h
+    q2 = _shape(KNOWN_MODELS["Qwen/Qwen2.5-Math-1.5B"], "t")
+    assert (q2.head_dim, q2.q_dim, q2.bias, q2.qk_norm) == (128, 1536, True, False)
+
+
 def test_local_config_json_is_read_without_weights(tmp_path):
     conf = dict(KNOWN_MODELS["Qwen/Qwen2.5-Math-1.5B"], num_hidden_layers=2)
     (tmp_path / "config.json").write_text(json.dumps(conf))
@@ -100,21 +126,26 @@ def test_lm_head_constants_are_trls():
     assert shipped and int(shipped.group(1)) == LM_HEAD_TILE_VOCAB
 
 
-@pytest.mark.parametrize("dims", [(64, 176, 2, 4, 2), (96, 352, 2, 6, 2)])
+@pytest.mark.parametrize("dims", [(64, 176, 2, 4, 2, None, "qwen2"), (96, 352, 2, 6, 2, None, "qwen2"),
+                                  (64, 176, 2, 4, 2, 32, "qwen3"), (96, 352, 2, 6, 2, 16, "qwen3")])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_activation_formula_matches_what_autograd_saves(dims, dtype):
-    """The activation estimate against the bytes a Qwen2 backbone really keeps for backward
-    (every saved tensor's storage counted once, parameters excluded), without checkpointing."""
+    """The activation estimate against the bytes a Qwen2 / Qwen3 backbone really keeps for backward
+    (every saved tensor's storage counted once, parameters excluded), without checkpointing; the
+    Qwen3 cases take a head_dim other than hidden / heads, as Qwen3-4B's 128 vs 2560 / 32."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from mixrl.plan import activation_bytes
 
-    h, i, L, heads, kv_heads = dims
+    h, i, L, heads, kv_heads, head_dim, model_type = dims
     conf = dict(vocab_size=300, hidden_size=h, intermediate_size=i, num_hidden_layers=L, num_attention_heads=heads,
-                num_key_value_heads=kv_heads, max_position_embeddings=128, model_type="qwen2", tie_word_embeddings=True)
+                num_key_value_heads=kv_heads, max_position_embeddings=128, model_type=model_type, tie_word_embeddings=True)
+    if head_dim:
+        conf["head_dim"] = head_dim
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(attn_implementation="sdpa", **conf)).to(getattr(torch, dtype)).train()
+    hf_conf = AutoConfig.for_model(model_type, attn_implementation="sdpa", **{k: v for k, v in conf.items() if k != "model_type"})
+    model = AutoModelForCausalLM.from_config(hf_conf).to(getattr(torch, dtype)).train()
     params = {q.untyped_storage().data_ptr() for q in model.parameters()}
     saved: dict[int, int] = {}
 

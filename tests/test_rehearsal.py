@@ -182,6 +182,18 @@ def test_chord_mu_schedule_shape_kept(chord):
         assert f0(s0) == pytest.approx(want) and f1(s1) == pytest.approx(want), (s0, s1)
 
 
+def test_a_qwen3_recipe_swaps_to_the_qwen2_family_tiny_model_and_says_so():
+    """Qwen3 (explicit head_dim, q/k norms, its own chat template) rehearses on the Qwen2-family
+    tiny model like any hub model; the swap's reason names the family change; a Qwen2.5 recipe's does not."""
+    q3 = rehearsal.plan_rehearsal(compose_config(["recipe=srpo/qwen3-8b-openr1"]), vllm=False)
+    model = next(s for s in q3 if s.key == "model")
+    assert model.recipe.startswith("Qwen/Qwen3-8B") and "a qwen3 model: rehearsed as Qwen2 family" in model.why
+    reh = compose_config(["recipe=srpo/qwen3-8b-openr1", *rehearsal.overrides(q3)])
+    assert reh.model.name == "tiny-bpe" and reh.teacher.source.models == ["self"]
+    q2 = rehearsal.plan_rehearsal(compose_config(["recipe=chord/qwen2.5-7b-openr1"]), vllm=False)
+    assert "rehearsed as" not in next(s for s in q2 if s.key == "model").why
+
+
 def test_no_swap_for_a_cpu_recipe():
     cfg = compose_config(["recipe=grpo/arith-tiny"])
     swaps = rehearsal.plan_rehearsal(cfg, vllm=False)

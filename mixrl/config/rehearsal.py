@@ -10,7 +10,8 @@ overrides> <the swaps>``, composed, validated and (for several processes) launch
 What is swapped:
 
 * the model -> the built-in BPE chat model (``model=tiny-bpe``: Qwen2 architecture, Qwen2.5's chat
-  template, float32); every hub teacher -> the built-in BPE teacher (``builtin:tiny-bpe-teacher``);
+  template, float32), whatever the recipe's family (Qwen3 -> the Qwen2-family tiny model: its q/k
+  norms, head_dim and chat template are not rehearsed; the swap's reason says so); every hub teacher -> the built-in BPE teacher (``builtin:tiny-bpe-teacher``);
 * a hub dataset -> the schema sample shipped for its data config
   (``mixrl/data/samples/<data.name>.jsonl``: the dataset's own columns and nesting, a few dozen rows),
   loaded by the same code as the hub id (:func:`mixrl.data.loading.load_dataset_rows`);
@@ -175,9 +176,14 @@ def _model(ctx: Context) -> list[Swap]:
     if path.startswith("builtin:") or os.path.isdir(path):
         return []
     new = widened(BUILTIN_MODEL)
+    why = "no download: the built-in Qwen2-architecture BPE chat model, Qwen2.5's chat template"
+    from mixrl.plan import KNOWN_MODELS  # imported here: mixrl.plan imports mixrl.config
+
+    family = str(KNOWN_MODELS.get(path, {}).get("model_type", ""))
+    if family and family != "qwen2":
+        why += f" (a {family} model: rehearsed as Qwen2 family, without its own architecture or chat template)"
     return [
-        Swap("model", f"{path} ({ctx.cfg.model.dtype})", f"{BUILTIN_MODEL} (float32)",
-             "no download: the built-in Qwen2-architecture BPE chat model, Qwen2.5's chat template", "model=tiny-bpe"),
+        Swap("model", f"{path} ({ctx.cfg.model.dtype})", f"{BUILTIN_MODEL} (float32)", why, "model=tiny-bpe"),
         _set("model.path", BUILTIN_MODEL, str(new),
              f"its context widened 128 -> {CONTEXT} tokens (rotary positions: the same weights) so the recipe's own prompts fit"),
     ]

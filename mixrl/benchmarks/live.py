@@ -17,7 +17,9 @@ steps :class:`mixrl.evaluation.periodic.PeriodicEvalCallback` scores the trainin
 them (:func:`evaluate`), under the benchmark's protocol (temperature, top-p, max new tokens)
 with ``k`` samples: the metric kinds of the protocol at ``k`` (``avg@32, pass@32, maj@32`` ->
 ``avg@4, pass@4, maj@4``). They are logged as ``eval/<benchmark>/<metric>`` (``eval/aime24/avg@4``)
-and written to ``eval.jsonl``. The final table (all problems, the protocol's k, intervals) is
+and written to ``eval.jsonl``. Under a launcher each process generates a disjoint share of the
+(problem, sample) pairs (:func:`shard`), gathered to every process; sampled protocols seed each
+pair (:class:`SeededSampling`), so W processes log what one logs. The final table (all problems, the protocol's k, intervals) is
 ``mixrl eval RUN benchmarks=recipe``.
 
 Metrics follow :mod:`mixrl.benchmarks.metrics` (avg@k: mean accuracy of k samples; pass@k: the

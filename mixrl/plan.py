@@ -61,13 +61,14 @@ which sizes the activations and the LM head below):
   GPUs are reported apart.
 
 * evaluation (``trainer.eval_benchmarks``, :mod:`mixrl.benchmarks.live`): every ``eval_every``
-  steps each process generates the benchmarks' samples with transformers ``generate``,
-  ``max(eval_batch_size // k, 1) x k`` rows at once, holding their KV cache
-  ``2 L kv p (s_eval) rows`` with ``s_eval`` = prompt tokens + the largest protocol's new tokens
-  (the evaluation phase: weights, optimizer, gathered units and that cache). Its time is counted
-  in generated tokens, problems x k x max new tokens (an upper bound: samples that stop early
-  take less), at a stated throughput (:data:`EVAL_TOKENS_PER_S`), and so is the final table
-  (``mixrl eval RUN benchmarks=recipe``: every problem, the protocol's samples).
+  steps each of the ``W`` processes generates its ``ceil(problems x k / W)`` share of each
+  benchmark's (problem, sample) pairs with transformers ``generate``, ``eval_batch_size`` rows
+  at once (fewer when its largest share is smaller), holding their KV cache ``2 L kv p (s_eval) rows`` with ``s_eval`` = prompt tokens +
+  the largest protocol's new tokens (the evaluation phase: weights, optimizer, gathered units and
+  that cache). Its time is counted in generated tokens per process, share x max new tokens (an
+  upper bound: samples that stop early take less), at a stated throughput
+  (:data:`EVAL_TOKENS_PER_S`), and so is the final table (``mixrl eval RUN benchmarks=recipe``:
+  every problem, the protocol's samples).
 
 Peak per training GPU = the larger of three phases, both with weights + optimizer + reference +
 teachers + DDP buckets + gathered units: training (+ gradients + activations + LM head, + the
@@ -154,6 +155,7 @@ def evaluation_counts(cfg: DictConfig, *, prompt_tokens: int = 512) -> dict | No
     if sel is None or int(t.eval_every) <= 0:
         return None
     k = t.get("eval_benchmark_k")
+    W = world_size(cfg)  # each process generates its share of the pairs (mixrl.benchmarks.live.shard)
     rows, unknown = [], []
     for b in sel.benchmarks:
         size = int(t.eval_size) if b.builtin else BENCHMARK_PROBLEMS.get(b.name)
@@ -164,14 +166,16 @@ def evaluation_counts(cfg: DictConfig, *, prompt_tokens: int = 512) -> dict | No
         samples = int(k) if k is not None else b.protocol.samples
         new = int(b.protocol.max_new_tokens or t.max_completion_length)
         rows.append({"name": b.name, "problems": n, "samples": samples, "metrics": metrics_at(b.protocol.metrics, samples),
-                     "max_new_tokens": new, "tokens": n * samples * new,
+                     "max_new_tokens": new, "tokens": n * samples * new, "process_tokens": -(-n * samples // W) * new,
                      "final_problems": size, "final_samples": b.protocol.samples, "final_tokens": size * b.protocol.samples * new})
     evals = int(t.max_steps) // int(t.eval_every)
     per_eval = sum(r["tokens"] for r in rows)
     final = sum(r["final_tokens"] for r in rows)
-    batch = max(int(t.eval_batch_size) // max(int(k or 1), 1), 1) * int(k or 1)
+    per_process = sum(r["process_tokens"] for r in rows)
+    batch = min(int(t.eval_batch_size), max((-(-r["problems"] * r["samples"] // W) for r in rows), default=1))
     return {"suite": sel.name, "benchmarks": rows, "unknown": unknown, "evaluations": evals, "tokens_per_eval": per_eval,
-            "tokens_total": per_eval * evals, "seconds_per_eval": per_eval / EVAL_TOKENS_PER_S["hf"],
+            "processes": W, "tokens_per_process": per_process,
+            "tokens_total": per_eval * evals, "seconds_per_eval": per_process / EVAL_TOKENS_PER_S["hf"],
             "final_tokens": final, "final_seconds": final / EVAL_TOKENS_PER_S["vllm"], "batch_rows": batch,
             "seq_tokens": prompt_tokens + max((r["max_new_tokens"] for r in rows), default=0)}
 
@@ -544,7 +548,8 @@ def render_evaluation(cfg: DictConfig, prompt_tokens: int) -> list[str]:
                      f"{r['final_problems']:>8,} x {r['final_samples']:<3} = {r['final_problems'] * r['final_samples']:,}")
     if ev["unknown"]:
         lines.append(f"  not counted (size unknown to mixrl.plan.BENCHMARK_PROBLEMS): {', '.join(ev['unknown'])}")
-    lines += [f"  per evaluation        up to {ev['tokens_per_eval']:,} generated tokens on every process (each scores every problem): "
+    lines += [f"  per evaluation        up to {ev['tokens_per_eval']:,} generated tokens, {ev['tokens_per_process']:,} on each of "
+              f"{ev['processes']} process(es) (each generates its share of the (problem, sample) pairs): "
               f"~{_hours(ev['seconds_per_eval'])} at {EVAL_TOKENS_PER_S['hf']:,.0f} tokens/s (transformers generate, assumed); "
               f"{_hours(ev['seconds_per_eval'] * ev['evaluations'])} over the run",
               f"  final table           up to {ev['final_tokens']:,} generated tokens: ~{_hours(ev['final_seconds'])} at "

@@ -121,8 +121,9 @@ def test_pass_at_k_of_the_live_metrics_is_the_unbiased_estimator():
 
 
 def test_plan_counts_the_benchmark_evaluation_by_hand():
-    """chord/qwen2.5-7b-openr1: math6, the first 32 problems (AIME has 30), k = 4, 8192 new tokens;
-    the KV cache of 32 rows x (512 prompt + 8192) tokens at 2 L kv p bytes per token."""
+    """chord/qwen2.5-7b-openr1: math6, the first 32 problems (AIME has 30), k = 4, 8192 new tokens,
+    on 8 processes: each generates ceil(30 x 4 / 8) = 15 AIME pairs and 32 x 4 / 8 = 16 of the others;
+    the KV cache of min(eval_batch_size 32, 16) rows x (512 prompt + 8192) tokens at 2 L kv p bytes per token."""
     from mixrl import plan
 
     cfg = compose_config(["recipe=chord/qwen2.5-7b-openr1"])
@@ -132,10 +133,108 @@ def test_plan_counts_the_benchmark_evaluation_by_hand():
     assert ev["tokens_per_eval"] == (30 + 30 + 4 * 32) * 4 * 8192
     assert ev["evaluations"] == 600 // 50 and ev["tokens_total"] == 12 * ev["tokens_per_eval"]
     assert ev["final_tokens"] == (30 * 32 + 30 * 32 + 83 * 32 + 500 + 272 + 675) * 8192
-    assert ev["seconds_per_eval"] == ev["tokens_per_eval"] / plan.EVAL_TOKENS_PER_S["hf"]
+    assert ev["processes"] == 8 and ev["tokens_per_process"] == (2 * 15 + 4 * 16) * 8192
+    assert ev["seconds_per_eval"] == ev["tokens_per_process"] / plan.EVAL_TOKENS_PER_S["hf"]
     e = plan.estimate(cfg, plan.model_shape(cfg), prompt_tokens=512)
-    assert e["eval_kv"] == 2 * 28 * (4 * 128) * 2 * (512 + 8192) * 32
+    assert ev["batch_rows"] == 16 and e["eval_kv"] == 2 * 28 * (4 * 128) * 2 * (512 + 8192) * 16
     text = plan.render_plan(cfg, ["recipe=chord/qwen2.5-7b-openr1"], prompt_tokens=512)
     assert "evaluation KV cache" in text and "eval/aime24/avg@4" in text and f"{ev['tokens_per_eval']:,}" in text
+    assert "770,048 on each of 8 process(es)" in text
+    one = plan.evaluation_counts(compose_config(["recipe=chord/qwen2.5-7b-openr1", "hardware=gpu-1x80g"]), prompt_tokens=512)
+    assert one["processes"] == 1 and one["tokens_per_process"] == one["tokens_per_eval"] and one["batch_rows"] == 32
     assert plan.evaluation_counts(compose_config([])) is None  # no benchmarks: no evaluation section
     assert "evaluation (" not in plan.render_plan(compose_config([]), [])
+
+
+def test_shards_are_disjoint_cover_every_pair_and_run_the_same_batches():
+    for total, world in [(15, 2), (16, 2), (7, 3), (1, 2), (0, 2)]:
+        shares = [live.shard(total, r, world) for r in range(world)]
+        owned = [i for idx, real in shares for i in idx[:real]]
+        assert owned == list(range(total))  # disjoint, in rank order, every pair once
+        assert len({len(idx) for idx, _ in shares}) == 1  # the same length on every process
+    assert live.shard(15, 1, 2) == ([8, 9, 10, 11, 12, 13, 14, 14], 7)
+
+
+def test_seeded_sampling_is_gumbel_max_on_the_nucleus_by_hand():
+    """One step of :class:`live.SeededSampling` = the scores / T + -log(-log u) with u from the
+    pair's generator, by hand; tokens outside the top-p nucleus stay -inf; and the argmax over
+    many pairs is distributed as softmax(z / T) (chi-square-free check: within 0.03 on 4000 draws)."""
+    import torch
+
+    z = torch.tensor([[2.0, 1.0, 0.0, -3.0]])
+    s = live.SeededSampling(seed=7, pairs=[5], temperature=0.5, top_p=0.9)
+    out = s.batch(0)(torch.zeros(1, 3, dtype=torch.long), z.clone())
+    g = torch.Generator().manual_seed(((7 * 1_000_003 + 5) * 100_003 + 0) % (2**63 - 1))
+    u = torch.rand(4, generator=g)
+    p = torch.softmax(z[0] / 0.5, -1)  # [0.867, 0.117, 0.016, ...]: the 0.9 nucleus is tokens 0 and 1
+    expect = z[0] / 0.5 - torch.log(-torch.log(u))
+    assert torch.allclose(out[0, :2], expect[:2]) and torch.isinf(out[0, 2:]).all()
+
+    draws = 4000
+    s = live.SeededSampling(seed=1, pairs=list(range(draws)), temperature=1.0, top_p=None)
+    picks = s.batch(0)(torch.zeros(draws, 1, dtype=torch.long), z.expand(draws, 4).clone()).argmax(-1)
+    freq = torch.bincount(picks, minlength=4).float() / draws
+    assert torch.allclose(freq, torch.softmax(z[0], -1), atol=0.03), (freq, p)
+
+
+def _train(overrides: list[str], run_dir: Path) -> list[dict]:
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MIXRL_LAUNCHED")}
+    env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, "-m", "mixrl.cli.main", "train", *overrides, f"run_dir={run_dir}"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    return _rows(run_dir / "eval.jsonl")
+
+
+def test_two_processes_share_the_benchmark_and_log_what_one_process_logs(tiny_model_path, tmp_path):
+    """hardware=cpu-2proc: each process generates 8 of the 5 x 3 sampled (problem, sample) pairs
+    (the second's last one a discarded repeat), the results are gathered, and eval/arith/* equals
+    the 1-process run's on the same weights (learning rate 1e-30: below float32 rounding) and seed: the samples are seeded per pair."""
+    base = ["trainer.prompts_per_step=2", "algo.num_generations=2", "trainer.max_steps=1", "trainer.eval_every=1",
+            "trainer.learning_rate=1e-30", "trainer.eval_size=6", "trainer.max_completion_length=8", "data.train_size=8",
+            "logger.progress=false", "hardware.torch_threads=1", f"model.path={tiny_model_path}",
+            "trainer.eval_benchmarks=arith", "trainer.eval_benchmark_k=3", "trainer.eval_benchmark_problems=5",
+            "trainer.eval_benchmark_overrides=['benchmarks.arith.protocol.temperature=1.0',"
+            "'benchmarks.arith.protocol.metrics=[avg@1,pass@1]']"]
+    (one,) = _train([*base, "hardware=cpu"], tmp_path / "one")
+    (two,) = _train([*base, "hardware=cpu-2proc"], tmp_path / "two")
+    keys = ["arith/avg@3", "arith/pass@3", "accuracy"]
+    assert {k: two[k] for k in keys} == {k: one[k] for k in keys}
+    # (the untrained tiny model scores 0 here: the completions themselves are compared below)
+
+
+def test_sharded_samples_are_the_unsharded_samples(fast_overrides, tiny_model_path, monkeypatch):
+    """The completions each of two processes generates for its share, concatenated in rank order,
+    are the one-process completions, text for text (sampled, temperature 1, 5 problems x 3)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from mixrl.trainer import build
+
+    cfg = compose_config([*fast_overrides, "trainer.eval_benchmarks=arith", "trainer.eval_benchmark_k=3",
+                          "trainer.eval_benchmark_problems=5",
+                          "trainer.eval_benchmark_overrides=['benchmarks.arith.protocol.temperature=1.0',"
+                          "'benchmarks.arith.protocol.metrics=[avg@1,pass@1]']"])
+    tok = build.load_tokenizer(tiny_model_path, cfg)
+    (bench,) = live.prepare(cfg, tok, build.build_reward_funcs(cfg)[0][0], eval_rows=build.load_eval_rows)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+
+    def texts(rank: int, world: int, batch_size: int) -> list[str]:
+        seen: list = []
+        monkeypatch.setattr(live, "_world", lambda: (rank, world))
+        monkeypatch.setattr(live, "_gather", lambda obj: seen.append(obj) or [obj])
+        torch.manual_seed(3)
+        try:
+            bench.evaluate(model, tok, batch_size=batch_size)
+        except ValueError:  # one share alone is not every problem's k samples: no metrics
+            pass
+        return seen[0][0]
+
+    whole = texts(0, 1, 8)
+    assert len(whole) == 15 and len(set(whole)) > 5  # sampled: the samples differ
+    assert texts(0, 2, 3) + texts(1, 2, 5) == whole  # other shares, other batch compositions, same samples

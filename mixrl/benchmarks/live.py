@@ -17,7 +17,9 @@ steps :class:`mixrl.evaluation.periodic.PeriodicEvalCallback` scores the trainin
 them (:func:`evaluate`), under the benchmark's protocol (temperature, top-p, max new tokens)
 with ``k`` samples: the metric kinds of the protocol at ``k`` (``avg@32, pass@32, maj@32`` ->
 ``avg@4, pass@4, maj@4``). They are logged as ``eval/<benchmark>/<metric>`` (``eval/aime24/avg@4``)
-and written to ``eval.jsonl``. The final table (all problems, the protocol's k, intervals) is
+and written to ``eval.jsonl``. Under a launcher each process generates a disjoint share of the
+(problem, sample) pairs (:func:`shard`), gathered to every process; sampled protocols seed each
+pair (:class:`SeededSampling`), so W processes log what one logs. The final table (all problems, the protocol's k, intervals) is
 ``mixrl eval RUN benchmarks=recipe``.
 
 Metrics follow :mod:`mixrl.benchmarks.metrics` (avg@k: mean accuracy of k samples; pass@k: the
@@ -145,30 +147,121 @@ def prepare(cfg, tokenizer, reward_fn: Callable | None, *, eval_rows: Callable) 
     return out
 
 
+def shard(total: int, rank: int, world: int) -> tuple[list[int], int]:
+    """``(indices, real)``: process ``rank``'s contiguous share of ``range(total)`` (the flat
+    (problem, sample) pairs, ``problem * k + sample``), ``ceil(total / world)`` long on every
+    process, its first ``real`` entries its own and the rest repeats of a pair that another process
+    owns (discarded), so every process runs the same number of ``generate`` batches (ZeRO-3 and
+    FSDP gather parameters in every forward, and the processes must call it together)."""
+    per = -(-total // world) if total else 0
+    own = list(range(min(rank * per, total), min((rank + 1) * per, total)))
+    return own + [total - 1] * (per - len(own)), len(own)
+
+
+def _world() -> tuple[int, int]:
+    import torch.distributed as dist  # deferred: imports torch
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _gather(obj) -> list:
+    """Every process's ``obj``, in rank order (``torch.distributed.all_gather_object``)."""
+    import torch.distributed as dist  # deferred: imports torch
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [obj]
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+class SeededSampling:
+    """Sampling seeded per (problem, sample) pair, so a sample does not depend on which process
+    draws it nor on the rows beside it in the batch: the Gumbel-max trick ("A* Sampling", Maddison
+    et al., arXiv:1411.0030, §2) on the protocol's temperature and top-p scores.
+
+    Formula: ``token = argmax_v (z_v / T + g_v)`` over the top-p nucleus of ``softmax(z / T)``
+    (the other scores -inf), ``g_v = -log(-log u_v)``, ``u ~ U(0, 1)^V`` from a generator seeded by
+    ``(seed, pair, position)``; the argmax is distributed as ``softmax`` of the nucleus, as
+    transformers' ``do_sample`` draws (there with ``torch.multinomial`` on the batch's shared RNG).
+    Decoded greedily (``do_sample=False``) with this processor last."""
+
+    def __init__(self, seed: int, pairs: list[int], temperature: float, top_p: float | None):
+        from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper  # deferred: heavy
+
+        self.seed, self.pairs = int(seed), list(pairs)
+        self.warpers = LogitsProcessorList([TemperatureLogitsWarper(float(temperature))]
+                                           + ([TopPLogitsWarper(float(top_p))] if top_p is not None and top_p < 1.0 else []))
+
+    def batch(self, start: int):
+        """The ``LogitsProcessorList`` for the rows ``pairs[start:]`` of one ``generate`` call."""
+        from transformers import LogitsProcessorList  # deferred: heavy
+
+        outer, pairs = self, self.pairs[start:]
+
+        class _Gumbel:
+            position = 0
+
+            def __call__(self, input_ids, scores):
+                import torch  # deferred: imports torch
+
+                scores = outer.warpers(input_ids, scores)
+                noise = torch.empty_like(scores, dtype=torch.float32)
+                for r in range(scores.shape[0]):
+                    g = torch.Generator(device=scores.device)
+                    g.manual_seed(((outer.seed * 1_000_003 + pairs[r]) * 100_003 + self.position) % (2**63 - 1))
+                    noise[r] = torch.rand(scores.shape[1], generator=g, device=scores.device, dtype=torch.float32)
+                self.position += 1
+                gumbel = -torch.log(-torch.log(noise.clamp(1e-20, 1.0 - 1e-7)))
+                return scores.float() + gumbel
+
+        return LogitsProcessorList([_Gumbel()])
+
+
 def evaluate(model, tokenizer, live: LiveBenchmark, *, batch_size: int, stop: Callable[[], bool] | None = None,
              examples: list | None = None) -> dict[str, float]:
     """``{metric: value}`` of ``model`` on one benchmark (``k`` samples per problem under its
-    protocol), in the caller's RNG state; ``stop`` as for
-    :func:`mixrl.evaluation.accuracy.generate_completions`."""
+    protocol); ``stop`` as for :func:`mixrl.evaluation.accuracy.generate_completions`.
+
+    Under a launcher each process generates and scores a disjoint ``1/world`` share of the
+    (problem, sample) pairs (:func:`shard`) and the results are gathered to every process, so all
+    log the same metrics, equal to one process's. Sampled protocols seed each pair
+    (:class:`SeededSampling`, the seed drawn from the caller's RNG state, which the periodic
+    evaluation seeds by (seed, step) on every process), so the samples do not depend on the
+    number of processes either."""
+    import torch  # deferred: imports torch
+
     from mixrl.benchmarks import scoring  # deferred: scoring loads math-verify
     from mixrl.benchmarks.metrics import per_problem  # deferred: metrics imports the evaluation's pass@k
     from mixrl.evaluation.accuracy import generate_completions  # deferred: imports torch
 
     proto, n = live.bench.protocol, live.samples
     sample = proto.temperature > 0
+    seed = int(torch.randint(0, 2**31 - 1, (1,)).item())  # the same on every process (the caller's seeded state)
+    rank, world = _world()
+    total = len(live.problems) * n
+    mine, real = shard(total, rank, world)
+    sampler = SeededSampling(seed, mine, proto.temperature, proto.top_p) if sample else None
     texts = generate_completions(
-        model, tokenizer, live.prompts, max_new_tokens=live.max_new_tokens, batch_size=max(batch_size // n, 1),
-        do_sample=sample, temperature=proto.temperature if sample else 1.0, top_p=proto.top_p if sample else None,
-        num_return_sequences=n, stop=stop,
+        model, tokenizer, [live.prompts[j // n] for j in mine], max_new_tokens=live.max_new_tokens,
+        batch_size=max(batch_size, 1), do_sample=False, stop=stop,
+        logits_processor=sampler.batch if sampler is not None else None,
     )
-    flat_p = [p for p in live.problems for _ in range(n)]
-    flat_t = [t for ts in texts for t in ts]
-    extracted = [scoring.extract(live.bench.extract, t, p.labels) for p, t in zip(flat_p, flat_t)]
-    correct = live.scorer(flat_p, flat_t, extracted)
+    own_p = [live.problems[j // n] for j in mine[:real]]
+    own_t = [ts[0] for ts in texts[:real]]
+    own_e = [scoring.extract(live.bench.extract, t, p.labels) for p, t in zip(own_p, own_t)]
+    own_c = [bool(c) for c in live.scorer(own_p, own_t, own_e)] if own_p else []
+    flat_t, extracted, correct = [], [], []
+    for t, e, c in _gather((own_t, own_e, own_c)):  # rank order = pair order (contiguous shares)
+        flat_t += t
+        extracted += e
+        correct += c
     if examples is not None:
-        examples.extend({"benchmark": live.bench.name, "prompt": pr, "completion": ts[0], "extracted": extracted[i * n],
+        examples.extend({"benchmark": live.bench.name, "prompt": pr, "completion": flat_t[i * n], "extracted": extracted[i * n],
                          "reward": float(bool(correct[i * n])), "correct": bool(correct[i * n]), "answer": p.answer}
-                        for i, (p, pr, ts) in enumerate(zip(live.problems, live.prompts, texts)))
+                        for i, (p, pr) in enumerate(zip(live.problems, live.prompts)))
     out: dict[str, Any] = {}
     for m in live.metrics:
         vals = [per_problem(m, correct[i * n:(i + 1) * n], [scoring.vote_key(e) for e in extracted[i * n:(i + 1) * n]])

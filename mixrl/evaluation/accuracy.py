@@ -78,9 +78,13 @@ def generate_completions(
     num_return_sequences: int = 1,
     progress: Callable[[int], None] | None = None,
     stop: Callable[[], bool] | None = None,
+    logits_processor: Callable[[int], Any] | None = None,
 ) -> list[list[str]]:
     """Completions (decoded, special tokens removed) for each prompt: a list of n per prompt.
     ``top_p``: nucleus sampling when sampling (None: the whole distribution).
+    ``logits_processor(start)``: a ``LogitsProcessorList`` for the batch of prompts from index
+    ``start`` (e.g. :class:`mixrl.benchmarks.live.SeededSampling`, which samples through greedy
+    decoding of Gumbel-perturbed scores, so pass ``do_sample=False`` with it).
     ``stop``: asked before each batch (and, in a single process, at each generated token);
     once it returns True the generation ends and :class:`EvaluationInterrupted` is raised."""
     was_training = model.training
@@ -111,6 +115,7 @@ def generate_completions(
                 pad_token_id=tokenizer.pad_token_id,
                 eos_token_id=tokenizer.eos_token_id,
                 **({"stopping_criteria": criteria} if criteria is not None else {}),
+                **({"logits_processor": logits_processor(start)} if logits_processor is not None else {}),
             )
             if criteria is not None and stop():  # the batch was cut short: its completions are not results
                 raise EvaluationInterrupted(f"stopped during prompts {start}..{start + len(raw)} of {len(prompts)}")

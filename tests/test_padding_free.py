@@ -269,8 +269,9 @@ def _close(a: float, b: float, scale: float = 1.0) -> bool:
 
 #: metrics not a function of the numbers: wall-clock, and DPO's accuracy, the share of pairs whose
 #: margin is > 0: at the first step the policy is the reference, every margin is 0 up to rounding
-#: (dpo/margin agrees within 1e-5), and the share flips with the rounding of either forward
-UNCOMPARED = re.compile(r"seconds|dpo/accuracy")
+#: (dpo/margin agrees within 1e-5), and the share flips with the rounding of either forward; and
+#: the padding share of the forwards, which packing sets to 0 (checked on its own below)
+UNCOMPARED = re.compile(r"seconds|per_second|dpo/accuracy|batch/padding_fraction")
 
 
 def differences(padded: dict, packed: dict) -> list[str]:
@@ -322,6 +323,10 @@ def test_every_family_trains_the_same_padding_free(case, tmp_path, monkeypatch):
     assert calls["packed"] > 0, "the packed forward never ran"
     if "critic" in case:
         assert calls["values"] > 0, "the critic's values were not packed"
+    padded_share = [m["batch/padding_fraction"] for m in runs["false"]["metrics"] if "batch/padding_fraction" in m]
+    packed_share = [m["batch/padding_fraction"] for m in runs["true"]["metrics"] if "batch/padding_fraction" in m]
+    assert packed_share and all(f == 0.0 for f in packed_share), f"packed rows logged padding: {packed_share}"
+    assert len(padded_share) == len(packed_share) and all(f >= 0.0 for f in padded_share)
     bad = differences(runs["false"], runs["true"])
     assert not bad, f"{case}: " + "; ".join(bad[:8]) + (f" (+{len(bad) - 8} more)" if len(bad) > 8 else "")
 

@@ -152,7 +152,7 @@ AGGREGATIONS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-
 def test_budget_step_gradient_equals_the_fixed_micro_batch_step(tmp_path, aggregation):
     """16 rollouts, 2 fixed micro-batches of 8 rows vs a 60-token budget (several micro-batches of
     varied row counts, the completion columns trimmed): the same gradient within 1e-6 (float64)."""
-    over = ["algo=grpo", *BASE, f"algo.aggregation.name={aggregation}"]
+    over = ["algo=grpo", *BASE, f"algo.aggregation.name={aggregation}", "trainer.padding_free=false"]  # padded rows: the padding share shrinks
     fixed, _, n_fixed = _step_gradient(over, tmp_path / "fixed")
     budget, metrics, n_budget = _step_gradient([*over, "trainer.max_tokens_per_micro_batch=60"], tmp_path / "budget")
     assert n_fixed == 2 and n_budget > 2  # really split otherwise
@@ -166,6 +166,18 @@ def test_budget_step_gradient_equals_the_fixed_micro_batch_step(tmp_path, aggreg
         fixed_rows = [json.loads(line) for line in (tmp_path / "fixed" / "metrics.jsonl").read_text().splitlines()]
         assert rows[0]["batch/padding_fraction"] < fixed_rows[0]["batch/padding_fraction"]
         assert rows[0]["batch/trained_tokens_per_second"] > 0
+
+
+def test_budget_step_gradient_on_packed_rows_equals_the_fixed_micro_batch_step(tmp_path):
+    """The same with padding-free rows (``trainer.padding_free=true``): the budget counts packed
+    tokens, the gradient equals the fixed micro-batches' (float64, 1e-6), and no padding is logged."""
+    over = ["algo=grpo", *BASE, "algo.aggregation.name=token-mean", "trainer.padding_free=true"]
+    fixed, _, n_fixed = _step_gradient(over, tmp_path / "fixed")
+    budget, metrics, n_budget = _step_gradient([*over, "trainer.max_tokens_per_micro_batch=60"], tmp_path / "budget")
+    assert n_fixed == 2 and n_budget > 2
+    assert fixed.norm() > 0
+    assert torch.allclose(budget, fixed, rtol=0, atol=1e-6), float((budget - fixed).abs().max())
+    assert metrics[0]["batch/padding_fraction"] == 0.0
 
 
 def test_budget_step_gradient_with_pairs_split_across_micro_batches(tmp_path):

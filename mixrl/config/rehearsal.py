@@ -59,6 +59,8 @@ GENERATIONS = 8
 COMPLETION = 24
 #: held-out problems per evaluation
 EVAL_SIZE = 4
+#: problems of each benchmark per periodic benchmark evaluation (trainer.eval_benchmarks)
+BENCH_PROBLEMS = 2
 
 BUILTIN_MODEL = "builtin:tiny-bpe"  # conf/model/tiny-bpe.yaml
 BUILTIN_TEACHER = "builtin:tiny-bpe-teacher"
@@ -371,9 +373,37 @@ def _evaluation(ctx: Context) -> list[Swap]:
     if int(t.eval_every) > 0 and ctx.scale != 1.0:
         out.append(_set("trainer.eval_every", int(t.eval_every), _scaled(int(t.eval_every), ctx.scale),
                         "periodic evaluation scaled with the steps"))
+    if t.get("eval_benchmarks"):
+        out += _benchmarks(t)
     steps = min(int(t.max_steps), STEPS)
     if int(t.save_steps) == 0 or int(t.save_steps) > steps:
         out.append(_set("trainer.save_steps", int(t.save_steps), steps, "a checkpoint is written"))
+    return out
+
+
+def benchmark_fixtures() -> Path:
+    """The benchmarks' offline fixtures (a few rows in each hub dataset's schema), in a clone of mixrl."""
+    return Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "benchmarks"
+
+
+def _benchmarks(t) -> list[Swap]:
+    """``trainer.eval_benchmarks`` (the papers' benchmarks during training) -> the same benchmarks,
+    read from their fixtures, a problem or two each, one short sample."""
+    fixtures = benchmark_fixtures()
+    if not fixtures.is_dir():
+        raise ConfigError(f"--rehearse: trainer.eval_benchmarks reads the benchmark fixtures of a mixrl clone "
+                          f"(tests/fixtures/benchmarks), not found at {fixtures}; rehearse from a clone, or add "
+                          "trainer.eval_benchmarks=null")
+    extra = [str(o) for o in (t.get("eval_benchmark_overrides") or [])]
+    swapped = [*extra, f"benchmarks.source_dir={fixtures}", f"benchmarks.all.protocol.max_new_tokens={COMPLETION}"]
+    out = [Swap("trainer.eval_benchmark_overrides", extra, swapped,
+                "the benchmarks read from their shipped fixtures (same schema as the hub's), short answers",
+                "trainer.eval_benchmark_overrides=[" + ",".join(f"'{o}'" for o in swapped) + "]")]
+    if t.get("eval_benchmark_problems") is None or int(t.eval_benchmark_problems) > BENCH_PROBLEMS:
+        out.append(_set("trainer.eval_benchmark_problems", t.get("eval_benchmark_problems"), BENCH_PROBLEMS,
+                        "a problem or two of each benchmark"))
+    if t.get("eval_benchmark_k") is None or int(t.eval_benchmark_k) > 1:
+        out.append(_set("trainer.eval_benchmark_k", t.get("eval_benchmark_k"), 1, "one sample per problem"))
     return out
 
 

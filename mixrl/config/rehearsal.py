@@ -60,7 +60,7 @@ COMPLETION = 24
 #: held-out problems per evaluation
 EVAL_SIZE = 4
 #: problems of each benchmark per periodic benchmark evaluation (trainer.eval_benchmarks)
-BENCH_PROBLEMS = 2
+BENCH_PROBLEMS = 1
 
 BUILTIN_MODEL = "builtin:tiny-bpe"  # conf/model/tiny-bpe.yaml
 BUILTIN_TEACHER = "builtin:tiny-bpe-teacher"
@@ -370,7 +370,7 @@ def _evaluation(ctx: Context) -> list[Swap]:
         out.append(_set("trainer.eval_size", int(t.eval_size), EVAL_SIZE, "a few held-out problems: evaluation runs, briefly"))
     if int(t.eval_batch_size) > EVAL_SIZE:
         out.append(_set("trainer.eval_batch_size", int(t.eval_batch_size), EVAL_SIZE, "one evaluation batch"))
-    if int(t.eval_every) > 0 and ctx.scale != 1.0:
+    if int(t.eval_every) > 0 and ctx.scale != 1.0 and not t.get("eval_benchmarks"):  # benchmarks: scored once, below
         out.append(_set("trainer.eval_every", int(t.eval_every), _scaled(int(t.eval_every), ctx.scale),
                         "periodic evaluation scaled with the steps"))
     if t.get("eval_benchmarks"):
@@ -388,7 +388,7 @@ def benchmark_fixtures() -> Path:
 
 def _benchmarks(t) -> list[Swap]:
     """``trainer.eval_benchmarks`` (the papers' benchmarks during training) -> the same benchmarks,
-    read from their fixtures, a problem or two each, one short sample."""
+    read from their fixtures, one problem each, one short sample, scored once (at the last step)."""
     fixtures = benchmark_fixtures()
     if not fixtures.is_dir():
         raise ConfigError(f"--rehearse: trainer.eval_benchmarks reads the benchmark fixtures of a mixrl clone "
@@ -399,9 +399,12 @@ def _benchmarks(t) -> list[Swap]:
     out = [Swap("trainer.eval_benchmark_overrides", extra, swapped,
                 "the benchmarks read from their shipped fixtures (same schema as the hub's), short answers",
                 "trainer.eval_benchmark_overrides=[" + ",".join(f"'{o}'" for o in swapped) + "]")]
+    steps = min(int(t.max_steps), STEPS)
+    if int(t.eval_every) != steps:
+        out.append(_set("trainer.eval_every", int(t.eval_every), steps, "the benchmarks scored once, at the last step"))
     if t.get("eval_benchmark_problems") is None or int(t.eval_benchmark_problems) > BENCH_PROBLEMS:
         out.append(_set("trainer.eval_benchmark_problems", t.get("eval_benchmark_problems"), BENCH_PROBLEMS,
-                        "a problem or two of each benchmark"))
+                        "one problem of each benchmark"))
     if t.get("eval_benchmark_k") is None or int(t.eval_benchmark_k) > 1:
         out.append(_set("trainer.eval_benchmark_k", t.get("eval_benchmark_k"), 1, "one sample per problem"))
     return out

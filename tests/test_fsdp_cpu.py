@@ -21,49 +21,22 @@ Each launch has a deadline: a hung process group is killed and the test fails wi
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
+from train_process import train_in_group
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 300  # per launch; ~45 s on a loaded 2-core machine
 REWARD = "tests/fsdp_rewards.py:rank1_alternates"
 
 
-def _env() -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MIXRL_LAUNCHED")}
-    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", WANDB_MODE="disabled",
-               OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])))
-    return env
-
-
 def _mixrl(args: list[str], log: Path) -> tuple[int | str, float]:
-    """``mixrl train ARGS`` in its own process group: (exit status or "hung", seconds). A run past
-    TIMEOUT_S (a collective some process never joins) gets Ctrl-C, which the launcher forwards to
-    torchrun and torchrun to its workers (each in a session of its own, out of reach of a kill of
-    this group); measured: a hung FSDP run is gone ~35 s later. Then whatever is left of the group is killed."""
-    t0 = time.perf_counter()
-    with open(log, "w") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "mixrl.cli.main", "train", *args], cwd=ROOT, env=_env(),
-                                stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        rc: int | str = proc.wait(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        rc = "hung"
-    return rc, time.perf_counter() - t0
+    """``mixrl train ARGS`` in its own process group (:func:`train_process.train_in_group`); measured:
+    a hung FSDP run is gone ~35 s after its Ctrl-C."""
+    return train_in_group(args, log, timeout=TIMEOUT_S, grace=90)
 
 
 def _tail(log: Path, n: int = 40) -> str:

@@ -16,11 +16,6 @@ and every GPU recipe rehearsed end to end on CPU.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -30,6 +25,7 @@ from mixrl.config import rehearsal
 from mixrl.config.compose import compose_config
 from mixrl.config.geometry import geometry
 from mixrl.config.recipe_index import recipes_dir
+from train_process import train_env, train_in_group
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -216,29 +212,8 @@ def test_gpu_recipes_are_discovered():
     assert not [n for n in names if n.endswith("arith-tiny")]
 
 
-def _env() -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MIXRL_LAUNCHED")}
-    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", WANDB_MODE="disabled",
-               OMP_NUM_THREADS="1", VLLM_CPU_KVCACHE_SPACE="1", PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])))
-    return env
-
-
 def _train(args: list[str], log: Path, timeout: float = TIMEOUT_S) -> tuple[int | str, float]:
-    t0 = time.perf_counter()
-    with open(log, "w") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "mixrl.cli.main", "train", *args], cwd=ROOT, env=_env(),
-                                stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        rc: int | str = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        rc = "hung"
-    return rc, time.perf_counter() - t0
+    return train_in_group(args, log, timeout=timeout, grace=60, env=train_env(VLLM_CPU_KVCACHE_SPACE="1"))
 
 
 def test_rehearse_refuses_multirun_and_creates_nothing(tmp_path):

@@ -90,41 +90,9 @@ from mixrl.config.geometry import geometry
 from mixrl.config.hardware import needs_launch, world_size
 from mixrl.launch import plan_launch
 from mixrl.models import tiny_bpe, tiny_spec
+from mixrl.models.known import KNOWN_MODELS
 
 GB = 1024**3
-
-#: hub id -> the fields of its config.json used here (Qwen2 and Qwen3 architectures, published configs;
-#: Qwen3 gives ``head_dim`` (128, not hidden / heads), has no q/k/v biases and normalises q and k per head)
-KNOWN_MODELS: dict[str, dict] = {
-    "Qwen/Qwen2.5-7B-Instruct": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-                                     num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False, model_type="qwen2",
-                                     max_position_embeddings=32768),
-    "Qwen/Qwen2.5-Math-7B": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-                                 num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False, model_type="qwen2",
-                                 max_position_embeddings=4096),
-    "Qwen/Qwen2.5-Math-7B-Instruct": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-                                          num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False, model_type="qwen2",
-                                          max_position_embeddings=4096),
-    "Qwen/Qwen2.5-Math-1.5B": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                                   num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, model_type="qwen2",
-                                   max_position_embeddings=4096),
-    # huggingface.co/Qwen/Qwen3-4B-Instruct-2507/blob/main/config.json
-    "Qwen/Qwen3-4B-Instruct-2507": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
-                                        num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True,
-                                        model_type="qwen3", attention_bias=False, max_position_embeddings=262144),
-    # huggingface.co/Qwen/Qwen3-8B/blob/main/config.json
-    "Qwen/Qwen3-8B": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
-                          num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=False,
-                          model_type="qwen3", attention_bias=False, max_position_embeddings=40960),
-    # the built-in tiny model (mixrl.models.tiny) before it is built
-    "builtin:tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
-                         num_key_value_heads=4, vocab_size=18, tie_word_embeddings=True, model_type="qwen2",
-                         max_position_embeddings=64),
-    # the built-in BPE chat model (mixrl.models.tiny_bpe) before it is built
-    "builtin:tiny-bpe": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
-                             num_key_value_heads=4, vocab_size=320, tie_word_embeddings=True, model_type="qwen2",
-                             max_position_embeddings=128),
-}
 
 #: published parameter counts (billions) the formula is checked against
 #: (Qwen3: the model cards' "Number of Parameters": 4.0B / 8.2B, and the safetensors totals the hub pages show, 4.02B / 8.19B)
@@ -247,7 +215,7 @@ def model_shape(cfg: DictConfig) -> ModelShape | None:
         if all(k in conf for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")):
             return _shape(conf, f"{local / 'config.json'}")
     if path in KNOWN_MODELS:
-        return _shape(KNOWN_MODELS[path], "mixrl.plan.KNOWN_MODELS (published config.json)")
+        return _shape(KNOWN_MODELS[path], "mixrl.models.known.KNOWN_MODELS (published config.json)")
     return None
 
 
@@ -452,7 +420,7 @@ def render_plan(cfg: DictConfig, overrides: list[str], *, prompt_tokens: int | N
               f"rollouts: {'vLLM ' + hw.vllm_mode if hw.use_vllm else 'transformers generate'}", ""]
     shape = model_shape(cfg)
     if shape is None:
-        lines += [f"memory: unknown model shape for '{cfg.model.path}' (not a local folder, not in mixrl.plan.KNOWN_MODELS); "
+        lines += [f"memory: unknown model shape for '{cfg.model.path}' (not a local folder, not in mixrl.models.known.KNOWN_MODELS); "
                   "point model.path at a local folder with config.json for an estimate", ""]
     else:
         e = estimate(cfg, shape, prompt_tokens=prompt_tokens)

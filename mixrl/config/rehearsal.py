@@ -45,6 +45,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mixrl.config.recipe_index import _field, _load, _selected, conf_dir, list_recipe_names, recipes_dir
 from mixrl.errors import ConfigError
+from mixrl.models.known import KNOWN_MODELS
 
 __all__ = ["CPU_HARDWARE", "RULES", "STEPS", "Swap", "plan_rehearsal", "overrides", "sample_path", "samples_dir"]
 
@@ -179,8 +180,6 @@ def _model(ctx: Context) -> list[Swap]:
         return []
     new = widened(BUILTIN_MODEL)
     why = "no download: the built-in Qwen2-architecture BPE chat model, Qwen2.5's chat template"
-    from mixrl.plan import KNOWN_MODELS  # imported here: mixrl.plan imports mixrl.config
-
     family = str(KNOWN_MODELS.get(path, {}).get("model_type", ""))
     if family and family != "qwen2":
         why += f" (a {family} model: rehearsed as Qwen2 family, without its own architecture or chat template)"

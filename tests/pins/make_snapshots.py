@@ -20,7 +20,7 @@ printing included; no process spawned per recipe), stdout then stderr, with a la
 ``[exit N]``. What legitimately varies between machines is fixed or stripped:
 
 * ``$MIXRL_CACHE`` points at an empty folder while rendering, so ``plan`` takes the built-in
-  models' shapes from ``mixrl.plan.KNOWN_MODELS`` whether or not this machine built them;
+  models' shapes from ``mixrl.models.known.KNOWN_MODELS`` whether or not this machine built them;
 * the repository root, the temporary folder and the home folder are written ``<repo>``,
   ``<tmp>`` and ``~``;
 * ``HF_HUB_OFFLINE=1``; the rendering width is the CLI's non-terminal width (160 columns).

@@ -1,0 +1,38 @@
+"""The shapes of the models the shipped recipes name, from their published ``config.json``.
+
+Read by ``mixrl plan`` (memory and time without a download) and by the rehearsal (which
+architecture family a recipe's model is). Layer 1: data only, imports nothing.
+"""
+
+#: hub id -> the fields of its config.json used here (Qwen2 and Qwen3 architectures, published configs;
+#: Qwen3 gives ``head_dim`` (128, not hidden / heads), has no q/k/v biases and normalises q and k per head)
+KNOWN_MODELS: dict[str, dict] = {
+    "Qwen/Qwen2.5-7B-Instruct": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                                     num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False, model_type="qwen2",
+                                     max_position_embeddings=32768),
+    "Qwen/Qwen2.5-Math-7B": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                                 num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False, model_type="qwen2",
+                                 max_position_embeddings=4096),
+    "Qwen/Qwen2.5-Math-7B-Instruct": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                                          num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False, model_type="qwen2",
+                                          max_position_embeddings=4096),
+    "Qwen/Qwen2.5-Math-1.5B": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                                   num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, model_type="qwen2",
+                                   max_position_embeddings=4096),
+    # huggingface.co/Qwen/Qwen3-4B-Instruct-2507/blob/main/config.json
+    "Qwen/Qwen3-4B-Instruct-2507": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
+                                        num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True,
+                                        model_type="qwen3", attention_bias=False, max_position_embeddings=262144),
+    # huggingface.co/Qwen/Qwen3-8B/blob/main/config.json
+    "Qwen/Qwen3-8B": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                          num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=False,
+                          model_type="qwen3", attention_bias=False, max_position_embeddings=40960),
+    # the built-in tiny model (mixrl.models.tiny) before it is built
+    "builtin:tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+                         num_key_value_heads=4, vocab_size=18, tie_word_embeddings=True, model_type="qwen2",
+                         max_position_embeddings=64),
+    # the built-in BPE chat model (mixrl.models.tiny_bpe) before it is built
+    "builtin:tiny-bpe": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+                             num_key_value_heads=4, vocab_size=320, tie_word_embeddings=True, model_type="qwen2",
+                             max_position_embeddings=128),
+}

@@ -1,6 +1,6 @@
 """The sandbox's child process: set the limits, install the guard, run the program, report how it ended.
 
-Run by :func:`mixrl.tools.sandbox.run_python` as ``python -I -S -X utf8 _launcher.py STATUS_FD LIMITS_JSON``
+Run by :func:`mixrl.tools.sandbox.run_python` as ``python -I -S -u -X utf8 _launcher.py STATUS_FD LIMITS_JSON``
 (isolated mode, no ``site``: only the standard library is importable, no environment variable or user
 site directory is read), in its own session, with the program on stdin and a private temporary directory
 as the working directory. It imports only the standard library (nothing of mixrl, no torch): it must start
@@ -18,7 +18,8 @@ In order, before any of the program runs:
    (foreign calls would step around every check here), sockets unless the network is allowed, writes
    outside the working directory, reads outside it and the standard library's folders, and the
    introspection that could reach the hook's own state (``gc.get_objects``/``get_referrers``/
-   ``get_referents``, ``sys._current_frames``, ``sys.settrace``/``setprofile``).
+   ``get_referents``, ``sys._current_frames``, ``sys.settrace``/``setprofile``), and subinterpreters
+   (a new interpreter starts without this one's audit hooks).
 
 CPython's own documentation says audit hooks are not a sandbox on their own: the hook is the layer that
 turns an attempt into a one-line reason; the kernel's limits, the network namespace and the wall-clock
@@ -29,9 +30,11 @@ The last thing it does is write one JSON object to STATUS_FD: ``{"kind": "ok" | 
 """
 
 import json
+import linecache
 import os
 import resource
 import sys
+import traceback  # imported before the limits: a MemoryError must still be reported
 
 _PROCESS_EVENTS = frozenset({  # refused when no process beyond the program itself is allowed
     "os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn", "os.system", "os.startfile",
@@ -41,6 +44,7 @@ _SIGNAL_EVENTS = frozenset({"os.kill", "os.killpg", "signal.pthread_kill"})
 _INTROSPECTION_EVENTS = frozenset({
     "gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames", "sys.settrace",
     "sys.setprofile", "sys._current_exceptions",
+    "cpython.PyInterpreterState_New",  # a subinterpreter starts without this interpreter's audit hooks
 })
 _PATH_EVENTS = {  # event -> (index of the path argument, whether it writes)
     "os.listdir": (0, False), "os.scandir": (0, False), "os.chdir": (0, False), "os.mkdir": (0, True),
@@ -49,7 +53,7 @@ _PATH_EVENTS = {  # event -> (index of the path argument, whether it writes)
     "os.utime": (0, True), "os.setxattr": (0, True), "os.removexattr": (0, True),
     "os.listxattr": (0, False), "os.getxattr": (0, False), "shutil.rmtree": (0, True),
 }
-_REFUSED_IMPORTS = frozenset({"_ctypes", "ctypes"})  # and _posixsubprocess when no process is allowed
+_REFUSED_IMPORTS = frozenset({"_ctypes", "ctypes", "_xxsubinterpreters"})  # and _posixsubprocess when no process is allowed
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
 
@@ -145,6 +149,7 @@ def main():
     del read_roots, fd
     try:
         program = compile(code, "<program>", "exec")
+        linecache.cache["<program>"] = (len(code), None, code.splitlines(True), "<program>")  # source lines in tracebacks
         del code
         exec(program, {"__name__": "__main__", "__builtins__": __builtins__})
     except SystemExit as stop:
@@ -153,9 +158,10 @@ def main():
             _report(status, "exit", f"exited with status {stop.code}")
             os._exit(stop.code if isinstance(stop.code, int) else 1)
     except BaseException as err:  # everything the program raised: a traceback for the model, one line for the log
-        import traceback  # deferred: only a failing program pays for it
-        try:
-            traceback.print_exc()
+        try:  # the program's frames only: the launcher's and the guard's are not the model's business
+            frames = [f for f in traceback.extract_tb(err.__traceback__) if f.filename != __file__]
+            lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)] if frames else []
+            sys.stderr.write("".join(lines + traceback.format_exception_only(type(err), err)))
         except BaseException:
             print(f"{type(err).__name__}: {err}", file=sys.stderr)
         sys.stderr.flush()

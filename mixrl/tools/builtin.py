@@ -140,7 +140,8 @@ def python(code: str) -> str:
     result = run_python(str(code))
     if result.ok:
         return result.text
-    return f"{result.text}\nError: {result.reason}" if result.text else f"Error: {result.reason}"
+    text = result.text.rstrip("\n")
+    return f"{text}\nError: {result.reason}" if text else f"Error: {result.reason}"
 
 
 #: the tools a config may name: name -> function (the function's ``__name__`` is the name the model calls)

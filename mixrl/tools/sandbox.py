@@ -2,10 +2,10 @@
 
 What holds, and how (each layer is independent; the first to trigger gives the reason):
 
-* **a separate process**: ``sys.executable -I -S -X utf8 _launcher.py`` started with
+* **a separate process**: ``sys.executable -I -S -u -X utf8 _launcher.py`` started with
   :class:`subprocess.Popen` (fork-and-exec at once: nothing of the caller, torch included, runs in
   it), in its own session (``start_new_session``), so the whole process group is killed at the end;
-  isolated mode and no ``site``: only the standard library is importable;
+  isolated mode, no ``site``, unbuffered (stdout and stderr keep their order): only the standard library is importable;
 * **a private directory**: a fresh :func:`tempfile.mkdtemp` directory is the working directory,
   ``HOME`` and ``TMPDIR``; the environment is replaced (``HOME``, ``TMPDIR``, ``PATH=/usr/bin:/bin``,
   ``LANG``); the directory is removed afterwards;
@@ -176,7 +176,7 @@ def _run(code: str, limits: Limits, *, audit_hook: bool = True) -> ToolResult:
     proc = None
     try:
         settings = {**asdict(limits), "audit_hook": audit_hook}
-        command = [*_isolation(limits.network), sys.executable, "-I", "-S", "-X", "utf8", _LAUNCHER,
+        command = [*_isolation(limits.network), sys.executable, "-I", "-S", "-u", "-X", "utf8", _LAUNCHER,
                    str(status_write), json.dumps(settings)]
         env = {"HOME": workdir, "TMPDIR": workdir, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
         deadline = time.monotonic() + limits.wall_seconds

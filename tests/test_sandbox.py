@@ -16,7 +16,7 @@ import pytest
 
 from mixrl.errors import ConfigError
 from mixrl.tools import TOOLS, Limits, ToolResult, calculator, python, resolve_tools, run_python
-from mixrl.tools.sandbox import _isolation, _run, isolation
+from mixrl.tools.sandbox import _isolation, _run, isolation, seccomp_status
 
 FAST = Limits(cpu_seconds=1, wall_seconds=10, memory_mb=96, max_output_chars=2000)
 
@@ -69,9 +69,22 @@ def test_fork_bomb_is_refused():
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="the kernel does not apply RLIMIT_NPROC to root (a documented gap)")
-def test_process_limit_holds_without_the_audit_hook():
+def test_process_limit_holds_without_the_audit_hook_and_the_filter():
+    contained(_run("import threading\nthreading.Thread(target=print).start()", FAST, audit_hook=False, seccomp=False),
+              "RuntimeError: can't start new thread")
+
+
+def test_the_seccomp_filter_holds_without_the_audit_hook():
+    """With the hook off, the kernel itself refuses: one fork (safe to try: if it got through, two processes)."""
+    if seccomp_status() != "on":
+        pytest.skip(f"no seccomp filter here: {seccomp_status()}")
+    refused = "PermissionError: [Errno 1] Operation not permitted"
+    for code in ["import os\nos.fork()", "import os\nos.execv('/bin/true', ['true'])", "import socket\nsocket.socket()",
+                 "import os\nos.kill(1, 0)", "import os\nos.kill(os.getppid(), 0)"]:
+        contained(_run(code, FAST, audit_hook=False), refused)
     contained(_run("import threading\nthreading.Thread(target=print).start()", FAST, audit_hook=False),
               "RuntimeError: can't start new thread")
+    assert _run("import ctypes, os\nprint(os.getpid() > 1)", FAST, audit_hook=False).text == "True\n"
 
 
 def test_ten_gigabyte_allocation_hits_the_memory_limit():
@@ -96,16 +109,16 @@ def test_opening_a_socket_is_refused():
 
 
 @pytest.mark.skipif(not _isolation(False), reason="no network namespace on this machine (audit hook only)")
-def test_no_network_even_without_the_audit_hook():
+def test_no_network_even_without_the_audit_hook_and_the_filter():
     """In the namespace the caller's loopback is not there: a server listening on it is unreachable."""
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen(1)
         port = server.getsockname()[1]
-        result = _run(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)", FAST, audit_hook=False)
-    contained(result, "OSError: [Errno 101] Network is unreachable")  # the namespace's loopback is down
-    contained(_run("import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=2)", FAST, audit_hook=False),
-              "OSError: [Errno 101] Network is unreachable")
+        code = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)"
+        contained(_run(code, FAST, audit_hook=False, seccomp=False), "OSError: [Errno 101] Network is unreachable")
+    code = "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=2)"
+    contained(_run(code, FAST, audit_hook=False, seccomp=False), "OSError: [Errno 101] Network is unreachable")
 
 
 def test_reading_the_users_home_is_refused(tmp_path, monkeypatch):
@@ -152,6 +165,7 @@ def test_the_python_tool_returns_text_with_the_reason():
 
 def test_isolation_is_described():
     assert isolation().startswith(("network namespace (unshare", "audit hook only"))
+    assert seccomp_status() == "on" or seccomp_status().startswith("off (")
 
 
 # the calculator ----------------------------------------------------------------------------------------

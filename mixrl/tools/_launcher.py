@@ -12,7 +12,13 @@ In order, before any of the program runs:
    later), ``RLIMIT_AS`` (an allocation past it fails: ``MemoryError``), ``RLIMIT_NPROC`` = 1 + the
    processes allowed, ``RLIMIT_FSIZE`` (a write past it fails with EFBIG), ``RLIMIT_NOFILE``,
    ``RLIMIT_CORE`` = 0;
-2. an audit hook (PEP 578, ``sys.addaudithook``) that refuses, with :class:`SandboxRefusal` (a
+2. a seccomp filter (``PR_SET_NO_NEW_PRIVS``, then ``PR_SET_SECCOMP`` with a classic-BPF program built
+   here with ``ctypes``, which is then dropped from ``sys.modules``): the kernel answers EPERM to fork,
+   vfork, clone, exec, ``socket`` (unless the network is allowed), signals to any process but itself,
+   ptrace, mount, namespaces, module loading and the other calls of :data:`_ALWAYS_REFUSED`, whoever
+   makes them (C code and ``ctypes`` included); ``clone3`` gets ENOSYS so glibc falls back to ``clone``;
+   the call of another ABI (x32) and of another architecture kill the process;
+3. an audit hook (PEP 578, ``sys.addaudithook``) that refuses, with :class:`SandboxRefusal` (a
    ``PermissionError``): new processes (``os.fork``, ``os.exec*``, ``os.posix_spawn``, ``os.system``,
    ``subprocess.Popen``, importing ``_posixsubprocess``), signals to other processes, ``ctypes``
    (foreign calls would step around every check here), sockets unless the network is allowed, writes
@@ -22,11 +28,12 @@ In order, before any of the program runs:
    (a new interpreter starts without this one's audit hooks).
 
 CPython's own documentation says audit hooks are not a sandbox on their own: the hook is the layer that
-turns an attempt into a one-line reason; the kernel's limits, the network namespace and the wall-clock
-kill by the parent are what hold when the hook is stepped around.
+turns an attempt into a one-line reason; the kernel's limits, the seccomp filter, the network namespace
+and the wall-clock kill by the parent are what hold when the hook is stepped around.
 
 The last thing it does is write one JSON object to STATUS_FD: ``{"kind": "ok" | "exit" | "error" |
-"memory" | "refused" | "file_size", "detail": one line}``; the parent turns it into the tool's reason.
+"memory" | "refused" | "file_size", "detail": one line, "seccomp": "on" or why not}``; the parent turns
+it into the tool's reason. The program can write to that descriptor too: it can only lie about itself.
 """
 
 import json
@@ -73,6 +80,96 @@ def _set_limits(limits):
         ("RLIMIT_NOFILE", int(limits["max_open_files"]), int(limits["max_open_files"])),
     ):
         resource.setrlimit(getattr(resource, name), (soft, hard))
+
+# seccomp: the system calls refused whatever code makes them (C extensions and ctypes included). Numbers from
+# Linux's headers: x86_64 from asm/unistd_64.h, aarch64 from asm-generic/unistd.h (a call a table lacks is skipped).
+_SYSCALLS = {
+    "x86_64": (0xC000003E, {  # AUDIT_ARCH_X86_64
+        "fork": 57, "vfork": 58, "clone": 56, "clone3": 435, "execve": 59, "execveat": 322, "socket": 41, "kill": 62,
+        "tkill": 200, "tgkill": 234, "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "mount": 165,
+        "umount2": 166, "pivot_root": 155, "chroot": 161, "unshare": 272, "setns": 308, "bpf": 321,
+        "perf_event_open": 298, "keyctl": 250, "add_key": 248, "request_key": 249, "userfaultfd": 323,
+        "init_module": 175, "finit_module": 313, "delete_module": 176, "kexec_load": 246, "kexec_file_load": 320,
+        "reboot": 169, "swapon": 167, "swapoff": 168, "acct": 163, "open_by_handle_at": 304,
+        "name_to_handle_at": 303, "syslog": 103, "mknod": 133, "mknodat": 259, "iopl": 172, "ioperm": 173,
+        "sethostname": 170, "setdomainname": 171, "settimeofday": 164, "clock_settime": 227, "quotactl": 179,
+        "pidfd_open": 434, "pidfd_send_signal": 424, "pidfd_getfd": 438, "rt_sigqueueinfo": 129,
+        "rt_tgsigqueueinfo": 297, "fsopen": 430, "fsmount": 432, "move_mount": 429, "open_tree": 428,
+    }),
+    "aarch64": (0xC00000B7, {  # AUDIT_ARCH_AARCH64
+        "clone": 220, "clone3": 435, "execve": 221, "execveat": 281, "socket": 198, "kill": 129, "tkill": 130,
+        "tgkill": 131, "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "mount": 40, "umount2": 39,
+        "pivot_root": 41, "chroot": 51, "unshare": 97, "setns": 268, "bpf": 280, "perf_event_open": 241,
+        "keyctl": 219, "add_key": 217, "request_key": 218, "userfaultfd": 282, "init_module": 105,
+        "finit_module": 273, "delete_module": 106, "kexec_load": 104, "kexec_file_load": 294, "reboot": 142,
+        "swapon": 224, "swapoff": 225, "acct": 89, "open_by_handle_at": 265, "name_to_handle_at": 264,
+        "syslog": 116, "mknodat": 33, "sethostname": 161, "setdomainname": 162, "settimeofday": 170,
+        "clock_settime": 112, "quotactl": 60, "pidfd_open": 434, "pidfd_send_signal": 424, "pidfd_getfd": 438,
+        "rt_sigqueueinfo": 138, "rt_tgsigqueueinfo": 240, "fsopen": 430, "fsmount": 432, "move_mount": 429,
+        "open_tree": 428,
+    }),
+}
+_ALWAYS_REFUSED = (  # another process's memory, the kernel's and the machine's state, namespaces, signals by queue
+    "ptrace", "process_vm_readv", "process_vm_writev", "mount", "umount2", "pivot_root", "chroot", "unshare",
+    "setns", "bpf", "perf_event_open", "keyctl", "add_key", "request_key", "userfaultfd", "init_module",
+    "finit_module", "delete_module", "kexec_load", "kexec_file_load", "reboot", "swapon", "swapoff", "acct",
+    "open_by_handle_at", "name_to_handle_at", "syslog", "mknod", "mknodat", "iopl", "ioperm", "sethostname",
+    "setdomainname", "settimeofday", "clock_settime", "quotactl", "pidfd_open", "pidfd_send_signal", "pidfd_getfd",
+    "rt_sigqueueinfo", "rt_tgsigqueueinfo", "tkill", "fsopen", "fsmount", "move_mount", "open_tree",
+)
+_PROCESS_SYSCALLS = ("fork", "vfork", "clone", "execve", "execveat")  # and clone3, answered ENOSYS (glibc then tries clone)
+
+
+def _seccomp_program(arch, numbers, pid, max_processes, network):
+    """The BPF filter (classic BPF over ``struct seccomp_data``: nr at offset 0, arch at 4, args from 16)."""
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, ...|BPF_JGE|BPF_K, BPF_RET|BPF_K
+    allow, eperm, enosys, kill = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38, 0x80000000
+    prog = [(ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, kill), (ld, 0, 0, 0)]
+    if arch == 0xC000003E:  # the x32 ABI's numbers (bit 30) would step around the table
+        prog += [(jge, 0, 1, 0x40000000), (ret, 0, 0, eperm)]
+    for name in ("kill", "tgkill"):  # signals to itself only (abort() and raise() use them)
+        prog += [(jeq, 0, 4, numbers[name]), (ld, 0, 0, 16), (jeq, 0, 1, pid), (ret, 0, 0, allow), (ret, 0, 0, eperm)]
+        prog += [(ld, 0, 0, 0)]
+    refused = list(_ALWAYS_REFUSED)
+    if not max_processes:
+        prog += [(jeq, 0, 1, numbers["clone3"]), (ret, 0, 0, enosys)]
+        refused += _PROCESS_SYSCALLS
+    if not network:
+        refused.append("socket")
+    for name in refused:
+        if name in numbers:
+            prog += [(jeq, 0, 1, numbers[name]), (ret, 0, 0, eperm)]
+    return prog + [(ret, 0, 0, allow)]
+
+
+def _install_seccomp(max_processes, network):
+    """Install the filter on this process (and anything it could start); returns ``"on"`` or why not, in words."""
+    machine = os.uname().machine
+    if machine not in _SYSCALLS:
+        return f"off (no system call table for {machine})"
+    import ctypes  # deferred: only here, before the guard; removed from sys.modules after (the program must import it itself)
+    try:
+        arch, numbers = _SYSCALLS[machine]
+        prog = _seccomp_program(arch, numbers, os.getpid(), max_processes, network)
+
+        class Filter(ctypes.Structure):
+            _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+
+        class Program(ctypes.Structure):
+            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+
+        filters = (Filter * len(prog))(*prog)
+        program = Program(len(prog), ctypes.cast(filters, ctypes.POINTER(Filter)))
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
+        if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS: required to install a filter without privileges
+            return f"off (PR_SET_NO_NEW_PRIVS: {os.strerror(ctypes.get_errno())})"
+        if libc.prctl(22, 2, ctypes.addressof(program), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+            return f"off (PR_SET_SECCOMP: {os.strerror(ctypes.get_errno())})"
+        return "on"
+    finally:
+        for name in [m for m in sys.modules if m == "ctypes" or m.startswith(("ctypes.", "_ctypes"))]:
+            del sys.modules[name]
 
 
 def _install_guard(workdir, read_roots, network, max_processes):
@@ -126,9 +223,12 @@ def _install_guard(workdir, read_roots, network, max_processes):
     sys.addaudithook(hook)
 
 
+_LAYERS = {}  # how the layers came up (``seccomp``: "on" or why not), sent with the status
+
+
 def _report(status, kind, detail=""):
     try:
-        status.write(json.dumps({"kind": kind, "detail": " ".join(str(detail).split())[:300]}))
+        status.write(json.dumps({"kind": kind, "detail": " ".join(str(detail).split())[:300], **_LAYERS}))
         status.flush()
     except Exception:  # the program closed or broke the status pipe: the parent falls back to the exit status
         pass
@@ -144,6 +244,8 @@ def main():
     workdir = os.path.realpath(os.getcwd())
     read_roots = [os.path.realpath(p) for p in sys.path if p and os.path.exists(p)] + [os.path.realpath(os.devnull)]
     _set_limits(limits)
+    if limits.get("seccomp", True):
+        _LAYERS["seccomp"] = _install_seccomp(int(limits["max_processes"]), bool(limits["network"]))
     if limits.get("audit_hook", True):
         _install_guard(workdir, read_roots, bool(limits["network"]), int(limits["max_processes"]))
     del read_roots, fd

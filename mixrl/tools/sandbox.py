@@ -1,34 +1,40 @@
 """Run model-written Python in a separate, limited process: :func:`run_python`.
 
-What holds, and how (each layer is independent; the first to trigger gives the reason):
+What holds, and how (the layers are independent; the first to trigger gives the reason):
 
 * **a separate process**: ``sys.executable -I -S -u -X utf8 _launcher.py`` started with
   :class:`subprocess.Popen` (fork-and-exec at once: nothing of the caller, torch included, runs in
-  it), in its own session (``start_new_session``), so the whole process group is killed at the end;
-  isolated mode, no ``site``, unbuffered (stdout and stderr keep their order): only the standard library is importable;
+  it), in its own session (``start_new_session``), so its whole process group is killed at the end;
+  isolated mode and no ``site`` (only the standard library is importable), unbuffered (stdout and
+  stderr keep their order);
 * **a private directory**: a fresh :func:`tempfile.mkdtemp` directory is the working directory,
   ``HOME`` and ``TMPDIR``; the environment is replaced (``HOME``, ``TMPDIR``, ``PATH=/usr/bin:/bin``,
-  ``LANG``); the directory is removed afterwards;
-* **kernel limits** set by the child on itself before the program runs (:mod:`mixrl.tools._launcher`):
-  ``RLIMIT_CPU``, ``RLIMIT_AS``, ``RLIMIT_NPROC``, ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE``,
-  ``RLIMIT_CORE`` = 0;
-* **no network**: where ``unshare`` can make one (:data:`ISOLATION`, probed once), the child runs in
-  a new network namespace with only a loopback that is down (``unshare --user --map-root-user --net``,
-  which needs unprivileged user namespaces; as root, ``unshare --net``): nothing outside is reachable
-  even by code that steps around Python; the audit hook also refuses every ``socket.*`` event;
-* **an audit hook** in the child (PEP 578) refuses new processes, signals, ``ctypes``, sockets, writes
-  outside the directory and reads outside it and the standard library (see the launcher);
+  ``LANG``, ``LC_ALL``); the directory is removed afterwards;
+* **kernel limits** the child sets on itself before the program runs (:mod:`mixrl.tools._launcher`):
+  ``RLIMIT_CPU``, ``RLIMIT_AS``, ``RLIMIT_NPROC``, ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE``, ``RLIMIT_CORE`` = 0;
+* **a seccomp filter** (``PR_SET_NO_NEW_PRIVS`` + ``SECCOMP_MODE_FILTER``, x86_64 and aarch64): the
+  kernel answers EPERM to fork, clone, exec, ``socket``, signals to other processes, ptrace, mount,
+  namespaces, module loading and the like, whatever code makes the call (C extensions included);
+  :func:`seccomp_status` says whether it comes up here;
+* **no network**: where ``unshare`` works (:func:`isolation`, probed once) the child runs in a new
+  network namespace whose only interface, loopback, is down (``unshare --user --map-root-user --net``,
+  which needs unprivileged user namespaces; as root, ``unshare --net`` if that fails); the filter
+  refuses ``socket`` and the audit hook every ``socket.*`` event;
+* **an audit hook** in the child (PEP 578) turns attempts into one-line refusals: new processes,
+  signals, ``ctypes``, sockets, subinterpreters, writes outside the directory, reads outside it and the
+  standard library's folders (see the launcher);
 * **a wall-clock limit**: the parent reads the output with a deadline and kills the process group
   with SIGKILL when it passes, or when the output exceeds :attr:`Limits.max_output_chars`.
 
-Known gaps (also in ``docs/guides/tools-sandbox.md``): ``RLIMIT_NPROC`` counts the processes of the
-user id, and the kernel does not apply it to root: as root the audit hook alone refuses new
-processes (a fork bomb is still refused, and the process group is killed at the end);
-without a user namespace it counts every process of the user, so a program that may start processes
-(``max_processes > 0``) may be refused early. The audit hook sees Python's ``open``/``os`` calls, not
-files that C code of the standard library opens itself (``pwd`` reads ``/etc/passwd``, the time zone
-database); ``os.stat`` of any path is allowed (it tells whether a file exists, not what it holds).
-Without ``unshare`` the network is refused by the audit hook only.
+Known gaps (also in ``docs/guides/tools-sandbox.md``): the kernel does not apply ``RLIMIT_NPROC`` to
+root, and it counts every process of the user id unless a user namespace holds the child: the seccomp
+filter and the audit hook are what refuse new processes there. File reads are checked by the audit
+hook only, which sees Python's ``open``/``os`` calls, not files that C code opens by itself (``pwd``
+reads ``/etc/passwd``; a program that writes a compiled extension into its directory and loads it runs
+C code the hook does not see: the filter, the limits, the namespace and the wall clock still hold);
+``os.stat`` of any path is allowed (it tells whether a file exists, not what it holds). Without a
+usable ``unshare`` and seccomp (another architecture, a kernel without them) the network is refused by
+the audit hook only.
 """
 
 from __future__ import annotations
@@ -111,8 +117,17 @@ def isolation() -> str:
     return "network namespace (" + " ".join(["unshare", *prefix[1:]]) + ") and audit hook"
 
 
+@lru_cache(maxsize=None)
+def seccomp_status() -> str:
+    """Whether the launcher's seccomp filter comes up on this machine: ``"on"`` or why not (probed once)."""
+    return _execute("pass", Limits())[1].get("seccomp", "unknown (the probe program failed)")
+
+
+_CRASHES = {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT, signal.SIGSYS}
+
+
 def _signal_reason(number: int, limits: Limits) -> str:
-    if number in (signal.SIGXCPU, signal.SIGKILL):
+    if number == signal.SIGXCPU:
         return f"CPU time limit {limits.cpu_seconds} s"
     if number == signal.SIGXFSZ:
         return f"file size limit {limits.max_file_mb} MB"
@@ -120,7 +135,9 @@ def _signal_reason(number: int, limits: Limits) -> str:
         name = signal.Signals(number).name
     except ValueError:
         name = str(number)
-    return f"crashed: signal {name}"
+    if number == signal.SIGKILL:
+        return f"killed by signal SIGKILL (the CPU time limit's hard stop at {limits.cpu_seconds} s + 1, or the system)"
+    return f"crashed: signal {name}" if number in _CRASHES else f"killed by signal {name}"
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -169,13 +186,18 @@ def _reason(proc: subprocess.Popen, status: dict, limits: Limits) -> str | None:
     return f"exited with status {proc.returncode}" if proc.returncode else None
 
 
-def _run(code: str, limits: Limits, *, audit_hook: bool = True) -> ToolResult:
-    """:func:`run_python`, with the audit hook optional (off only in tests of the kernel's layers)."""
+def _run(code: str, limits: Limits, *, audit_hook: bool = True, seccomp: bool = True) -> ToolResult:
+    """:func:`run_python`, with the audit hook and the seccomp filter optional (off only in tests of the other layers)."""
+    return _execute(code, limits, audit_hook, seccomp)[0]
+
+
+def _execute(code: str, limits: Limits, audit_hook: bool = True, seccomp: bool = True) -> tuple[ToolResult, dict]:
+    """The result, and the launcher's status object (its ``seccomp`` field says whether the filter is on)."""
     workdir = tempfile.mkdtemp(prefix="mixrl-sandbox-")
     status_read, status_write = os.pipe()
     proc = None
     try:
-        settings = {**asdict(limits), "audit_hook": audit_hook}
+        settings = {**asdict(limits), "audit_hook": audit_hook, "seccomp": seccomp}
         command = [*_isolation(limits.network), sys.executable, "-I", "-S", "-u", "-X", "utf8", _LAUNCHER,
                    str(status_write), json.dumps(settings)]
         env = {"HOME": workdir, "TMPDIR": workdir, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
@@ -199,7 +221,7 @@ def _run(code: str, limits: Limits, *, audit_hook: bool = True) -> ToolResult:
         proc.wait()
         text = out.decode("utf-8", "replace")[: limits.max_output_chars]
         if stopped:
-            return ToolResult(text=text, ok=False, reason=stopped)
+            return ToolResult(text=text, ok=False, reason=stopped), {}
         with os.fdopen(status_read, "rb") as pipe:
             status_read = -1
             raw = pipe.read(4096)
@@ -207,12 +229,13 @@ def _run(code: str, limits: Limits, *, audit_hook: bool = True) -> ToolResult:
             status = json.loads(raw) if raw else {}
         except ValueError:
             status = {}
-        reason = _reason(proc, status if isinstance(status, dict) else {}, limits)
-        return ToolResult(text=text, ok=reason is None, reason=reason)
+        status = status if isinstance(status, dict) else {}
+        reason = _reason(proc, status, limits)
+        return ToolResult(text=text, ok=reason is None, reason=reason), status
     except Exception as err:  # a tool failure is a tool message, never a crash of the caller
         if proc is not None:
             _kill(proc)
-        return ToolResult(text="", ok=False, reason=" ".join(f"sandbox failed: {type(err).__name__}: {err}".split()))
+        return ToolResult(text="", ok=False, reason=" ".join(f"sandbox failed: {type(err).__name__}: {err}".split())), {}
     finally:
         for fd in (status_read, status_write):
             if fd >= 0:

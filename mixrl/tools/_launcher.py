@@ -17,10 +17,10 @@ In order, before any of the program runs:
    vfork, clone, exec, ``socket`` (unless the network is allowed), signals to any process but itself,
    ptrace, mount, namespaces, module loading and the other calls of :data:`_ALWAYS_REFUSED`, whoever
    makes them (C code and ``ctypes`` included); ``clone3`` gets ENOSYS so glibc falls back to ``clone``;
-   the call of another ABI (x32) and of another architecture kill the process;
+   a call under the x32 ABI gets EPERM and one from another architecture kills the process;
 3. an audit hook (PEP 578, ``sys.addaudithook``) that refuses, with :class:`SandboxRefusal` (a
    ``PermissionError``): new processes (``os.fork``, ``os.exec*``, ``os.posix_spawn``, ``os.system``,
-   ``subprocess.Popen``, importing ``_posixsubprocess``), signals to other processes, ``ctypes``
+   ``subprocess.Popen``; importing ``_posixsubprocess`` where the filter is off), signals to other processes, ``ctypes``
    (foreign calls would step around every check here), sockets unless the network is allowed, writes
    outside the working directory, reads outside it and the standard library's folders, and the
    introspection that could reach the hook's own state (``gc.get_objects``/``get_referrers``/
@@ -60,7 +60,10 @@ _PATH_EVENTS = {  # event -> (index of the path argument, whether it writes)
     "os.utime": (0, True), "os.setxattr": (0, True), "os.removexattr": (0, True),
     "os.listxattr": (0, False), "os.getxattr": (0, False), "shutil.rmtree": (0, True),
 }
-_REFUSED_IMPORTS = frozenset({"_ctypes", "ctypes", "_xxsubinterpreters"})  # and _posixsubprocess when no process is allowed
+# and _posixsubprocess when no process is allowed and the seccomp filter is off: its fork_exec raises no audit
+# event; with the filter on, the kernel refuses the fork, and ``import subprocess`` (which asyncio, platform and
+# others do at import) keeps working while ``subprocess.Popen`` is refused by its own event
+_REFUSED_IMPORTS = frozenset({"_ctypes", "ctypes", "_xxsubinterpreters"})
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
 
@@ -172,7 +175,7 @@ def _install_seccomp(max_processes, network):
             del sys.modules[name]
 
 
-def _install_guard(workdir, read_roots, network, max_processes):
+def _install_guard(workdir, read_roots, network, max_processes, seccomp_on):
     realpath, fsdecode, join = os.path.realpath, os.fsdecode, os.path.join
     write_roots = (workdir,)
     read_roots = tuple(read_roots) + write_roots
@@ -213,7 +216,8 @@ def _install_guard(workdir, read_roots, network, max_processes):
                 raise SandboxRefusal(f"{event}: ctypes is not available in the sandbox")
             elif event in _INTROSPECTION_EVENTS:
                 raise SandboxRefusal(f"{event}: not available in the sandbox")
-            elif event == "import" and (args[0] in _REFUSED_IMPORTS or (args[0] == "_posixsubprocess" and not max_processes)):
+            elif event == "import" and (args[0] in _REFUSED_IMPORTS or (args[0] == "_posixsubprocess" and not max_processes
+                                                                       and not seccomp_on)):
                 raise SandboxRefusal(f"import {args[0]}: not available in the sandbox")
             elif event.startswith("socket.") and not network:
                 raise SandboxRefusal(f"{event}: no network in the sandbox")
@@ -247,7 +251,8 @@ def main():
     if limits.get("seccomp", True):
         _LAYERS["seccomp"] = _install_seccomp(int(limits["max_processes"]), bool(limits["network"]))
     if limits.get("audit_hook", True):
-        _install_guard(workdir, read_roots, bool(limits["network"]), int(limits["max_processes"]))
+        _install_guard(workdir, read_roots, bool(limits["network"]), int(limits["max_processes"]),
+                       _LAYERS.get("seccomp") == "on")
     del read_roots, fd
     try:
         program = compile(code, "<program>", "exec")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
+import time
 
 import pytest
 
@@ -91,6 +91,27 @@ def test_the_seccomp_filter_holds_without_the_audit_hook():
                  "None, -1, None, False)")
     contained(run_python(fork_exec, FAST), refused)
     assert _run("import ctypes, os\nprint(os.getpid() > 1)", FAST, audit_hook=False).text == "True\n"
+
+
+def test_processes_it_may_start_die_with_it():
+    """``max_processes > 0``: a child stays in the group (``setsid`` is refused) and is killed with it."""
+    if seccomp_status() != "on":
+        pytest.skip(f"no seccomp filter here: {seccomp_status()}")
+    limits = Limits(max_processes=2, wall_seconds=5)
+    contained(run_python("import subprocess\nsubprocess.Popen(['sleep', '30'], start_new_session=True)", limits),
+              "PermissionError: [Errno 1] Operation not permitted")
+    result = run_python("import subprocess\nprint(subprocess.Popen(['sleep', '30']).pid)", limits)
+    assert result.ok, result
+    for _ in range(100):  # SIGKILL was sent; give the kernel a moment to deliver it
+        try:
+            with open(f"/proc/{int(result.text)}/stat") as stat:
+                state = stat.read().split(") ")[1][0]
+        except FileNotFoundError:
+            state = "gone"  # killed and reaped
+        if state in ("Z", "gone"):  # a zombie until its new parent reaps it
+            break
+        time.sleep(0.02)
+    assert state in ("Z", "gone"), state
 
 
 def test_ten_gigabyte_allocation_hits_the_memory_limit():

@@ -15,7 +15,8 @@ In order, before any of the program runs:
 2. a seccomp filter (``PR_SET_NO_NEW_PRIVS``, then ``PR_SET_SECCOMP`` with a classic-BPF program built
    here with ``ctypes``, which is then dropped from ``sys.modules``): the kernel answers EPERM to fork,
    vfork, clone, exec, ``socket`` (unless the network is allowed), signals to any process but itself,
-   ptrace, mount, namespaces, module loading and the other calls of :data:`_ALWAYS_REFUSED`, whoever
+   ptrace, mount, namespaces, module loading, leaving the process group (``setsid``, ``setpgid``: what
+   ``max_processes`` allows is killed with the group) and the other calls of :data:`_ALWAYS_REFUSED`, whoever
    makes them (C code and ``ctypes`` included); ``clone3`` gets ENOSYS so glibc falls back to ``clone``;
    a call under the x32 ABI gets EPERM and one from another architecture kills the process;
 3. an audit hook (PEP 578, ``sys.addaudithook``) that refuses, with :class:`SandboxRefusal` (a
@@ -98,6 +99,7 @@ _SYSCALLS = {
         "sethostname": 170, "setdomainname": 171, "settimeofday": 164, "clock_settime": 227, "quotactl": 179,
         "pidfd_open": 434, "pidfd_send_signal": 424, "pidfd_getfd": 438, "rt_sigqueueinfo": 129,
         "rt_tgsigqueueinfo": 297, "fsopen": 430, "fsmount": 432, "move_mount": 429, "open_tree": 428,
+        "setsid": 112, "setpgid": 109,
     }),
     "aarch64": (0xC00000B7, {  # AUDIT_ARCH_AARCH64
         "clone": 220, "clone3": 435, "execve": 221, "execveat": 281, "socket": 198, "kill": 129, "tkill": 130,
@@ -109,7 +111,7 @@ _SYSCALLS = {
         "syslog": 116, "mknodat": 33, "sethostname": 161, "setdomainname": 162, "settimeofday": 170,
         "clock_settime": 112, "quotactl": 60, "pidfd_open": 434, "pidfd_send_signal": 424, "pidfd_getfd": 438,
         "rt_sigqueueinfo": 138, "rt_tgsigqueueinfo": 240, "fsopen": 430, "fsmount": 432, "move_mount": 429,
-        "open_tree": 428,
+        "open_tree": 428, "setsid": 157, "setpgid": 154,
     }),
 }
 _ALWAYS_REFUSED = (  # another process's memory, the kernel's and the machine's state, namespaces, signals by queue
@@ -119,6 +121,7 @@ _ALWAYS_REFUSED = (  # another process's memory, the kernel's and the machine's 
     "open_by_handle_at", "name_to_handle_at", "syslog", "mknod", "mknodat", "iopl", "ioperm", "sethostname",
     "setdomainname", "settimeofday", "clock_settime", "quotactl", "pidfd_open", "pidfd_send_signal", "pidfd_getfd",
     "rt_sigqueueinfo", "rt_tgsigqueueinfo", "tkill", "fsopen", "fsmount", "move_mount", "open_tree",
+    "setsid", "setpgid",  # a process allowed by max_processes stays in the group that is killed at the end
 )
 _PROCESS_SYSCALLS = ("fork", "vfork", "clone", "execve", "execveat")  # and clone3, answered ENOSYS (glibc then tries clone)
 

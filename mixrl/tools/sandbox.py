@@ -158,8 +158,10 @@ def _read(proc: subprocess.Popen, limits: Limits, deadline: float) -> tuple[byte
         left = deadline - time.monotonic()
         if left <= 0:
             return bytes(out), f"timeout after {limits.wall_seconds} s (wall)"
-        ready, _, _ = select.select([fd], [], [], left)
+        ready, _, _ = select.select([fd], [], [], min(left, 0.05))
         if not ready:
+            if proc.poll() is not None:  # it exited and its output is read; a process it started may hold the pipe
+                return bytes(out), None
             continue
         chunk = os.read(fd, 65536)
         if not chunk:
@@ -193,10 +195,10 @@ def _run(code: str, limits: Limits, *, audit_hook: bool = True, seccomp: bool = 
 
 def _execute(code: str, limits: Limits, audit_hook: bool = True, seccomp: bool = True) -> tuple[ToolResult, dict]:
     """The result, and the launcher's status object (its ``seccomp`` field says whether the filter is on)."""
-    workdir = tempfile.mkdtemp(prefix="mixrl-sandbox-")
-    status_read, status_write = os.pipe()
-    proc = None
+    workdir, status_read, status_write, proc = None, -1, -1, None
     try:
+        workdir = tempfile.mkdtemp(prefix="mixrl-sandbox-")
+        status_read, status_write = os.pipe()
         settings = {**asdict(limits), "audit_hook": audit_hook, "seccomp": seccomp}
         command = [*_isolation(limits.network), sys.executable, "-I", "-S", "-u", "-X", "utf8", _LAUNCHER,
                    str(status_write), json.dumps(settings)]
@@ -222,9 +224,11 @@ def _execute(code: str, limits: Limits, audit_hook: bool = True, seccomp: bool =
         text = out.decode("utf-8", "replace")[: limits.max_output_chars]
         if stopped:
             return ToolResult(text=text, ok=False, reason=stopped), {}
-        with os.fdopen(status_read, "rb") as pipe:
-            status_read = -1
-            raw = pipe.read(4096)
+        os.set_blocking(status_read, False)  # the child wrote before it exited; never wait on what it left open
+        try:
+            raw = os.read(status_read, 65536)
+        except BlockingIOError:
+            raw = b""
         try:
             status = json.loads(raw) if raw else {}
         except ValueError:
@@ -242,7 +246,8 @@ def _execute(code: str, limits: Limits, audit_hook: bool = True, seccomp: bool =
                 os.close(fd)
         if proc is not None and proc.stdout:
             proc.stdout.close()
-        shutil.rmtree(workdir, ignore_errors=True)
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def run_python(code: str, limits: Limits = Limits()) -> ToolResult:

@@ -126,6 +126,24 @@ def test_writing_outside_its_directory_is_refused(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_paths_that_lead_outside_are_refused(tmp_path):
+    """Renames, links, symbolic links, a deeper current directory and a directory descriptor (``dir_fd=``)."""
+    target = str(tmp_path / "escaped")
+    for code, reason in [
+        (f"open('f', 'w').write('x')\nimport os\nos.rename('f', {target!r})", f"refused: os.rename {target}: writing"),
+        ("import os\nos.link('/etc/passwd', 'p')", "refused: os.link /etc/passwd: writing outside"),
+        ("import os\nos.symlink('/etc', 'e')\nopen('e/passwd').read()", "refused: open e/passwd: reading outside"),
+        ("import os\nos.makedirs('a/b/c')\nos.chdir('a/b/c')\nopen('../../../../x', 'w')", "refused: open ../../../../x"),
+        ("import os\nfd = os.open('.', os.O_RDONLY)", "refused: open .: a directory cannot be opened"),
+        ("import os\nos.mkdir('b', dir_fd=0)", "refused: os.mkdir with dir_fd"),
+    ]:
+        contained(run_python(code, FAST), reason)
+    assert list(tmp_path.iterdir()) == []
+    inside = "import os, tempfile\nos.makedirs('a/b')\nos.chdir('a/b')\nopen('../y', 'w').write('1')\n" \
+             "fd, name = tempfile.mkstemp()\nprint(sorted(os.listdir('..')), [d for d, _, _ in os.walk('..')])"
+    assert run_python(inside, FAST).text == "['b', 'y'] ['..', '../b']\n"
+
+
 def test_writing_past_the_file_size_limit_stops():
     contained(run_python("open('big', 'wb').write(b'x' * (2 * 1024 * 1024))", FAST), "file size limit 1 MB")
 

@@ -23,7 +23,10 @@ In order, before any of the program runs:
    ``PermissionError``): new processes (``os.fork``, ``os.exec*``, ``os.posix_spawn``, ``os.system``,
    ``subprocess.Popen``; importing ``_posixsubprocess`` where the filter is off), signals to other processes, ``ctypes``
    (foreign calls would step around every check here), sockets unless the network is allowed, writes
-   outside the working directory, reads outside it and the standard library's folders, and the
+   outside the working directory, reads outside it and the standard library's folders (paths resolved
+   with symbolic links followed, from the current directory; a rename or a hard link checks both ends),
+   directory descriptors (``os.open`` of a directory; any ``dir_fd=``: a path relative to one could not
+   be checked; ``shutil.rmtree`` is switched to its path-based walk so that it still works), and the
    introspection that could reach the hook's own state (``gc.get_objects``/``get_referrers``/
    ``get_referents``, ``sys._current_frames``, ``sys.settrace``/``setprofile``), and subinterpreters
    (a new interpreter starts without this one's audit hooks).
@@ -54,12 +57,13 @@ _INTROSPECTION_EVENTS = frozenset({
     "sys.setprofile", "sys._current_exceptions",
     "cpython.PyInterpreterState_New",  # a subinterpreter starts without this interpreter's audit hooks
 })
-_PATH_EVENTS = {  # event -> (index of the path argument, whether it writes)
-    "os.listdir": (0, False), "os.scandir": (0, False), "os.chdir": (0, False), "os.mkdir": (0, True),
-    "os.remove": (0, True), "os.rmdir": (0, True), "os.rename": (0, True), "os.symlink": (1, True),
-    "os.link": (1, True), "os.chmod": (0, True), "os.chown": (0, True), "os.truncate": (0, True),
-    "os.utime": (0, True), "os.setxattr": (0, True), "os.removexattr": (0, True),
-    "os.listxattr": (0, False), "os.getxattr": (0, False), "shutil.rmtree": (0, True),
+_PATH_EVENTS = {  # event -> (indices of its path arguments, whether it writes, indices of its dir_fd arguments)
+    "os.listdir": ((0,), False, ()), "os.scandir": ((0,), False, ()), "os.chdir": ((0,), False, ()),
+    "os.listxattr": ((0,), False, ()), "os.getxattr": ((0,), False, ()), "os.mkdir": ((0,), True, (2,)),
+    "os.remove": ((0,), True, (1,)), "os.rmdir": ((0,), True, (1,)), "os.rename": ((0, 1), True, (2, 3)),
+    "os.link": ((0, 1), True, (2, 3)), "os.symlink": ((1,), True, (2,)), "os.chmod": ((0,), True, (2,)),
+    "os.chown": ((0,), True, (3,)), "os.truncate": ((0,), True, ()), "os.utime": ((0,), True, (3,)),
+    "os.setxattr": ((0,), True, ()), "os.removexattr": ((0,), True, ()), "shutil.rmtree": ((0,), True, ()),
 }
 # and _posixsubprocess when no process is allowed and the seccomp filter is off: its fork_exec raises no audit
 # event; with the filter on, the kernel refuses the fork, and ``import subprocess`` (which asyncio, platform and
@@ -179,15 +183,15 @@ def _install_seccomp(max_processes, network):
 
 
 def _install_guard(workdir, read_roots, network, max_processes, seccomp_on):
-    realpath, fsdecode, join = os.path.realpath, os.fsdecode, os.path.join
+    realpath, fsdecode, isdir = os.path.realpath, os.fsdecode, os.path.isdir
     write_roots = (workdir,)
     read_roots = tuple(read_roots) + write_roots
     busy = []  # re-entry guard: the checks below must not check themselves
 
     def inside(path, roots):
-        if isinstance(path, int):  # an already-open descriptor: it passed this check when it was opened
+        if isinstance(path, int):  # an open descriptor: a file that passed this check (directories never get one)
             return True
-        path = realpath(join(workdir, fsdecode(path)))
+        path = realpath(fsdecode(path))  # symbolic links followed, relative to the current directory
         return any(path == root or path.startswith(root.rstrip(os.sep) + os.sep) for root in roots)
 
     def check_path(event, path, writes):
@@ -208,9 +212,15 @@ def _install_guard(workdir, read_roots, network, max_processes, seccomp_on):
                 writes = bool(mode and any(c in mode for c in "wax+")) or bool((flags or 0) & _WRITE_FLAGS)
                 if path is not None:
                     check_path("open", path, writes)
+                    if not isinstance(path, int) and isdir(path):  # a path relative to a directory descriptor
+                        # (dir_fd=) would be checked against the current directory, not against that directory
+                        raise SandboxRefusal(f"open {fsdecode(path)}: a directory cannot be opened in the sandbox")
             elif event in _PATH_EVENTS:
-                index, writes = _PATH_EVENTS[event]
-                check_path(event, args[index] if len(args) > index else None, writes)
+                indices, writes, dir_fds = _PATH_EVENTS[event]
+                if any(i < len(args) and args[i] not in (None, -1, -100) for i in dir_fds):  # -1: none given; -100: AT_FDCWD
+                    raise SandboxRefusal(f"{event} with dir_fd: not available in the sandbox")
+                for index in indices:
+                    check_path(event, args[index] if len(args) > index else None, writes)
             elif event in _PROCESS_EVENTS and not max_processes:
                 raise SandboxRefusal(f"{event}: no new processes in the sandbox")
             elif event in _SIGNAL_EVENTS:
@@ -254,6 +264,8 @@ def main():
     if limits.get("seccomp", True):
         _LAYERS["seccomp"] = _install_seccomp(int(limits["max_processes"]), bool(limits["network"]))
     if limits.get("audit_hook", True):
+        import shutil  # deferred: only where the guard is on (tempfile imports it anyway)
+        shutil._use_fd_functions = False  # rmtree by path: the guard refuses directory descriptors (dir_fd=)
         _install_guard(workdir, read_roots, bool(limits["network"]), int(limits["max_processes"]),
                        _LAYERS.get("seccomp") == "on")
     del read_roots, fd

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
@@ -206,6 +208,34 @@ def test_the_python_tool_returns_text_with_the_reason():
     assert python("print(sum(range(10)))") == "45\n"
     assert python("print('partial')\n1/0").endswith("ZeroDivisionError: division by zero\nError: ZeroDivisionError: division by zero")
     assert python("import os\nos.fork()").endswith("Error: refused: os.fork: no new processes in the sandbox")
+
+
+INTERRUPTED = """
+import os, signal, subprocess, threading
+from mixrl.tools import sandbox
+started = []
+class Recorded(subprocess.Popen):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        started.append(self.pid)
+sandbox.subprocess.Popen = Recorded
+threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+try:
+    sandbox.run_python("import time\\ntime.sleep(60)", sandbox.Limits(wall_seconds=60))
+except KeyboardInterrupt:
+    try:
+        os.kill(started[-1], 0)
+        print("still running")
+    except ProcessLookupError:
+        print("gone")
+"""
+
+
+def test_an_interrupted_caller_leaves_no_sandbox_behind():
+    """Ctrl-C in the caller (a ``KeyboardInterrupt`` inside ``run_python``) kills and reaps the child."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
+    out = subprocess.run([sys.executable, "-c", INTERRUPTED], capture_output=True, text=True, timeout=60, env=env)
+    assert out.stdout.strip() == "gone", out
 
 
 def test_isolation_is_described():

@@ -237,10 +237,14 @@ def _execute(code: str, limits: Limits, audit_hook: bool = True, seccomp: bool =
         reason = _reason(proc, status, limits)
         return ToolResult(text=text, ok=reason is None, reason=reason), status
     except Exception as err:  # a tool failure is a tool message, never a crash of the caller
-        if proc is not None:
-            _kill(proc)
         return ToolResult(text="", ok=False, reason=" ".join(f"sandbox failed: {type(err).__name__}: {err}".split())), {}
     finally:
+        if proc is not None and proc.returncode is None:  # an error above, or the caller interrupted (Ctrl-C)
+            _kill(proc)
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
         for fd in (status_read, status_write):
             if fd >= 0:
                 os.close(fd)

@@ -65,9 +65,10 @@ _PATH_EVENTS = {  # event -> (indices of its path arguments, whether it writes, 
     "os.chown": ((0,), True, (3,)), "os.truncate": ((0,), True, ()), "os.utime": ((0,), True, (3,)),
     "os.setxattr": ((0,), True, ()), "os.removexattr": ((0,), True, ()), "shutil.rmtree": ((0,), True, ()),
 }
-# and _posixsubprocess when no process is allowed and the seccomp filter is off: its fork_exec raises no audit
-# event; with the filter on, the kernel refuses the fork, and ``import subprocess`` (which asyncio, platform and
-# others do at import) keeps working while ``subprocess.Popen`` is refused by its own event
+# modules refused at import; _posixsubprocess is refused too when no process is allowed and the seccomp filter is
+# off (its fork_exec raises no audit event); with the filter on, the kernel refuses the fork, and ``import
+# subprocess`` (which asyncio, platform and others do at import) keeps working while ``subprocess.Popen`` is
+# refused by its own event
 _REFUSED_IMPORTS = frozenset({"_ctypes", "ctypes", "_xxsubinterpreters"})
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
@@ -88,6 +89,7 @@ def _set_limits(limits):
         ("RLIMIT_NOFILE", int(limits["max_open_files"]), int(limits["max_open_files"])),
     ):
         resource.setrlimit(getattr(resource, name), (soft, hard))
+
 
 # seccomp: the system calls refused whatever code makes them (C extensions and ctypes included). Numbers from
 # Linux's headers: x86_64 from asm/unistd_64.h, aarch64 from asm-generic/unistd.h (a call a table lacks is skipped).

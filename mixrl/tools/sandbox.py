@@ -136,7 +136,7 @@ def _signal_reason(number: int, limits: Limits) -> str:
     except ValueError:
         name = str(number)
     if number == signal.SIGKILL:
-        return f"killed by signal SIGKILL (the CPU time limit's hard stop at {limits.cpu_seconds} s + 1, or the system)"
+        return "killed by signal SIGKILL (the CPU time limit's hard stop, or the system)"
     return f"crashed: signal {name}" if number in _CRASHES else f"killed by signal {name}"
 
 
@@ -154,11 +154,13 @@ def _kill(proc: subprocess.Popen) -> None:
 def _read(proc: subprocess.Popen, limits: Limits, deadline: float) -> tuple[bytes, str | None]:
     """The child's output until it closes it, the deadline, or the output limit; a reason if it was stopped."""
     out, fd = bytearray(), proc.stdout.fileno()
+    poller = select.poll()  # not select.select: a trainer's descriptors can be numbered past FD_SETSIZE (1024)
+    poller.register(fd, select.POLLIN)
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
             return bytes(out), f"timeout after {limits.wall_seconds} s (wall)"
-        ready, _, _ = select.select([fd], [], [], min(left, 0.05))
+        ready = poller.poll(min(left, 0.05) * 1000)
         if not ready:
             if proc.poll() is not None:  # it exited and its output is read; a process it started may hold the pipe
                 return bytes(out), None

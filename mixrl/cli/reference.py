@@ -65,20 +65,20 @@ def _command_section(cmd: Any, path: list[str]) -> list[str]:
     out = [f"## `{' '.join(path)}`", "", f"```text\n{' '.join(path)} {usage}\n```", ""]
     help_text = inspect.cleandoc(cmd.help or "").replace("\b\n", "")
     if help_text:
-        out += [help_text, ""]
+        out += [_prose(help_text), ""]
     rows = []
     for p in cmd.params:
         if p.hidden if hasattr(p, "hidden") else False:
             continue
         if isinstance(p, click.Argument):
             name = f"`{p.human_readable_name}`" + (" ..." if p.nargs == -1 else "")
-            rows.append((name, "argument", "required" if p.required else "optional", getattr(p, "help", "") or ""))
+            rows.append((name, "argument", "required" if p.required else "optional", _cell(getattr(p, "help", "") or "")))
             continue
         names = " / ".join(f"`{o}`" for o in [*p.opts, *p.secondary_opts])
         default = p.default if not callable(p.default) else None
         shown = "" if default in (None, False, ()) or p.is_flag and default is False else f"`{default}`"
         kind = "flag" if p.is_flag else str(p.type.name).lower()
-        rows.append((names, kind, shown, (p.help or "").replace("|", "\\|").replace("\n", " ")))
+        rows.append((names, kind, shown, _cell(p.help or "").replace("\n", " ")))
     if rows:
         out += ["| parameter | type | default | what it does |", "|---|---|---|---|"]
         out += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
@@ -145,9 +145,9 @@ def render_config() -> str:
             rng = SETTING_BOUNDS.get(key, ("", ""))[0]
             rows.append(f"| `{key}` | {_type_name(tp)} | {_fmt(value)} | {rng} | {_cell(comments.get(f.name, ''))} |")
         if rows:
-            title = prefix.rstrip(".") or "top level"
+            title = prefix.rstrip(".") or "seed, run_dir, resume, plugins"
             doc = inspect.cleandoc(cls.__doc__ or "") if cls.__doc__ and not cls.__doc__.startswith(cls.__name__ + "(") else ""
-            lines.extend([f"## `{title}`", ""] + ([doc.replace("\n", " "), ""] if doc else []))
+            lines.extend([f"## `{title}`", ""] + ([_prose(doc.replace("\n", " ")), ""] if doc else []))
             lines.extend(["| key | type | default | range | meaning |", "|---|---|---|---|---|", *rows, ""])
         for inner, p, v in nested:
             section(inner, p, v if isinstance(v, dict) else {})
@@ -166,15 +166,31 @@ def _dataclass_of(cls: type, f: dataclasses.Field) -> Optional[type]:
 
 
 def _fmt(value: Any) -> str:
-    if isinstance(value, dict):
-        return f"`{{{', '.join(f'{k}: {v}' for k, v in value.items())}}}`" if value else "`{}`"
-    if value is None:
-        return "`null`"
-    return f"`{value}`".replace("|", "\\|")
+    """A default as YAML flow text in code type (``null``, ``true``, ``{name: grpo, eps: 1e-06}``)."""
+    return f"`{_yaml_scalar(value)}`".replace("|", "\\|")
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
+    return _prose(text).replace("|", "\\|")
+
+
+def _prose(text: str) -> str:
+    """``text`` with ``<`` and ``>`` outside code spans escaped, so Markdown shows ``runs/<date>`` rather
+    than taking ``<date>`` for an HTML tag."""
+    parts = text.split("`")
+    return "`".join(p.replace("<", "&lt;").replace(">", "&gt;") if i % 2 == 0 else p for i, p in enumerate(parts))
+
+
+def _yaml_scalar(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_yaml_scalar(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_yaml_scalar(v) for v in value) + "]"
+    return str(value)
 
 
 # --------------------------------------------------------------------------- recipes

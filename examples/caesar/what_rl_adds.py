@@ -55,7 +55,7 @@ def render(runs: Path) -> str:
              "Held-out accuracy on the 200 held-out rows of `examples/caesar/train.jsonl` (greedy, exact match), "
              f"40 steps from the default warm start (stopped at training accuracy 0.5), seeds {', '.join(map(str, seeds))}.", "",
              f"Warm start alone: **{start:.3f}** (deterministic: the same model and greedy evaluation for every seed).", "",
-             "| algo | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | last-step train reward (mean; sft generates none) |",
+             "| algo | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | last-step train reward (mean; sft: its expert rows) |",
              "|---|" + "---|" * (len(seeds) + 2)]
     for a in ALGOS:
         cells = [f"{data[a][s]['accuracy_after']:.3f}" if s in data[a] else "-" for s in seeds]

@@ -95,3 +95,54 @@ def test_bad_data_is_one_line_exit_2_and_nothing_created(case, data, tmp_path):
     assert len(lines) == 1 and lines[0].startswith("error:"), text
     assert ("question" in text) if case == "missing-column" else ("nope" in text)
     assert not cache.exists()
+
+
+def test_exact_match_accuracy_is_the_share_of_rows_whose_every_target_token_is_the_argmax():
+    """Formula: acc = (1/N) sum_i 1[argmax p(. | x_i, y_i,<t) = y_i,t for every target token t],
+    computed here by hand on a model whose logits are fixed per position."""
+    import torch
+
+    class Tok:  # ids: a=1, b=2; pad 0, eos 9
+        pad_token_id, eos_token_id = 0, 9
+
+        def __call__(self, text, add_special_tokens=True):
+            return {"input_ids": ([8] if add_special_tokens else []) + [{"a": 1, "b": 2}[c] for c in text]}
+
+    class Model(torch.nn.Module):  # predicts, at every position, the token "a" (1) then eos (9): "a" is right, "b" is not
+        def forward(self, input_ids, attention_mask):
+            logits = torch.zeros(*input_ids.shape, 10)
+            logits[:, :, 1] = 1.0
+            logits[:, 1:, 1] = 0.0
+            logits[:, 1:, 9] = 1.0
+            return type("Out", (), {"logits": logits})()
+
+    # prompt "<s>" (empty prompt), targets: "a" (a, eos: both argmax) and "b" (b is not): 1 of 2 right
+    problems, completions = [{"prompt": ""}, {"prompt": ""}], ["a", "b"]
+    assert tiny_data.exact_match_accuracy(Model(), Tok(), problems, completions) == 0.5
+    assert tiny_data.exact_match_accuracy(Model(), Tok(), problems[:1], completions[:1]) == 1.0
+
+
+def test_the_warm_start_stops_when_stop_says_so():
+    import torch
+
+    from mixrl.models.supervised import train_supervised
+    from mixrl.models.tiny_arch import build_model, build_tokenizer
+
+    tok = build_tokenizer("ab")
+    torch.manual_seed(0)
+    model = build_model(tok, max_new_tokens=4, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=16)
+    seen = []
+    losses = train_supervised(model, tok, steps=50, batch_size=2, lr=1e-3, warmup_steps=1, weight_decay=0.0, levels=(),
+                              seed=0, progress=False, examples=([{"prompt": "a"}, {"prompt": "b"}], ["b", "a"]),
+                              stop=lambda m, step: seen.append(step) or step == 3)
+    assert len(losses) == 3 and seen == [1, 2, 3]
+
+
+def test_build_on_data_states_the_target_accuracy_and_the_steps_it_ran(data, tmp_path):
+    res, text = _build(data, tmp_path / "cache", "--target-accuracy", "1")
+    assert res.exit_code == 0, text
+    assert re.search(r"2 of at most 2 steps on \d+ rows \(answer\), every step run; training accuracy \d\.\d{3} "
+                     r"\(exact, greedy, on \d+ training rows\)", text), text
+    bad = CliRunner().invoke(app, ["model", "build-tiny", "--target-accuracy", "0.5", "--quiet"])
+    assert bad.exit_code == 2 and "--target-accuracy applies to a warm start on your data" in bad.output

@@ -76,6 +76,7 @@ def train_supervised(
     description: str = "warm-starting tiny model",
     encode: Encode = encode_plain,
     examples: tuple[Sequence[dict[str, Any]], Sequence[str]] | None = None,
+    stop: Callable[[Any, int], bool] | None = None,
 ) -> list[float]:
     """Deterministic SFT on ``levels`` (train split); returns per-step losses.
 
@@ -84,6 +85,8 @@ def train_supervised(
     ``encode`` turns an example into prompt and completion ids (default :func:`encode_plain`).
     ``examples=(problems, completions)`` trains on those instead of ``arith`` (``levels`` and
     ``careless_fraction`` unused): epochs over them, each in a fresh order drawn from ``seed``.
+    ``stop(model, steps_done)``, called after each step, ends training early when it returns True
+    (the learning-rate schedule stays the one for ``steps``); ``len(losses)`` is the steps run.
     """
     if examples is not None:
         problems, completions = _epochs(examples, max(steps * batch_size, 1), seed)
@@ -116,6 +119,8 @@ def train_supervised(
             opt.zero_grad(set_to_none=True)
             losses.append(loss.item())
             bar.update(task, advance=1, loss=sum(losses[-20:]) / len(losses[-20:]))
+            if stop is not None and stop(model, step + 1):
+                break
     model.eval()
     return losses
 
@@ -141,13 +146,15 @@ def _progress(enabled: bool):
 def train_and_save(final: Path, rec: dict[str, Any], build: Callable[[], tuple[Any, Any]], *, encode: Encode = encode_plain,
                    meta_file: str = _META_FILE, progress: bool = True, description: str = "warm-starting tiny model",
                    extra_meta: Callable[[Any, Any], dict[str, Any]] | None = None,
-                   examples: tuple[Sequence[dict[str, Any]], Sequence[str]] | None = None) -> Path:
+                   examples: tuple[Sequence[dict[str, Any]], Sequence[str]] | None = None,
+                   stop: Callable[[Any, int], bool] | None = None) -> Path:
     """Build ``(model, tokenizer) = build()``, warm-start it with ``rec["warm_start"]``
     (:func:`train_supervised`) and save both atomically to ``final`` with ``meta_file``
     (``rec`` plus the key, final loss, seconds, parameter count, ``extra_meta(model, tokenizer)``).
 
     Deterministic: seeded, in a forked RNG, on one thread. Shared by every built-in model.
-    ``examples``: train on these (problems, completions) instead of ``arith`` (see :func:`train_supervised`).
+    ``examples``: train on these (problems, completions) instead of ``arith`` (see :func:`train_supervised`);
+    ``stop``: ends the warm start early (see :func:`train_supervised`), the metadata's ``steps_run`` says when.
     """
     final.parent.mkdir(parents=True, exist_ok=True)
     ws = rec["warm_start"]
@@ -176,6 +183,7 @@ def train_and_save(final: Path, rec: dict[str, Any], build: Callable[[], tuple[A
                 description=description,
                 encode=encode,
                 examples=examples,
+                stop=stop,
             )
     finally:
         torch.set_num_threads(threads)
@@ -198,6 +206,7 @@ def train_and_save(final: Path, rec: dict[str, Any], build: Callable[[], tuple[A
             **rec,
             "key": final.name,
             "final_loss": sum(losses[-20:]) / max(len(losses[-20:]), 1),
+            "steps_run": len(losses),
             "train_seconds": round(seconds, 2),
             "num_parameters": sum(p.numel() for p in model.parameters()),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S"),

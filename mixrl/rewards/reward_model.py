@@ -124,7 +124,7 @@ class RewardModelReward:
             from transformers import AutoModelForSequenceClassification  # deferred: transformers, 1 s
 
             device = self.device or (f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if torch.cuda.is_available() else "cpu")
-            model = AutoModelForSequenceClassification.from_pretrained(self.resolved_path())
+            model = AutoModelForSequenceClassification.from_pretrained(self.resolved_path(), dtype="auto")  # its checkpoint's dtype
             if model.config.pad_token_id is None:
                 model.config.pad_token_id = self.tokenizer().pad_token_id
             self._model = model.to(device).eval().requires_grad_(False)

@@ -2,7 +2,8 @@
 
 ``serve(answer)`` starts ``http.server`` in a thread and returns ``(url, server)``; ``answer(text) -> str``
 writes the verdict for the user message ``text``. :func:`arith_judge` is a judge of the built-in task:
-it reads the template's ``Answer:`` and ``Reference answer:`` lines and says ``Score: 10`` or ``Score: 0``.
+it reads the template's ``Answer:`` and ``Reference answer:`` lines and says ``Score: 10`` or ``Score: 0``;
+:func:`arith_step_judge` checks one step (a running sum) for ``reward=process``.
 ``python tests/judge_stand_in.py --port 8123`` serves it until Ctrl-C (the guide's example).
 """
 
@@ -22,6 +23,25 @@ def arith_judge(text: str) -> str:
     got = re.search(r"####\s*(-?\d+)\s*$", answer.group(1)) if answer else None
     right = bool(got and gold and got.group(1).lstrip("0") == gold.group(1).lstrip("0"))
     return f"The sums check out. Score: {10 if right else 0}" if right else "Score: 0"
+
+
+def arith_step_judge(text: str) -> str:
+    """The per-step judge of the built-in task (reward=process): is the next running sum right?"""
+    terms = [int(t) for t in re.search(r"Problem: ([\d+]+)=", text).group(1).split("+")]
+    previous = (re.search(r"Solution so far: (.*)", text).group(1) or "").split()
+    step = re.search(r"Next step: (.*)", text).group(1).strip()
+    if step == "####":
+        right = True
+    elif "####" in previous:
+        right = step == str(sum(terms))
+    else:
+        right = step == str(sum(terms[:len(previous) + 2]))
+    return f"Verdict: {'correct' if right else 'incorrect'}"
+
+
+def judge_any(text: str) -> str:
+    """The step judge for step questions, the answer judge otherwise."""
+    return arith_step_judge(text) if "Next step:" in text else arith_judge(text)
 
 
 def serve(answer: Callable[[str], str], port: int = 0) -> tuple[str, ThreadingHTTPServer]:
@@ -53,6 +73,6 @@ def serve(answer: Callable[[str], str], port: int = 0) -> tuple[str, ThreadingHT
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--port", type=int, default=8123)
-    url, server = serve(arith_judge, ap.parse_args().port)
+    url, server = serve(judge_any, ap.parse_args().port)
     print(f"serving the arith stand-in judge at {url}", flush=True)
     threading.Event().wait()

@@ -9,6 +9,7 @@ from mixrl.rewards.registry import REWARDS, RewardFn, build_reward, register_rew
 from mixrl.rewards import builtin as _builtin  # noqa: E402,F401  - registers the built-ins
 from mixrl.rewards import reward_model as _reward_model  # noqa: E402,F401  - registers reward=model
 from mixrl.rewards import judge as _judge  # noqa: E402,F401  - registers reward=judge
+from mixrl.rewards import process as _process  # noqa: E402,F401  - registers reward=process
 from mixrl.rewards.builtin import AnswerReward, MathVerifier, exact_reward, extract_gold, math_reward
 from mixrl.rewards.extract import completion_text, extract_after_marker
 

@@ -189,6 +189,10 @@ class JudgeReward:
             answers = [answers or ""] * len(completions)
         texts = [self.template.format_map(_Fields(prompt=_prompt_text(p), completion=completion_text(c), answer=a or ""))
                  for p, c, a in zip(prompts, completions, answers)]
+        return self.score_texts(texts, kwargs.get("log_metric"))
+
+    def score_texts(self, texts: list[str], log: Any = None, prefix: str = "judge") -> list[float | None]:
+        """The parsed reward of the judge's verdict on each question text (unparsable: by ``unparsable``, counted)."""
         verdicts = self.verdicts(texts)
         pattern = re.compile(self.pattern_text)
         out: list[float | None] = []
@@ -202,10 +206,9 @@ class JudgeReward:
             else:
                 self.unparsable_run = 0
                 out.append(r)
-        log = kwargs.get("log_metric")
         if callable(log) and verdicts:
-            log("judge/unparsable", float(len(bad)))
-            log("judge/unparsable_frac", len(bad) / len(verdicts))
+            log(f"{prefix}/unparsable", float(len(bad)))
+            log(f"{prefix}/unparsable_frac", len(bad) / len(verdicts))
         if bad:
             self.unparsable_total += len(bad)
             example = bad[0].replace("\n", " ")[:80]
@@ -254,7 +257,7 @@ def judge_reward(*, backend: str = "endpoint", url: str | None = None, model: st
         re.compile(pattern)
     except re.error as e:
         raise ConfigError(f"reward 'judge': pattern {pattern!r} is not a regular expression ({e}); fix reward.params.pattern") from None
-    if "{completion}" not in template:
+    if "{completion}" not in template and "{step}" not in template:
         raise ConfigError("reward 'judge': the template has no {completion} field, so the judge would never see the "
                           "completion; add {completion} to reward.params.template")
     if verifier != "none" and verifier not in ("exact", "math"):

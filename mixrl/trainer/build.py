@@ -405,9 +405,12 @@ def prepare_inputs(cfg: DictConfig, console: Console, *, check: bool = True) -> 
         model_path, tokenizer = extend_tiny(
             cfg, model_path, new_chars, say=lambda text: console.print(text, soft_wrap=True, highlight=False)
         )
-    for fn in reward_funcs:  # a judge served by the policy's own model (reward.params.path=policy)
-        if hasattr(getattr(fn, "fn", fn), "bind_policy"):
-            fn.fn.bind_policy(model_path)
+    for fn in reward_funcs:  # a judge served by the policy's own model (path=policy); process rewards' token boundaries
+        inner = getattr(fn, "fn", fn)
+        if hasattr(inner, "bind_policy"):
+            inner.bind_policy(model_path)
+        if hasattr(inner, "bind_tokenizer"):
+            inner.bind_tokenizer(tokenizer)
     benchmarks = []
     if cfg.trainer.get("eval_benchmarks") and int(cfg.trainer.eval_every) > 0:  # the papers' benchmarks, read before the run starts
         from mixrl.benchmarks.live import prepare  # deferred: benchmarks load only for runs that score them

@@ -242,6 +242,27 @@ def judge_reward(*, backend: str = "endpoint", url: str | None = None, model: st
     Formula: r_i = parse(J(template(prompt_i, completion_i, answer_i))) / {scale}; unparsable: r_i = {neutral} (unparsable={unparsable})
 
     Paper: "Judging LLM-as-a-Judge with MT-Bench and Chatbot Arena" (Zheng et al. 2023, arXiv 2306.05685): a strong LLM's graded verdict as the score of an answer.
+
+    Parameters:
+        backend (str): endpoint (an OpenAI-compatible server at url) or hf (a local causal LM at path).
+        url (str | None): the server, e.g. http://localhost:8000/v1 (or the full .../chat/completions).
+        model (str): the model name sent to the endpoint.
+        path (str | None): backend=hf: a folder, a hub id, or policy (the run's starting model).
+        template (str): the question; {prompt}, {completion} and {answer} are filled per row.
+        pattern (str): the regex whose first group is the verdict (a number, or a label such as correct).
+        scale (float): a numeric verdict is divided by it.
+        unparsable (str): neutral (the neutral reward), drop (no reward) or error (stop the run).
+        neutral (float): the reward of an unparsable verdict.
+        give_up_after (int): stop when this many verdicts in a row were unparsable; 0 never.
+        retries (int): endpoint tries after the first, with backoff backoff_s * 2^k, then a one-line stop.
+        backoff_s (float): the first retry's wait, in seconds.
+        timeout_s (float): one request's time limit, in seconds.
+        temperature (float): the judge's sampling temperature.
+        max_tokens (int): the verdict's length limit.
+        concurrency (int): endpoint requests in flight.
+        api_key_env (str): the environment variable holding the endpoint's key (sent as a Bearer token if set).
+        answer_column (str): the dataset column filled into {answer}.
+        verifier (str): what judges held-out accuracy: exact, math, or none (the judge itself).
     """
     if backend not in BACKENDS:
         raise ConfigError(f"reward 'judge': backend={backend!r} is not one of {', '.join(BACKENDS)}; fix reward.params.backend")

@@ -125,6 +125,18 @@ def process_reward(*, scorer: str = "judge", scorer_params: dict | None = None, 
     Formula: r_t = {step_weight} (s_j(t) - {baseline}) placed by {placement} over step j(t)'s tokens, + {outcome_weight} v on the last token; steps split after {separator}
 
     Paper: "CAPO: Towards Enhancing LLM Reasoning through Generative Credit Assignment" (Xie et al. 2025, arXiv 2508.02298): an LLM as a generative process reward model judges every step in one pass; tokens of wrong steps are penalised on top of the verifiable reward.
+
+    Parameters:
+        scorer (str): judge (a verdict per step) or model (a reward model's score of the prompt plus the steps so far).
+        scorer_params (dict | None): the params of the judge (reward=judge) or reward model (reward=model); the judge's default template asks about one step.
+        separator (str): a step ends after each occurrence (default a blank line; the built-in task's sums: a space).
+        regex (bool): separator is a regular expression (a zero-width match cuts before it).
+        placement (str): each (every token of the step), last (its last token) or spread (divided over its tokens).
+        step_weight (float): the weight of the step scores.
+        baseline (float): subtracted from each step score (1: a step judged right adds 0).
+        outcome_weight (float): the weight of the verifier's outcome, on the last token.
+        verifier (str): exact, math or none; also judges held-out accuracy.
+        answer_column (str): the gold answer column.
     """
     if scorer not in SCORERS:
         raise ConfigError(f"reward 'process': scorer={scorer!r} is not one of {', '.join(SCORERS)}; fix reward.params.scorer")
@@ -140,12 +152,17 @@ def process_reward(*, scorer: str = "judge", scorer_params: dict | None = None, 
             raise ConfigError(f"reward 'process': separator {separator!r} is not a regular expression ({e}); "
                               "fix reward.params.separator or set reward.params.regex=false") from None
     params = dict(scorer_params or {})
-    if scorer == "judge":
-        params = {"template": STEP_TEMPLATE, "pattern": STEP_PATTERN, "scale": 1.0, "verifier": "none", **params}
-        inner = judge_reward(**params)
-    else:
-        params = {"verifier": "none", **params}
-        inner = reward_model(**params)
+    try:
+        if scorer == "judge":
+            inner = judge_reward(**{"template": STEP_TEMPLATE, "pattern": STEP_PATTERN, "scale": 1.0, "verifier": "none", **params})
+        else:
+            inner = reward_model(**{"verifier": "none", **params})
+    except ConfigError as e:  # the scorer's params live under reward.params.scorer_params
+        raise ConfigError(str(e).replace(f"reward '{scorer}'", f"reward 'process' (scorer={scorer})")
+                          .replace("reward.params.", "reward.params.scorer_params.")) from None
+    except TypeError as e:
+        raise ConfigError(f"reward 'process': scorer_params has a key the {scorer} scorer does not take ({e}); "
+                          f"see the params of reward={scorer} in docs/components.md") from None
     if verifier != "none" and verifier not in ("exact", "math"):
         raise ConfigError(f"reward 'process': verifier={verifier!r} is not one of exact, math, none; fix reward.params.verifier")
     return ProcessReward(scorer=inner, scorer_name=scorer, separator=separator, regex=bool(regex), placement=placement,

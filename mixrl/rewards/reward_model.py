@@ -193,6 +193,20 @@ def reward_model(*, path: str = BUILTIN_RM, batch_size: int = 64, normalize: str
     Formula: r_i = {rm_weight} norm_{normalize}(s_i) + {verifier_weight} v_i (gate=none) or r_i = v_i if the verifier decides row i else {rm_weight} norm(s_i) (gate=undecided); s_i = {transform}(RM(prompt_i + completion_i)) [gate={gate}]
 
     Paper: "Training language models to follow instructions with human feedback" (Ouyang et al. 2022, arXiv 2203.02155): a learned scalar reward model scores the policy's completions for RL.
+
+    Parameters:
+        path (str): a folder, a hub id, or builtin:tiny-rm.
+        batch_size (int): completions per forward of the reward model.
+        normalize (str): none, batch (z-score over the batch) or group (z-score over the rows of one prompt).
+        transform (str): sigmoid (s = sigma(logit)) or none (s = logit).
+        verifier (str): the verifier combined with the score, and that judges held-out accuracy: exact, math or none.
+        verifier_weight (float): gate=none: the verifier's weight.
+        rm_weight (float): the reward model's weight.
+        gate (str): none (weighted sum) or undecided (the verifier where it decides, the reward model elsewhere).
+        retokenize (bool): a policy with another tokenizer: re-tokenise the text (true) or refuse at start-up (false).
+        device (str | None): where the reward model runs; None: this process's GPU, else the CPU.
+        marker (str): the answer marker; a completion with nothing after it is one the verifier cannot decide.
+        answer_column (str): the gold answer column the verifier reads.
     """
     for key, value, allowed in (("normalize", normalize, NORMALIZE), ("gate", gate, GATES), ("transform", transform, TRANSFORMS)):
         if value not in allowed:

@@ -164,6 +164,18 @@ def test_unparsable_verdicts_are_counted_never_a_silent_zero(caplog):
         server.shutdown()
 
 
+def test_the_policys_own_model_can_judge(tiny_model_path, caplog):
+    """backend=hf, path=policy: the run's starting model answers the question (greedy). The tiny arithmetic
+    model never writes 'Score: N', so every verdict is unparsable: counted, neutral, never a silent 0."""
+    judge = build_reward("judge", backend="hf", path="policy", max_tokens=8, neutral=0.25)
+    judge.fn.bind_policy(tiny_model_path)
+    assert judge.fn.path == tiny_model_path
+    with caplog.at_level(logging.WARNING, logger="mixrl.rewards.judge"):
+        out = judge(prompts=["1+2=", "3+4="], completions=["3 #### 3", "7 #### 7"], answer=["3", "7"])
+    assert out == [0.25, 0.25] and judge.fn.unparsable_total == 2
+    assert any("2 of 2 verdicts unparsable" in r.getMessage() for r in caplog.records)
+
+
 def test_a_down_endpoint_is_retried_then_stops_with_one_line():
     url, server = serve(arith_judge)
     server.shutdown()

@@ -251,3 +251,16 @@ def test_a_refused_tokenizer_and_a_down_endpoint_stop_before_the_run_exists(tiny
                               "reward.params.retries=1", "reward.params.backoff_s=0.01", f"run_dir={run}"])
     assert res.exit_code == 2 and "did not answer after 2 tries" in res.stderr and not run.exists()
     assert len([line for line in res.stderr.splitlines() if line.startswith("error:")]) == 1
+
+
+@pytest.mark.slow
+def test_ppo_trains_on_process_rewards_from_a_step_judge(tiny_model_path, stand_in, tmp_path):
+    """algo=ppo: the dense step rewards (a stand-in judge per running sum) enter GAE through the critic."""
+    url, _ = stand_in
+    run = tmp_path / "run"
+    _train([*FAST, f"model.path={tiny_model_path}", "algo=ppo", "reward=process", "reward.params.separator=' '",
+            f"reward.params.scorer_params.url={url}", f"run_dir={run}"])
+    rows = [r for r in _metrics(run) if "rewards/process/mean" in r]
+    assert len(rows) == 2 and all(r["process/unparsable"] == 0 for r in rows)
+    assert all(r["rewards/process/mean"] <= 1.0 for r in rows)  # at most the outcome: steps only ever subtract
+    assert any(k.startswith("critic/") or k.startswith("loss/value") for k in rows[-1]), sorted(rows[-1])

@@ -77,6 +77,19 @@ def test_bad_judge_params_are_one_line():
         build_reward("process")
 
 
+def test_explain_and_the_components_page_show_the_rewards_from_models():
+    from mixrl.config.compose import compose_config
+    from mixrl.explain.render import explain_lines
+    from mixrl.sources.docs import render_components_markdown
+
+    rows = dict(explain_lines(compose_config(["reward=model", "reward.params.gate=undecided", "reward.params.rm_weight=2"])))
+    assert rows["reward"].startswith("model (weight 1): r_i = 2 norm_none(s_i)") and "[gate=undecided]" in rows["reward"]
+    page = render_components_markdown()
+    for name in ("model", "judge", "process"):
+        assert f"### `{name}`" in page
+    assert "arXiv 2508.02298" in page and "arXiv 2203.02155" in page and "arXiv 2306.05685" in page
+
+
 # --------------------------------------------------------------------------- the built-in reward model
 @pytest.fixture(scope="module")
 def tiny_rm(tmp_path_factory) -> str:

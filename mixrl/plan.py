@@ -296,6 +296,14 @@ def teacher_shapes(cfg: DictConfig) -> list[ModelShape | None]:
     return shapes
 
 
+def reward_model_shapes(cfg: DictConfig) -> list[ModelShape | None]:
+    """The shapes of the reward models a config loads (``reward.name=model``, or one in ``reward.extra``): frozen,
+    whole on every GPU (:mod:`mixrl.rewards.reward_model`)."""
+    specs = [cfg.reward] + list(cfg.reward.get("extra") or [])
+    paths = [str((s.get("params") or {}).get("path", "builtin:tiny-rm")) for s in specs if s.get("name") == "model"]
+    return [model_shape(OmegaConf.create({"model": {"path": path}})) for path in paths]
+
+
 def estimate(cfg: DictConfig, shape: ModelShape, *, prompt_tokens: int = 512) -> dict:
     """Per-GPU bytes of each part (see the module docstring) for ``cfg`` and ``shape``."""
     hw, t = cfg.hardware, cfg.trainer
@@ -330,6 +338,8 @@ def estimate(cfg: DictConfig, shape: ModelShape, *, prompt_tokens: int = 512) ->
             continue
         t_dtype = str(cfg.teacher.source.get("dtype", "auto"))
         teachers += ts.params() * (p if t_dtype == "auto" else DTYPE_BYTES.get(t_dtype, 4))
+    reward_models = sum(rs.params() * p for rs in reward_model_shapes(cfg) if rs is not None)  # in its checkpoint's dtype, counted as the policy's
+    reward_models_unknown = sum(rs is None for rs in reward_model_shapes(cfg))
     # sharded strategies gather one unit at a time (+ the next, prefetched) and the LM head whole
     layer_params = (N - shape.vocab * shape.hidden * (1 if shape.tied else 2)) / max(shape.layers, 1)
     gathered = (2 * layer_params + shape.vocab * shape.hidden) * p if sharded else 0.0
@@ -351,6 +361,7 @@ def estimate(cfg: DictConfig, shape: ModelShape, *, prompt_tokens: int = 512) ->
         "micro_batch_tokens": tokens,
         "weights": weights, "gradients": grads, "ddp_buckets": buckets, "optimizer": optim, "reference": reference,
         "teachers": teachers, "teachers_unknown": teacher_unknown, "gathered": gathered,
+        "reward_models": reward_models, "reward_models_unknown": reward_models_unknown,
         "activations": acts, "layer_activation_bytes": a_layer, "lm_head": head["total"], "lm_head_parts": head,
         "plain_log_softmax": head["tokens"] * shape.vocab * (p + 4), "gpu_gb": gpu,
     }
@@ -385,7 +396,7 @@ def estimate(cfg: DictConfig, shape: ModelShape, *, prompt_tokens: int = 512) ->
     out["critic_params"] = critic_params
     out["critic"] = critic_params * p * 3  # weights + AdamW's two moments
     out["critic_train"] = (critic_params * p + acts) if critic_params else 0.0  # its gradients + activations
-    held = weights + optim + reference + teachers + buckets + out["critic"]
+    held = weights + optim + reference + teachers + reward_models + buckets + out["critic"]
     # vLLM's sleep mode (level 2) frees its weights and KV cache after every generation
     sleeps = colocated and bool(hw.get("vllm_enable_sleep_mode", False))
     out["vllm_sleeps"] = sleeps
@@ -439,6 +450,9 @@ def render_plan(cfg: DictConfig, overrides: list[str], *, prompt_tokens: int | N
         if e["teachers"] or e["teachers_unknown"]:
             lines.append(f"  teacher model(s)      {_gb(e['teachers'])}  (frozen, whole on every GPU"
                          + (f"; {e['teachers_unknown']} of unknown shape not counted" if e["teachers_unknown"] else "") + ")")
+        if e["reward_models"] or e["reward_models_unknown"]:
+            lines.append(f"  reward model(s)       {_gb(e['reward_models'])}  (reward=model: frozen, whole on every GPU"
+                         + (f"; {e['reward_models_unknown']} of unknown shape not counted" if e["reward_models_unknown"] else "") + ")")
         if e["critic_params"]:
             lines.append(f"  critic (algo.critic)  {_gb(e['critic'] + e['critic_train'])}  ({e['critic_params'] / 1e9:,.3f} B parameters: "
                          f"weights + AdamW {_gb(e['critic'])}, gradients + activations while training {_gb(e['critic_train'])}; "

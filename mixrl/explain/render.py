@@ -29,6 +29,7 @@ from mixrl.config.geometry import geometry
 from mixrl.core import ADVANTAGES, AGGREGATIONS, CONTROLLERS, SCHEDULES, TERMS, provenance as prov
 from mixrl.core.objective import parse_weight_ref, uses_rows
 from mixrl.core.schedules import describe_schedule, split_spec
+from mixrl.rewards.components import REWARD_MODELS
 from mixrl.sources import INJECTIONS, SOURCES
 
 NOTATION = (
@@ -244,6 +245,24 @@ def _engine_row(cfg: DictConfig) -> str | None:
             "correction; metrics engine/*)")
 
 
+def _reward_rows(cfg: DictConfig) -> list[tuple[str, str]]:
+    """The rewards computed by a model (``reward.name`` or ``reward.extra``: model, judge, process) with their formulas;
+    none for the verifiers (their rows would add nothing to the objective's page)."""
+    specs = [cfg.reward, *(cfg.reward.get("extra") or [])]
+    rows = []
+    for spec in specs:
+        name = str(spec.get("name"))
+        if name not in REWARD_MODELS.names():
+            continue
+        params = OmegaConf.to_container(spec.get("params"), resolve=True) if spec.get("params") is not None else {}
+        params = {k: v for k, v in params.items() if k in REWARD_MODELS.params(name)}
+        defaults = REWARD_MODELS.defaults(name)
+        params = {k: repr(v) if isinstance(v, str) and any(c in v for c in "\n\t") else v  # a separator, a template: on one line
+                  for k, v in {**defaults, **params}.items()}
+        rows.append(("reward", f"{name} (weight {_g(float(spec.get('weight', 1.0)))}): {REWARD_MODELS.formula(name, params)}"))
+    return rows
+
+
 def explain_lines(cfg: DictConfig) -> list[tuple[str, str]]:
     """``(label, text)`` rows: each term (with the formulas of its components), each
     coefficient, the advantage, injection, source, controller, tokens and batch geometry.
@@ -263,6 +282,7 @@ def explain_lines(cfg: DictConfig) -> list[tuple[str, str]]:
     if teacher is not None:
         rows.append(("teacher.source", teacher))
     rows.append(("controller", _controller_row(cfg)))
+    rows += _reward_rows(cfg)
     engine = _engine_row(cfg)
     if engine is not None:
         rows.append(("engine", engine))

@@ -35,4 +35,8 @@ KNOWN_MODELS: dict[str, dict] = {
     "builtin:tiny-bpe": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
                              num_key_value_heads=4, vocab_size=320, tie_word_embeddings=True, model_type="qwen2",
                              max_position_embeddings=128),
+    # the built-in tiny reward model (mixrl.models.tiny_rm): a one-output Qwen2 classifier over the tiny tokenizer
+    "builtin:tiny-rm": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=4, vocab_size=18, tie_word_embeddings=True, model_type="qwen2",
+                            max_position_embeddings=64),
 }

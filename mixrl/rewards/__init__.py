@@ -7,6 +7,9 @@ import path (``my_pkg.rewards:fn``, ``my_pkg.rewards.fn``, ``path/to/rewards.py:
 
 from mixrl.rewards.registry import REWARDS, RewardFn, build_reward, register_reward, reward_params
 from mixrl.rewards import builtin as _builtin  # noqa: E402,F401  - registers the built-ins
+from mixrl.rewards import reward_model as _reward_model  # noqa: E402,F401  - registers reward=model
+from mixrl.rewards import judge as _judge  # noqa: E402,F401  - registers reward=judge
+from mixrl.rewards import process as _process  # noqa: E402,F401  - registers reward=process
 from mixrl.rewards.builtin import AnswerReward, MathVerifier, exact_reward, extract_gold, math_reward
 from mixrl.rewards.extract import completion_text, extract_after_marker
 

@@ -33,6 +33,7 @@ from mixrl.data.cells import to_chat_prompt
 from mixrl.evaluation.heldout import describe, separate_heldout
 from mixrl.models import tiny_bpe
 from mixrl.rewards import build_reward
+from mixrl.rewards.components import heldout_reward
 from mixrl.sources import SOURCES
 from mixrl.tasks import arith
 from mixrl.trainer.generation.engine_sync import default_tolerance
@@ -387,6 +388,9 @@ def prepare_inputs(cfg: DictConfig, console: Console, *, check: bool = True) -> 
     if check:
         check_training_data(cfg, tokenizer, train_ds, reward_funcs, model_path, extra_texts=extra)  # before the model loads
         check_train_size(cfg, train_ds, heldout)
+        for fn in reward_funcs:  # a reward model with another tokenizer: re-tokenised (said once) or refused, before the run exists
+            if hasattr(getattr(fn, "fn", fn), "check_tokenizer"):
+                fn.fn.check_tokenizer(tokenizer)
     if check:
         check_padding_free(cfg, model_path)  # trainer.padding_free=true with a model that cannot take packed rows
     if check and teacher is not None:  # a missing teacher folder or another vocabulary fails here, not after the run directory exists
@@ -401,11 +405,17 @@ def prepare_inputs(cfg: DictConfig, console: Console, *, check: bool = True) -> 
         model_path, tokenizer = extend_tiny(
             cfg, model_path, new_chars, say=lambda text: console.print(text, soft_wrap=True, highlight=False)
         )
+    for fn in reward_funcs:  # a judge served by the policy's own model (path=policy); process rewards' token boundaries
+        inner = getattr(fn, "fn", fn)
+        if hasattr(inner, "bind_policy"):
+            inner.bind_policy(model_path)
+        if hasattr(inner, "bind_tokenizer"):
+            inner.bind_tokenizer(tokenizer)
     benchmarks = []
     if cfg.trainer.get("eval_benchmarks") and int(cfg.trainer.eval_every) > 0:  # the papers' benchmarks, read before the run starts
         from mixrl.benchmarks.live import prepare  # deferred: benchmarks load only for runs that score them
 
-        benchmarks = prepare(cfg, tokenizer, reward_funcs[0], eval_rows=load_eval_rows)
+        benchmarks = prepare(cfg, tokenizer, heldout_reward(reward_funcs[0]), eval_rows=load_eval_rows)
     return RunInputs(model_path, tokenizer, train_ds, eval_rows, heldout, reward_funcs, reward_weights,
                      time.perf_counter() - t0, time.process_time() - cpu0, source=source, source_rows=source_rows,
                      benchmarks=benchmarks)

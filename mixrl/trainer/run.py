@@ -45,6 +45,7 @@ from mixrl.trainer.state.rundir import (
 from mixrl.evaluation import cache as eval_cache
 from mixrl.evaluation.accuracy import EvaluationInterrupted, evaluate_accuracy
 from mixrl.models import tiny_bpe
+from mixrl.rewards.components import heldout_reward
 from mixrl.rewards.deadline import RewardInterrupted, RewardTooSlow
 
 
@@ -237,7 +238,7 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
         callbacks.append(HeldoutBeforeCallback(lambda: before, trainer=lambda: trainer))
     if cfg.trainer.eval_every > 0:  # held-out accuracy (and benchmarks) every N steps -> eval.jsonl (the lambda: trainer is built below)
         from mixrl.evaluation.periodic import PeriodicEvalCallback  # deferred: evaluation.periodic imports transformers; `mixrl plan` imports this module and must not load it
-        callbacks.append(PeriodicEvalCallback.from_config(cfg, run_dir, tokenizer, eval_rows, reward_funcs[0], trainer=lambda: trainer,
+        callbacks.append(PeriodicEvalCallback.from_config(cfg, run_dir, tokenizer, eval_rows, heldout_reward(reward_funcs[0]), trainer=lambda: trainer,
                                                           stop=guard.stop_requested, benchmarks=inputs.benchmarks))
     samples_cb = None
     if cfg.logger.samples_per_step > 0 or cfg.logger.samples_eval > 0:  # what the model writes -> samples.jsonl, trackers
@@ -261,7 +262,7 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
     if before is None:
         try:
             with guard.during("the held-out evaluation before training; nothing to save yet"):
-                before = _eval_start(trainer, tokenizer, eval_rows, reward_funcs[0], cfg, console, model_path, stop=guard.stop_requested)
+                before = _eval_start(trainer, tokenizer, eval_rows, heldout_reward(reward_funcs[0]), cfg, console, model_path, stop=guard.stop_requested)
         except EvaluationInterrupted:
             raise RunInterrupted(f"{guard.name} during the held-out evaluation before training; nothing to resume; "
                                  "run the command again") from None
@@ -324,7 +325,7 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
     examples: list[dict] = []
     try:
         with guard.during(f"the held-out evaluation after training (the final model is saved in {model_dir})"):
-            after = _eval(trainer, tokenizer, eval_rows, reward_funcs[0], cfg, console, "held-out eval (after)", examples=examples,
+            after = _eval(trainer, tokenizer, eval_rows, heldout_reward(reward_funcs[0]), cfg, console, "held-out eval (after)", examples=examples,
                           stop=guard.stop_requested)
     except EvaluationInterrupted:
         raise RunInterrupted(f"{guard.name} during the held-out evaluation after training (step {trainer.state.global_step}): "

@@ -1,0 +1,41 @@
+"""Rewards from models (a reward model, a judge, process rewards) as documented components.
+
+``REWARD_MODELS`` is a :class:`mixrl.core.registry.Registry` of reward factories whose docstrings
+declare a ``Formula:`` and a ``Paper:``, so that ``docs/components.md`` and ``mixrl explain`` show
+them like every other component. :func:`register_model_reward` puts a factory both there and in the
+plain reward registry (:data:`mixrl.rewards.registry.REWARDS`) that ``reward.name`` resolves.
+
+:func:`heldout_reward` is the reward that judges held-out accuracy: a model-based reward carries the
+exact verifier it is combined with (``verifier``), and accuracy is judged by that verifier, never by
+the model (a reward model's score of 0.8 is not "right").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from mixrl.core.registry import Registry
+from mixrl.rewards.registry import register_reward
+
+#: name -> factory of the rewards computed by a model (``reward.name=model|judge|process``)
+REWARD_MODELS = Registry("reward")
+
+
+def register_model_reward(name: str, **kw: Any) -> Callable:
+    """Decorator: register a reward factory in :data:`REWARD_MODELS` (documented) and ``REWARDS`` (resolved)."""
+
+    def deco(factory: Callable) -> Callable:
+        REWARD_MODELS.register(name, **kw)(factory)
+        register_reward(name)(factory)
+        return factory
+
+    return deco
+
+
+def heldout_reward(fn: Any) -> Any:
+    """The reward that decides "correct" for held-out accuracy: ``fn``'s verifier when ``fn`` scores
+    with a model (and names one), else ``fn`` itself."""
+    inner = getattr(fn, "fn", fn)
+    verifier = getattr(inner, "verifier", None)
+    return verifier if verifier is not None else fn

@@ -28,7 +28,7 @@ demo: install
 # the suite runs in $(TEST_WORKERS) processes (pytest-xdist), one test module per process at a time;
 # the tests' training runs use one torch thread, so two processes keep two cores busy.
 # `make test` leaves out the tests marked `slow` (end-to-end training runs: several processes,
-# kill-and-resume, the costlier families padding-free; about a third of the suite's time) so that it
+# kill-and-resume, the costlier families padding-free; about a third of the suite's time) to keep it
 # stays under 10 minutes on 2 cores; `make test-slow` runs them (CI: right after `make test`)
 TEST_WORKERS ?= 2
 test: install

@@ -29,7 +29,7 @@ demo: install
 # the tests' training runs use one torch thread, so two processes keep two cores busy.
 # `make test` leaves out the tests marked `slow` (end-to-end training runs: several processes,
 # kill-and-resume, the costlier families padding-free; about a third of the suite's time) to keep it
-# stays under 10 minutes on 2 cores; `make test-slow` runs them (CI: right after `make test`)
+# under 10 minutes on 2 cores; `make test-slow` runs them (CI: right after `make test`)
 TEST_WORKERS ?= 2
 test: install
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope -m "not slow and not rehearse"

@@ -131,6 +131,7 @@ def test_per_group_must_leave_a_rollout():
         RefillFailed(per_group=8, geometry=geometry(compose_config(["algo=ampo"])))
 
 
+@pytest.mark.slow  # trains a throwaway teacher (60 steps) first, ~30 s: `make test-slow`
 def test_ampo_trains_with_a_throwaway_teacher(tiny_model_path, tmp_path, fast_overrides):
     """Levels 5-6 (the tiny student fails them): teacher rows enter failed groups and are trained."""
     from typer.testing import CliRunner

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from mixrl.cli.main import app
@@ -38,6 +39,7 @@ def test_plot_without_benchmarks_is_one_line(tiny_model_path, tmp_path):
     assert not (tmp_path / "x.png").exists()
 
 
+@pytest.mark.slow  # an evaluation killed and rerun in its own processes, ~40 s: `make test-slow`
 def test_a_killed_evaluation_resumes_without_regenerating_finished_samples(tiny_model_path, tmp_path):
     """SIGKILL once some batches are in the samples file; the rerun generates exactly the rest."""
     cache, out = tmp_path / "cache", tmp_path / "r.json"

@@ -303,6 +303,7 @@ def _sigterm_when_hanging(proc, marker: Path, settle: float = 0.0) -> tuple[str,
             proc.kill()
 
 
+@pytest.mark.slow  # `mixrl train` in its own process, stopped by SIGTERM, ~30 s: `make test-slow`
 def test_sigterm_stops_a_hung_reward_within_seconds_with_a_checkpoint(fast_overrides, tmp_path):
     marker = tmp_path / "hanging"
     proc = _mixrl([*fast_overrides, "trainer.max_steps=3", "trainer.save_steps=0", f"reward.name={CASES}:hang_in_training"],
@@ -318,6 +319,7 @@ def test_sigterm_stops_a_hung_reward_within_seconds_with_a_checkpoint(fast_overr
     assert f"resume={run}" in errors[0]
 
 
+@pytest.mark.slow  # `mixrl train` in its own process, stopped by SIGTERM, ~30 s: `make test-slow`
 def test_sigterm_during_the_pre_training_check_creates_nothing(tiny_model_path, tmp_path):
     marker, work = tmp_path / "hanging", tmp_path / "work"
     work.mkdir()

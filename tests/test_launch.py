@@ -31,6 +31,7 @@ def _cfg(*overrides: str):
 
 
 # --------------------------------------------------------------------------- CPU, end to end
+@pytest.mark.slow  # two training processes launched by `mixrl train`, ~40 s: `make test-slow`
 def test_mixrl_train_cpu_2proc_launches_two_processes(tiny_model_path, tmp_path):
     """``mixrl train hardware=cpu-2proc`` (no torchrun by hand) trains 2 steps on 2 processes,
     prints the command and records it in RUN_DIR/launch/command.sh."""

@@ -10,20 +10,14 @@
 from __future__ import annotations
 
 import ast
-import copy
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from hydra._internal.config_loader_impl import ConfigLoaderImpl
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from omegaconf import OmegaConf
 
-from mixrl.config import compose
 from mixrl.config.compose import compose_config
-from mixrl.config.schema import GROUPS
 from mixrl.experiments.peers import CHECKED, load_peers, render_peers, rows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,36 +92,9 @@ def test_the_check_catches_a_missing_test():
         _test_source("tests/core/no_such_file.py::test_x")
 
 
-@pytest.fixture(scope="module")
-def shared_base():
-    """Speed (Hydra's composition is ~0.25 s, twice per row): the defaults of a row's group
-    overrides (e.g. ``algo=luffy``) are composed by Hydra once per distinct set and copied;
-    the row's value overrides are then applied to the copy by Hydra's own override step
-    (``ConfigLoaderImpl._apply_overrides_to_config``, what ``hydra.compose`` runs after the
-    defaults). Everything else, mixrl's checks included, is ``compose_config`` unchanged."""
-    original, memo = compose._compose_raw, {}
-    parser = OverridesParser.create()
-
-    def compose_raw(overrides):
-        groups = [o for o in overrides if o.split("=", 1)[0] in GROUPS or o.split("=", 1)[0] == compose.RECIPE_GROUP]
-        values = [o for o in overrides if o not in groups]
-        key = tuple(groups)
-        if key not in memo:
-            memo[key] = original(list(groups))
-        cfg = copy.deepcopy(memo[key])
-        if values:
-            OmegaConf.set_struct(cfg, True)
-            ConfigLoaderImpl._apply_overrides_to_config(parser.parse_overrides(values), cfg)
-        return cfg
-
-    compose._compose_raw = compose_raw
-    yield
-    compose._compose_raw = original
-
-
 COMPOSED = [r for r in ROWS if r["overrides"] is not None]
 
 
 @pytest.mark.parametrize("row", COMPOSED, ids=[f"{r['peer']}:{r['option']}" for r in COMPOSED])
-def test_every_override_in_the_table_composes(row, shared_base):
+def test_every_override_in_the_table_composes(row):
     compose_config(row["overrides"].split())  # raises ConfigError (one line) for an unknown key, name or value

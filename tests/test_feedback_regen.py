@@ -188,3 +188,11 @@ def test_configs_compose_explain_their_tokens_and_refuse_bad_settings():
     with pytest.raises(ConfigError, match="feedback"):
         compose_config(["algo=r3l", "algo.inject.feedback=nonsense"])
     assert "The answer" in " ".join(build_injection(cg).texts())
+
+
+def test_a_group_split_across_processes_is_paired_within_each_process_up_to_per_group():
+    from mixrl.sources.with_feedback import plan_group
+
+    assert plan_group([[0, 1, 2, 3], [4, 5, 6, 7]], 1) == [(0, 3)]  # one refinement per group, on the first process
+    assert plan_group([[0, 1, 2, 3], [4, 5, 6, 7]], 4) == [(0, 3), (1, 2), (4, 7), (5, 6)]
+    assert plan_group([[3], [4, 6]], 2) == [(4, 6)]  # a lone failure on a process pairs with nothing

@@ -4,6 +4,8 @@ For each group, the failed rollouts (first reward below ``success``) are paired:
 failed attempt is refined into the slot of the last failed rollout of the group, the second into
 the second-to-last, and so on (at most ``per_group`` refinements, and never over an attempt
 that is itself refined), so every refined attempt stays in its group beside its refinement.
+Where a group's rows are spread over processes, pairs are made within each process's share
+(:func:`plan_group`), so an attempt and its refinement never cross processes.
 For each pair a feedback builder (:mod:`mixrl.sources.feedback`) writes feedback on the
 attempt; the policy generates again from a context built by ``template`` (``{prompt}``,
 ``{attempt}``, ``{feedback}``), through the same ``ctx.generate`` as hints and prefixes (vLLM
@@ -29,7 +31,7 @@ from mixrl.core import provenance as prov
 from mixrl.errors import ConfigError
 from mixrl.sources.base import INJECTIONS, InjectContext, Injection, Rollouts, check_template, template_text
 from mixrl.sources.feedback import BUILDER_PARAMS, Attempt, as_feedback, build_feedback, divergence
-from mixrl.sources.prefix import PREFIX, global_rows, solution_ids
+from mixrl.sources.prefix import PREFIX, solution_ids
 
 REFINED = prov.register_provenance(
     "refined", behaviour="stored",
@@ -60,6 +62,17 @@ def plan_pairs(failed_slots: list[int], per_group: int) -> list[tuple[int, int]]
     pairs = []
     for i in range(min(per_group, len(failed_slots) // 2)):
         pairs.append((failed_slots[i], failed_slots[-1 - i]))
+    return pairs
+
+
+def plan_group(chunks: list[list[int]], per_group: int) -> list[tuple[int, int]]:
+    """The pairs of one group whose failed rows are split in ``chunks`` (one per process, in
+    order): pairs are made within a chunk, so an attempt and its refinement are on the same
+    process, until the group's ``per_group`` refinements are placed. Every process computes the
+    same plan from the gathered rewards and keeps its own pairs."""
+    pairs: list[tuple[int, int]] = []
+    for chunk in chunks:
+        pairs += plan_pairs(chunk, per_group - len(pairs))
     return pairs
 
 
@@ -159,29 +172,34 @@ class RefineFromFeedback(Injection):
     # ----------------------------------------------------------------- the hook
     def after_generation(self, ctx: InjectContext, inputs: list[dict], rollouts: Rollouts) -> Rollouts:
         n, G = len(rollouts.completion_ids), ctx.num_generations
-        gidx = global_rows(ctx, n)
         primary = torch.nan_to_num(ctx.score(inputs, rollouts.completion_ids)[:, 0], nan=0.0)
         start = ctx.process_index * n
         local = primary[start:start + n].tolist()
-        groups: dict[int, list[int]] = {}
-        for i in range(n):
-            if rollouts.row_source[i] == prov.ON_POLICY and not rollouts.guided[i] and local[i] < self.success - 1e-6:
-                groups.setdefault(gidx[i] // G, []).append(i)
+        eligible = torch.tensor([rollouts.row_source[i] == prov.ON_POLICY and not rollouts.guided[i] for i in range(n)],
+                                dtype=torch.bool, device=primary.device)
+        failed = ctx.gather(eligible) & (primary < self.success - 1e-6)  # global rows
+        chunks: dict[int, list[list[int]]] = {}  # group -> its failed global rows, per process
+        for j in torch.nonzero(failed).flatten().tolist():
+            per_process = chunks.setdefault(j // G, [])
+            if not per_process or per_process[-1][0] // n != j // n:
+                per_process.append([])
+            per_process[-1].append(j)
+        pairs = [(a - start, b - start) for group in chunks.values() for a, b in plan_group(group, self.per_group)
+                 if start <= a < start + n]
         jobs = []  # (attempt row, target row, generation prompt ids, kept prefix ids)
-        for rows in groups.values():
-            for a, b in plan_pairs(rows, self.per_group):
-                ids = list(rollouts.completion_ids[a])
-                text = ctx.tokenizer.decode(ids, skip_special_tokens=True)
-                row = inputs[a]
-                answer = row.get("answer")
-                att = Attempt(prompt=row["prompt"], completion=text, completion_ids=ids, reward=float(local[a]),
-                              answer=None if answer is None else str(answer), reference=self.reference(row), row=row)
-                fb = as_feedback(self.builder(att))
-                if fb is None:
-                    continue
-                p = self.failure_point(ctx, att, fb.pivot)
-                context = refine_context(row["prompt"], text, fb.text, self.template)
-                jobs.append((a, b, ctx.tokenize_prompts([context])[0], ids[:p]))
+        for a, b in pairs:
+            ids = list(rollouts.completion_ids[a])
+            text = ctx.tokenizer.decode(ids, skip_special_tokens=True)
+            row = inputs[a]
+            answer = row.get("answer")
+            att = Attempt(prompt=row["prompt"], completion=text, completion_ids=ids, reward=float(local[a]),
+                          answer=None if answer is None else str(answer), reference=self.reference(row), row=row)
+            fb = as_feedback(self.builder(att))
+            if fb is None:
+                continue
+            p = self.failure_point(ctx, att, fb.pivot)
+            context = refine_context(row["prompt"], text, fb.text, self.template)
+            jobs.append((a, b, ctx.tokenize_prompts([context])[0], ids[:p]))
         new_ids, _ = ctx.generate([gen + kept for _, _, gen, kept in jobs])  # every process calls it, even with no job
         for (a, b, gen, kept), cont in zip(jobs, new_ids):
             rollouts.discarded_tokens.append(len(rollouts.completion_ids[b]))

@@ -98,7 +98,7 @@ class RefineFromFeedback(Injection):
         feedback (verifier): verifier | indicative | hint | module:function (Attempt -> Feedback | str | None; a judge's critique).
         template ("{prompt}\\nPrevious attempt: {attempt}\\nCritique: {feedback}\\nRevised solution:\\n"): the regeneration context ({prompt}, {attempt}, {feedback}).
         pivot (divergence): retry's failure point: start (0) | divergence (first token off the reference solution) | feedback (the builder's pivot).
-        per_group (1): refinements per group (each needs two failed rollouts: the attempt and the slot it fills).
+        per_group (1): refinements per group (each needs two failed rollouts: the attempt and the slot it fills); null = half the group.
         success (1.0): a rollout succeeds when its first reward function gives at least this.
         marker ("####"): verifier feedback: the answer marker.
         wrong (None): verifier feedback for a wrong answer ({given}, {expected}); null: the built-in sentence.
@@ -115,7 +115,7 @@ class RefineFromFeedback(Injection):
     needs_source = False
 
     def __init__(self, *, mode: str = "refine", feedback: str = "verifier", template: str = TEMPLATE,
-                 pivot: str = "divergence", per_group: int = 1, success: float = 1.0, marker: str = "####",
+                 pivot: str = "divergence", per_group: int | None = 1, success: float = 1.0, marker: str = "####",
                  wrong: str | None = None, missing: str | None = None, text: str | None = None,
                  fraction: float | None = None, hint_template: str | None = None,
                  source=None, geometry=None, seed: int = 0):
@@ -129,6 +129,8 @@ class RefineFromFeedback(Injection):
             raise ConfigError("algo.inject.template must contain {prompt} and {feedback}, e.g. "
                               "'{prompt}\\nPrevious attempt: {attempt}\\nCritique: {feedback}\\n'")
         G = geometry.num_generations if geometry is not None else None
+        if per_group is None:  # half the group (R3L: half first attempts, half retries)
+            per_group = max(1, G // 2) if G is not None else 1
         if int(per_group) < 1 or (G is not None and 2 * int(per_group) > G):
             raise ConfigError(f"algo.inject.per_group={per_group} must be between 1 and num_generations/2={G // 2 if G else '?'} "
                               "(each refinement fills the slot of another failed rollout of its group)")

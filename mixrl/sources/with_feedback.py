@@ -96,7 +96,7 @@ class RefineFromFeedback(Injection):
     Parameters:
         mode (refine): refine (regenerate the whole completion, Critique-GRPO) | retry (from the failure point, R³L).
         feedback (verifier): verifier | indicative | hint | module:function (Attempt -> Feedback | str | None; a judge's critique).
-        template ("{prompt}\\nPrevious attempt: {attempt}\\nCritique: {feedback}\\nRevised solution:\\n"): the regeneration context ({prompt}, {attempt}, {feedback}).
+        template (TEMPLATE): the regeneration context ({prompt}, {attempt}, {feedback}); the default: the prompt, "Previous attempt:" and the attempt, "Critique:" and the feedback, "Revised solution:", one per line.
         pivot (divergence): retry's failure point: start (0) | divergence (first token off the reference solution) | feedback (the builder's pivot).
         per_group (1): refinements per group (each needs two failed rollouts: the attempt and the slot it fills); null = half the group.
         success (1.0): a rollout succeeds when its first reward function gives at least this.

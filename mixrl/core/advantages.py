@@ -181,6 +181,51 @@ def dr_grpo(
     return torch.where(count >= 1, r - mean, torch.zeros_like(r))
 
 
+@ADVANTAGES.register("positive_amplified", bounds={
+    "amplify": (">= 1", "the factor on non-negative advantages of failed rows; below 1 would damp them"),
+    "eps": ("> 0", "(r - mean) / (std + eps) divides by zero for equal rewards when eps = 0"),
+})
+def positive_amplified(
+    rewards: Tensor,
+    group_ids: Tensor,
+    *,
+    include: Tensor | None = None,
+    success: float = 1.0,
+    success_advantage: float = 1.0,
+    amplify: float = 3.0,
+    std: bool = False,
+    eps: float = 1e-6,
+) -> Tensor:
+    """R³L's Positive Amplification: successful rows get a fixed positive advantage, and the
+    non-negative advantages of the others are multiplied, so the few successes of a
+    failure-dominated group (with its retries) still lead the update.
+
+    ``a_i = R_i - mean_g R`` (``std``: divided by ``std_g + eps``, as ``grpo``); then
+    ``A_i = success_advantage`` if ``R_i >= success``, ``amplify * a_i`` if ``a_i >= 0``, else
+    ``a_i``. As the authors' ``opmd_reweight_adv`` (``std=false``, used by their full R³L) and
+    ``grpo_reweight_adv`` (``std=true``), shiweijiezero/R3L @ d503f6c,
+    ``trinity/algorithm/advantage_fn/opmd_advantage.py`` and ``grpo_advantage.py``:
+    success advantage 1.0, amplification 3.
+
+    Formula: ``a_i = R_i - mean_g R`` (std: {std}, then / (std_g R + {eps})); ``A_i = {success_advantage}`` if ``R_i >= {success}``, ``{amplify} a_i`` if ``a_i >= 0``, else ``a_i``
+
+    Paper: R³L, "R³L: Reflect-then-Retry Reinforcement Learning with Language-Guided
+    Exploration, Pivotal Credit, and Positive Amplification" (arXiv 2601.03715).
+
+    Parameters:
+        include (None): bool [N], rows counted in the group statistics (default all).
+        success (1.0): a row whose reward is at least this has succeeded.
+        success_advantage (1.0): the advantage of a successful row.
+        amplify (3.0): factor on the non-negative advantages of rows that did not succeed.
+        std (False): divide the centred reward by the group std (grpo_reweight_adv) or not (opmd_reweight_adv).
+        eps (1e-6): added to the std.
+    """
+    r, _, count, _, mean, sd = _group_stats(rewards, group_ids, include)
+    a = _normalise(r, count, mean, sd, eps) if std else torch.where(count >= 1, r - mean, torch.zeros_like(r))
+    a = torch.where(a >= 0, a * amplify, a)
+    return torch.where(r >= success, torch.full_like(a, float(success_advantage)), a)
+
+
 @ADVANTAGES.register("rloo")
 def rloo(
     rewards: Tensor,

@@ -230,7 +230,9 @@ def trainer_cases() -> dict[str, list[str]]:
 MORE_COMMIT = "452baff"
 PIN_MODEL = "@PIN_MODEL@"  # replaced by the pin model's folder when a case runs (a teacher = the pin model)
 TEACHER = ["teacher=model", f"teacher.source.models=[{PIN_MODEL}]"]
-HINTED = ["algo.inject.max_success=0.5"]  # every group (half its rollouts right) gets a hint
+HINTED = ["algo.inject.max_success=0.5"]
+TOY_FEEDBACK = ["algo.inject.template='{prompt}{feedback}'", "algo.inject.wrong='#### {expected}'",
+                "algo.inject.missing='#### {expected}'"]  # every group (half its rollouts right) gets a hint
 MORE_TRAINER_CASES = {
     # a teacher is the pin model itself; with privileged context (the expert solution or the
     # answer in its prompt) its log-probs differ from the student's, so distillation has a gradient
@@ -271,6 +273,9 @@ MORE_TRAINER_CASES = {
     "algo=reinforce_pp": ["algo=reinforce_pp"],
     "algo=rloo": ["algo=rloo"],
     "algo=remax": ["algo=remax"],
+    # feedback regeneration: the templates keep to the task's characters (the pin model's vocabulary)
+    "algo=critique_grpo": ["algo=critique_grpo", *TOY_FEEDBACK],
+    "algo=r3l": ["algo=r3l", *TOY_FEEDBACK, "algo.inject.pivot=divergence"],  # retries keep the attempt's prefix
 }
 #: the rollouts of each case (a function of tests/pins/rollouts.py): tolerant_completion, except
 #: where the second step's groups must all fail for the replay fill to act

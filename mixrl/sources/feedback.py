@@ -1,0 +1,175 @@
+"""Feedback on a failed rollout: what the policy is told before it regenerates.
+
+A **feedback builder** turns one failed attempt into language feedback (and, optionally, the
+token where the attempt went wrong). The ``refine`` injection (:mod:`mixrl.sources.with_feedback`)
+calls it for each failed rollout it regenerates; every builder has the one signature::
+
+    builder(attempt: Attempt) -> Feedback | str | None      (None: no feedback, the rollout is left as it is)
+
+Built-in builders (``algo.inject.feedback``):
+
+* ``verifier``: the verifier's message, Critique-GRPO's "critique with ground truth": the
+  answer the attempt gave (or that it gave none) and the expected one;
+* ``indicative``: Critique-GRPO's "indicative critique": only that the answer is wrong;
+* ``hint``: the beginning of the reference solution (the source's expert completion);
+* ``module:function`` (or ``path/to/file.py:function``): any callable with the signature above,
+  e.g. a judge's critique (this is the hook a model-written critique plugs into).
+
+A builder's fixed text is given by its ``texts()`` so the character check (and the tiny model's
+vocabulary) covers it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from mixrl.errors import ConfigError
+from mixrl.rewards.extract import extract_after_marker
+from mixrl.rewards.registry import _import_object
+from mixrl.sources.base import check_template, template_text
+
+
+@dataclass
+class Attempt:
+    """One failed rollout, as a feedback builder sees it.
+
+    ``prompt``: the row's prompt (text or messages); ``completion``: the attempt's text;
+    ``completion_ids``: its token ids; ``reward``: its first reward function's value;
+    ``answer``: the row's gold answer (None when the data has none); ``reference``: a reference
+    solution (the source's expert completion; None without one); ``row``: the whole data row.
+    """
+
+    prompt: Any
+    completion: str
+    completion_ids: list[int]
+    reward: float
+    answer: str | None
+    reference: str | None
+    row: dict
+
+
+@dataclass
+class Feedback:
+    """What a builder returns: ``text`` goes into the regeneration context; ``pivot`` (optional)
+    is the index of the attempt's first wrong token, where a retry restarts (``algo.inject.pivot:
+    feedback`` uses it; None: the injection's own pivot rule)."""
+
+    text: str
+    pivot: int | None = None
+
+
+FeedbackBuilder = Callable[[Attempt], "Feedback | str | None"]
+
+#: the built-in builders' default texts ({given}, {expected}, {hint} are filled per attempt)
+WRONG = "The answer {given} is wrong; the expected answer is {expected}."
+MISSING = "No final answer was found; the expected answer is {expected}."
+INDICATIVE = "The answer is wrong."
+HINT = "A correct solution begins: {hint}"
+
+
+class VerifierFeedback:
+    """The verifier's message: the answer given (after ``marker``) and the expected one.
+
+    Formula: c = wrong.format(given, expected) if an answer follows {marker} else missing.format(expected)
+    Paper: Critique-GRPO, "Critique-GRPO: Advancing LLM Reasoning with Natural Language and Numerical Feedback" (arXiv 2506.03106), its critique with ground truth.
+    """
+
+    def __init__(self, *, marker: str = "####", wrong: str = WRONG, missing: str = MISSING):
+        self.marker = marker
+        self.wrong = check_template(wrong, ("given", "expected"), "algo.inject.wrong", WRONG)
+        self.missing = check_template(missing, ("expected",), "algo.inject.missing", MISSING)
+
+    def texts(self) -> list[str]:
+        return [template_text(self.wrong), template_text(self.missing)]
+
+    def __call__(self, attempt: Attempt) -> Feedback | None:
+        if attempt.answer is None:
+            return None
+        expected = extract_after_marker(str(attempt.answer), self.marker) or str(attempt.answer).strip()
+        given = extract_after_marker(attempt.completion, self.marker)
+        if given is None or not given.strip():
+            return Feedback(self.missing.format(expected=expected))
+        return Feedback(self.wrong.format(given=given.strip(), expected=expected))
+
+
+class IndicativeFeedback:
+    """Only that the attempt is wrong.
+
+    Formula: c = {text}
+    Paper: Critique-GRPO (arXiv 2506.03106), its indicative critique.
+    """
+
+    def __init__(self, *, text: str = INDICATIVE):
+        self.text = text
+
+    def texts(self) -> list[str]:
+        return [self.text]
+
+    def __call__(self, attempt: Attempt) -> Feedback:
+        return Feedback(self.text)
+
+
+class HintFeedback:
+    """The first ``fraction`` of the reference solution's characters.
+
+    Formula: c = hint_template.format(hint = s[:round(fraction |s|)])
+    """
+
+    def __init__(self, *, fraction: float = 0.5, hint_template: str = HINT):
+        if not 0.0 < float(fraction) <= 1.0:
+            raise ConfigError(f"algo.inject.fraction must be in (0, 1], got {fraction!r}")
+        self.fraction = float(fraction)
+        self.template = check_template(hint_template, ("hint",), "algo.inject.hint_template", HINT)
+
+    def texts(self) -> list[str]:
+        return [template_text(self.template)]
+
+    def __call__(self, attempt: Attempt) -> Feedback | None:
+        if not attempt.reference:
+            return None
+        ref = attempt.reference
+        return Feedback(self.template.format(hint=ref[: max(1, round(self.fraction * len(ref)))]))
+
+
+#: name -> the builder's class (its keyword parameters come from ``algo.inject``)
+BUILDERS: dict[str, type] = {"verifier": VerifierFeedback, "indicative": IndicativeFeedback, "hint": HintFeedback}
+#: the ``algo.inject`` keys each built-in builder reads
+BUILDER_PARAMS = {"verifier": ("marker", "wrong", "missing"), "indicative": ("text",), "hint": ("fraction", "hint_template")}
+
+
+def build_feedback(name: str, params: dict) -> FeedbackBuilder:
+    """The builder named ``name`` (built-in, or ``module:function`` / ``file.py:function``)."""
+    if name in BUILDERS:
+        return BUILDERS[name](**{k: v for k, v in params.items() if k in BUILDER_PARAMS[name] and v is not None})
+    if ":" not in str(name):
+        raise ConfigError(f"algo.inject.feedback={name!r} is not a feedback builder; use one of "
+                          f"{', '.join(BUILDERS)} or module:function (a callable Attempt -> Feedback | str | None)")
+    try:
+        fn = _import_object(str(name))
+    except Exception as e:  # noqa: BLE001 - any import failure is the user's path
+        raise ConfigError(f"algo.inject.feedback={name!r} could not be loaded ({str(e).splitlines()[0]}); "
+                          "give module:function or path/to/file.py:function") from None
+    if not callable(fn):
+        raise ConfigError(f"algo.inject.feedback={name!r} is not callable; give a function Attempt -> Feedback | str | None")
+    return fn
+
+
+def as_feedback(value: Any) -> Feedback | None:
+    """A builder's return value as :class:`Feedback` (a plain string is its text)."""
+    if value is None or isinstance(value, Feedback):
+        return value
+    if isinstance(value, str):
+        return Feedback(value)
+    raise TypeError(f"a feedback builder must return Feedback, str or None, got {type(value).__name__}")
+
+
+def divergence(attempt_ids: list[int], reference_ids: list[int]) -> int:
+    """The first index where ``attempt_ids`` departs from ``reference_ids`` (their common prefix's length)."""
+    n = 0
+    for a, b in zip(attempt_ids, reference_ids):
+        if a != b:
+            break
+        n += 1
+    return n

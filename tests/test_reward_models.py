@@ -70,11 +70,14 @@ def test_bad_reward_model_params_are_one_line(params, fix):
 
 def test_bad_judge_params_are_one_line():
     with pytest.raises(ConfigError, match="needs reward.params.url"):
-        build_reward("judge")
+        build_reward("judge", backend="endpoint")
+    # no backend named: the endpoint when a url is given, else the run's starting model (offline)
+    assert (build_reward("judge").fn.backend, build_reward("judge").fn.path) == ("hf", "policy")
+    assert build_reward("judge", url="http://x/v1").fn.backend == "endpoint"
     with pytest.raises(ConfigError, match="no \\{completion\\} field"):
         build_reward("judge", url="http://x/v1", template="Score it: {prompt}")
     with pytest.raises(ConfigError, match="reward.params.scorer_params.url"):
-        build_reward("process")
+        build_reward("process", scorer_params={"backend": "endpoint"})
 
 
 def test_explain_and_the_components_page_show_the_rewards_from_models():

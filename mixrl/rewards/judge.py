@@ -226,7 +226,7 @@ class JudgeReward:
 
 @register_model_reward("judge", bounds={"retries": ">= 0", "backoff_s": ">= 0", "timeout_s": "> 0", "give_up_after": ">= 0",
                                         "concurrency": ">= 1", "max_tokens": ">= 1"})
-def judge_reward(*, backend: str = "endpoint", url: str | None = None, model: str = "judge", path: str | None = None,
+def judge_reward(*, backend: str | None = None, url: str | None = None, model: str = "judge", path: str | None = None,
                  template: str = DEFAULT_TEMPLATE, pattern: str = DEFAULT_PATTERN, scale: float = 10.0,
                  unparsable: str = "neutral", neutral: float = 0.0, give_up_after: int = 256, retries: int = 3,
                  backoff_s: float = 1.0, timeout_s: float = 60.0, temperature: float = 0.0, max_tokens: int = 64,
@@ -244,7 +244,8 @@ def judge_reward(*, backend: str = "endpoint", url: str | None = None, model: st
     Paper: "Judging LLM-as-a-Judge with MT-Bench and Chatbot Arena" (Zheng et al. 2023, arXiv 2306.05685): a strong LLM's graded verdict as the score of an answer.
 
     Parameters:
-        backend (str): endpoint (an OpenAI-compatible server at url) or hf (a local causal LM at path).
+        backend (str | None): endpoint (an OpenAI-compatible server at url) or hf (a local causal LM at path);
+            null: endpoint when url is set, else hf with path (default policy: the run runs offline).
         url (str | None): the server, e.g. http://localhost:8000/v1 (or the full .../chat/completions).
         model (str): the model name sent to the endpoint.
         path (str | None): backend=hf: a folder, a hub id, or policy (the run's starting model).
@@ -264,6 +265,9 @@ def judge_reward(*, backend: str = "endpoint", url: str | None = None, model: st
         answer_column (str): the dataset column filled into {answer}.
         verifier (str): what judges held-out accuracy: exact, math, or none (the judge itself).
     """
+    if backend is None:  # the endpoint when one is named, else a local judge (the run's starting model by default)
+        backend = "endpoint" if url else "hf"
+        path = path or (None if url else "policy")
     if backend not in BACKENDS:
         raise ConfigError(f"reward 'judge': backend={backend!r} is not one of {', '.join(BACKENDS)}; fix reward.params.backend")
     if backend == "endpoint" and not url:

@@ -33,6 +33,29 @@ def turn_ids(policy_mask: Tensor) -> Tensor:
     return torch.where(m.bool(), ids, torch.full_like(ids, -1))
 
 
+def written_spans(ids: list[int], eos_id: int, header: list[int]) -> list[bool]:
+    """Per token of one completion: True where a tool or environment wrote it. A completion
+    that goes on after its end-of-turn token (``eos_id``) holds a tool's turn from there up to
+    and including the next assistant header (``header``: the template's tokens that open an
+    assistant turn); the end-of-turn token itself is the policy's (it ends its turn).
+
+    Formula: w_t = 1 iff some s < t has ids_s = eos and no assistant header ends in (s, t)
+    """
+    out = [False] * len(ids)
+    t, n, h = 0, len(ids), len(header)
+    while t < n:
+        if ids[t] != eos_id or t == n - 1:
+            t += 1
+            continue
+        u = t + 1
+        while u < n and ids[u - h + 1: u + 1] != header if h else False:
+            u += 1
+        for k in range(t + 1, min(u + 1, n)):
+            out[k] = True
+        t = u + 1
+    return out
+
+
 def turn_log_ratio(lr: Tensor, mask: Tensor, turns: Tensor) -> Tensor:
     """[B, T]: on each token, the mean of ``lr`` over the tokens of its turn (masked tokens
     excluded), 0 where the token is masked or has no turn.

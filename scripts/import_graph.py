@@ -33,7 +33,9 @@ layer  modules
 0      ``core`` (pure tensor math); ``errors`` (exception types, imported everywhere); ``progress``
        (the progress display of every long command: Rich only, used from ``models`` up to ``cli``);
        ``jsonl`` (the reader of a run's JSON-lines logs: the standard library only)
-1      ``sources``, ``sampler``, ``data``, ``rewards``, ``models``, ``tasks``; ``evaluation`` (a model's
+1      ``sources``, ``sampler``, ``data``, ``rewards``, ``models``, ``tasks``; ``tools`` (the built-in
+       tools a tool-calling rollout calls and the sandbox that runs model-written code: the standard
+       library and ``errors`` only); ``evaluation`` (a model's
        accuracy and pass@k on held-out rows, the held-out split, the periodic callback, saved
        model folders, the eval cache: it needs only torch/transformers and ``errors``, reads
        configs by their fields, and is called by the trainer and by ``models`` (the built tiny
@@ -71,6 +73,7 @@ from pathlib import Path
 LAYERS = {
     "": 0, "core": 0, "errors": 0, "progress": 0, "jsonl": 0,
     "sources": 1, "sampler": 1, "data": 1, "rewards": 1, "models": 1, "tasks": 1, "evaluation": 1,
+    "tools": 1,
     "config": 2,
     "trainer": 3, "vllm_cpu": 3, "vllm_file_transfer": 3, "explain": 3,
     "launch": 4, "slurm": 4, "plan": 4, "experiments": 4, "benchmarks": 3,

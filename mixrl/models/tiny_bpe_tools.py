@@ -32,7 +32,7 @@ from mixrl.models import supervised, tiny_arch, tiny_bpe, tiny_spec
 from mixrl.tasks import arith_tools
 
 BUILTIN = "builtin:tiny-bpe-tools"
-VERSION = "1"
+VERSION = "2"
 _META_FILE = "mixrl_tiny_bpe_tools.json"
 VOCAB_SIZE = 480
 SYSTEM_PROMPT = arith_tools.SYSTEM_PROMPT
@@ -113,9 +113,12 @@ def turn_examples(tokenizer: Any, problem: dict[str, Any], with_tool: bool) -> l
 
 
 def _render(messages: list[dict[str, Any]], *, generation: bool) -> str:
-    from jinja2 import Template  # deferred: jinja2 comes with transformers; only rendering needs it
+    from jinja2.sandbox import ImmutableSandboxedEnvironment  # deferred: jinja2 comes with transformers; only rendering needs it
 
-    return Template(TOOL_CHAT_TEMPLATE).render(messages=messages, tools=[calculator_schema()], add_generation_prompt=generation)
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = json.dumps  # as transformers' chat templates: plain JSON (jinja's own escapes HTML)
+    return env.from_string(TOOL_CHAT_TEMPLATE).render(messages=messages, tools=[calculator_schema()],
+                                                      add_generation_prompt=generation)
 
 
 def trajectory_text(problem: dict[str, Any]) -> str:

@@ -82,3 +82,15 @@ def test_one_step_through_trls_tool_loop(tmp_path_factory, algo):
     trainer = trainer_from_config(cfg)
     trainer.train()
     assert trainer.tools and torch.isfinite(torch.tensor(trainer.state.log_history[-1]["train_loss"]))
+
+
+def test_samples_show_who_wrote_each_turn_and_what_trained(tok, problem):
+    from mixrl.trainer.sample_log import _turns
+
+    ids = tok(tiny_bpe_tools.trajectory_text(problem), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    written = torch.tensor(written_spans(ids, *assistant_turn_marks(tok)))
+    src = torch.where(written, torch.tensor(prov.ENVIRONMENT), torch.tensor(prov.ON_POLICY))
+    turns = _turns(tok, torch.tensor(ids), torch.ones(len(ids)), src)
+    assert [(t["by"], t["trained"]) for t in turns] == [("policy", True), ("environment", False), ("policy", True)]
+    assert turns[0]["text"].startswith("<tool_call>") and turns[2]["text"] == f"#### {problem['answer']}<|im_end|>"
+    assert f"<tool_response>{problem['answer']}</tool_response>" in turns[1]["text"]

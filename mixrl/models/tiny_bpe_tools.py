@@ -77,7 +77,7 @@ RESPONSE_TEMPLATE: dict[str, Any] = {
     },
 }
 
-WARM_START: dict[str, Any] = {**tiny_spec.WARM_START, "levels": list(arith_tools.DEFAULT_LEVELS), "tool_fraction": 0.3,
+WARM_START: dict[str, Any] = {**tiny_spec.WARM_START, "steps": 200, "levels": list(arith_tools.DEFAULT_LEVELS), "tool_fraction": 0.3,
                               "careless_fraction": 0.0}
 CORPUS: dict[str, Any] = {"n": 1000, "seed": 0}
 

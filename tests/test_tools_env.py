@@ -94,3 +94,6 @@ def test_samples_show_who_wrote_each_turn_and_what_trained(tok, problem):
     assert [(t["by"], t["trained"]) for t in turns] == [("policy", True), ("environment", False), ("policy", True)]
     assert turns[0]["text"].startswith("<tool_call>") and turns[2]["text"] == f"#### {problem['answer']}<|im_end|>"
     assert f"<tool_response>{problem['answer']}</tool_response>" in turns[1]["text"]
+    from mixrl.trainer.sample_log import cells
+    shown = cells({"step": 1, "source": "on_policy", "completion": "x", "turns": turns})[-1]
+    assert shown.startswith("[policy] <tool_call>") and "[environment, not trained]" in shown

@@ -298,8 +298,12 @@ def cells(row: dict, width: int = 0) -> list[str]:
     if row.get("split") == "eval":
         reward += " ✓" if row.get("correct") else " ✗"
     one_line = lambda s: trim(str(s or "").replace("\n", "⏎ "), width)  # noqa: E731
+    completion = row.get("completion")
+    if row.get("turns"):  # a multi-turn row: who wrote each turn; a tool's turn is not trained
+        completion = " ".join(f"[{'policy' if t.get('trained') else t.get('by', '?') + ', not trained'}] {t.get('text', '')}"
+                              for t in row["turns"])
     return [str(row.get("step")), str(row.get("source")), reward, num(row.get("advantage")),
-            one_line(row.get("prompt")), one_line(row.get("completion"))]
+            one_line(row.get("prompt")), one_line(completion)]
 
 
 def markdown_table(rows: list[dict], width: int = 200) -> str:

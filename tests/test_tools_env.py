@@ -1,6 +1,6 @@
 """env=tools: the tool-calling BPE template against TRL's checks, the expert trajectories token-exact,
 the tool tokens' provenance in a batch, and one training step through TRL's tool loop (GRPO, and
-LUFFY on the expert trajectories)."""
+CHORD on the expert trajectories); LUFFY-style rows inside the groups are refused for now."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def test_provenance_fields_mark_tool_tokens_and_number_turns(tok, problem):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algo", ["grpo", "luffy"])
+@pytest.mark.parametrize("algo", ["grpo", "chord"])
 def test_one_step_through_trls_tool_loop(tmp_path_factory, algo):
     from mixrl.config.compose import compose_config
     from mixrl.trainer.build import trainer_from_config
@@ -97,3 +97,11 @@ def test_samples_show_who_wrote_each_turn_and_what_trained(tok, problem):
     from mixrl.trainer.sample_log import cells
     shown = cells({"step": 1, "source": "on_policy", "completion": "x", "turns": turns})[-1]
     assert shown.startswith("[policy] <tool_call>") and "[environment, not trained]" in shown
+
+
+def test_expert_rows_inside_groups_are_refused_with_tools():
+    from mixrl.config.compose import compose_config
+    from mixrl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="algo=chord"):
+        compose_config(["env=tools", "algo=luffy"])

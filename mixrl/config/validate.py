@@ -118,6 +118,11 @@ def _validate_env(cfg: DictConfig) -> None:
     from mixrl.tools.builtin import resolve_tools  # deferred: the tools' module (and its sandbox) loads only for env=tools
 
     resolve_tools(list(env.tools))  # an unknown name: one line naming the tools
+    inject = cfg.algo.get("inject")
+    if inject is not None and inject.get("name") in ("group_replace", "replace_all"):
+        # TRL's tool loop would parse an injected trajectory's tool call and run it again
+        raise ConfigError(f"env=tools with algo.inject={inject.get('name')} (expert rows inside the groups) is not "
+                          "supported yet; use a family that appends expert rows after scoring, e.g. algo=chord")
 
 
 def _validate_rewards(cfg: DictConfig) -> None:

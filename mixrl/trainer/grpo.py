@@ -187,6 +187,8 @@ class MixrlGRPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ generation
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        if self._mixrl_rollouts is not None and self.tools:  # TRL's tool loop: a later turn of rows already generated
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
         inj = self.parts.injections
         injecting = bool(inj) and self.model.training and self._mixrl_batch_inputs is not None
         ctx = self._context() if injecting else None
@@ -289,6 +291,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
 
         def one_round(rows):
             self._mixrl_batch_inputs = rows
+            self._mixrl_rollouts = None  # a new round's first turn (TRL's tool loop skips injections after it)
             out = super(MixrlGRPOTrainer, self)._generate_and_score_completions(rows)
             return Round(out, self._mixrl_rollouts, self._mixrl_rewards_per_func, rows)
 

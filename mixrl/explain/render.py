@@ -13,11 +13,14 @@ up in ``mixrl explain`` without editing this module. Contradictions and notes co
 
 from __future__ import annotations
 
+import inspect
+
 from typing import Any
 
 from omegaconf import DictConfig
 from omegaconf import OmegaConf
 
+from mixrl.core.policy_losses import POLICY_LOSSES
 from mixrl.core.registry import format_value
 from mixrl.errors import ConfigError
 from mixrl.explain.sampler import sampler_rows
@@ -251,7 +254,8 @@ def _env_row(cfg: DictConfig) -> str | None:
         return None
     env_prov = prov.provenance("environment")
     calls = "until the completion budget" if env.max_tool_calls is None else f"at most {env.max_tool_calls} rounds"
-    turn = " The policy loss takes one ratio per turn (turn_id)." if cfg.algo.loss.name == "turn_ppo" else ""
+    takes_turns = "turn_ids" in inspect.signature(POLICY_LOSSES.get(cfg.algo.loss.name)).parameters
+    turn = " The policy loss takes one ratio per turn (turn_id)." if takes_turns else ""
     return (f"multi-turn rollouts: the policy may call {', '.join(env.tools)} ({calls}, TRL's tool loop); each tool "
             f"result stays in the row as provenance {env_prov.name} [behaviour {env_prov.behaviour}], in no term: "
             f"masked from every loss, KL term, token weight and normaliser (expert trajectories' tool turns too).{turn}")

@@ -331,6 +331,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
         """provenance: ``row_source``, ``token_source``, ``behaviour_logp``, ``policy_version``;
         ``engine/*`` metrics, and the weight-sync check when vLLM sampled a training batch."""
         out.update(provenance_fields(out, self._mixrl_rollouts, self._mixrl_turn_marks))
+        out.pop("tool_mask", None)  # read into token_source (provenance environment); rows appended later have no entry
         if version is not None:  # the policy version that sampled each row (-1 for rows no policy sampled)
             out["policy_version"] = torch.full_like(out["row_source"], int(version))
         self._log(mode, engine_mismatch_metrics(out, self.objective, mode))

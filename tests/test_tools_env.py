@@ -69,7 +69,7 @@ def test_provenance_fields_mark_tool_tokens_and_number_turns(tok, problem):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algo", ["grpo", "chord"])
+@pytest.mark.parametrize("algo", ["grpo"])
 def test_one_step_through_trls_tool_loop(tmp_path_factory, algo):
     from mixrl.config.compose import compose_config
     from mixrl.trainer.build import trainer_from_config
@@ -103,5 +103,6 @@ def test_expert_rows_inside_groups_are_refused_with_tools():
     from mixrl.config.compose import compose_config
     from mixrl.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="algo=chord"):
-        compose_config(["env=tools", "algo=luffy"])
+    for algo in ("luffy", "chord"):
+        with pytest.raises(ConfigError, match="not supported yet"):
+            compose_config(["env=tools", f"algo={algo}"])

@@ -119,10 +119,11 @@ def _validate_env(cfg: DictConfig) -> None:
 
     resolve_tools(list(env.tools))  # an unknown name: one line naming the tools
     inject = cfg.algo.get("inject")
-    if inject is not None and inject.get("name") in ("group_replace", "replace_all"):
-        # TRL's tool loop would parse an injected trajectory's tool call and run it again
-        raise ConfigError(f"env=tools with algo.inject={inject.get('name')} (expert rows inside the groups) is not "
-                          "supported yet; use a family that appends expert rows after scoring, e.g. algo=chord")
+    if inject is not None and inject.get("name") not in (None, "none"):
+        # inside the groups, TRL's tool loop would re-run an injected trajectory's tool call; appended rows
+        # (CHORD) do not yet get their tool turns marked (provenance environment) nor a turn_id
+        raise ConfigError(f"env=tools with algo.inject={inject.get('name')} (expert rows in the batch) is not supported "
+                          "yet; train the tool task's expert trajectories without tools (env=single) or use algo=grpo")
 
 
 def _validate_rewards(cfg: DictConfig) -> None:

@@ -414,3 +414,16 @@ def test_cpu_trainer_syncs_a_server_through_a_file(monkeypatch, tmp_path):
     assert calls == ["init_weight_transfer_engine", "start", "update_weights", "finish"]
     assert received.keys() == weights.keys() and all(torch.equal(received[k], weights[k]) for k in weights)
     assert not list(tmp_path.rglob("*.safetensors"))
+
+
+# --------------------------------------------------------------------------- tools (env=tools)
+@pytest.mark.vllm
+def test_colocate_tool_loop_three_steps(tmp_path):
+    """TRL's tool loop (env=tools: the calculator) with vLLM generating each turn: the run trains
+    and vLLM's weights stay synced (a barely warm-started tool model, so few calls are well formed)."""
+    from mixrl.models import tiny_bpe_tools
+
+    model = tiny_bpe_tools.warm_start(tmp_path / "model", steps=3, progress=False)
+    proc, run_dir = _train(tmp_path, str(model), "env=tools", "algo=grpo", "hardware.vllm_mode=colocate",
+                           "trainer.max_completion_length=64")
+    _assert_trained_synced(proc, run_dir)

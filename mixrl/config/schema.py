@@ -148,6 +148,20 @@ class SamplerConfig:
 
 
 @dataclass
+class EnvConfig:
+    """What a rollout acts in (``mixrl.tools``; ``conf/env/``). ``single``: one completion per
+    prompt (every method before tools). ``tools``: the policy may call ``tools`` (names of
+    ``mixrl.tools.builtin.TOOLS``) through TRL's tool loop (``GRPOTrainer(tools=...)``), at most
+    ``max_tool_calls`` rounds per rollout (TRL's ``max_tool_calling_iterations``; null: until
+    the completion budget); the tools' results stay in the row with provenance ``environment``
+    and are never trained. Needs a chat model whose template renders tool calls (``model=tiny-bpe-tools``)."""
+
+    name: str = "single"
+    tools: list = field(default_factory=list)
+    max_tool_calls: Optional[int] = None
+
+
+@dataclass
 class RewardConfig:
     name: str = "exact"  # a registered reward or a dotted path 'pkg.module:fn'
     params: dict = field(default_factory=dict)
@@ -272,10 +286,11 @@ class RunConfig:
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     recipe_info: RecipeInfo = field(default_factory=RecipeInfo)
 
 
-GROUPS = ("algo", "data", "offpolicy", "model", "reward", "hardware", "logger", "teacher", "sampler")
+GROUPS = ("algo", "data", "offpolicy", "model", "reward", "hardware", "logger", "teacher", "sampler", "env")

@@ -72,6 +72,7 @@ def validate_config(raw: DictConfig) -> DictConfig:
         check_critic(cfg)
         validate_hardware(cfg)
         validate_run(cfg)
+        _validate_env(cfg)
         _validate_rewards(cfg)
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "?"
@@ -109,6 +110,28 @@ def _section_of(message: str) -> str | None:
         if getattr(f.type, "__name__", str(f.type)) == m.group(1) or str(f.type) == m.group(1):
             return f.name
     return None
+
+
+def _validate_env(cfg: DictConfig) -> None:
+    """``env``: a known environment, and for ``tools`` known tool names and a positive round limit."""
+    env = cfg.env
+    if env.name not in ("single", "tools"):
+        raise ConfigError(f"env.name={env.name!r}: the environments are single and tools (conf/env/)")
+    if env.name != "tools":
+        return
+    if not env.tools:
+        raise ConfigError("env=tools with env.tools=[]: name at least one tool, e.g. env.tools=[calculator]")
+    if env.max_tool_calls is not None and int(env.max_tool_calls) < 1:
+        raise ConfigError(f"env.max_tool_calls={env.max_tool_calls} must be >= 1 (or null: until the completion budget)")
+    from mixrl.tools.builtin import resolve_tools  # deferred: the tools' module (and its sandbox) loads only for env=tools
+
+    resolve_tools(list(env.tools))  # an unknown name: one line naming the tools
+    inject = cfg.algo.get("inject")
+    if inject is not None and inject.get("name") not in (None, "none"):
+        # inside the groups, TRL's tool loop would re-run an injected trajectory's tool call; appended rows
+        # (CHORD) do not yet get their tool turns marked (provenance environment) nor a turn_id
+        raise ConfigError(f"env=tools with algo.inject={inject.get('name')} (expert rows in the batch) is not supported "
+                          "yet; train the tool task's expert trajectories without tools (env=single) or use algo=grpo")
 
 
 def _validate_rewards(cfg: DictConfig) -> None:

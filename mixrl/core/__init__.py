@@ -42,6 +42,7 @@ from mixrl.core import (  # noqa: F401  (import = registration)
     schedules,
     sequence_losses,
     srpo,
+    turns,
     terms,
     token_weights,
     vespo,

@@ -160,6 +160,7 @@ def compute_objective(
     normalisers: Mapping[str, tuple[float, ...]] | None = None,
     knobs: Mapping[str, float] | None = None,
     row_fields: Mapping[str, torch.Tensor] | None = None,
+    turn_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Loss of one micro-batch and its parts (floats, for logging).
 
@@ -175,6 +176,8 @@ def compute_objective(
     every row of the population, for ``count_empty_rows``); without them, this micro-batch's
     own counts. ``knobs``: controller values for this step: ``loss.<param>`` for the policy loss,
     any other name for a coefficient. ``row_fields``: per-row fields [B] terms may read (pair links).
+    ``turn_ids`` [B, T]: the policy turn of each token of multi-turn rows (-1: a tool's or an
+    environment's token; :mod:`mixrl.core.turns`), read by turn-level losses.
     """
     valid = mask.bool() if mask.dtype != torch.bool else mask
     if token_source is None:
@@ -205,6 +208,7 @@ def compute_objective(
             teacher_entropy=None if teacher_entropy is None else torch.where(sel, teacher_entropy, torch.zeros_like(logp.detach())),
             old_logp=_finite_on(old_logp.detach(), sel, logp),
             rows=dict(row_fields) if row_fields else None,
+            turns=turn_ids,
         )
         if getattr(TERMS.get(term.kind), "needs_behaviour", False) and bool(sel.any()):
             _check_behaviour(term, behaviour, sel, token_source)

@@ -31,8 +31,9 @@ from mixrl.core._tensor import bool_mask, masked_mean, zero_masked
 from mixrl.core.registry import Registry
 
 #: ``generator``: a runtime parameter of losses that draw at random (``clip_cov``): the
-#: caller's ``torch.Generator``; never a config parameter.
-POLICY_LOSSES = Registry("policy loss", runtime=("generator",))
+#: caller's ``torch.Generator``; never a config parameter. ``turn_ids``: the [B, T] turn index of
+#: each token of a multi-turn row (:mod:`mixrl.core.turns`), given to losses that take it.
+POLICY_LOSSES = Registry("policy loss", runtime=("generator", "turn_ids"))
 
 
 @dataclass

@@ -28,6 +28,7 @@ from mixrl.core.clip_losses import ON_POLICY_RESHAPES, m2_keep_mask, m2po, ppo_c
 from mixrl.core.policy_base import POLICY_LOSSES, PolicyLossOutput, _finish, _ratio_metrics
 from mixrl.core.reinforce_losses import cispo, reinforce, sft, topr
 from mixrl.core.sequence_losses import gspo
+from mixrl.core.turns import turn_ppo
 
 __all__ = [
     "ON_POLICY_RESHAPES",
@@ -37,6 +38,7 @@ __all__ = [
     "_ratio_metrics",
     "cispo",
     "gspo",
+    "turn_ppo",
     "m2_keep_mask",
     "m2po",
     "ppo_clip",

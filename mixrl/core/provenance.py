@@ -13,6 +13,10 @@ declares its *behaviour* (the distribution the token was drawn from):
 * ``unknown``: written by someone else (a demonstration); no behaviour probability exists,
   so no importance ratio may be taken on such tokens.
 
+``environment`` marks the tokens of a multi-turn row that no policy wrote (a tool's result,
+an environment's observation): they stay in the sequence (later turns attend to them) but no
+term selects them, so every loss, KL term, token weight and normaliser leaves them out.
+
 A new source registers its own provenance with :func:`register_provenance` in its module;
 codes are given in registration order (the same in every process).
 """
@@ -79,4 +83,8 @@ ON_POLICY = register_provenance(
 ).code
 EXPERT = register_provenance(
     "expert", behaviour="unknown", description="an off-policy demonstration (behaviour probability unknown)"
+).code
+ENVIRONMENT = register_provenance(
+    "environment", behaviour="unknown",
+    description="written by a tool or an environment inside a multi-turn row (a tool result, an observation): never trained",
 ).code

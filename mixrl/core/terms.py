@@ -27,6 +27,7 @@ Attributes a term function may declare (read by config validation and ``mixrl ex
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass, field
 
@@ -66,6 +67,8 @@ class TermInputs:
     old_logp: Tensor | None = None
     #: per-row fields [B] of the batch a term may read (the pair links of :mod:`mixrl.core.preference`)
     rows: dict | None = None
+    #: [B, T] the policy turn of each token of a multi-turn row (:func:`mixrl.core.turns.turn_ids`; -1: none); None: single-turn
+    turns: Tensor | None = None
 
 
 @dataclass
@@ -117,7 +120,10 @@ def policy(x: TermInputs, *, loss: dict | None = None, top_entropy: float | None
     spec = dict(loss or {"name": "ppo_clip"})
     name = spec.pop("name")
     spec.update(x.overrides)
-    out = POLICY_LOSSES.get(name)(x.logp, x.behaviour_logp, x.advantages, x.mask, **spec)
+    fn = POLICY_LOSSES.get(name)
+    if x.turns is not None and "turn_ids" in inspect.signature(fn).parameters:
+        spec["turn_ids"] = x.turns  # a turn-level loss (mixrl.core.turns)
+    out = fn(x.logp, x.behaviour_logp, x.advantages, x.mask, **spec)
     metrics = {f"policy/{k}": float(v) for k, v in out.metrics.items()}
     if top_entropy is not None:
         keep = top_entropy_mask(x.mask, x.entropies, top_entropy)

@@ -13,11 +13,14 @@ up in ``mixrl explain`` without editing this module. Contradictions and notes co
 
 from __future__ import annotations
 
+import inspect
+
 from typing import Any
 
 from omegaconf import DictConfig
 from omegaconf import OmegaConf
 
+from mixrl.core.policy_losses import POLICY_LOSSES
 from mixrl.core.registry import format_value
 from mixrl.errors import ConfigError
 from mixrl.explain.sampler import sampler_rows
@@ -263,6 +266,20 @@ def _reward_rows(cfg: DictConfig) -> list[tuple[str, str]]:
     return rows
 
 
+def _env_row(cfg: DictConfig) -> str | None:
+    """The tool turns and their masking (``env=tools``; None for single-turn rollouts)."""
+    env = cfg.get("env")
+    if env is None or env.name != "tools":
+        return None
+    env_prov = prov.provenance("environment")
+    calls = "until the completion budget" if env.max_tool_calls is None else f"at most {env.max_tool_calls} rounds"
+    takes_turns = "turn_ids" in inspect.signature(POLICY_LOSSES.get(cfg.algo.loss.name)).parameters
+    turn = " The policy loss takes one ratio per turn (turn_id)." if takes_turns else ""
+    return (f"multi-turn rollouts: the policy may call {', '.join(env.tools)} ({calls}, TRL's tool loop); each tool "
+            f"result stays in the row as provenance {env_prov.name} [behaviour {env_prov.behaviour}], in no term: "
+            f"masked from every loss, KL term, token weight and normaliser (expert trajectories' tool turns too).{turn}")
+
+
 def explain_lines(cfg: DictConfig) -> list[tuple[str, str]]:
     """``(label, text)`` rows: each term (with the formulas of its components), each
     coefficient, the advantage, injection, source, controller, tokens and batch geometry.
@@ -287,6 +304,9 @@ def explain_lines(cfg: DictConfig) -> list[tuple[str, str]]:
     if engine is not None:
         rows.append(("engine", engine))
     rows.append(("tokens", _provenance_row(cfg)))
+    env = _env_row(cfg)
+    if env is not None:
+        rows.append(("env", env))
     rows.append(("batch", geometry(cfg).describe()))
 
     rows += sampler_rows(cfg)

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from mixrl.models import tiny, tiny_bpe
+from mixrl.models import tiny, tiny_bpe, tiny_bpe_tools
 
 PREFIX = "builtin:"
 #: name -> (what it is, for messages)
@@ -13,6 +13,7 @@ MODELS = {
     "builtin:tiny-bpe": "the BPE chat model",
     "builtin:tiny-teacher": "the character-level teacher (expert solutions only, every level)",
     "builtin:tiny-bpe-teacher": "the BPE chat teacher (expert solutions only, every level)",
+    "builtin:tiny-bpe-tools": "the BPE chat model with a tool-calling template (the tool task, arith_tools)",
 }
 
 
@@ -30,6 +31,8 @@ def resolve(name: str, *, progress: bool = True) -> str:
         return str(tiny_bpe.warm_start(progress=progress))
     if name == "builtin:tiny-bpe-teacher":
         return str(tiny_bpe.teacher_warm_start(progress=progress))
+    if name == tiny_bpe_tools.BUILTIN:
+        return str(tiny_bpe_tools.warm_start(progress=progress))
     raise ValueError(f"unknown built-in model '{name}'; the built-in models are {', '.join(MODELS)}")
 
 

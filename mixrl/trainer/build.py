@@ -31,11 +31,11 @@ from mixrl.config.builders import build_controller, build_injection, build_objec
 from mixrl.core.terms import term_needs
 from mixrl.data.cells import to_chat_prompt
 from mixrl.evaluation.heldout import describe, separate_heldout
-from mixrl.models import tiny_bpe
+from mixrl.models import tiny_bpe, tiny_bpe_tools
 from mixrl.rewards import build_reward
 from mixrl.rewards.components import heldout_reward
 from mixrl.sources import SOURCES
-from mixrl.tasks import arith
+from mixrl.tasks import arith, arith_tools
 from mixrl.trainer.generation.engine_sync import default_tolerance
 from mixrl.trainer.magnitude import MagnitudeBounds
 from mixrl.vllm_cpu import colocated_engine_dtype, engine_dtype
@@ -110,22 +110,27 @@ def builtin_system_prompt(cfg: DictConfig) -> str | None:
     else None (plain-text prompts). ``data.system_prompt=''`` gives the BPE model plain text."""
     if cfg.data.system_prompt is not None:
         return cfg.data.system_prompt or None
+    if cfg.data.source == BUILTIN + arith_tools.NAME:  # the tool task: chat prompts for every chat model
+        return arith_tools.SYSTEM_PROMPT
     return tiny_bpe.SYSTEM_PROMPT if tiny_bpe.is_tiny_bpe(cfg.model.path) else None
 
 
 def _builtin_rows(cfg: DictConfig, split: str, n: int, seed: int) -> list[dict]:
     """Rows of the built-in task; chat prompts (system + user message) when :func:`builtin_system_prompt` gives one."""
     name = cfg.data.source[len(BUILTIN):]
-    if name != "arith":
-        raise ConfigError(f"unknown built-in dataset '{cfg.data.source}'; the built-in task is builtin:arith")
+    if name not in ("arith", arith_tools.NAME):
+        raise ConfigError(f"unknown built-in dataset '{cfg.data.source}'; the built-in tasks are builtin:arith, builtin:arith_tools")
     levels = list(cfg.data.levels)
+    task = arith if name == "arith" else arith_tools
     try:
         if split == "train":
-            rows = arith.train_split(n, seed=seed, levels=levels)
+            rows = task.train_split(n, seed=seed, levels=levels)
         else:
-            rows = arith.heldout_split(n, levels=levels)
+            rows = task.heldout_split(n, levels=levels)
     except ValueError as e:
         raise ConfigError(f"data.levels: {e}") from None
+    if task is arith_tools:  # the expert's tool trajectory, as the built-in tool model's template writes it
+        rows = [{**r, "trajectory": tiny_bpe_tools.trajectory_text(r)} for r in rows]
     system = builtin_system_prompt(cfg)
     if system:
         rows = [{**r, "prompt": to_chat_prompt(r["prompt"], system)} for r in rows]
@@ -375,6 +380,7 @@ def prepare_inputs(cfg: DictConfig, console: Console, *, check: bool = True) -> 
     set_seed(int(cfg.seed))
     model_path = resolve_model_path(cfg, progress=cfg.logger.progress)
     tokenizer = load_tokenizer(model_path, cfg)
+    check_env_tokenizer(cfg, tokenizer, model_path)
     train_ds, eval_rows, heldout = heldout_rows(cfg)
     reward_funcs, reward_weights = build_reward_funcs(cfg)
     teacher = build_teacher(cfg)
@@ -482,6 +488,9 @@ def trainer_from_config(cfg: DictConfig, *, inputs: RunInputs | None = None, cal
         train_ds = teacher.prepare(train_ds, cfg.data)
 
     sampler, sampler_length = build_sampler(cfg, train_ds)
+    tools = env_tools(cfg)
+    if tools:
+        args.max_tool_calling_iterations = cfg.env.max_tool_calls  # TRL's tool loop: rounds per rollout (None: no limit)
     with _colocated_engine(cfg, model_path):
         trainer = MixrlGRPOTrainer(
             model=model_path,
@@ -503,11 +512,32 @@ def trainer_from_config(cfg: DictConfig, *, inputs: RunInputs | None = None, cal
             critic=OmegaConf.to_container(cfg.algo.critic, resolve=True) if cfg.algo.get("critic") is not None else None,
             padding_free=str(cfg.trainer.get("padding_free", "auto")),
             token_budget=token_budget_spec(cfg, geom),
+            **({"tools": tools} if tools else {}),
         )
     trainer.vllm_sync_tolerance = _sync_tolerance(cfg, model_path)  # checked after every weight sync (engine_sync)
     trainer.magnitude_bounds = MagnitudeBounds.from_config(cfg.trainer)  # checked every micro-batch (mixrl.trainer.magnitude)
     trainer.remove_callback(PrinterCallback)  # mixrl prints its own progress and summary
     return trainer
+
+
+def env_tools(cfg: DictConfig) -> list:
+    """The tool functions of ``env`` (``env=tools``: ``mixrl.tools.builtin`` by name), else []."""
+    if cfg.get("env") is None or cfg.env.name != "tools":
+        return []
+    from mixrl.tools.builtin import resolve_tools  # deferred: only env=tools runs need the tools (and their sandbox)
+
+    return resolve_tools(list(cfg.env.tools))
+
+
+def check_env_tokenizer(cfg: DictConfig, tokenizer, model_path: str) -> None:
+    """``env=tools`` needs a chat template that renders a tool call and its result (TRL's check)."""
+    if cfg.get("env") is None or cfg.env.name != "tools":
+        return
+    from trl.chat_template_utils import supports_tool_calling  # deferred: trl is heavy; only env=tools runs check it
+
+    if not supports_tool_calling(tokenizer):
+        raise ConfigError(f"env=tools: the chat template of '{model_path}' does not render tool calls; "
+                          "use model=tiny-bpe-tools (the built-in tool model) or a chat model whose template supports tools")
 
 
 def token_budget_spec(cfg: DictConfig, geom: Geometry) -> dict | None:

@@ -76,6 +76,7 @@ from mixrl.trainer.generation.lagged_weights import swapped, trainable
 from mixrl.trainer.magnitude import check_step
 from mixrl.trainer.parts.packing import Packing
 from mixrl.trainer.parts.batch_fields import (
+    assistant_turn_marks,
     behaviour_is_policy, behaviour_known, engine_mismatch_metrics, global_counts, guided_rows, provenance_fields,
 )
 from mixrl.trainer.parts.sampler_rounds import Round
@@ -163,6 +164,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
                                  critic=critic, token_budget=token_budget)
         if self.parts.async_gen is not None:
             self._wrap_vllm_for_async()
+        self._mixrl_turn_marks = assistant_turn_marks(self.processing_class) if self.tools else None
         for model in (self.model, self.ref_model, *(self.parts.teachers.frozen if self.parts.teachers else [])):
             if model is not None:  # decided (true: refused, auto: said) now, not at the first forward
                 self.packing.reason(model)
@@ -185,6 +187,8 @@ class MixrlGRPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ generation
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        if self._mixrl_rollouts is not None and self.tools:  # TRL's tool loop: a later turn of rows already generated
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
         inj = self.parts.injections
         injecting = bool(inj) and self.model.training and self._mixrl_batch_inputs is not None
         ctx = self._context() if injecting else None
@@ -287,6 +291,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
 
         def one_round(rows):
             self._mixrl_batch_inputs = rows
+            self._mixrl_rollouts = None  # a new round's first turn (TRL's tool loop skips injections after it)
             out = super(MixrlGRPOTrainer, self)._generate_and_score_completions(rows)
             return Round(out, self._mixrl_rollouts, self._mixrl_rewards_per_func, rows)
 
@@ -325,7 +330,8 @@ class MixrlGRPOTrainer(GRPOTrainer):
     def _stage_provenance(self, out: dict, version: int | None, training: bool, mode: str) -> None:
         """provenance: ``row_source``, ``token_source``, ``behaviour_logp``, ``policy_version``;
         ``engine/*`` metrics, and the weight-sync check when vLLM sampled a training batch."""
-        out.update(provenance_fields(out, self._mixrl_rollouts))
+        out.update(provenance_fields(out, self._mixrl_rollouts, self._mixrl_turn_marks))
+        out.pop("tool_mask", None)  # read into token_source (provenance environment); rows appended later have no entry
         if version is not None:  # the policy version that sampled each row (-1 for rows no policy sampled)
             out["policy_version"] = torch.full_like(out["row_source"], int(version))
         self._log(mode, engine_mismatch_metrics(out, self.objective, mode))
@@ -584,6 +590,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
             normalisers=self._mixrl_normalisers if mode == "train" else None,
             knobs=knobs,
             row_fields={k: v for k, v in inputs.items() if k.startswith("pair_")} or None,  # pair links (mixrl.core.preference)
+            turn_ids=inputs.get("turn_id"),  # multi-turn rows: the policy's turns (turn-level losses)
         )
         if mode == "train":
             check_step(self, inputs, metrics)  # an advantage or loss term out of bounds stops the run (mixrl.trainer.magnitude)

@@ -129,7 +129,30 @@ def capture_rows(out: dict, *, tokenizer, rewards, rewards_per_func, reward_name
             "advantage": _row_advantage(adv, mask, i),
             "tokens": tokens_of[i],
         })
+        turns = _turns(tokenizer, ids[i], mask[i], token_source[i] if token_source is not None and token_source.numel() else None)
+        if turns:
+            rows[-1]["turns"] = turns
     return rows
+
+
+def _turns(tokenizer, ids, mask, token_source) -> list[dict] | None:
+    """A multi-turn row's turns: ``[{by: policy | environment, text, trained}]``, one per run of
+    tokens the policy wrote or a tool / environment wrote (provenance ``environment``, never
+    trained); None for a row without such tokens."""
+    if token_source is None:
+        return None
+    keep = mask.bool()
+    written = (token_source == prov.ENVIRONMENT)[keep].tolist()
+    if not any(written):
+        return None
+    toks = ids[keep].tolist()
+    turns, start = [], 0
+    for t in range(1, len(toks) + 1):
+        if t == len(toks) or written[t] != written[start]:
+            by = "environment" if written[start] else "policy"
+            turns.append({"by": by, "text": tokenizer.decode(toks[start:t], skip_special_tokens=False), "trained": by == "policy"})
+            start = t
+    return turns
 
 
 def eval_rows(examples: list[dict], n: int, max_chars: int) -> list[dict]:
@@ -275,8 +298,12 @@ def cells(row: dict, width: int = 0) -> list[str]:
     if row.get("split") == "eval":
         reward += " ✓" if row.get("correct") else " ✗"
     one_line = lambda s: trim(str(s or "").replace("\n", "⏎ "), width)  # noqa: E731
+    completion = row.get("completion")
+    if row.get("turns"):  # a multi-turn row: who wrote each turn; a tool's turn is not trained
+        completion = " ".join(f"[{'policy' if t.get('trained') else t.get('by', '?') + ', not trained'}] {t.get('text', '')}"
+                              for t in row["turns"])
     return [str(row.get("step")), str(row.get("source")), reward, num(row.get("advantage")),
-            one_line(row.get("prompt")), one_line(row.get("completion"))]
+            one_line(row.get("prompt")), one_line(completion)]
 
 
 def markdown_table(rows: list[dict], width: int = 200) -> str:

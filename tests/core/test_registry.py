@@ -59,7 +59,7 @@ def test_check_params():
 def test_expected_names_are_registered():
     assert set(core.POLICY_LOSSES.names()) == {
         "ppo_clip", "reinforce", "topr", "cispo", "gspo", "sapo", "m2po", "sft", "reshaped_ppo",
-        "opmd", "asymre", "rec", "sppo", "vespo", "clip_cov", "kl_cov", "gmpo"}
+        "opmd", "asymre", "rec", "sppo", "vespo", "clip_cov", "kl_cov", "gmpo", "turn_ppo"}
     assert set(core.TOKEN_WEIGHTS.names()) == {"one", "p", "chord_phi", "chord_phi_clamp", "luffy"}
     assert set(core.AGGREGATIONS.names()) == {
         "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"}

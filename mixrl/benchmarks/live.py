@@ -221,7 +221,7 @@ class SeededSampling:
 
 
 def evaluate(model, tokenizer, live: LiveBenchmark, *, batch_size: int, stop: Callable[[], bool] | None = None,
-             examples: list | None = None) -> dict[str, float]:
+             examples: list | None = None, trainer: Any = None) -> dict[str, float]:
     """``{metric: value}`` of ``model`` on one benchmark (``k`` samples per problem under its
     protocol); ``stop`` as for :func:`mixrl.evaluation.accuracy.generate_completions`.
 
@@ -230,12 +230,15 @@ def evaluate(model, tokenizer, live: LiveBenchmark, *, batch_size: int, stop: Ca
     log the same metrics, equal to one process's. Sampled protocols seed each pair
     (:class:`SeededSampling`, the seed drawn from the caller's RNG state, which the periodic
     evaluation seeds by (seed, step) on every process), so the samples do not depend on the
-    number of processes either."""
+    number of processes either. With ``trainer`` holding a colocated vLLM engine
+    (:func:`mixrl.benchmarks.engine.engine_for`) the engine generates, its weights synced first."""
     import torch  # deferred: imports torch
+
+    from mixrl.benchmarks.engine import engine_for  # deferred: as the other benchmark modules here
 
     from mixrl.benchmarks import scoring  # deferred: scoring loads math-verify
     from mixrl.benchmarks.metrics import per_problem  # deferred: metrics imports the evaluation's pass@k
-    from mixrl.evaluation.accuracy import generate_completions  # deferred: imports torch
+    from mixrl.evaluation.accuracy import EvaluationInterrupted, generate_completions  # deferred: imports torch
 
     proto, n = live.bench.protocol, live.samples
     sample = proto.temperature > 0
@@ -243,12 +246,20 @@ def evaluate(model, tokenizer, live: LiveBenchmark, *, batch_size: int, stop: Ca
     rank, world = _world()
     total = len(live.problems) * n
     mine, real = shard(total, rank, world)
-    sampler = SeededSampling(seed, mine, proto.temperature, proto.top_p) if sample else None
-    texts = generate_completions(
-        model, tokenizer, [live.prompts[j // n] for j in mine], max_new_tokens=live.max_new_tokens,
-        batch_size=max(batch_size, 1), do_sample=False, stop=stop,
-        logits_processor=sampler.batch if sampler is not None else None,
-    )
+    engine = engine_for(trainer)
+    if engine is not None:  # the run's own vLLM engine (mixrl.benchmarks.engine), one request per pair
+        if stop is not None and stop():
+            raise EvaluationInterrupted(f"stopped before benchmark {live.name}")
+        texts = [[t] for t in engine.generate(tokenizer, [live.prompts[j // n] for j in mine], mine,
+                                              temperature=proto.temperature, top_p=proto.top_p,
+                                              max_new_tokens=live.max_new_tokens, seed=seed)]
+    else:
+        sampler = SeededSampling(seed, mine, proto.temperature, proto.top_p) if sample else None
+        texts = generate_completions(
+            model, tokenizer, [live.prompts[j // n] for j in mine], max_new_tokens=live.max_new_tokens,
+            batch_size=max(batch_size, 1), do_sample=False, stop=stop,
+            logits_processor=sampler.batch if sampler is not None else None,
+        )
     own_p = [live.problems[j // n] for j in mine[:real]]
     own_t = [ts[0] for ts in texts[:real]]
     own_e = [scoring.extract(live.bench.extract, t, p.labels) for p, t in zip(own_p, own_t)]

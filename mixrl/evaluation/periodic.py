@@ -52,7 +52,8 @@ class PeriodicEvalCallback(TrainerCallback):
         model: the model to evaluate (default: the trainer's).
         benchmarks: :class:`mixrl.benchmarks.live.LiveBenchmark` list, scored after the held-out
             rows; each metric is logged as ``eval/<benchmark>/<metric>``. With benchmarks the
-            held-out rows may be empty (``trainer.eval_size=0``).
+            held-out rows may be empty (``trainer.eval_size=0``). A run with a colocated vLLM engine
+            generates them on that engine, its weights synced first (:mod:`mixrl.benchmarks.engine`).
         stop: asked between batches (:func:`~mixrl.evaluation.accuracy.evaluate_accuracy`); when
             it returns True (a SIGTERM) the evaluation stops, writes no row and asks the trainer
             to save a checkpoint and stop, as the interrupt guard does at a step's end.
@@ -137,7 +138,7 @@ class PeriodicEvalCallback(TrainerCallback):
             ) if self.rows_in else {}
             for bench in self.benchmarks:  # each scores itself (mixrl.benchmarks.live.LiveBenchmark.evaluate)
                 scores = bench.evaluate(model, self.tokenizer, batch_size=self.batch_size, stop=self.stop,
-                                        examples=None if self.rows_in else examples)
+                                        examples=None if self.rows_in else examples, trainer=self.trainer)
                 result.update({f"{bench.name}/{m}": v for m, v in scores.items()})
             self.last_examples = (step, examples)
             return result

@@ -110,7 +110,7 @@ test-vllm: $(VENV_VLLM)/.installed
 	$(VENV_VLLM)/bin/python -m pytest -m vllm --durations=10
 
 # The CUDA paths once, on the built-in models, in under 8 minutes on one H100, as one table
-# (scripts/gpu_check.py; README "Checking a GPU machine"): bf16 training, the fused LM head, vLLM
+# (scripts/gpu_check.py; docs/how-to/gpu-check.md, "Check a GPU machine"): bf16 training, the fused LM head, vLLM
 # colocate with sleep mode, vLLM server + async, FSDP2 at world size 1, peak memory against
 # `mixrl plan`. GPU_PYTHON must have CUDA torch, mixrl's dependencies and (for the vLLM paths) vLLM:
 # not $(VENV), whose torch is the CPU build. It writes nothing unless told:

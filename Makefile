@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test test-fast test-slow rehearse test-other-cpu tiny docs docs-serve docs-check clean
+.PHONY: install demo test test-fast test-slow rehearse test-other-cpu tiny docs docs-serve docs-check docs-commands clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -81,6 +81,13 @@ docs-check: $(VENV)/.docs-installed
 	$(BIN)/mixrl docs site --check
 	$(BIN)/mkdocs build --strict --quiet
 	$(BIN)/python scripts/check_docs_site.py site
+
+# Every shell command of Get started, the How-to guides and docs/guides/*.md, run as written in a copy of
+# the tree (one thread, offline) where it runs here in about a minute, its output compared with what the
+# page shows; the rest are listed as gpu / long / illustrative (scripts/run_doc_commands.py). Minutes:
+# not in `make test` nor in CI.
+docs-commands: | $(VENV)/.installed
+	$(BIN)/python scripts/run_doc_commands.py
 
 clean:
 	rm -rf $(VENV) runs outputs multirun .pytest_cache

@@ -95,6 +95,9 @@ def parse_page(path: Path) -> list[Command]:
         i += 1
         first = next((s.strip() for _, s in block if s.strip()), "")
         if not (lang in SHELL_LANGS or (lang == "" and COMMAND_START.match(first))):
+            shown = _prose_command(lines, start - 1)
+            if shown and lang in ("", "text", "console"):
+                commands.append(Command(rel, start, shown, [s.rstrip() for _, s in block if s.strip()]))
             continue
         block = _join_continuations(block)
         prompted = any(s.startswith("$ ") for _, s in block)
@@ -120,6 +123,18 @@ def parse_page(path: Path) -> list[Command]:
     return commands
 
 
+def _prose_command(lines: list[str], fence: int) -> str | None:
+    """The command of an output block introduced in prose ("What `mixrl explain algo=r3l` printed:"):
+    a backticked ``mixrl ...`` in the line just above the fence, which ends with a colon."""
+    i = fence - 1
+    while i >= 0 and not lines[i].strip():
+        i -= 1
+    if i < 0 or not lines[i].rstrip().endswith(":"):
+        return None
+    found = re.findall(r"`(mixrl [^`]+)`", lines[i])
+    return found[-1] if found else None
+
+
 def classify(c: Command) -> tuple[str, str]:
     cmd = re.sub(r"\s+#\s.*$", "", c.text)
     if any(line.lstrip().startswith("error:") for line in c.expected):
@@ -140,13 +155,16 @@ def _mask(s: str) -> str:
 def output_mismatches(expected: list[str], actual: str) -> list[str]:
     """The shown lines not found (numbers masked, ``...`` as a wildcard) in what the command printed."""
     got = [_mask(a) for a in actual.splitlines()]
+    joined = _mask(" ".join(actual.split()))  # a line the terminal wrapped (a table caption), ls's columns
+    home = os.path.expanduser("~")
     missing = []
     for line in expected:
         bare = re.sub(r"\s*\(x\d+\)\s*$", "", line.strip())  # "(x3)": the line shown once for three
-        if not bare or bare in ("...", "…"):
+        if not bare or bare in ("...", "…") or re.fullmatch(r"\.\.\..*\.\.\.", bare):  # "... the table ...": elided
             continue
+        bare = re.sub(r"(?<![\w/])~/", home + "/", bare)
         pattern = ".*".join(re.escape(part) for part in _mask(bare).split("..."))
-        if not any(re.search(pattern, g) for g in got):
+        if not any(re.search(pattern, g) for g in got) and not re.search(pattern, joined):
             missing.append(line.strip())
     return missing
 
@@ -239,14 +257,14 @@ def run_page(commands: list[Command], timeout: float, report) -> list[tuple[Comm
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--list", action="store_true", help="classify the commands; run nothing")
-    ap.add_argument("--only", default=None, help="only pages whose path contains this text")
+    ap.add_argument("--only", default=None, help="only pages whose path contains one of these texts (comma-separated)")
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds per command (default 240)")
     ap.add_argument("--out", default=None, help="also write the results as a markdown table to this file")
     ap.add_argument("--verbose", action="store_true", help="print every run's output")
     args = ap.parse_args(argv)
     pages = sorted({p for pattern in PAGES for p in REPO.glob(pattern) if p.name != "README.md"})
     if args.only:
-        pages = [p for p in pages if args.only in str(p.relative_to(REPO))]
+        pages = [p for p in pages if any(o in str(p.relative_to(REPO)) for o in args.only.split(","))]
     rows: list[str] = []
 
     def report(c, status, secs, missing, out="", rc=0):

@@ -150,3 +150,11 @@ def test_no_code_points_at_a_readme_section_that_moved_to_the_site():
                           if stale.search(line)]
     found += [f"Makefile:{n}" for n, line in enumerate((ROOT / "Makefile").read_text().splitlines(), 1) if stale.search(line)]
     assert not found, found
+
+
+def test_the_home_page_shows_the_readmes_method_families():
+    """docs/index.md repeats the README's table of method families (links relative to docs/): one
+    changed without the other leaves the site's front page behind."""
+    readme = [r.replace("](docs/", "](") for r in README.splitlines() if r.startswith("|")]
+    home = [r for r in (DOCS / "index.md").read_text().splitlines() if r.startswith("|")]
+    assert readme == home, "docs/index.md's method-family table differs from the README's: copy it over"

@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test test-fast test-slow rehearse test-other-cpu tiny docs docs-serve docs-check clean
+.PHONY: install demo test test-fast test-slow rehearse test-other-cpu tiny docs docs-serve docs-check docs-commands clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -82,6 +82,13 @@ docs-check: $(VENV)/.docs-installed
 	$(BIN)/mkdocs build --strict --quiet
 	$(BIN)/python scripts/check_docs_site.py site
 
+# Every shell command of Get started, the How-to guides and docs/guides/*.md, run as written in a copy of
+# the tree (one thread, offline) where it runs here in about a minute, its output compared with what the
+# page shows; the rest are listed as gpu / long / illustrative (scripts/run_doc_commands.py). Minutes:
+# not in `make test` nor in CI.
+docs-commands: | $(VENV)/.installed
+	$(BIN)/python scripts/run_doc_commands.py
+
 clean:
 	rm -rf $(VENV) runs outputs multirun .pytest_cache
 
@@ -110,7 +117,7 @@ test-vllm: $(VENV_VLLM)/.installed
 	$(VENV_VLLM)/bin/python -m pytest -m vllm --durations=10
 
 # The CUDA paths once, on the built-in models, in under 8 minutes on one H100, as one table
-# (scripts/gpu_check.py; README "Checking a GPU machine"): bf16 training, the fused LM head, vLLM
+# (scripts/gpu_check.py; docs/how-to/gpu-check.md, "Check a GPU machine"): bf16 training, the fused LM head, vLLM
 # colocate with sleep mode, vLLM server + async, FSDP2 at world size 1, peak memory against
 # `mixrl plan`. GPU_PYTHON must have CUDA torch, mixrl's dependencies and (for the vLLM paths) vLLM:
 # not $(VENV), whose torch is the CPU build. It writes nothing unless told:

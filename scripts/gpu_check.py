@@ -407,7 +407,7 @@ def free_port() -> int:
 def server_command(device: str, python: str, model_dir: str, port: int) -> list[str]:
     """The vLLM server the server path trains against: on CUDA ``trl vllm-serve`` (as
     :func:`mixrl.launch.vllm_server_command` builds it, one copy, :data:`SERVER_GPU_SHARE` of the GPU,
-    which training shares); on CPU ``python -m mixrl.vllm_cpu`` (the README's command)."""
+    which training shares); on CPU ``python -m mixrl.vllm_cpu`` (the command in docs/how-to/vllm.md)."""
     if device == "cpu":
         return [python, "-m", "mixrl.vllm_cpu", "--model", model_dir, "--port", str(port)]
     from mixrl.config.compose import compose_config

@@ -6,7 +6,7 @@
 #   .gpu-check/wheels/  the pure-Python wheels of what is missing there, at the versions .venv runs
 #   .gpu-check/cache/   the built-in models (mixrl model build-tiny [--bpe]), so they are not rebuilt there
 # then carry .gpu-check with the working tree and run scripts/gpu_check_device.sh there
-# (README "Checking a GPU machine"). vLLM is not among the wheels (its wheel is hundreds of MB):
+# (docs/how-to/gpu-check.md, "Check a GPU machine"). vLLM is not among the wheels (its wheel is hundreds of MB):
 # where the GPU machine has no vLLM, the vLLM paths are reported as skipped.
 set -eu
 DEST=.gpu-check

@@ -396,7 +396,7 @@ def test_unparsable_override():
 
 
 def test_short_keys_for_mixing_knobs():
-    """`algo.gamma`, `algo.mu.*` and `algo.token_weight` (the README's examples) reach the
+    """`algo.gamma`, `algo.mu.*` and `algo.token_weight` (the examples in docs/reference/commands.md) reach the
     terms and coefficients of the shipped algos."""
     cfg = compose_config(["algo=luffy", "algo.gamma=0.2"])
     assert cfg.algo.terms.offpolicy.gamma == pytest.approx(0.2)

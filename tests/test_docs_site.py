@@ -127,3 +127,34 @@ def test_the_cli_and_config_reference_pages_are_current(page):
 
     made = render_cli(app) if page == "cli" else render_config()
     assert (DOCS / "reference" / f"{page}.md").read_text() == made, f"docs/reference/{page}.md is stale: run `make docs`"
+
+
+def test_every_config_key_has_a_meaning():
+    """Every row of the config reference says what its key does: the meaning comes from the comment
+    beside (or just above) the field in mixrl/config/schema.py; an empty one is a missing comment there."""
+    rows = [r for r in (DOCS / "reference" / "config.md").read_text().splitlines() if r.startswith("| `")]
+    assert len(rows) > 100
+    empty = [r.split("|")[1].strip() for r in rows if not r.rstrip().rstrip("|").rsplit("|", 1)[1].strip()]
+    assert not empty, f"keys without a meaning (add a comment beside the field in mixrl/config/schema.py): {empty}"
+
+
+def test_no_code_points_at_a_readme_section_that_moved_to_the_site():
+    """The README is the front door; its old sections live on the site (docs/): a comment or message
+    naming one of the README's old sections points at the page that now holds it."""
+    stale = re.compile(r"""README(?:'s)? "|see (?:the )?README\b|README \(\w+ section|README, [A-Z]""")
+    found = []
+    for folder in ("mixrl", "scripts", "tests", "conf"):
+        for path in (ROOT / folder).rglob("*"):
+            if path.suffix in (".py", ".sh", ".yaml") and path.is_file() and "pins" not in path.parts:
+                found += [f"{path.relative_to(ROOT)}:{n}" for n, line in enumerate(path.read_text().splitlines(), 1)
+                          if stale.search(line)]
+    found += [f"Makefile:{n}" for n, line in enumerate((ROOT / "Makefile").read_text().splitlines(), 1) if stale.search(line)]
+    assert not found, found
+
+
+def test_the_home_page_shows_the_readmes_method_families():
+    """docs/index.md repeats the README's table of method families (links relative to docs/): one
+    changed without the other leaves the site's front page behind."""
+    readme = [r.replace("](docs/", "](") for r in README.splitlines() if r.startswith("|")]
+    home = [r for r in (DOCS / "index.md").read_text().splitlines() if r.startswith("|")]
+    assert readme == home, "docs/index.md's method-family table differs from the README's: copy it over"

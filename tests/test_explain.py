@@ -396,7 +396,7 @@ def test_cli_staged_algo_explains_each_stage(tmp_path):
 def test_exopd_explain_says_what_gopd_reward_computes():
     """`mixrl explain algo=exopd` names G-OPD's advantage against the fixed reference with the yaml's
     lam and the reinforce loss -w_t A log p_t (w_t = 1 without tis_cap): the same words as the
-    docstring and the README, never -A r."""
+    docstring and docs/components.md, never -A r."""
     text = explain_text(compose_config(["algo=exopd"]))
     assert ("A_t = 1.25 (log pi_T(y_t) - log pi_ref(y_t)) - (log pi_old(y_t) - log pi_ref(y_t)), "
             "pi_ref the frozen starting student, used in place of the row's advantage") in text

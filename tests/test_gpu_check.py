@@ -1,7 +1,7 @@
 """``scripts/gpu_check.py`` (``make gpu-check``), its CPU-side logic: reading a run's metrics, the
 first error line, the skip rules, the time budget and per-path timeouts, the plan column, the
 table, and whole paths against a fake ``python`` that plays ``mixrl train``. The real paths need a
-GPU (see the README's "Checking a GPU machine"); ``--device cpu`` runs them here by hand.
+GPU (see docs/how-to/gpu-check.md, "Check a GPU machine"); ``--device cpu`` runs them here by hand.
 """
 
 from __future__ import annotations

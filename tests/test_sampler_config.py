@@ -53,7 +53,7 @@ def test_bad_sampler_settings_are_one_line(overrides, words):
 
 
 def test_a_length_schedule_within_the_cap_composes():
-    cfg = compose_config(["sampler=curriculum", "sampler.length={name: linear, start: 8, end: 32, steps: 50}"])  # the README's example
+    cfg = compose_config(["sampler=curriculum", "sampler.length={name: linear, start: 8, end: 32, steps: 50}"])  # the example in docs/concepts/samplers.md
     assert cfg.sampler.length.end == 32
     compose_config(["sampler=curriculum", "sampler.length={name: linear, start: 16, end: 64, steps: 100}",
                     "trainer.max_completion_length=45"])

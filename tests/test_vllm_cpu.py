@@ -194,7 +194,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def vllm_server(tiny_model_path, tmp_path_factory):
-    """``python -m mixrl.vllm_cpu`` (the README's command) on a free port; stopped after the module."""
+    """``python -m mixrl.vllm_cpu`` (the command in docs/how-to/vllm.md) on a free port; stopped after the module."""
     port = _free_port()
     log = open(tmp_path_factory.mktemp("server") / "server.log", "w+")  # noqa: SIM115 - the server keeps it
     proc = subprocess.Popen(

@@ -71,7 +71,7 @@ def evaluate(model_dir: str | Path, overrides: list[str], *, trust_run_code: boo
     backend = sel.backend
     if backend == "auto":
         # vLLM on GPUs when installed; on CPU HF generate, which measured 70 samples/s against 12 for
-        # vLLM's CPU build on the tiny model (2 shared cores; README, Evaluating as the papers do)
+        # vLLM's CPU build on the tiny model (2 shared cores; docs/how-to/evaluate.md)
         backend = "vllm" if device == "cuda" and importlib.util.find_spec("vllm") is not None else "hf"
     elif backend == "vllm":
         if importlib.util.find_spec("vllm") is None:

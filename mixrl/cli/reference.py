@@ -23,6 +23,7 @@ import ast
 import dataclasses
 import difflib
 import inspect
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -189,8 +190,9 @@ def _cell(text: str) -> str:
 
 def _prose(text: str) -> str:
     """``text`` with ``<`` and ``>`` outside code spans escaped, so Markdown shows ``runs/<date>`` rather
-    than taking ``<date>`` for an HTML tag."""
-    parts = text.split("`")
+    than taking ``<date>`` for an HTML tag. reST's double backticks become Markdown's single ones first
+    (inside a code span ``&lt;`` would show as written)."""
+    parts = re.sub(r"``(.+?)``", r"`\1`", text).split("`")
     return "`".join(p.replace("<", "&lt;").replace(">", "&gt;") if i % 2 == 0 else p for i, p in enumerate(parts))
 
 

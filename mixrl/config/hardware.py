@@ -68,7 +68,7 @@ def validate_hardware(cfg: DictConfig) -> None:
             raise ConfigError(f"hardware.{key}={hw[key]} must be >= 1")
     if int(hw.vllm_server_gpus) < 0:
         raise ConfigError(f"hardware.vllm_server_gpus={hw.vllm_server_gpus} must be >= 0")
-    if hw.use_vllm and hw.device == "cpu":  # vLLM's CPU build: the layouts tested (see the README's "vLLM on CPU")
+    if hw.use_vllm and hw.device == "cpu":  # vLLM's CPU build: the layouts tested (docs/how-to/vllm.md, "Generate with vLLM")
         if world_size(cfg) > 1:
             raise ConfigError(
                 f"hardware.use_vllm=true on CPU runs one training process, not {world_size(cfg)}; "

@@ -205,7 +205,7 @@ def warm_start(cache_dir: Path | str | None = None, *, force: bool = False, prog
                steps: int | None = None, role: str = "student") -> Path:
     """Path of the warm-started BPE model (model + tokenizer, ``save_pretrained`` format).
 
-    Learns the merges and trains (deterministically, on one CPU thread; see the README for
+    Learns the merges and trains (deterministically, on one CPU thread; see docs/how-to/data.md for
     the time) unless a complete copy is already cached; ``force`` retrains. ``cache_dir``
     replaces ``cache_root()/"tiny-bpe"``; ``steps`` overrides the number of optimizer steps
     (and is part of the cache key), e.g. for tests; ``role="teacher"``: the BPE teacher

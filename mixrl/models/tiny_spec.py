@@ -53,7 +53,7 @@ WARM_START: dict[str, Any] = {
 #: The built-in teacher (``model: builtin:tiny-teacher`` in a teacher config): the same architecture and
 #: tokenizer, warm-started on expert solutions only (no careless demonstrator), on every level, for longer.
 #: Cached beside the student under ``<cache>/tiny-teacher/<key>/``; its held-out accuracy per level is
-#: in the README (teachers section).
+#: in docs/concepts/teachers.md.
 TEACHER_WARM_START: dict[str, Any] = {
     **WARM_START,
     "steps": 600,

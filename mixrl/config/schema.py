@@ -154,11 +154,15 @@ class EnvConfig:
     ``mixrl.tools.builtin.TOOLS``) through TRL's tool loop (``GRPOTrainer(tools=...)``), at most
     ``max_tool_calls`` rounds per rollout (TRL's ``max_tool_calling_iterations``; null: until
     the completion budget); the tools' results stay in the row with provenance ``environment``
-    and are never trained. Needs a chat model whose template renders tool calls (``model=tiny-bpe-tools``)."""
+    and are never trained. Needs a chat model whose template renders tool calls (``model=tiny-bpe-tools``).
+    Any other name is a stateful environment of ``mixrl.envs.ENVIRONMENTS`` (e.g. ``arith_retry``):
+    episodes of at most ``max_turns`` actions, observations as user turns (provenance ``environment``),
+    the episode's return as the rollout's reward."""
 
     name: str = "single"
     tools: list = field(default_factory=list)
     max_tool_calls: Optional[int] = None
+    max_turns: Optional[int] = None
 
 
 @dataclass

@@ -170,3 +170,36 @@ def test_one_step_through_trls_rollout_func(tmp_path_factory):
     trainer.train()
     assert trainer.rollout_func is not None and trainer.reward_func_names == ["env_return"]
     assert torch.isfinite(torch.tensor(trainer.state.log_history[-1]["train_loss"]))
+
+
+def test_plan_counts_the_turns_tokens():
+    from omegaconf import OmegaConf
+
+    from mixrl.envs.budget import TOOL_TURN_TOKENS, turn_counts
+
+    def env(**kw):
+        return OmegaConf.create({"name": "arith_retry", "tools": [], "max_tool_calls": None, "max_turns": None, **kw})
+
+    keys = ("policy_turns", "env_turns", "env_tokens", "policy_tokens_min", "episode_tokens")
+    # by hand: T = 3 turns, K = 2 observations of o = 14 tokens: E = 28 of C = 64; trained >= 64 - 28 = 36; rollout 48 + 64 = 112
+    assert tuple(turn_counts(env(max_turns=3), 64, 48)[k] for k in keys) == (3, 2, 28, 36, 112)
+    # tools, 2 calls: T = 3, K = 2, o = 21 (TOOL_TURN_TOKENS): E = 42, trained >= 22; rollout 15 + 64 = 79
+    assert TOOL_TURN_TOKENS == 21
+    assert tuple(turn_counts(env(name="tools", max_tool_calls=2), 64, 15)[k] for k in keys) == (3, 2, 42, 22, 79)
+    # 5 calls: K o = 105 > C = 64, so E = C; no limit: K unknown, E = C
+    assert turn_counts(env(name="tools", max_tool_calls=5), 64, 15)["env_tokens"] == 64
+    assert tuple(turn_counts(env(name="tools"), 64, 15)[k] for k in keys[:3]) == (None, None, 64)
+    assert turn_counts(env(name="single"), 64, 15) is None
+
+
+def test_plan_and_explain_show_the_episodes():
+    from mixrl.cli.main import app
+
+    plan = CliRunner().invoke(app, ["plan", "env=arith_retry", "algo=grpo"])
+    assert plan.exit_code == 0, plan.output
+    assert "up to 3 policy turns and 2 observation turns" in plan.output and "up to 28 are observation tokens: not trained" in plan.output
+    explain = CliRunner().invoke(app, ["explain", "env=arith_retry", "algo=grpo", "algo.loss.name=turn_ppo"])
+    assert explain.exit_code == 0, explain.output
+    text = " ".join(explain.output.split())
+    assert "episodes in the environment arith_retry" in text and "masked from every loss" in text
+    assert "episode's return" in text and "one ratio per turn (turn_id)" in text

@@ -1,10 +1,10 @@
 """``arith_retry``: the built-in task with a retry. The policy answers an ``arith`` problem; a
-wrong answer gets the observation ``wrong, try again`` and another turn, up to ``env.max_turns``.
+wrong answer gets the observation ``wrong`` (``no ####`` without an answer) and another turn, up to ``env.max_turns``.
 
 Per-turn reward (the episode's return is their sum)::
 
     correct answer (after ####)  -> +1.0, episode ends
-    wrong or missing answer      -> -0.5 (WRONG_REWARD), "wrong, try again" (or "no answer after ####")
+    wrong or missing answer      -> -0.5 (WRONG_REWARD), observation "wrong" (or "no ####")
 
 So the return is 1 - 0.5 k for a problem solved after k wrong answers, and -0.5 T when all T
 turns are wrong: a first-try answer is worth most, a late one still beats none. Paper: the
@@ -22,13 +22,16 @@ from mixrl.tasks.arith import extract_answer, verify
 
 CORRECT_REWARD = 1.0
 WRONG_REWARD = -0.5
-WRONG = "wrong, try again"
-NO_ANSWER = "no answer after ####, try again"
+WRONG = "wrong"
+NO_ANSWER = "no ####"
 
 
 @register("arith_retry")
 class ArithRetry:
     """One ``arith`` problem, retried after a wrong answer."""
+
+    #: tokens of one observation turn on the built-in BPE chat model (``\n<|im_start|>user\nwrong<|im_end|>\n<|im_start|>assistant\n``): `mixrl plan`'s count
+    OBSERVATION_TOKENS = 14
 
     def __init__(self) -> None:
         self.answer: str | None = None

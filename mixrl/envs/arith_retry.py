@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mixrl.envs import Step, register
+from mixrl.envs.base import Step
 from mixrl.tasks.arith import extract_answer, verify
 
 CORRECT_REWARD = 1.0
@@ -26,7 +26,6 @@ WRONG = "wrong"
 NO_ANSWER = "no ####"
 
 
-@register("arith_retry")
 class ArithRetry:
     """One ``arith`` problem, retried after a wrong answer."""
 

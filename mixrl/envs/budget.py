@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from mixrl.envs import resolve_env
+
 #: tokens of one calculator result turn on the built-in tool model (``\n<|im_start|>user\n<tool_response>77300</tool_response><|im_end|>\n<|im_start|>assistant\n``)
 TOOL_TURN_TOKENS = 21
 
@@ -34,8 +36,6 @@ def turn_counts(env: Any, max_completion_length: int, prompt_tokens: int) -> dic
         turns = None if calls is None else int(calls) + 1
         per, what = TOOL_TURN_TOKENS, "tool result"
     else:
-        from mixrl.envs import resolve_env  # deferred: registers the built-in environments
-
         turns = int(env.get("max_turns") or 1)
         per, what = int(getattr(resolve_env(str(env.name)), "OBSERVATION_TOKENS", 0)), "observation"
     env_turns = None if turns is None else turns - 1

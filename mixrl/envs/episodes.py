@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from mixrl.envs import Environment, safe_step
+from mixrl.envs.base import Environment, safe_step
 
 #: generate(prompt-and-history ids per running episode) -> (new ids per episode, their log-probs or None)
 Generate = Callable[[list[list[int]]], tuple[list[list[int]], list[list[float]] | None]]

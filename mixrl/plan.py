@@ -89,6 +89,7 @@ from omegaconf import DictConfig, OmegaConf
 from mixrl.config.geometry import geometry
 from mixrl.config.hardware import needs_launch, world_size
 from mixrl.launch import plan_launch
+from mixrl.envs.budget import turn_lines
 from mixrl.models import tiny_bpe, tiny_spec
 from mixrl.models.known import KNOWN_MODELS
 
@@ -429,6 +430,7 @@ def render_plan(cfg: DictConfig, overrides: list[str], *, prompt_tokens: int | N
               f"  world size {world_size(cfg)} = hardware.num_processes {hw.num_processes} x hardware.num_machines {hw.num_machines}; "
               f"strategy {hw.strategy}{' + CPU offload' if hw.offload else ''}; "
               f"rollouts: {'vLLM ' + hw.vllm_mode if hw.use_vllm else 'transformers generate'}", ""]
+    lines += turn_lines(cfg, prompt_tokens)  # multi-turn rollouts: who writes the completion's tokens
     shape = model_shape(cfg)
     if shape is None:
         lines += [f"memory: unknown model shape for '{cfg.model.path}' (not a local folder, not in mixrl.models.known.KNOWN_MODELS); "

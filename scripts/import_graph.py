@@ -35,7 +35,8 @@ layer  modules
        ``jsonl`` (the reader of a run's JSON-lines logs: the standard library only)
 1      ``sources``, ``sampler``, ``data``, ``rewards``, ``models``, ``tasks``; ``tools`` (the built-in
        tools a tool-calling rollout calls and the sandbox that runs model-written code: the standard
-       library and ``errors`` only); ``evaluation`` (a model's
+       library and ``errors`` only); ``envs`` (stateful multi-turn environments and their episode
+       loop on token ids: ``errors`` and ``tasks``); ``evaluation`` (a model's
        accuracy and pass@k on held-out rows, the held-out split, the periodic callback, saved
        model folders, the eval cache: it needs only torch/transformers and ``errors``, reads
        configs by their fields, and is called by the trainer and by ``models`` (the built tiny
@@ -73,7 +74,7 @@ from pathlib import Path
 LAYERS = {
     "": 0, "core": 0, "errors": 0, "progress": 0, "jsonl": 0,
     "sources": 1, "sampler": 1, "data": 1, "rewards": 1, "models": 1, "tasks": 1, "evaluation": 1,
-    "tools": 1,
+    "tools": 1, "envs": 1,
     "config": 2,
     "trainer": 3, "vllm_cpu": 3, "vllm_file_transfer": 3, "explain": 3,
     "launch": 4, "slurm": 4, "plan": 4, "experiments": 4, "benchmarks": 3,

@@ -156,11 +156,15 @@ class EnvConfig:
     ``mixrl.tools.builtin.TOOLS``) through TRL's tool loop (``GRPOTrainer(tools=...)``), at most
     ``max_tool_calls`` rounds per rollout (TRL's ``max_tool_calling_iterations``; null: until
     the completion budget); the tools' results stay in the row with provenance ``environment``
-    and are never trained. Needs a chat model whose template renders tool calls (``model=tiny-bpe-tools``)."""
+    and are never trained. Needs a chat model whose template renders tool calls (``model=tiny-bpe-tools``).
+    Any other name is a stateful environment of ``mixrl.envs.ENVIRONMENTS`` (e.g. ``arith_retry``):
+    episodes of at most ``max_turns`` actions, observations as user turns (provenance ``environment``),
+    the episode's return as the rollout's reward."""
 
-    name: str = "single"  # single (one completion per prompt) | tools (TRL's tool loop)
+    name: str = "single"  # single (one completion per prompt) | tools (TRL's tool loop) | a stateful environment of mixrl.envs (arith_retry)
     tools: list = field(default_factory=list)  # the tools the policy may call (mixrl.tools.builtin.TOOLS names: calculator, python)
     max_tool_calls: Optional[int] = None  # tool-calling rounds per rollout at most; null: until the completion budget
+    max_turns: Optional[int] = None  # a stateful environment: the policy's actions per episode at most; null: the environment's own limit
 
 
 @dataclass

@@ -116,7 +116,8 @@ def _validate_env(cfg: DictConfig) -> None:
     """``env``: a known environment, and for ``tools`` known tool names and a positive round limit."""
     env = cfg.env
     if env.name not in ("single", "tools"):
-        raise ConfigError(f"env.name={env.name!r}: the environments are single and tools (conf/env/)")
+        _validate_episodes(cfg)
+        return
     if env.name != "tools":
         return
     if not env.tools:
@@ -132,6 +133,25 @@ def _validate_env(cfg: DictConfig) -> None:
         # (CHORD) do not yet get their tool turns marked (provenance environment) nor a turn_id
         raise ConfigError(f"env=tools with algo.inject={inject.get('name')} (expert rows in the batch) is not supported "
                           "yet; train the tool task's expert trajectories without tools (env=single) or use algo=grpo")
+
+
+def _validate_episodes(cfg: DictConfig) -> None:
+    """A stateful environment (``mixrl.envs``): a registered name, ``env.max_turns >= 1``, no tools,
+    no expert rows in the batch (their observations would not be marked)."""
+    from mixrl.envs import resolve_env  # deferred: the environments load only for an episodic env
+
+    env = cfg.env
+    resolve_env(str(env.name))  # an unknown name: one line naming the environments
+    if env.get("max_turns") is None or int(env.max_turns) < 1:
+        raise ConfigError(f"env={env.name} with env.max_turns={env.get('max_turns')}: set env.max_turns >= 1 (actions per episode)")
+    if env.tools:
+        raise ConfigError(f"env={env.name} with env.tools={list(env.tools)}: an environment's episodes take no tools; use env=tools for tool calls")
+    inject = cfg.algo.get("inject")
+    if inject is not None and inject.get("name") not in (None, "none"):
+        raise ConfigError(f"env={env.name} with algo.inject={inject.get('name')} (expert rows in the batch) is not supported "
+                          "yet; use algo=grpo (or another on-policy method) with an environment")
+    if cfg.hardware.get("vllm_async", False):
+        raise ConfigError(f"env={env.name} with hardware.vllm_async=true is not supported yet; set hardware.vllm_async=false")
 
 
 def _validate_rewards(cfg: DictConfig) -> None:

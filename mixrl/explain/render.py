@@ -267,14 +267,21 @@ def _reward_rows(cfg: DictConfig) -> list[tuple[str, str]]:
 
 
 def _env_row(cfg: DictConfig) -> str | None:
-    """The tool turns and their masking (``env=tools``; None for single-turn rollouts)."""
+    """The tool turns or an environment's episodes and their masking (``env=tools``, ``env=<environment>``;
+    None for single-turn rollouts)."""
     env = cfg.get("env")
-    if env is None or env.name != "tools":
+    if env is None or env.name == "single":
         return None
     env_prov = prov.provenance("environment")
-    calls = "until the completion budget" if env.max_tool_calls is None else f"at most {env.max_tool_calls} rounds"
     takes_turns = "turn_ids" in inspect.signature(POLICY_LOSSES.get(cfg.algo.loss.name)).parameters
     turn = " The policy loss takes one ratio per turn (turn_id)." if takes_turns else ""
+    if env.name != "tools":
+        return (f"multi-turn episodes in the environment {env.name} (mixrl.envs, TRL's rollout_func): at most {env.max_turns} "
+                f"policy turns; each observation (a user turn) stays in the row as provenance {env_prov.name} [behaviour "
+                f"{env_prov.behaviour}], in no term: masked from every loss, KL term, token weight and normaliser. The "
+                f"rollout's reward is the episode's return (the sum of the turns' rewards; per-turn rewards kept as "
+                f"turn_rewards).{turn}")
+    calls = "until the completion budget" if env.max_tool_calls is None else f"at most {env.max_tool_calls} rounds"
     return (f"multi-turn rollouts: the policy may call {', '.join(env.tools)} ({calls}, TRL's tool loop); each tool "
             f"result stays in the row as provenance {env_prov.name} [behaviour {env_prov.behaviour}], in no term: "
             f"masked from every loss, KL term, token weight and normaliser (expert trajectories' tool turns too).{turn}")

@@ -26,6 +26,7 @@ from mixrl.errors import ConfigError, DataError
 from mixrl.models import builtin
 from mixrl.models.files import check_model_folder, empty_tokenizer_note
 from mixrl.trainer import fsdp
+from mixrl.trainer.env_rollout import env_trainer_kwargs
 from mixrl.config.checks import check_train_size, check_training_data, row_texts
 from mixrl.config.builders import build_controller, build_injection, build_objective, build_source, build_teacher
 from mixrl.core.terms import term_needs
@@ -500,7 +501,7 @@ def trainer_from_config(cfg: DictConfig, *, inputs: RunInputs | None = None, cal
     with _colocated_engine(cfg, model_path):
         trainer = MixrlGRPOTrainer(
             model=model_path,
-            reward_funcs=inputs.reward_funcs,
+            **env_trainer_kwargs(cfg, args, inputs.reward_funcs, tools),  # the task's reward, tools, or an environment's episodes
             args=args,
             train_dataset=train_ds,
             processing_class=tokenizer,
@@ -518,7 +519,6 @@ def trainer_from_config(cfg: DictConfig, *, inputs: RunInputs | None = None, cal
             critic=OmegaConf.to_container(cfg.algo.critic, resolve=True) if cfg.algo.get("critic") is not None else None,
             padding_free=str(cfg.trainer.get("padding_free", "auto")),
             token_budget=token_budget_spec(cfg, geom),
-            **({"tools": tools} if tools else {}),
         )
     trainer.vllm_sync_tolerance = _sync_tolerance(cfg, model_path)  # checked after every weight sync (engine_sync)
     trainer.magnitude_bounds = MagnitudeBounds.from_config(cfg.trainer)  # checked every micro-batch (mixrl.trainer.magnitude)

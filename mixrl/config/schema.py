@@ -164,7 +164,7 @@ class EnvConfig:
     name: str = "single"  # single (one completion per prompt) | tools (TRL's tool loop) | a stateful environment of mixrl.envs (arith_retry)
     tools: list = field(default_factory=list)  # the tools the policy may call (mixrl.tools.builtin.TOOLS names: calculator, python)
     max_tool_calls: Optional[int] = None  # tool-calling rounds per rollout at most; null: until the completion budget
-    max_turns: Optional[int] = None  # a stateful environment: the policy's actions per episode at most; null: the environment's own limit
+    max_turns: Optional[int] = None  # a stateful environment: the policy's actions per episode at most (required there; unused by single and tools)
 
 
 @dataclass

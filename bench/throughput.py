@@ -115,9 +115,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=None, metavar="DIR",
                    help="folder for bench.md and profile.txt (default: a new runs/bench/throughput-<UTC time>/; "
                    "'--out docs/results' updates the committed report); a path ending in .md names the Markdown "
-                   "report itself, the profile going beside it; '' writes no report")
+                   "report itself, the profile going beside it (NAME-profile.txt unless it is bench.md); '' writes no report")
     p.add_argument("--profile-out", default=None, metavar="PATH",
-                   help="profile of one mixrl grpo step (default: profile.txt beside the report; '' to skip)")
+                   help="profile of one mixrl grpo step (default: beside the report, profile.txt or NAME-profile.txt; '' to skip)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write every measurement as JSON")
     p.add_argument("--quiet", action="store_true", help="no per-step lines")
     opts = p.parse_args(argv)
@@ -137,8 +137,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if problem:
         p.error(problem)
     md = report_file(opts.out, "throughput", "bench.md")
-    if opts.profile_out is None:
-        opts.profile_out = str(md.parent / "profile.txt") if md is not None else ""
+    if opts.profile_out is None:  # beside the report; a report of another name (bench-varlen.md) gets its own
+        opts.profile_out = (str(md.parent / ("profile.txt" if md.name == "bench.md" else f"{md.stem}-profile.txt"))
+                            if md is not None else "")
     opts.out = str(md) if md is not None else ""
     return opts
 

@@ -152,7 +152,8 @@ def _tree(folder: Path) -> dict[str, tuple[int, bytes]]:
 
 def test_out_names_where_every_file_goes(tmp_path, monkeypatch):
     """``--out DIR``: bench.md and profile.txt in DIR; no --out: a new runs/bench/throughput-<time>/
-    (never docs/results/); a ``.md`` path: the report itself, the profile beside it; '' : no files;
+    (never docs/results/); a ``.md`` path: the report itself, the profile beside it (``<name>-profile.txt``
+    unless it is bench.md: docs/results/bench-varlen.md leaves bench.md's profile.txt alone); '' : no files;
     an explicit --profile-out wins."""
     from bench.throughput import parse_args
 
@@ -165,7 +166,7 @@ def test_out_names_where_every_file_goes(tmp_path, monkeypatch):
     o = parse_args(["--out", "docs/results"])  # how the committed report is made
     assert (o.out, o.profile_out) == ("docs/results/bench.md", "docs/results/profile.txt")
     o = parse_args(["--out", "x/report.md"])
-    assert (o.out, o.profile_out) == ("x/report.md", "x/profile.txt")
+    assert (o.out, o.profile_out) == ("x/report.md", "x/report-profile.txt")  # not bench.md's profile.txt
     o = parse_args(["--out", "", "--json", "m.json"])
     assert (o.out, o.profile_out, o.json) == ("", "", "m.json")
     o = parse_args(["--out", "d", "--profile-out", ""])

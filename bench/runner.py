@@ -106,7 +106,9 @@ def run(opts: argparse.Namespace, log: Callable[[str], None]) -> dict:
         for name in sorted(variants, key=lambda v: v != "floor"):
             total = W + S + (len(profile_steps) if name == "grpo" else 0)
             timer = StepTimer(name, turns, opts.device, W, W + S, profile_steps if name == "grpo" else None,
-                              log=None if opts.quiet else log, description=DESCRIPTIONS[name])
+                              log=None if opts.quiet else log,
+                              description=DESCRIPTIONS[name] + (", padded rows (trainer.padding_free=false)"
+                                                                if variable and name in ("grpo", "chord") else ""))
             extra = base_and_overrides(name, opts.token_budget)[1] if variable else []
             cfg = compose(algo_of(name), [*overrides, *extra], total)
             runner = build_variant(name, cfg, timer, steps=total, device=opts.device, out_dir=tmp / name,

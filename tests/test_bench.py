@@ -145,6 +145,17 @@ def test_padding_fraction_and_trained_tokens_per_second_by_hand():
     assert timer.result.records[1].padding_fraction == 0.25
 
 
+def test_varlen_variants_name_their_batching():
+    """--lengths variable: the plain mixrl variants are padded (padding_free's default auto would pack them)."""
+    from bench.varlen import base_and_overrides
+
+    assert base_and_overrides("grpo", 9) == ("grpo", ["trainer.padding_free=false"])
+    assert base_and_overrides("chord-budget", 9) == ("chord", ["trainer.padding_free=false", "trainer.max_tokens_per_micro_batch=9"])
+    assert base_and_overrides("grpo-pf", 9) == ("grpo", ["trainer.padding_free=true"])
+    assert base_and_overrides("grpo-pf-budget", 9) == ("grpo", ["trainer.padding_free=true", "trainer.max_tokens_per_micro_batch=9"])
+    assert base_and_overrides("trl", 9) == ("trl", [])
+
+
 def _tree(folder: Path) -> dict[str, tuple[int, bytes]]:
     """Every file under ``folder``: its mtime (ns) and bytes."""
     return {str(p.relative_to(folder)): (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(folder.rglob("*")) if p.is_file()}

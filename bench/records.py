@@ -21,6 +21,8 @@ class StepRecord:
     prompt_tokens: int = 0
     rows: int = 0
     expert_rows: int = 0
+    forward_tokens: int = 0  # tokens of the step's padded rows (rows x (prompt width + completion width))
+    padding_fraction: float | None = None  # padding over the tokens of the step's loss forwards (mixrl's batch/padding_fraction)
     rss_peak_mb: float | None = None  # process RSS high-water mark during this step
     cuda_peak_mb: float | None = None  # torch.cuda.max_memory_allocated during this step
     cuda_base_mb: float | None = None  # torch.cuda.memory_allocated when the step began
@@ -30,6 +32,14 @@ class StepRecord:
     @property
     def train_seconds(self) -> float:
         return self.seconds - self.rollout_seconds
+
+    @property
+    def trained_tokens_per_second(self) -> float | None:
+        """Real tokens of the step's rows (prompt + completion, every row trained) over the train phase.
+
+        Formula: (prompt_tokens + rollout_tokens + expert_tokens) / (seconds - rollout_seconds)"""
+        t = self.train_seconds
+        return (self.prompt_tokens + self.rollout_tokens + self.expert_tokens) / t if t > 0 else None
 
 
 @dataclass

@@ -66,6 +66,7 @@ def summary_rows(rep: dict) -> list[dict]:
             "rollout_s": r.med("rollout_seconds"), "train_s": r.med("train_seconds"),
             "rollout_tokens": r.med("rollout_tokens"), "expert_tokens": r.med("expert_tokens"),
             "rss_peak_mb": r.peak("rss_peak_mb"), "state_mb": r.state_mb,
+            "padding_fraction": r.med("padding_fraction"), "tokens_per_s": r.med("trained_tokens_per_second"),
         }
         if cuda:
             row["cuda_peak_mb"] = r.peak("cuda_peak_mb")
@@ -127,13 +128,14 @@ def rich_tables(rep: dict):
     rows = summary_rows(rep)
     cuda = rep["machine"]["device"] == "cuda"
     t = Table(title=f"mixrl step-time benchmark ({rep['machine']['device']}, median of {rep['steps']} steps after {rep['warmup']} warm-up, {rep['schedule']})")
-    cols = ["variant", "step s", "min s", "IQR s", "rollout s", "train s", "rollout tok", "expert tok", "state MB",
-            "RSS peak MB"] + (["CUDA peak MB"] if cuda else [])
+    cols = ["variant", "step s", "min s", "IQR s", "rollout s", "train s", "rollout tok", "expert tok", "padding",
+            "trained tok/s", "state MB", "RSS peak MB"] + (["CUDA peak MB"] if cuda else [])
     for i, col in enumerate(cols):
         t.add_column(col, justify="left" if i == 0 else "right")
     for r in rows:
         t.add_row(r["variant"], fmt(r["step_s"]), fmt(r["min_s"]), f"{fmt(r['p25_s'])}–{fmt(r['p75_s'])}", fmt(r["rollout_s"]),
-                  fmt(r["train_s"]), fmt(r["rollout_tokens"], ".0f"), fmt(r["expert_tokens"], ".0f"), fmt(r["state_mb"], ".1f"),
+                  fmt(r["train_s"]), fmt(r["rollout_tokens"], ".0f"), fmt(r["expert_tokens"], ".0f"),
+                  fmt(r["padding_fraction"], ".3f"), fmt(r["tokens_per_s"], ".0f"), fmt(r["state_mb"], ".1f"),
                   fmt(r["rss_peak_mb"], ".0f"), *([fmt(r.get("cuda_peak_mb"), ".1f")] if cuda else []))
     t.caption = f"geometry: {rep['geometry']}"
     rt = Table(title="ratios (median over rounds of per-round ratios; min step / min step)")
@@ -203,7 +205,8 @@ def markdown(rep: dict, profile_path: str | None, md_dir: str | Path | None = No
     ]
     if rep.get("length_distribution"):
         lines += [f"- completion lengths (`--lengths variable`): {rep['length_distribution']}; "
-                  f"token budget of the `*-budget` variants: {rep['token_budget']} tokens per micro-batch"]
+                  f"token budget of the `*-budget` variants: {rep['token_budget']} tokens per micro-batch"
+                  + (f" ({rep['token_budget_rule']})" if rep.get("token_budget_rule") else "")]
     lines += [f"- not available on this checkout: `{name}` ({why})" for name, why in (rep.get("unavailable") or {}).items()]
     lines += [
         "",
@@ -211,17 +214,20 @@ def markdown(rep: dict, profile_path: str | None, md_dir: str | Path | None = No
         "",
     ]
     head = ["variant", "what", "step s (median)", "min s", "IQR s", "rollout s", "train s", "rollout tokens", "expert tokens",
-            "state MB", "RSS peak MB"] + (["CUDA peak MB"] if cuda else [])
+            "padding fraction", "trained tokens/s", "state MB", "RSS peak MB"] + (["CUDA peak MB"] if cuda else [])
     lines += ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
     for r in summary_rows(rep):
         cells = [f"`{r['variant']}`", r["what"], fmt(r["step_s"]), fmt(r["min_s"]), f"{fmt(r['p25_s'])}–{fmt(r['p75_s'])}",
                  fmt(r["rollout_s"]), fmt(r["train_s"]), fmt(r["rollout_tokens"], ".0f"), fmt(r["expert_tokens"], ".0f"),
-                 fmt(r["state_mb"], ".1f"), fmt(r["rss_peak_mb"], ".0f")] + ([fmt(r.get("cuda_peak_mb"), ".1f")] if cuda else [])
+                 fmt(r["padding_fraction"], ".3f"), fmt(r["tokens_per_s"], ".0f"), fmt(r["state_mb"], ".1f"), fmt(r["rss_peak_mb"], ".0f")] + ([fmt(r.get("cuda_peak_mb"), ".1f")] if cuda else [])
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
         "*rollout* = generate + score (+ mixing: `_generate_and_score_completions`), *train* = step − rollout "
-        "(forward, backward, optimizer, logging). Tokens are completion tokens per step (medians).",
+        "(forward, backward, optimizer, logging). Tokens are completion tokens per step (medians). *padding fraction*: "
+        "padding over all tokens of the step's loss forwards (mixrl: its `batch/padding_fraction`, the forwards as run: "
+        "packed, trimmed, in token-budget micro-batches; plain TRL and the floor: every row padded to the step's widest); "
+        "*trained tokens/s*: the step's real prompt + completion tokens over its train phase.",
         "",
         "## Ratios",
         "",

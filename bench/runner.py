@@ -51,6 +51,10 @@ def run(opts: argparse.Namespace, log: Callable[[str], None]) -> dict:
     if bad:
         raise SystemExit(f"error: unknown variant(s) {', '.join(bad)}; choose from {', '.join(VARIANTS)}")
     load_before = loadavg()
+    if getattr(opts, "context", None):
+        from mixrl.config.rehearsal import BUILTIN_MODEL, widened
+
+        opts.model = str(widened(BUILTIN_MODEL, opts.context))
     overrides = run_overrides(opts.set, opts.model, opts.device)
     W, S = opts.warmup, opts.steps
     profile_steps: dict[int, str] = {}
@@ -63,14 +67,26 @@ def run(opts: argparse.Namespace, log: Callable[[str], None]) -> dict:
     geom = geometry(compose("grpo", overrides, 1))  # checks the overrides before any model loads
     variable = opts.lengths == "variable"
     draw = None
+    budget_rule = None
     unavailable: dict[str, str] = {}
     if variable:
         from bench.varlen import LengthDraw, base_and_overrides
         from mixrl.errors import ConfigError
 
-        max_len = int(compose("grpo", overrides, 1).trainer.max_completion_length)
+        from mixrl.plan import default_prompt_tokens
+
+        cfg0 = compose("grpo", overrides, 1)
+        max_len = int(cfg0.trainer.max_completion_length)
         opts.length_median = opts.length_median or max_len / 4
-        opts.token_budget = opts.token_budget or 4 * (max_len + 32)
+        # the fixed micro-batch it replaces, at full width: its rows x (the longest prompt + max_completion_length),
+        # as `mixrl plan` sizes a micro-batch; any such budget runs at most as many micro-batches (mixrl.core.token_budget)
+        prompt_tokens = default_prompt_tokens(cfg0)
+        budget_rule = (f"{geom.micro_batch_size} rows x ({prompt_tokens} prompt + {max_len} completion tokens), "
+                       "the fixed micro-batch's tokens at full width")
+        if opts.token_budget is None:
+            opts.token_budget = geom.micro_batch_size * (prompt_tokens + max_len)
+        else:
+            budget_rule = "--token-budget"
         draw = LengthDraw(opts.length_median, opts.length_sigma, max_len)
         for name in list(variants):
             try:
@@ -90,7 +106,9 @@ def run(opts: argparse.Namespace, log: Callable[[str], None]) -> dict:
         for name in sorted(variants, key=lambda v: v != "floor"):
             total = W + S + (len(profile_steps) if name == "grpo" else 0)
             timer = StepTimer(name, turns, opts.device, W, W + S, profile_steps if name == "grpo" else None,
-                              log=None if opts.quiet else log, description=DESCRIPTIONS[name])
+                              log=None if opts.quiet else log,
+                              description=DESCRIPTIONS[name] + (", padded rows (trainer.padding_free=false)"
+                                                                if variable and name in ("grpo", "chord") else ""))
             extra = base_and_overrides(name, opts.token_budget)[1] if variable else []
             cfg = compose(algo_of(name), [*overrides, *extra], total)
             runner = build_variant(name, cfg, timer, steps=total, device=opts.device, out_dir=tmp / name,
@@ -152,6 +170,7 @@ def run(opts: argparse.Namespace, log: Callable[[str], None]) -> dict:
         "lengths": opts.lengths,
         "length_distribution": draw.describe() if draw is not None else None,
         "token_budget": opts.token_budget if variable else None,
+        "token_budget_rule": budget_rule if variable else None,
         "unavailable": unavailable,
         "rss_reset": turns.rss_reset_ok,
         "process_peak_rss_mb": lifetime_peak_rss_mb(),

@@ -103,16 +103,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--length-sigma", type=float, default=1.0, help="--lengths variable: lognormal sigma in log space (default 1.0)")
     p.add_argument("--token-budget", type=int, default=None,
                    help="--lengths variable: trainer.max_tokens_per_micro_batch of the *-budget variants "
-                   "(default: 4 x (max_completion_length + 32))")
+                   "(default: the fixed micro-batch's tokens at full width, trainer.micro_batch_size rows (null: the "
+                   "step's) x (the longest prompt + max_completion_length), as mixrl plan sizes a micro-batch)")
     p.add_argument("--model", default=None, help="model folder (default: the built-in tiny model, mixrl.models.tiny.warm_start())")
+    p.add_argument("--context", type=int, default=None, metavar="N",
+                   help="the built-in BPE model (builtin:tiny-bpe) with its context widened 128 -> N positions "
+                   "(rotary positions, the same weights; mixrl.config.rehearsal.widened), for completions longer than "
+                   "its 128 positions allow; instead of --model")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="config override for every variant, e.g. --set trainer.prompts_per_step=4 (repeatable)")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="folder for bench.md and profile.txt (default: a new runs/bench/throughput-<UTC time>/; "
                    "'--out docs/results' updates the committed report); a path ending in .md names the Markdown "
-                   "report itself, the profile going beside it; '' writes no report")
+                   "report itself, the profile going beside it (NAME-profile.txt unless it is bench.md); '' writes no report")
     p.add_argument("--profile-out", default=None, metavar="PATH",
-                   help="profile of one mixrl grpo step (default: profile.txt beside the report; '' to skip)")
+                   help="profile of one mixrl grpo step (default: beside the report, profile.txt or NAME-profile.txt; '' to skip)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write every measurement as JSON")
     p.add_argument("--quiet", action="store_true", help="no per-step lines")
     opts = p.parse_args(argv)
@@ -126,12 +131,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"unknown variant(s) {', '.join(bad)} in --only; choose from {', '.join(VARIANTS)}")
     if not any(x.strip() for x in opts.only.split(",")):
         p.error(f"--only names no variant; choose from {', '.join(VARIANTS)}")
+    if opts.context is not None and (opts.model is not None or opts.context < 128):
+        p.error("--context N names the built-in BPE model widened to N >= 128 positions; give it or --model, not both")
     problem = check_out(opts.out)
     if problem:
         p.error(problem)
     md = report_file(opts.out, "throughput", "bench.md")
-    if opts.profile_out is None:
-        opts.profile_out = str(md.parent / "profile.txt") if md is not None else ""
+    if opts.profile_out is None:  # beside the report; a report of another name (bench-varlen.md) gets its own
+        opts.profile_out = (str(md.parent / ("profile.txt" if md.name == "bench.md" else f"{md.stem}-profile.txt"))
+                            if md is not None else "")
     opts.out = str(md) if md is not None else ""
     return opts
 

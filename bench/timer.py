@@ -34,6 +34,7 @@ class StepTimer:
         self.log = log
         self.result = VariantResult(name, description or name)
         self.current: StepRecord | None = None
+        self.trainer = None  # a mixrl trainer whose batch/padding_fraction each step reads (set by bench.runner)
         self._t0 = 0.0
         self.cprofile: cProfile.Profile | None = None
         self.torch_profile = None
@@ -82,6 +83,8 @@ class StepTimer:
             import torch
 
             rec.cuda_peak_mb = torch.cuda.max_memory_allocated() / 2**20
+        if rec.padding_fraction is None and rec.forward_tokens:  # TRL, the floor: every row padded to the step's width
+            rec.padding_fraction = 1.0 - (rec.prompt_tokens + rec.rollout_tokens + rec.expert_tokens) / rec.forward_tokens
         self.result.records.append(rec)
         if self.log is not None:
             kind = "measured" if rec.measured else (rec.profiled or "warm-up")
@@ -113,6 +116,14 @@ class StepTimer:
         rec.prompt_tokens += int(out["prompt_mask"].sum())
         rec.rows += int(mask.shape[0])
         rec.expert_rows += int(expert.sum())
+        rec.forward_tokens += int(mask.shape[0]) * (int(out["prompt_mask"].shape[1]) + int(mask.shape[1]))
+
+    def trainer_metrics(self, trainer) -> None:
+        """The step's ``batch/padding_fraction`` as a mixrl trainer logged it (the forwards it ran:
+        packed, trimmed, in token-budget micro-batches), read before TRL's logging clears it."""
+        vals = getattr(trainer, "_metrics", {}).get("train", {}).get("batch/padding_fraction")
+        if vals and self.current is not None:
+            self.current.padding_fraction = float(vals[-1])
 
     def callback(self):
         from transformers import TrainerCallback
@@ -124,6 +135,8 @@ class StepTimer:
                 timer.begin(state.global_step + 1)
 
             def on_step_end(self, args, state, control, **kwargs):
+                if timer.trainer is not None:
+                    timer.trainer_metrics(timer.trainer)
                 timer.end()
 
             def on_train_end(self, args, state, control, **kwargs):

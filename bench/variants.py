@@ -230,4 +230,6 @@ def build_variant(name: str, cfg, timer: StepTimer, *, steps: int, device: str, 
     builder = build_trl_trainer if name == "trl" else build_mixrl_trainer
     trainer = builder(cfg, out_dir, [timer.callback()], generation_kwargs=generation_kwargs)
     trainer._generate_and_score_completions = timer.rollout(trainer._generate_and_score_completions)
+    if name != "trl":
+        timer.trainer = trainer  # its batch/padding_fraction per step
     return trainer

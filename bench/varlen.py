@@ -22,17 +22,20 @@ from __future__ import annotations
 import torch
 
 #: variant suffix -> the config overrides it adds to its algo's (``{budget}``: ``--token-budget``)
+#: padded variants say ``trainer.padding_free=false``: its default ``auto`` packs rows wherever the model takes them
 SUFFIXES = {"-pf-budget": ("trainer.padding_free=true", "trainer.max_tokens_per_micro_batch={budget}"),
-            "-budget": ("trainer.max_tokens_per_micro_batch={budget}",),
+            "-budget": ("trainer.padding_free=false", "trainer.max_tokens_per_micro_batch={budget}"),
             "-pf": ("trainer.padding_free=true",)}
+#: the mixrl variants whose plain name means padded rows here
+PADDED = ("grpo", "chord")
 
 
 def base_and_overrides(name: str, budget: int) -> tuple[str, list[str]]:
-    """(the variant it is a batching of, the overrides its suffix adds)."""
+    """(the variant it is a batching of, the overrides its suffix adds; ``grpo``, ``chord``: padded rows)."""
     for suffix, sets in SUFFIXES.items():
         if name.endswith(suffix):
             return name[: -len(suffix)], [s.format(budget=budget) for s in sets]
-    return name, []
+    return name, (["trainer.padding_free=false"] if name in PADDED else [])
 
 
 class LengthDraw:

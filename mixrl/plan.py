@@ -461,8 +461,8 @@ def render_plan(cfg: DictConfig, overrides: list[str], *, prompt_tokens: int | N
                          "not sharded)")
         if e["gathered"]:
             lines.append(f"  gathered for compute  {_gb(e['gathered'])}  (two decoder layers + the LM head unsharded at a time)")
-        lines += [f"  activations           {_gb(e['activations'])}  (micro-batch {e['rows_per_micro_batch']} rows x {e['seq_tokens']} tokens"
-                  f" = {prompt_tokens} prompt + {cfg.trainer.max_completion_length} completion; "
+        mb = f"token budget {e['micro_batch_tokens']:,}, rows up to" if cfg.trainer.get("max_tokens_per_micro_batch") else f"micro-batch {e['rows_per_micro_batch']} rows x"
+        lines += [f"  activations           {_gb(e['activations'])}  ({mb} {e['seq_tokens']} tokens = {prompt_tokens} prompt + {cfg.trainer.max_completion_length} completion; "
                   f"gradient checkpointing {'on' if hw.gradient_checkpointing else 'off'})",
                   f"  LM head (fused)       {_gb(e['lm_head'])}  (TRL's chunked head over {lh['tokens']:,} scored tokens: "
                   f"saved hidden {_gb(lh['saved'])} + tile {_gb(lh['tile'])} + fp32 gradient accumulators {_gb(lh['grad'])}; "

@@ -117,6 +117,45 @@ def test_paired_ratio():
     assert paired_ratio(res("a", [1.0]), None) is None
 
 
+def test_padding_fraction_and_trained_tokens_per_second_by_hand():
+    """--lengths variable's columns: plain TRL's padding from its batch (every row padded to the
+    step's widest), a mixrl trainer's from its logged batch/padding_fraction, trained tokens/s."""
+    import torch
+
+    from bench.timer import StepTimer
+
+    timer = StepTimer("trl", None, "cpu", warmup=0, total_steps=2)
+    out = {"prompt_mask": torch.tensor([[0, 1, 1], [1, 1, 1]]), "completion_mask": torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0]])}
+    timer.current, timer._t0 = StepRecord(step=1), time.perf_counter()
+    timer.count_tokens(out)
+    timer.end()
+    rec = timer.result.records[0]
+    # real: 2 + 3 prompt + 4 + 1 completion = 10 tokens; forward: 2 rows x (3 + 4) = 14
+    assert rec.forward_tokens == 14 and rec.padding_fraction == pytest.approx(1 - 10 / 14)
+    rec.seconds, rec.rollout_seconds = 3.0, 1.0
+    assert rec.trained_tokens_per_second == pytest.approx(10 / 2.0)
+
+    class Logged:  # a mixrl trainer: the step's forwards as run (packed, trimmed, budgeted)
+        _metrics = {"train": {"batch/padding_fraction": [0.5, 0.25]}}
+
+    timer.current, timer._t0 = StepRecord(step=2), time.perf_counter()
+    timer.count_tokens(out)
+    timer.trainer_metrics(Logged())
+    timer.end()
+    assert timer.result.records[1].padding_fraction == 0.25
+
+
+def test_varlen_variants_name_their_batching():
+    """--lengths variable: the plain mixrl variants are padded (padding_free's default auto would pack them)."""
+    from bench.varlen import base_and_overrides
+
+    assert base_and_overrides("grpo", 9) == ("grpo", ["trainer.padding_free=false"])
+    assert base_and_overrides("chord-budget", 9) == ("chord", ["trainer.padding_free=false", "trainer.max_tokens_per_micro_batch=9"])
+    assert base_and_overrides("grpo-pf", 9) == ("grpo", ["trainer.padding_free=true"])
+    assert base_and_overrides("grpo-pf-budget", 9) == ("grpo", ["trainer.padding_free=true", "trainer.max_tokens_per_micro_batch=9"])
+    assert base_and_overrides("trl", 9) == ("trl", [])
+
+
 def _tree(folder: Path) -> dict[str, tuple[int, bytes]]:
     """Every file under ``folder``: its mtime (ns) and bytes."""
     return {str(p.relative_to(folder)): (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(folder.rglob("*")) if p.is_file()}
@@ -124,7 +163,8 @@ def _tree(folder: Path) -> dict[str, tuple[int, bytes]]:
 
 def test_out_names_where_every_file_goes(tmp_path, monkeypatch):
     """``--out DIR``: bench.md and profile.txt in DIR; no --out: a new runs/bench/throughput-<time>/
-    (never docs/results/); a ``.md`` path: the report itself, the profile beside it; '' : no files;
+    (never docs/results/); a ``.md`` path: the report itself, the profile beside it (``<name>-profile.txt``
+    unless it is bench.md: docs/results/bench-varlen.md leaves bench.md's profile.txt alone); '' : no files;
     an explicit --profile-out wins."""
     from bench.throughput import parse_args
 
@@ -137,7 +177,7 @@ def test_out_names_where_every_file_goes(tmp_path, monkeypatch):
     o = parse_args(["--out", "docs/results"])  # how the committed report is made
     assert (o.out, o.profile_out) == ("docs/results/bench.md", "docs/results/profile.txt")
     o = parse_args(["--out", "x/report.md"])
-    assert (o.out, o.profile_out) == ("x/report.md", "x/profile.txt")
+    assert (o.out, o.profile_out) == ("x/report.md", "x/report-profile.txt")  # not bench.md's profile.txt
     o = parse_args(["--out", "", "--json", "m.json"])
     assert (o.out, o.profile_out, o.json) == ("", "", "m.json")
     o = parse_args(["--out", "d", "--profile-out", ""])

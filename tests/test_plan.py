@@ -173,10 +173,12 @@ def test_every_shipped_gpu_recipe_fits_its_gpus():
 
 
 def test_the_fit_check_can_fail():
-    """The same check refuses an over-large setting: the 7B CHORD recipe under DDP, or with 32-row micro-batches."""
+    """The same check refuses an over-large setting: the 7B CHORD recipe under DDP, with 32-row micro-batches
+    (no token budget), or with a token budget of 32 full-length rows."""
     from mixrl.plan import fits
 
-    for extra in (["hardware=gpu-8x80g-vllm"], ["trainer.micro_batch_size=32"]):
+    for extra in (["hardware=gpu-8x80g-vllm"], ["trainer.micro_batch_size=32", "trainer.max_tokens_per_micro_batch=null"],
+                  [f"trainer.max_tokens_per_micro_batch={32 * (512 + 10240)}"]):
         cfg = compose_config(["recipe=chord/qwen2.5-7b-openr1", *extra])
         e = estimate(cfg, model_shape(cfg))
         assert not fits(e), extra

@@ -59,6 +59,27 @@ def test_packed_groups_balance_real_tokens():
     assert loads == [12, 12, 12]
 
 
+def test_a_budget_of_a_fixed_micro_batch_never_runs_more_micro_batches():
+    # a budget of m x (P + T) tokens holds any m rows (padded or packed): next fit on sorted rows gives
+    # at most ceil(n / m) micro-batches, as many as m rows at a time; by hand on a long-tailed draw
+    g = torch.Generator().manual_seed(0)
+    P, T, n = 12, 64, 128
+    completion = (8 * torch.exp(torch.randn(n, generator=g))).round().clamp(1, T).long().tolist()
+    prompt = torch.randint(4, P + 1, (n,), generator=g).tolist()
+    for m in (1, 3, 16, 32, 128):
+        budget = m * (P + T)
+        for packed in (False, True):
+            groups = group_rows(completion, budget, prompt_width=P, prompt=prompt, packed=packed)
+            assert len(groups) <= -(-n // m), (m, packed, len(groups))
+            assert sorted(i for gr in groups for i in gr) == list(range(n))
+            assert all(cost(gr, completion, prompt_width=P, prompt=prompt, packed=packed) <= budget for gr in groups)
+    # by hand: loads 7,7,6,6,6 in a budget of 16: next fit on sorted rows 7+7 | 6+6 | 6 (3 groups); LPT with
+    # ceil(32 / 16) = 2 groups puts 7+6+6 = 19 > 16 in one, with 3 it gives 7+6 | 7+6 | 6: balanced, 3 groups
+    completion, prompt = [7, 7, 6, 6, 6], [0] * 5
+    groups = group_rows(completion, 16, prompt_width=0, prompt=prompt, packed=True)
+    assert len(groups) == 3 and all(sum(completion[i] for i in gr) <= 16 for gr in groups)
+
+
 def test_padding_fraction_by_hand():
     assert padding_fraction(30, 40) == pytest.approx(0.25)
     assert padding_fraction(0, 0) == 0.0

@@ -14,7 +14,13 @@ size, ``use_dynamic_bsz`` with ``ppo_max_token_len_per_gpu``: ``verl/utils/seqle
 * packed rows (``trainer.padding_free``): a micro-batch costs the sum of its rows' own lengths.
   ``k = ceil(total / N)`` micro-batches (more while one exceeds ``N``), balanced by longest
   processing time first (each row, longest first, to the micro-batch with the fewest tokens),
-  the greedy that verl's ``get_seqlen_balanced_partitions`` (Karmarkar-Karp) refines.
+  the greedy that verl's ``get_seqlen_balanced_partitions`` (Karmarkar-Karp) refines; when no such
+  balance fits within fewer micro-batches than next fit on the sorted rows, next fit's.
+
+Never more micro-batches than the fixed row count it replaces: a budget of at least ``m (P + T)``
+tokens (``m`` rows per fixed micro-batch, ``T`` the completion width) holds any ``m`` rows, padded
+or packed, so next fit on sorted rows fills every micro-batch but the last with at least ``m`` rows:
+at most ``ceil(n / m)`` micro-batches, as many forwards and backwards as ``m`` rows at a time or fewer.
 
 Every process must run as many micro-batches (a sharded policy's forwards are collective, and
 verl all-reduces the count to its maximum the same way): :func:`group_rows` takes ``num_groups``,
@@ -80,21 +86,19 @@ def group_rows(completion: list[int], budget: int, *, prompt_width: int, prompt:
     own = [(prompt[i] if (packed and prompt is not None) else prompt_width) + max(completion[i], 0 if packed else 1) for i in range(n)]
     order = sorted(range(n), key=lambda i: (-own[i], i))  # longest first, ties in row order (deterministic)
     price = lambda g: cost(g, completion, prompt_width=prompt_width, prompt=prompt, packed=packed)  # noqa: E731
-    if packed:
-        k = max(1, math.ceil(sum(own) / budget))
-        while True:
-            groups = _lpt(order, own, k)
-            if all(len(g) == 1 or price(g) <= budget for g in groups) or k >= n:
+    groups, current = [], []
+    for i in order:  # next fit on sorted rows (padded rows: the first row of a group is its widest)
+        if current and price(current + [i]) > budget:
+            groups.append(current)
+            current = []
+        current.append(i)
+    groups.append(current)
+    if packed:  # balanced groups, but never more than next fit needs
+        for k in range(max(1, math.ceil(sum(own) / budget)), len(groups) + 1):
+            lpt = _lpt(order, own, k)
+            if all(len(g) == 1 or price(g) <= budget for g in lpt):
+                groups = lpt
                 break
-            k += 1
-    else:
-        groups, current = [], []
-        for i in order:  # sorted: the first row of a group is its widest
-            if current and price(current + [i]) > budget:
-                groups.append(current)
-                current = []
-            current.append(i)
-        groups.append(current)
     target = min(int(num_groups or 0), n)
     while len(groups) < target:  # split the heaviest group that has more than one row
         j = max((g for g in range(len(groups)) if len(groups[g]) > 1), key=lambda g: price(groups[g]))

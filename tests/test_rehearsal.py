@@ -37,6 +37,7 @@ FIXTURE_OF = {
     "luffy-openr1-46k": "luffy_openr1.jsonl",
     "ghpo-math3to5": "ghpo_math3to5.jsonl",
     "gsm8k": "gsm8k.jsonl",
+    "ultrafeedback-binarized": "ultrafeedback_binarized.jsonl",
 }
 
 
@@ -189,6 +190,44 @@ def test_a_qwen3_recipe_swaps_to_the_qwen2_family_tiny_model_and_says_so():
     assert reh.model.name == "tiny-bpe" and reh.teacher.source.models == ["self"]
     q2 = rehearsal.plan_rehearsal(compose_config(["recipe=chord/qwen2.5-7b-openr1"]), vllm=False)
     assert "rehearsed as" not in next(s for s in q2 if s.key == "model").why
+
+
+def test_a_hub_reward_model_swaps_to_the_builtin_one_and_a_builtin_one_stays():
+    """reward=model with a hub classifier (simplemix/llama-3.1-8b-instruct-ultrafeedback) rehearses on
+    builtin:tiny-rm, the rest of its reward config (no verifier, raw score) as the recipe's; the
+    recipe's data has no gold answers (data.answer_column null) and its sample loads without them."""
+    from mixrl.data.loading import load_dataset_rows
+
+    cfg = compose_config(["recipe=simplemix/llama-3.1-8b-instruct-ultrafeedback"])
+    swaps = rehearsal.plan_rehearsal(cfg, vllm=False)
+    rm = next(s for s in swaps if s.key == "reward.params.path")
+    assert (rm.recipe, rm.rehearsal) == ("Skywork/Skywork-Reward-Llama-3.1-8B-v0.2", "builtin:tiny-rm")
+    assert "a llama model: rehearsed as Qwen2 family" in next(s for s in swaps if s.key == "model").why
+    reh = compose_config(["recipe=simplemix/llama-3.1-8b-instruct-ultrafeedback", *rehearsal.overrides(swaps)])
+    assert reh.reward.params.path == "builtin:tiny-rm" and reh.reward.params.verifier == "none"
+    assert reh.data.answer_column is None
+    rows = load_dataset_rows(reh.data.source, split=reh.data.split, prompt_column=reh.data.prompt_column,
+                             answer_column=None, expert_column=reh.data.expert_column)
+    assert "answer" not in rows.column_names and len(rows) == 24
+    assert rows[0]["expert"] == ["She has 3 + 2 = <<3+2=5>>5 apples. The answer is 5."]  # the chosen conversation's reply
+    cpu = compose_config(["recipe=grpo/arith-tiny", "reward=model"])
+    assert not [s for s in rehearsal.plan_rehearsal(cpu, vllm=False) if s.key.startswith("reward")]
+
+
+def test_a_recipe_that_revisits_groups_keeps_a_whole_group_per_process_to_revisit():
+    """SOUP revisits round(revisit x whole groups) of each process's groups; one prompt over two processes
+    is no whole group anywhere, so the historical prefix never ran: the rehearsal keeps W ceil(1/revisit)
+    prompts (2 x ceil(1/0.5) = 4 here), capped at the recipe's own; a recipe without revisits keeps 1."""
+    from mixrl.config.rehearsal_rules import revisit_prompts
+
+    cfg = compose_config(["recipe=soup/qwen2.5-math-7b-openr1"])
+    swaps = rehearsal.plan_rehearsal(cfg, vllm=False)
+    assert next(s for s in swaps if s.key == "trainer.prompts_per_step").rehearsal == 4
+    assert revisit_prompts(cfg, 1, 1) == 2 and revisit_prompts(cfg, 2, 1) == 4
+    small = compose_config(["recipe=soup/qwen2.5-math-7b-openr1", "trainer.prompts_per_step=8", "algo.inject.revisit=0.3"])
+    assert revisit_prompts(small, 1, 1) == 4 and revisit_prompts(small, 4, 1) == 8  # 4 x ceil(1/0.3) = 16, capped at the recipe's 8
+    plain = compose_config(["recipe=prefixrl/qwen3-4b-instruct-2507-openr1"])
+    assert revisit_prompts(plain, 2, 1) == 1
 
 
 def test_no_swap_for_a_cpu_recipe():

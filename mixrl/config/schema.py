@@ -98,7 +98,7 @@ class DataConfig:
     eval_source: Optional[str] = None  # default: same as source
     eval_split: Optional[str] = None  # default: held-out part of the built-in task, else 'test'
     prompt_column: str = "prompt"
-    answer_column: str = "answer"
+    answer_column: Optional[str] = "answer"  # null: a data set with no gold answers (a reward model scores it)
     expert_column: Optional[str] = None
     system_prompt: Optional[str] = None
     limit: Optional[int] = None

@@ -214,20 +214,26 @@ def test_a_hub_reward_model_swaps_to_the_builtin_one_and_a_builtin_one_stays():
     assert not [s for s in rehearsal.plan_rehearsal(cpu, vllm=False) if s.key.startswith("reward")]
 
 
-def test_a_recipe_that_revisits_groups_keeps_a_whole_group_per_process_to_revisit():
+def test_a_recipe_that_reads_whole_groups_keeps_a_whole_group_per_process():
     """SOUP revisits round(revisit x whole groups) of each process's groups; one prompt over two processes
     is no whole group anywhere, so the historical prefix never ran: the rehearsal keeps W ceil(1/revisit)
     prompts (2 x ceil(1/0.5) = 4 here), capped at the recipe's own; a recipe without revisits keeps 1."""
-    from mixrl.config.rehearsal_rules import revisit_prompts
+    from mixrl.config.rehearsal_rules import whole_group_prompts
 
     cfg = compose_config(["recipe=soup/qwen2.5-math-7b-openr1"])
     swaps = rehearsal.plan_rehearsal(cfg, vllm=False)
     assert next(s for s in swaps if s.key == "trainer.prompts_per_step").rehearsal == 4
-    assert revisit_prompts(cfg, 1, 1) == 2 and revisit_prompts(cfg, 2, 1) == 4
+    assert whole_group_prompts(cfg, 1, 1) == 2 and whole_group_prompts(cfg, 2, 1) == 4
     small = compose_config(["recipe=soup/qwen2.5-math-7b-openr1", "trainer.prompts_per_step=8", "algo.inject.revisit=0.3"])
-    assert revisit_prompts(small, 1, 1) == 4 and revisit_prompts(small, 4, 1) == 8  # 4 x ceil(1/0.3) = 16, capped at the recipe's 8
+    assert whole_group_prompts(small, 1, 1) == 4 and whole_group_prompts(small, 4, 1) == 8  # 4 x ceil(1/0.3) = 16, capped at the recipe's 8
     plain = compose_config(["recipe=prefixrl/qwen3-4b-instruct-2507-openr1"])
-    assert revisit_prompts(plain, 2, 1) == 1
+    assert whole_group_prompts(plain, 2, 1) == 1
+    # SimpleMix's on-policy pairs are the best vs worst of a whole group on one process: one per process
+    mix = compose_config(["recipe=simplemix/llama-3.1-8b-instruct-ultrafeedback"])
+    assert whole_group_prompts(mix, 2, 1) == 2 and whole_group_prompts(mix, 1, 1) == 1
+    off = OmegaConf.create(OmegaConf.to_container(mix))
+    off.algo.inject.on_policy = 0.0  # off-policy pairs only: no group is read
+    assert whole_group_prompts(off, 2, 1) == 1
 
 
 def test_no_swap_for_a_cpu_recipe():

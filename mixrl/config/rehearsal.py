@@ -44,7 +44,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from mixrl.config.recipe_index import _field, _load, _selected, conf_dir, list_recipe_names, recipes_dir
-from mixrl.config.rehearsal_rules import revisit_prompts, reward_model_swaps
+from mixrl.config.rehearsal_rules import is_hub_id, reward_model_swaps, whole_group_prompts
 from mixrl.errors import ConfigError
 from mixrl.models.known import KNOWN_MODELS
 
@@ -108,14 +108,6 @@ def samples_dir() -> Path:
 
 def sample_path(data_name: str) -> Path:
     return samples_dir() / f"{data_name}.jsonl"
-
-
-def is_hub_id(source: Any) -> bool:
-    """A Hugging Face dataset / model id (``owner/name``), not ``builtin:`` and not a local path."""
-    return (
-        isinstance(source, str) and "/" in source and not source.startswith(("builtin:", ".", "/", "~"))
-        and not os.path.exists(source)
-    )
 
 
 def vllm_importable() -> bool:
@@ -312,7 +304,7 @@ def _batch(ctx: Context) -> list[Swap]:
     P, G = int(t.prompts_per_step), int(algo.num_generations)
     G2 = min(G, GENERATIONS)
     rows = algo.inject.get("rows") if isinstance(algo.inject, Mapping) else None
-    P2 = min(P, revisit_prompts(ctx.cfg, ctx.world, ctx.prompts))  # an injection that revisits groups: enough of them
+    P2 = min(P, whole_group_prompts(ctx.cfg, ctx.world, ctx.prompts))  # injections that read whole groups: enough of them
     # the processes split P2 x G2 rollouts; inject rows R2 = R x (P2 G2)/(P G) whole and split too
     while True:
         ok = (P2 * G2) % ctx.world == 0

@@ -5,29 +5,35 @@
   wrong completions; ``python -m mixrl.models.tiny_rm``), so that the recipe's reward path
   (re-tokenisation, batching, transform, normalisation, gate) runs without a download. Its scores mean
   nothing on the recipe's data: the rehearsal checks that the pieces run together, not what they learn.
-* **revisited prompts** (an injection with ``revisit``, e.g. SOUP's historical prefixes): the share of
-  each process's *whole* groups that revisit buffered prompts is ``round(revisit x groups)``; with the
-  rehearsal's one prompt split over two processes no process holds a whole group, so nothing was ever
-  revisited and the historical prefix never ran. The rehearsal keeps ``world x ceil(1 / revisit)``
-  prompts per step instead, so that every process revisits at least one group from the second step on.
+* **whole groups per process**: two injections read only the groups that lie wholly on one process.
+  One that revisits buffered prompts (``revisit``, e.g. SOUP's historical prefixes) revisits
+  ``round(revisit x whole groups)`` of them; on-policy preference pairs (``pairs`` with ``on_policy > 0``,
+  SimpleMix; ``group_pairs``) are the best vs worst of a whole group. With the rehearsal's one prompt
+  split over two processes no process holds a whole group, so SOUP's historical prefix and SimpleMix's
+  on-policy pairs never ran (their rehearsals trained on the rest and passed). The rehearsal keeps
+  ``world x ceil(1 / revisit)`` prompts per step for the first and ``world`` for the second, so that
+  every process has a whole group to revisit or pair.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 from omegaconf import DictConfig
 
-__all__ = ["BUILTIN_RM", "revisit_prompts", "reward_model_swaps"]
+__all__ = ["BUILTIN_RM", "is_hub_id", "whole_group_prompts", "reward_model_swaps"]
 
 BUILTIN_RM = "builtin:tiny-rm"
 
 
-def _is_hub_id(path: Any) -> bool:
-    from mixrl.config.rehearsal import is_hub_id  # deferred: rehearsal imports this module (same layer)
-
-    return is_hub_id(path)
+def is_hub_id(source: Any) -> bool:
+    """A Hugging Face dataset / model id (``owner/name``), not ``builtin:`` and not a local path."""
+    return (
+        isinstance(source, str) and "/" in source and not source.startswith(("builtin:", ".", "/", "~"))
+        and not os.path.exists(source)
+    )
 
 
 def reward_model_swaps(cfg: DictConfig) -> list[tuple[str, Any, Any, str]]:
@@ -36,22 +42,27 @@ def reward_model_swaps(cfg: DictConfig) -> list[tuple[str, Any, Any, str]]:
     specs = [("reward", cfg.reward)] + [(f"reward.extra.{i}", spec) for i, spec in enumerate(cfg.reward.get("extra") or [])]
     for key, spec in specs:
         params = spec.get("params") or {}
-        if str(spec.get("name")) == "model" and _is_hub_id(params.get("path")):
+        if str(spec.get("name")) == "model" and is_hub_id(params.get("path")):
             out.append((f"{key}.params.path", str(params.path), BUILTIN_RM,
                         f"no download: the built-in reward model ({BUILTIN_RM}, a Qwen2 sequence classifier; "
                         "the recipe's reward path runs, its scores are not the recipe's)"))
     return out
 
 
-def revisit_prompts(cfg: DictConfig, world: int, prompts: int) -> int:
-    """The rehearsal's prompts per step: ``prompts``, or, for an injection that revisits a share of each
-    process's whole groups, ``world x ceil(1 / revisit)`` (at least one revisited group per process),
-    never more than the recipe's own prompts per step.
+def whole_group_prompts(cfg: DictConfig, world: int, prompts: int) -> int:
+    """The rehearsal's prompts per step: ``prompts``, or, for an injection that reads whole groups of
+    one process, enough that each process holds them (never more than the recipe's prompts per step).
 
-    Formula: P = min(P_recipe, max(P_0, W ceil(1 / revisit)))  (revisit > 0), else P_0
+    Formula: P = min(P_recipe, max(P_0, W k)), k = ceil(1 / revisit) (revisit > 0), 1 (on-policy pairs), else P = P_0
     """
     inject = cfg.algo.get("inject")
-    revisit = float(inject.get("revisit") or 0.0) if inject is not None and hasattr(inject, "get") else 0.0
-    if revisit <= 0.0:
+    if inject is None or not hasattr(inject, "get"):
         return prompts
-    return min(int(cfg.trainer.prompts_per_step), max(prompts, max(world, 1) * math.ceil(1.0 / revisit)))
+    revisit = float(inject.get("revisit") or 0.0)
+    if revisit > 0.0:
+        k = math.ceil(1.0 / revisit)
+    elif inject.get("name") == "group_pairs" or (inject.get("name") == "pairs" and float(inject.get("on_policy") or 0.0) > 0.0):
+        k = 1
+    else:
+        return prompts
+    return min(int(cfg.trainer.prompts_per_step), max(prompts, max(world, 1) * k))

@@ -231,6 +231,8 @@ def test_a_recipe_that_reads_whole_groups_keeps_a_whole_group_per_process():
     # SimpleMix's on-policy pairs are the best vs worst of a whole group on one process: one per process
     mix = compose_config(["recipe=simplemix/llama-3.1-8b-instruct-ultrafeedback"])
     assert whole_group_prompts(mix, 2, 1) == 2 and whole_group_prompts(mix, 1, 1) == 1
+    pairs = next(s for s in rehearsal.plan_rehearsal(mix, vllm=False) if s.key == "algo.inject.pairs")
+    assert (pairs.recipe, pairs.rehearsal) == (128, 4)  # 2 x max(1, round(128 x 2 / (64 x 2))): 1 on- + 1 off-policy per process
     off = OmegaConf.create(OmegaConf.to_container(mix))
     off.algo.inject.on_policy = 0.0  # off-policy pairs only: no group is read
     assert whole_group_prompts(off, 2, 1) == 1

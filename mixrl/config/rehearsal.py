@@ -44,7 +44,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from mixrl.config.recipe_index import _field, _load, _selected, conf_dir, list_recipe_names, recipes_dir
-from mixrl.config.rehearsal_rules import is_hub_id, reward_model_swaps, whole_group_prompts
+from mixrl.config.rehearsal_rules import is_hub_id, pair_swaps, reward_model_swaps, whole_group_prompts
 from mixrl.errors import ConfigError
 from mixrl.models.known import KNOWN_MODELS
 
@@ -317,6 +317,7 @@ def _batch(ctx: Context) -> list[Swap]:
     out: list[Swap] = []
     if P2 != P:
         out.append(_set("trainer.prompts_per_step", P, P2, "a rehearsal batch"))
+    out += [_set(*t) for t in pair_swaps(ctx.cfg, P2, ctx.world)]  # preference pairs scaled with the prompts
     if G2 != G:
         out.append(_set("algo.num_generations", G, G2, "a rehearsal group size"))
         per_group = algo.inject.get("per_group") if isinstance(algo.inject, Mapping) else None

@@ -13,6 +13,10 @@
   on-policy pairs never ran (their rehearsals trained on the rest and passed). The rehearsal keeps
   ``world x ceil(1 / revisit)`` prompts per step for the first and ``world`` for the second, so that
   every process has a whole group to revisit or pair.
+* **preference pairs per step** (``algo.inject.pairs`` of ``pairs`` / ``group_pairs``): scaled with the
+  prompts, a multiple of the processes (at least one pair each), so the on-/off-policy ratio is the
+  recipe's (SimpleMix's 128 pairs for 64 prompts -> 4 for 2 prompts on 2 processes: 1 + 1 per process,
+  not 1 on-policy + 32 off-policy).
 """
 
 from __future__ import annotations
@@ -66,3 +70,19 @@ def whole_group_prompts(cfg: DictConfig, world: int, prompts: int) -> int:
     else:
         return prompts
     return min(int(cfg.trainer.prompts_per_step), max(prompts, max(world, 1) * k))
+
+
+def pair_swaps(cfg: DictConfig, prompts: int, world: int) -> list[tuple[str, Any, Any, str]]:
+    """(key, recipe value, rehearsal value, why) for ``algo.inject.pairs`` scaled to ``prompts`` per step.
+
+    Formula: pairs' = W max(1, round(pairs P' / (P W)))
+    """
+    inject = cfg.algo.get("inject")
+    if inject is None or not hasattr(inject, "get") or inject.get("name") not in ("pairs", "group_pairs"):
+        return []
+    pairs, P, W = int(inject.get("pairs") or 0), int(cfg.trainer.prompts_per_step), max(world, 1)
+    new = W * max(1, round(pairs * prompts / (P * W)))
+    if pairs <= 0 or new == pairs:
+        return []
+    return [("algo.inject.pairs", pairs, new,
+             f"scaled with the prompts ({pairs} for {P} -> {new} for {prompts}), a multiple of the {W} processes: the on/off-policy ratio kept")]

@@ -291,7 +291,9 @@ def _check_run(run: Path, log: Path, rc, seconds: float, name: str) -> None:
         assert {k.split("/")[0] for k in last if k.endswith("/avg@1")} >= {"aime24", "math500"}, (name, last)
     else:
         assert "accuracy" in summary.get("eval_after", {}), name  # evaluated on held-out rows
-    assert (run / "model" / "model.safetensors").is_file(), name  # saved
+    # saved: the weights, or a LoRA recipe's adapter (model.lora.enabled; alol/llama-3.1-8b-instruct-ultrafeedback)
+    saved = "adapter_model.safetensors" if OmegaConf.load(run / "config.yaml").model.lora.enabled else "model.safetensors"
+    assert (run / "model" / saved).is_file(), (name, saved)
     assert list((run / "trainer").glob("checkpoint-*")), name  # checkpointed
 
 

@@ -98,7 +98,8 @@ GB = 1024**3
 #: published parameter counts (billions) the formula is checked against
 #: (Qwen3: the model cards' "Number of Parameters": 4.0B / 8.2B, and the safetensors totals the hub pages show, 4.02B / 8.19B)
 PUBLISHED_PARAMS_B = {"Qwen/Qwen2.5-7B-Instruct": 7.62, "Qwen/Qwen2.5-Math-7B": 7.62, "Qwen/Qwen2.5-Math-1.5B": 1.54,
-                      "Qwen/Qwen3-4B-Instruct-2507": 4.02, "Qwen/Qwen3-8B": 8.19}
+                      "Qwen/Qwen3-4B-Instruct-2507": 4.02, "Qwen/Qwen3-8B": 8.19,
+                      "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B": 1.78, "meta-llama/Llama-3.1-8B-Instruct": 8.03}
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 2}
 

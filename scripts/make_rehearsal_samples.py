@@ -101,6 +101,29 @@ def gsm8k(ps: list[dict]) -> list[dict]:
     return [{"question": p["gsm"], "answer": f"{p['calc']}\n#### {p['answer']}"} for p in ps]
 
 
+def ultrafeedback(ps: list[dict]) -> list[dict]:
+    """HuggingFaceH4/ultrafeedback_binarized (split train_prefs): the prompt, its sha256 id, the chosen and
+    rejected conversations (user turn + assistant reply), ``messages`` (= chosen) and both GPT-4 scores."""
+    import hashlib
+
+    rows = []
+    for p in ps:
+        user = {"content": p["gsm"], "role": "user"}
+        good = f"{p['calc']} The answer is {p['answer']}."
+        bad = f"I think it is {int(p['answer']) + 1 + p['i'] % 3}."
+        chosen = [user, {"content": good, "role": "assistant"}]
+        rows.append({
+            "prompt": p["gsm"],
+            "prompt_id": hashlib.sha256(p["gsm"].encode()).hexdigest(),
+            "chosen": chosen,
+            "rejected": [user, {"content": bad, "role": "assistant"}],
+            "messages": chosen,
+            "score_chosen": 8.0 + p["i"] % 3,
+            "score_rejected": 2.0 + p["i"] % 4 * 0.5,
+        })
+    return rows
+
+
 def write(name: str, rows: list[dict]) -> None:
     with open(OUT / f"{name}.jsonl", "w", encoding="utf-8") as f:
         for row in rows:
@@ -113,6 +136,7 @@ def main() -> None:
     write("luffy-openr1-46k", luffy(ps))
     write("ghpo-math3to5", ghpo(ps))
     write("gsm8k", gsm8k(ps))
+    write("ultrafeedback-binarized", ultrafeedback(ps))
 
 
 if __name__ == "__main__":

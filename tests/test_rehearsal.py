@@ -37,6 +37,7 @@ FIXTURE_OF = {
     "luffy-openr1-46k": "luffy_openr1.jsonl",
     "ghpo-math3to5": "ghpo_math3to5.jsonl",
     "gsm8k": "gsm8k.jsonl",
+    "ultrafeedback-binarized": "ultrafeedback_binarized.jsonl",
 }
 
 
@@ -191,6 +192,52 @@ def test_a_qwen3_recipe_swaps_to_the_qwen2_family_tiny_model_and_says_so():
     assert "rehearsed as" not in next(s for s in q2 if s.key == "model").why
 
 
+def test_a_hub_reward_model_swaps_to_the_builtin_one_and_a_builtin_one_stays():
+    """reward=model with a hub classifier (simplemix/llama-3.1-8b-instruct-ultrafeedback) rehearses on
+    builtin:tiny-rm, the rest of its reward config (no verifier, raw score) as the recipe's; the
+    recipe's data has no gold answers (data.answer_column null) and its sample loads without them."""
+    from mixrl.data.loading import load_dataset_rows
+
+    cfg = compose_config(["recipe=simplemix/llama-3.1-8b-instruct-ultrafeedback"])
+    swaps = rehearsal.plan_rehearsal(cfg, vllm=False)
+    rm = next(s for s in swaps if s.key == "reward.params.path")
+    assert (rm.recipe, rm.rehearsal) == ("Skywork/Skywork-Reward-Llama-3.1-8B-v0.2", "builtin:tiny-rm")
+    assert "a llama model: rehearsed as Qwen2 family" in next(s for s in swaps if s.key == "model").why
+    reh = compose_config(["recipe=simplemix/llama-3.1-8b-instruct-ultrafeedback", *rehearsal.overrides(swaps)])
+    assert reh.reward.params.path == "builtin:tiny-rm" and reh.reward.params.verifier == "none"
+    assert reh.data.answer_column is None
+    rows = load_dataset_rows(reh.data.source, split=reh.data.split, prompt_column=reh.data.prompt_column,
+                             answer_column=None, expert_column=reh.data.expert_column)
+    assert "answer" not in rows.column_names and len(rows) == 24
+    assert rows[0]["expert"] == ["She has 3 + 2 = <<3+2=5>>5 apples. The answer is 5."]  # the chosen conversation's reply
+    cpu = compose_config(["recipe=grpo/arith-tiny", "reward=model"])
+    assert not [s for s in rehearsal.plan_rehearsal(cpu, vllm=False) if s.key.startswith("reward")]
+
+
+def test_a_recipe_that_reads_whole_groups_keeps_a_whole_group_per_process():
+    """SOUP revisits round(revisit x whole groups) of each process's groups; one prompt over two processes
+    is no whole group anywhere, so the historical prefix never ran: the rehearsal keeps W ceil(1/revisit)
+    prompts (2 x ceil(1/0.5) = 4 here), capped at the recipe's own; a recipe without revisits keeps 1."""
+    from mixrl.config.rehearsal_rules import whole_group_prompts
+
+    cfg = compose_config(["recipe=soup/qwen2.5-math-7b-openr1"])
+    swaps = rehearsal.plan_rehearsal(cfg, vllm=False)
+    assert next(s for s in swaps if s.key == "trainer.prompts_per_step").rehearsal == 4
+    assert whole_group_prompts(cfg, 1, 1) == 2 and whole_group_prompts(cfg, 2, 1) == 4
+    small = compose_config(["recipe=soup/qwen2.5-math-7b-openr1", "trainer.prompts_per_step=8", "algo.inject.revisit=0.3"])
+    assert whole_group_prompts(small, 1, 1) == 4 and whole_group_prompts(small, 4, 1) == 8  # 4 x ceil(1/0.3) = 16, capped at the recipe's 8
+    plain = compose_config(["recipe=prefixrl/qwen3-4b-instruct-2507-openr1"])
+    assert whole_group_prompts(plain, 2, 1) == 1
+    # SimpleMix's on-policy pairs are the best vs worst of a whole group on one process: one per process
+    mix = compose_config(["recipe=simplemix/llama-3.1-8b-instruct-ultrafeedback"])
+    assert whole_group_prompts(mix, 2, 1) == 2 and whole_group_prompts(mix, 1, 1) == 1
+    pairs = next(s for s in rehearsal.plan_rehearsal(mix, vllm=False) if s.key == "algo.inject.pairs")
+    assert (pairs.recipe, pairs.rehearsal) == (128, 4)  # 2 x max(1, round(128 x 2 / (64 x 2))): 1 on- + 1 off-policy per process
+    off = OmegaConf.create(OmegaConf.to_container(mix))
+    off.algo.inject.on_policy = 0.0  # off-policy pairs only: no group is read
+    assert whole_group_prompts(off, 2, 1) == 1
+
+
 def test_no_swap_for_a_cpu_recipe():
     cfg = compose_config(["recipe=grpo/arith-tiny"])
     swaps = rehearsal.plan_rehearsal(cfg, vllm=False)
@@ -244,7 +291,9 @@ def _check_run(run: Path, log: Path, rc, seconds: float, name: str) -> None:
         assert {k.split("/")[0] for k in last if k.endswith("/avg@1")} >= {"aime24", "math500"}, (name, last)
     else:
         assert "accuracy" in summary.get("eval_after", {}), name  # evaluated on held-out rows
-    assert (run / "model" / "model.safetensors").is_file(), name  # saved
+    # saved: the weights, or a LoRA recipe's adapter (model.lora.enabled; alol/llama-3.1-8b-instruct-ultrafeedback)
+    saved = "adapter_model.safetensors" if OmegaConf.load(run / "config.yaml").model.lora.enabled else "model.safetensors"
+    assert (run / "model" / saved).is_file(), (name, saved)
     assert list((run / "trainer").glob("checkpoint-*")), name  # checkpointed
 
 

@@ -44,6 +44,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from mixrl.config.recipe_index import _field, _load, _selected, conf_dir, list_recipe_names, recipes_dir
+from mixrl.config.rehearsal_rules import is_hub_id, pair_swaps, reward_model_swaps, whole_group_prompts
 from mixrl.errors import ConfigError
 from mixrl.models.known import KNOWN_MODELS
 
@@ -107,14 +108,6 @@ def samples_dir() -> Path:
 
 def sample_path(data_name: str) -> Path:
     return samples_dir() / f"{data_name}.jsonl"
-
-
-def is_hub_id(source: Any) -> bool:
-    """A Hugging Face dataset / model id (``owner/name``), not ``builtin:`` and not a local path."""
-    return (
-        isinstance(source, str) and "/" in source and not source.startswith(("builtin:", ".", "/", "~"))
-        and not os.path.exists(source)
-    )
 
 
 def vllm_importable() -> bool:
@@ -311,7 +304,7 @@ def _batch(ctx: Context) -> list[Swap]:
     P, G = int(t.prompts_per_step), int(algo.num_generations)
     G2 = min(G, GENERATIONS)
     rows = algo.inject.get("rows") if isinstance(algo.inject, Mapping) else None
-    P2 = min(P, PROMPTS)
+    P2 = min(P, whole_group_prompts(ctx.cfg, ctx.world, ctx.prompts))  # injections that read whole groups: enough of them
     # the processes split P2 x G2 rollouts; inject rows R2 = R x (P2 G2)/(P G) whole and split too
     while True:
         ok = (P2 * G2) % ctx.world == 0
@@ -324,6 +317,7 @@ def _batch(ctx: Context) -> list[Swap]:
     out: list[Swap] = []
     if P2 != P:
         out.append(_set("trainer.prompts_per_step", P, P2, "a rehearsal batch"))
+    out += [_set(*t) for t in pair_swaps(ctx.cfg, P2, ctx.world)]  # preference pairs scaled with the prompts
     if G2 != G:
         out.append(_set("algo.num_generations", G, G2, "a rehearsal group size"))
         per_group = algo.inject.get("per_group") if isinstance(algo.inject, Mapping) else None
@@ -413,6 +407,7 @@ def _benchmarks(t) -> list[Swap]:
 RULES: list[tuple[str, str, Callable[[Context], list[Swap]]]] = [
     ("model", "a hub model -> the built-in BPE chat model", _model),
     ("teacher", "a hub teacher -> the built-in BPE teacher", _teacher),
+    ("reward model", "a hub reward model -> the built-in one", lambda ctx: [_set(*s) for s in reward_model_swaps(ctx.cfg)]),
     ("data", "a hub dataset -> its shipped schema sample", _data),
     ("hardware", "GPUs -> the CPU equivalent (FSDP, DDP, vLLM)", _hardware),
     ("steps", "max_steps -> a handful; warmup scaled", _steps),
@@ -450,7 +445,6 @@ def table(swaps: list[Swap], title: str = "rehearsal: what this CPU run swaps"):
     if not swaps:
         tab.caption = "nothing to swap: this config runs on CPU as it is"
     return tab
-
 
 
 def gpu_recipes() -> list[str]:

@@ -100,7 +100,7 @@ class DataConfig:
     eval_source: Optional[str] = None  # default: same as source
     eval_split: Optional[str] = None  # default: held-out part of the built-in task, else 'test'
     prompt_column: str = "prompt"  # the column holding the prompt (a string or chat messages)
-    answer_column: str = "answer"  # the column the reward checks completions against
+    answer_column: Optional[str] = "answer"  # the column the reward checks completions against; null: no gold answers (a reward model scores them)
     expert_column: Optional[str] = None  # the column of expert solutions read by off-policy sources and SFT; null: none
     system_prompt: Optional[str] = None  # a system message put before every prompt; null: none
     limit: Optional[int] = None  # train on the first N rows only (a positive integer); null: every row

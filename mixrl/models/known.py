@@ -4,7 +4,7 @@ Read by ``mixrl plan`` (memory and time without a download) and by the rehearsal
 architecture family a recipe's model is). Layer 1: data only, imports nothing.
 """
 
-#: hub id -> the fields of its config.json used here (Qwen2 and Qwen3 architectures, published configs;
+#: hub id -> the fields of its config.json used here (Qwen2, Qwen3 and Llama architectures, published configs;
 #: Qwen3 gives ``head_dim`` (128, not hidden / heads), has no q/k/v biases and normalises q and k per head)
 KNOWN_MODELS: dict[str, dict] = {
     "Qwen/Qwen2.5-7B-Instruct": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
@@ -23,6 +23,20 @@ KNOWN_MODELS: dict[str, dict] = {
     "Qwen/Qwen3-4B-Instruct-2507": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
                                         num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True,
                                         model_type="qwen3", attention_bias=False, max_position_embeddings=262144),
+    # huggingface.co/deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B/blob/main/config.json (Qwen2.5-Math-1.5B's shape, untied LM head)
+    "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                                                      num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=False,
+                                                      model_type="qwen2", max_position_embeddings=131072),
+    # huggingface.co/meta-llama/Llama-3.1-8B-Instruct/blob/main/config.json (Llama: no q/k/v biases, no q/k norms)
+    "meta-llama/Llama-3.1-8B-Instruct": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                                             num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False,
+                                             model_type="llama", attention_bias=False, max_position_embeddings=131072),
+    # huggingface.co/Skywork/Skywork-Reward-Llama-3.1-8B-v0.2/blob/main/config.json: Llama-3.1-8B's body with a
+    # 1-output score head; counted with an LM head (the shape formula's), 0.5B parameters more than it has
+    "Skywork/Skywork-Reward-Llama-3.1-8B-v0.2": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                                                     num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                                                     tie_word_embeddings=False, model_type="llama", attention_bias=False,
+                                                     max_position_embeddings=131072),
     # huggingface.co/Qwen/Qwen3-8B/blob/main/config.json
     "Qwen/Qwen3-8B": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
                           num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=False,

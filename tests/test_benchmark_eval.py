@@ -137,6 +137,26 @@ def test_shipped_paper_tables_validate():
         check({"source": "x", "base": {"name": "b", "scores": {"aime24": 150}}}, "t")
 
 
+def test_filled_paper_rows_average_to_the_averages_their_sources_print():
+    """Each row copied from a source that prints its average (AMPO's README, the RL-PLUS and
+    Prefix-RFT paper notes cited in the recipes) means to that average, so a mistyped cell shows."""
+    from mixrl.config.compose import compose_config
+
+    math6 = ["aime24", "aime25", "amc", "math500", "minerva", "olympiadbench"]
+    printed = {  # recipe: (base average, method average) as printed, over math6
+        "ampo/qwen2.5-7b-instruct-openr1": (35.6, 41.6),
+        "rl_plus/qwen2.5-math-7b-openr1": (19.0, 53.4),
+        "prefix_rft/qwen2.5-math-7b-openr1": (19.0, 51.8),
+    }
+    for recipe, (base_avg, method_avg) in printed.items():
+        t = paper_table(compose_config([f"recipe={recipe}"]))
+        assert sum(t["base"]["scores"][b] for b in math6) / 6 == pytest.approx(base_avg, abs=0.06), recipe
+        assert sum(t["method"]["scores"][b] for b in math6) / 6 == pytest.approx(method_avg, abs=0.06), recipe
+    chord = paper_table(compose_config(["recipe=chord/phi-qwen2.5-7b-openr1"]))
+    assert chord["method"]["scores"] == {"aime24": 18.2, "aime25": 17.2, "amc": 62.5, "mmlu_pro": 56.2}
+    assert "Paper-Notes-en" in chord["source"] and "secondary" in chord["source"]
+
+
 @pytest.mark.parametrize("args, words", [
     (["benchmarks=aime2024"], "unknown benchmark or suite 'aime2024'"),
     (["benchmarks=aime24", "benchmarks.aime24.protocol.samples=0"], "protocol.samples=0 is out of range"),

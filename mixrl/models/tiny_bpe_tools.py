@@ -207,7 +207,11 @@ def call_accuracy(model: Any, tokenizer: Any, problems: list[dict[str, Any]]) ->
     import torch  # deferred: torch, 2 s; config show/plan import this module
 
     pairs = [call_prefix(p) for p in problems]
-    enc = tokenizer([a for a, _ in pairs], return_tensors="pt", padding=True, add_special_tokens=False)
+    side, tokenizer.padding_side = tokenizer.padding_side, "left"  # a reloaded tokenizer may pad on the right
+    try:
+        enc = tokenizer([a for a, _ in pairs], return_tensors="pt", padding=True, add_special_tokens=False)
+    finally:
+        tokenizer.padding_side = side
     width = max(len(tokenizer(b, add_special_tokens=False)["input_ids"]) for _, b in pairs)
     was_training = model.training
     model.eval()

@@ -28,6 +28,7 @@ steps 9%).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import random
@@ -120,13 +121,19 @@ def turn_examples(tokenizer: Any, problem: dict[str, Any], with_tool: bool) -> l
     return out
 
 
-def _render(messages: list[dict[str, Any]], *, generation: bool) -> str:
+@functools.lru_cache(maxsize=1)
+def _template():
+    """:data:`TOOL_CHAT_TEMPLATE`, compiled once (compiling it per row cost 34 ms a row: 140 s of
+    CPU time for the 4,000 training rows' trajectories at every run's start)."""
     from jinja2.sandbox import ImmutableSandboxedEnvironment  # deferred: jinja2 comes with transformers; only rendering needs it
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.filters["tojson"] = json.dumps  # as transformers' chat templates: plain JSON (jinja's own escapes HTML)
-    return env.from_string(TOOL_CHAT_TEMPLATE).render(messages=messages, tools=[calculator_schema()],
-                                                      add_generation_prompt=generation)
+    return env.from_string(TOOL_CHAT_TEMPLATE)
+
+
+def _render(messages: list[dict[str, Any]], *, generation: bool) -> str:
+    return _template().render(messages=messages, tools=[calculator_schema()], add_generation_prompt=generation)
 
 
 def trajectory_text(problem: dict[str, Any]) -> str:

@@ -1,6 +1,7 @@
 """env=tools: the tool-calling BPE template against TRL's checks, the expert trajectories token-exact,
-the tool tokens' provenance in a batch, and one training step through TRL's tool loop (GRPO, and
-CHORD on the expert trajectories); LUFFY-style rows inside the groups are refused for now."""
+the tool tokens' provenance in a batch (rollouts, expert rows in the groups, CHORD's appended rows
+through TRL's shuffle), expert rows kept out of TRL's tool loop, the warm start's tool-call accuracy,
+and one training step through TRL's tool loop (GRPO, CHORD, LUFFY on the expert trajectories)."""
 
 from __future__ import annotations
 
@@ -68,13 +69,20 @@ def test_provenance_fields_mark_tool_tokens_and_number_turns(tok, problem):
     assert f["turn_id"][0, :first_env].eq(0).all() and f["turn_id"][0, -1] == 1 and f["turn_id"][0][written].eq(-1).all()
 
 
+@pytest.fixture(scope="module")
+def tool_model(tmp_path_factory):
+    return tiny_bpe_tools.warm_start(tmp_path_factory.mktemp("m"), steps=3, progress=False)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("algo", ["grpo"])
-def test_one_step_through_trls_tool_loop(tmp_path_factory, algo):
+@pytest.mark.parametrize("algo", ["grpo", "chord", "luffy"])
+def test_one_step_through_trls_tool_loop(tmp_path_factory, tool_model, algo):
+    """GRPO; CHORD's appended expert rows (they crashed TRL's batch shuffle: no turn_id); LUFFY's
+    expert rows in the groups (kept out of the tool loop)."""
     from mixrl.config.compose import compose_config
     from mixrl.trainer.build import trainer_from_config
 
-    model = tiny_bpe_tools.warm_start(tmp_path_factory.mktemp("m"), steps=3, progress=False)
+    model = tool_model
     cfg = compose_config(["env=tools", f"algo={algo}", f"model.path={model}", "trainer.max_steps=1",
                           "trainer.prompts_per_step=2", "algo.num_generations=2", "trainer.eval_size=0",
                           "hardware.torch_threads=1", "logger.progress=false", "data.train_size=8",
@@ -99,10 +107,86 @@ def test_samples_show_who_wrote_each_turn_and_what_trained(tok, problem):
     assert shown.startswith("[policy] <tool_call>") and "[environment, not trained]" in shown
 
 
-def test_expert_rows_inside_groups_are_refused_with_tools():
+def test_injections_that_go_on_from_written_rows_are_refused_with_tools():
     from mixrl.config.compose import compose_config
     from mixrl.errors import ConfigError
 
-    for algo in ("luffy", "chord"):
-        with pytest.raises(ConfigError, match="not supported yet"):
-            compose_config(["env=tools", f"algo={algo}"])
+    with pytest.raises(ConfigError, match=r"env=tools with algo.inject=prefix is not supported; .*algo=luffy, sft, chord"):
+        compose_config(["env=tools", "algo=prefix_rft"])
+
+
+def test_appended_expert_rows_mark_tool_turns_and_survive_trls_shuffle(tok, problem):
+    """CHORD's append_rows on a tool batch: the expert row's tool turn is provenance environment
+    (the template's turn marks), its turn_id is appended (the missing [B, T] entry made TRL's
+    shuffle index a shorter tensor), and TRL's shuffle and split keep every field row-aligned."""
+    from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
+
+    from mixrl.sources.inject import marked_turns
+    from mixrl.sources.rows import append_rows
+
+    marks = assistant_turn_marks(tok)
+    ids = tok(tiny_bpe_tools.trajectory_text(problem), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    written = written_spans(ids, *marks)
+    n = len(ids)
+    out = {"prompt_ids": torch.ones(2, 3, dtype=torch.long), "prompt_mask": torch.ones(2, 3, dtype=torch.long),
+           "completion_ids": torch.tensor([ids[:5], ids[:5]]), "completion_mask": torch.ones(2, 5, dtype=torch.long),
+           "tool_mask": torch.ones(2, 5, dtype=torch.long), "advantages": torch.tensor([1.0, -1.0])}
+    out.update(provenance_fields(out, Rollouts([ids[:5]] * 2, None, [prov.ON_POLICY] * 2), marks))
+    out.pop("tool_mask")
+    out["group_id"] = torch.zeros(2, dtype=torch.long)
+    ts = marked_turns(ids, prov.EXPERT, marks)
+    assert [t == prov.ENVIRONMENT for t in ts] == written and set(t for t, w in zip(ts, written) if not w) == {prov.EXPERT}
+    new = append_rows(out, [[1, 1]], [ids], pad_id=0, row_source=torch.tensor([prov.EXPERT]), token_source=[ts])
+    first_env = written.index(True)
+    assert new["turn_id"].shape == (3, n) and new["turn_id"][:2, 5:].eq(-1).all()
+    assert new["turn_id"][2].tolist() == [0] * first_env + [-1] * sum(written) + [1] * (n - first_env - sum(written))
+    shuffled = shuffle_sequence_dict(new)
+    for chunk in split_tensor_dict(shuffled, 3):
+        row = chunk["completion_ids"][0]
+        assert chunk["turn_id"].shape == (1, n) and (chunk["turn_id"][0] == -1).tolist() == (
+            (chunk["token_source"][0] == prov.ENVIRONMENT) | (chunk["token_source"][0] == -1)).tolist()
+        assert int(chunk["row_source"][0]) == (prov.EXPERT if row.tolist() == ids else prov.ON_POLICY)
+
+
+def test_expert_rows_skip_trls_tool_loop(tok, problem):
+    """A row an injection wrote in the groups holds its tool result already: TRL's loop gets it without
+    tool calls (never runs the call again) and the reward reads its whole text; rollouts go through."""
+    from mixrl.trainer.parts.tool_rows import ExpertRowsSkipTools
+
+    seen = {}
+
+    class Base:
+        def _tool_call_loop(self, prompts, prompt_ids, completion_ids, completions, *rest):
+            seen["calls"] = [c[0].get("tool_calls") for c in completions]
+            seen["texts"] = [c[0]["content"] for c in completions]
+
+    class Trainer(ExpertRowsSkipTools, Base):
+        processing_class = tok
+
+    ids = tok(tiny_bpe_tools.trajectory_text(problem), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    call = [{"type": "function", "function": {"name": "calculator", "arguments": {"expression": "1+1"}}}]
+    t = Trainer()
+    t._mixrl_rollouts = Rollouts([ids, ids], None, [prov.ON_POLICY, prov.EXPERT])
+    completions = [[{"role": "assistant", "content": "", "tool_calls": call}] for _ in range(2)]
+    t._tool_call_loop([None] * 2, [[1]] * 2, [ids, ids], completions, None, None, None)
+    assert seen["calls"] == [call, None]
+    assert seen["texts"][1].startswith("<tool_call>") and seen["texts"][1].endswith(f"#### {problem['answer']}")
+
+
+def test_call_accuracy_reads_the_copied_expression(tok, problem):
+    """call_accuracy: 1 for a model that writes the call's expression after the prefix, 0 otherwise."""
+    prefix, target = tiny_bpe_tools.call_prefix(problem)
+    assert prefix.endswith('{"expression": "') and target == problem["prompt"].rstrip("=") + '"}}</tool_call>'
+    want = tok(target, add_special_tokens=False)["input_ids"]
+
+    class Copier(torch.nn.Module):  # writes `want` (or a wrong digit first) whatever the prompt
+        def __init__(self, right):
+            super().__init__()
+            self.right = right
+
+        def generate(self, input_ids, attention_mask, max_new_tokens, **_):
+            out = list(want) if self.right else [tok.convert_tokens_to_ids("9")] + list(want[1:])
+            return torch.cat([input_ids, torch.tensor([out[:max_new_tokens]] * len(input_ids))], 1)
+
+    assert tiny_bpe_tools.call_accuracy(Copier(True), tok, [problem]) == 1.0
+    assert tiny_bpe_tools.call_accuracy(Copier(False), tok, [problem]) == 0.0

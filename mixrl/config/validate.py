@@ -112,6 +112,12 @@ def _section_of(message: str) -> str | None:
     return None
 
 
+#: Injections that work with env=tools: appended expert rows (CHORD's), expert rows in the groups
+#: (LUFFY's, SFT's; kept out of TRL's tool loop, mixrl.trainer.parts.tool_rows), their tool turns
+#: marked provenance ``environment`` from the chat template's turn marks.
+TOOL_INJECTIONS = ("append_rows", "group_replace", "replace_all")
+
+
 def _validate_env(cfg: DictConfig) -> None:
     """``env``: a known environment, and for ``tools`` known tool names and a positive round limit."""
     env = cfg.env
@@ -128,11 +134,12 @@ def _validate_env(cfg: DictConfig) -> None:
 
     resolve_tools(list(env.tools))  # an unknown name: one line naming the tools
     inject = cfg.algo.get("inject")
-    if inject is not None and inject.get("name") not in (None, "none"):
-        # inside the groups, TRL's tool loop would re-run an injected trajectory's tool call; appended rows
-        # (CHORD) do not yet get their tool turns marked (provenance environment) nor a turn_id
-        raise ConfigError(f"env=tools with algo.inject={inject.get('name')} (expert rows in the batch) is not supported "
-                          "yet; train the tool task's expert trajectories without tools (env=single) or use algo=grpo")
+    name = None if inject is None else inject.get("name")
+    if name not in (None, "none", *TOOL_INJECTIONS):
+        # the others write rows TRL's tool loop would go on from (prefixes, hints, refills, replays) or pair
+        # rows whose turns are not marked; appended expert rows get their tool turns masked (mixrl.sources.inject)
+        raise ConfigError(f"env=tools with algo.inject={name} is not supported; with tools an expert trajectory enters "
+                          f"in the groups or appended ({', '.join(TOOL_INJECTIONS)}: algo=luffy, sft, chord), or use env=single")
 
 
 def _validate_episodes(cfg: DictConfig) -> None:

@@ -17,11 +17,18 @@ variant keeps its tokenizer pipeline and architecture and adds what TRL's loop n
 Warm start (:data:`WARM_START`): chat-formatted ``arith_tools`` problems, a ``tool_fraction`` of them
 with the expert's tool trajectory (one example per assistant turn: the call, then the answer after
 the result) and the rest answered in the head (``#### <the sum>``), so the model starts out calling
-the calculator sometimes; RL with the tool decides how often.
+the calculator sometimes; RL with the tool decides how often. It stops once its tool-call accuracy
+(:func:`call_accuracy`: given that it calls the calculator, it copies the prompt's expression into
+the call exactly) reaches ``target_call_accuracy`` on held-out problems, checked every
+``check_every`` steps. Digits are single tokens (Qwen's pre-tokenizer splits them), so copying is a
+fixed-offset attention pattern; what the earlier 200-step, stop-free warm start lacked was training
+on enough calls (measured: 100 steps of calls only copy 98% of 64 held-out expressions exactly, 50
+steps 9%).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import random
@@ -32,7 +39,7 @@ from mixrl.models import supervised, tiny_arch, tiny_bpe, tiny_spec
 from mixrl.tasks import arith_tools
 
 BUILTIN = "builtin:tiny-bpe-tools"
-VERSION = "2"
+VERSION = "3"  # 3: stops at a target tool-call accuracy, 40% tool examples
 _META_FILE = "mixrl_tiny_bpe_tools.json"
 VOCAB_SIZE = 480
 SYSTEM_PROMPT = arith_tools.SYSTEM_PROMPT
@@ -77,8 +84,10 @@ RESPONSE_TEMPLATE: dict[str, Any] = {
     },
 }
 
-WARM_START: dict[str, Any] = {**tiny_spec.WARM_START, "steps": 200, "levels": list(arith_tools.DEFAULT_LEVELS), "tool_fraction": 0.3,
-                              "careless_fraction": 0.0}
+#: ``steps`` is the most it runs; it stops at ``target_call_accuracy`` (:func:`call_accuracy` on
+#: ``check_size`` held-out problems every ``check_every`` steps).
+WARM_START: dict[str, Any] = {**tiny_spec.WARM_START, "steps": 400, "levels": list(arith_tools.DEFAULT_LEVELS), "tool_fraction": 0.4,
+                              "careless_fraction": 0.0, "target_call_accuracy": 0.9, "check_every": 25, "check_size": 32}
 CORPUS: dict[str, Any] = {"n": 1000, "seed": 0}
 
 
@@ -112,13 +121,19 @@ def turn_examples(tokenizer: Any, problem: dict[str, Any], with_tool: bool) -> l
     return out
 
 
-def _render(messages: list[dict[str, Any]], *, generation: bool) -> str:
+@functools.lru_cache(maxsize=1)
+def _template():
+    """:data:`TOOL_CHAT_TEMPLATE`, compiled once (compiling it per row cost 34 ms a row: 140 s of
+    CPU time for the 4,000 training rows' trajectories at every run's start)."""
     from jinja2.sandbox import ImmutableSandboxedEnvironment  # deferred: jinja2 comes with transformers; only rendering needs it
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.filters["tojson"] = json.dumps  # as transformers' chat templates: plain JSON (jinja's own escapes HTML)
-    return env.from_string(TOOL_CHAT_TEMPLATE).render(messages=messages, tools=[calculator_schema()],
-                                                      add_generation_prompt=generation)
+    return env.from_string(TOOL_CHAT_TEMPLATE)
+
+
+def _render(messages: list[dict[str, Any]], *, generation: bool) -> str:
+    return _template().render(messages=messages, tools=[calculator_schema()], add_generation_prompt=generation)
 
 
 def trajectory_text(problem: dict[str, Any]) -> str:
@@ -142,9 +157,14 @@ def corpus_texts(tokenizer_like: Any | None = None, n: int = CORPUS["n"], seed: 
 
 def build(**size: Any):
     tokenizer = set_templates(tiny_bpe.build_tokenizer(corpus_texts(), vocab_size=VOCAB_SIZE))
+    return model_for(tokenizer, **size), tokenizer
+
+
+def model_for(tokenizer: Any, **size: Any):
+    """A fresh model over ``tokenizer`` (its context length set on the tokenizer too)."""
     model = tiny_arch.build_model(tokenizer, base=tiny_bpe.MODEL_SIZE, max_new_tokens=MAX_COMPLETION_TOKENS, **size)
     tokenizer.model_max_length = model.config.max_position_embeddings
-    return model, tokenizer
+    return model
 
 
 #: One tool round: the call (~25 tokens), the result's turn (~15), the answer (~8).
@@ -176,6 +196,39 @@ def _encode(tokenizer: Any, problem: dict[str, Any], completion: str) -> tuple[l
     return prompt_ids, tokenizer(completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
 
 
+def call_prefix(problem: dict[str, Any]) -> tuple[str, str]:
+    """``(prefix, target)``: the expert's call turn cut where the expression starts, and what follows
+    it up to the end of the call (the expression, then ``"}}</tool_call>``)."""
+    msgs = arith_tools.expert_messages(problem)
+    prompt = _render(msgs[:2], generation=True)
+    call = _render(msgs[:3], generation=False)[len(prompt):]
+    expr = arith_tools.tool_call(problem)["function"]["arguments"]["expression"]
+    cut = call.index(expr)
+    return prompt + call[:cut], expr + call[cut + len(expr):].split(tiny_bpe.IM_END)[0]
+
+
+def call_accuracy(model: Any, tokenizer: Any, problems: list[dict[str, Any]]) -> float:
+    """Tool-call accuracy: the fraction of ``problems`` whose greedy continuation of
+    :func:`call_prefix` writes the expression and closes the call exactly (the model copies the
+    prompt's numbers into the calculator call)."""
+    import torch  # deferred: torch, 2 s; config show/plan import this module
+
+    pairs = [call_prefix(p) for p in problems]
+    side, tokenizer.padding_side = tokenizer.padding_side, "left"  # a reloaded tokenizer may pad on the right
+    try:
+        enc = tokenizer([a for a, _ in pairs], return_tensors="pt", padding=True, add_special_tokens=False)
+    finally:
+        tokenizer.padding_side = side
+    width = max(len(tokenizer(b, add_special_tokens=False)["input_ids"]) for _, b in pairs)
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        out = model.generate(**enc, max_new_tokens=width, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    model.train(was_training)
+    texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=False)
+    return sum(t.startswith(b) for t, (_, b) in zip(texts, pairs, strict=True)) / len(pairs)
+
+
 def warm_start(cache_dir: Path | str | None = None, *, force: bool = False, progress: bool = True,
                steps: int | None = None) -> Path:
     """Path of the warm-started tool model (built and cached on first use, like :func:`mixrl.models.tiny_bpe.warm_start`)."""
@@ -191,6 +244,16 @@ def warm_start(cache_dir: Path | str | None = None, *, force: bool = False, prog
         for prompt, completion in turn_examples(tokenizer, p, rng.random() < ws["tool_fraction"]):
             problems.append({**p, "prompt_text": prompt})
             completions.append(completion)
-    return supervised.train_and_save(final, rec, build, encode=_encode, meta_file=_META_FILE, progress=progress,
-                                     description="warm-starting tiny BPE tool model",
-                                     extra_meta=lambda model, tok: {"vocab": len(tok)}, examples=(problems, completions))
+    check = arith_tools.heldout_split(ws["check_size"], levels=ws["levels"])
+    seen: dict[str, float] = {}
+
+    def stop(model: Any, step: int) -> bool:
+        if step % ws["check_every"]:
+            return False
+        seen["call_accuracy"] = call_accuracy(model, tokenizer, check)
+        return seen["call_accuracy"] >= ws["target_call_accuracy"]
+
+    return supervised.train_and_save(final, rec, lambda **size: (model_for(tokenizer, **size), tokenizer), encode=_encode,
+                                     meta_file=_META_FILE, progress=progress, description="warm-starting tiny BPE tool model",
+                                     extra_meta=lambda model, tok: {"vocab": len(tok), **seen}, examples=(problems, completions),
+                                     stop=stop)

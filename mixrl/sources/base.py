@@ -84,6 +84,9 @@ class InjectContext:
     # teachers (mixrl.sources.teacher): the loaded teacher models and what an injection may do with them
     teachers: list = field(default_factory=list)
     policy: Any = None  # the policy being trained (score it under no_grad only)
+    #: env=tools: (end-of-turn id, assistant-header ids) of the chat template, what
+    #: :func:`mixrl.core.turns.written_spans` reads a multi-turn expert trajectory's tool turns with; None otherwise
+    turn_marks: tuple[int, list[int]] | None = None
     #: local rewards of (input rows, completion ids), no gather: [n] float
     rewards: Callable[[list, list[list[int]]], torch.Tensor] | None = None
     #: sample n completions (token ids, eos included) of one prompt with a model, at the run's temperature

@@ -7,6 +7,7 @@ import random
 import torch
 
 from mixrl.core import provenance as prov
+from mixrl.core.turns import written_spans
 from mixrl.errors import ConfigError
 from mixrl.sources.base import INJECTIONS, InjectContext, Injection, Rollouts
 from mixrl.sources.rows import append_rows
@@ -128,10 +129,20 @@ class AppendRows(Injection):
         prompt_ids = ctx.tokenize_prompts([p for p, _ in picks])
         completion_ids = [ctx.completion_ids(text) for _, text in picks]
         n = len(picks)
+        code = _code(self.source)
         return append_rows(
             out, prompt_ids, completion_ids, pad_id=ctx.tokenizer.pad_token_id,
-            row_source=torch.full((n,), _code(self.source), dtype=torch.long),
+            row_source=torch.full((n,), code, dtype=torch.long),
+            token_source=None if ctx.turn_marks is None else [marked_turns(c, code, ctx.turn_marks) for c in completion_ids],
         )
+
+
+def marked_turns(completion_ids: list[int], code: int, turn_marks: tuple[int, list[int]]) -> list[int]:
+    """Per token of one multi-turn expert completion: ``code`` where the expert wrote it,
+    provenance ``environment`` where a tool did (:func:`mixrl.core.turns.written_spans` with the
+    chat template's ``turn_marks``), so that no term trains the tool's tokens."""
+    written = written_spans(list(completion_ids), *turn_marks)
+    return [prov.ENVIRONMENT if w else code for w in written]
 
 
 def appended_rows_per_step(ratio: float, rows: int | None, rollouts_per_step: int, unit: int) -> int:

@@ -11,6 +11,8 @@ adds, and every injection keeps consistent:
   inference engine reported when it sampled each token; NaN where it sampled none (prefix
   tokens, written or appended rows). The engine-mismatch correction reads it
   (:mod:`mixrl.core.engine_mismatch`);
+* ``turn_id`` [B, T] long (multi-turn batches only): the policy's (or expert's) turn of each
+  token, -1 for a tool's tokens and padding (:func:`mixrl.core.turns.turn_ids`);
 * ``group_id`` [B] long: the global index of the row's group; -1 for rows in no group;
 * ``teacher_logp`` [B, T] float (optional): a teacher's log-prob of each token, NaN where unknown;
 * ``mixrl_reward``, ``mixrl_group_mean``, ``mixrl_group_std`` [B] float: the row's reward and its
@@ -23,6 +25,9 @@ splitting into micro-batches, gradient accumulation and DDP sharding.
 from __future__ import annotations
 
 import torch
+
+from mixrl.core import provenance as prov
+from mixrl.core.turns import turn_ids
 
 #: per-token float fields whose unknown value is NaN
 NAN_FIELDS = ("behaviour_logp", "teacher_logp", "old_per_token_logps", "ref_per_token_logps", "sampling_per_token_logps")
@@ -77,6 +82,9 @@ def append_rows(
     new["completion_ids"] = torch.cat([right(out["completion_ids"], pad_id), _pad(completion_ids, pad_id, "right", c_w, out["completion_ids"].dtype, dev)])
     new["completion_mask"] = torch.cat([right(out["completion_mask"], 0), _pad([[1] * len(c) for c in completion_ids], 0, "right", c_w, out["completion_mask"].dtype, dev)])
     new["token_source"] = torch.cat([right(out["token_source"], -1), _pad(token_source, -1, "right", c_w, torch.long, dev)])
+    if "turn_id" in out:  # multi-turn batch (env=tools): the new rows' turns from their provenance
+        added = new["token_source"][-e:]
+        new["turn_id"] = torch.cat([right(out["turn_id"], -1), turn_ids((added >= 0) & (added != prov.ENVIRONMENT))])
     for key in NAN_FIELDS + ONE_FIELDS:
         if key in out and out[key] is not None and out[key].dim() == 2:
             fill = 1.0 if key in ONE_FIELDS else float("nan")

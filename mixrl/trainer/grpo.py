@@ -81,6 +81,7 @@ from mixrl.trainer.parts.batch_fields import (
 )
 from mixrl.trainer.parts.sampler_rounds import Round
 from mixrl.trainer.parts.token_budget import forward_tokens
+from mixrl.trainer.parts.tool_rows import ExpertRowsSkipTools
 from mixrl.trainer.sample_log import capture_rows
 from mixrl.trainer.state import checkpoint_state
 
@@ -96,7 +97,7 @@ OVERRIDDEN = (
 )
 
 
-class MixrlGRPOTrainer(GRPOTrainer):
+class MixrlGRPOTrainer(ExpertRowsSkipTools, GRPOTrainer):
     """GRPOTrainer whose advantage and loss come from ``mixrl.core`` registries.
 
     Extra constructor arguments (what the config asked for; each becomes a part, or None: off):
@@ -165,6 +166,8 @@ class MixrlGRPOTrainer(GRPOTrainer):
         if self.parts.async_gen is not None:
             self._wrap_vllm_for_async()
         self._mixrl_turn_marks = assistant_turn_marks(self.processing_class) if self.tools else None
+        if self.parts.injections:  # appended expert rows read their tool turns with the same marks
+            self.parts.injections.turn_marks = self._mixrl_turn_marks
         for model in (self.model, self.ref_model, *(self.parts.teachers.frozen if self.parts.teachers else [])):
             if model is not None:  # decided (true: refused, auto: said) now, not at the first forward
                 self.packing.reason(model)

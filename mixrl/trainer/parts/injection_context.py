@@ -41,6 +41,7 @@ class Injections:
         self.gathers_prompts = bool(gathers_prompts)  # vLLM server mode gathers prompts over processes
         self.forwards, self.scoring, self.teachers, self.sampler = forwards, scoring, teachers, sampler
         self.ref_logps = ref_logps  # (policy, prompt_ids, completion_ids) -> log-probs; None: no reference model
+        self.turn_marks = None  # env=tools: the template's turn marks (set by the trainer), InjectContext.turn_marks
 
     def __bool__(self) -> bool:
         return bool(self.injections)
@@ -74,6 +75,7 @@ class Injections:
             generate_with=self.teachers.sample if self.teachers is not None else None,
             score_tokens=lambda model, p, c: self.forwards.score_token_lists(model, p, c, is_policy=model is policy),
             prompt_hard=self.sampler.hard if self.sampler is not None else None,
+            turn_marks=self.turn_marks,
         )
 
     def generate(self, prompt_ids: list[list[int]]):

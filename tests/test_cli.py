@@ -128,7 +128,10 @@ def test_config_groups_lists_options(no_model):
 
 
 # --------------------------------------------------------------------------- recipes
-def test_recipes_list(no_model):
+def test_recipes_list(no_model, monkeypatch):
+    from mixrl.cli import main as cli_main
+
+    monkeypatch.setattr(cli_main.out, "width", 240)  # a wide terminal: whole hub ids (a narrow one folds them)
     res = _invoke(["recipes", "list"])
     assert res.exit_code == 0, res.output
     for col in ("name", "paper", "model", "data", "hardware"):

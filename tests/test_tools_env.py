@@ -151,26 +151,20 @@ def test_appended_expert_rows_mark_tool_turns_and_survive_trls_shuffle(tok, prob
 def test_expert_rows_skip_trls_tool_loop(tok, problem):
     """A row an injection wrote in the groups holds its tool result already: TRL's loop gets it without
     tool calls (never runs the call again) and the reward reads its whole text; rollouts go through."""
-    from mixrl.trainer.parts.tool_rows import ExpertRowsSkipTools
+    from mixrl.trainer.grpo import OVERRIDDEN
+    from mixrl.trainer.tool_rows import finished_trajectories
 
-    seen = {}
-
-    class Base:
-        def _tool_call_loop(self, prompts, prompt_ids, completion_ids, completions, *rest):
-            seen["calls"] = [c[0].get("tool_calls") for c in completions]
-            seen["texts"] = [c[0]["content"] for c in completions]
-
-    class Trainer(ExpertRowsSkipTools, Base):
-        processing_class = tok
-
+    assert "_tool_call_loop" in OVERRIDDEN  # the trainer's hook calls finished_trajectories before TRL's loop
     ids = tok(tiny_bpe_tools.trajectory_text(problem), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     call = [{"type": "function", "function": {"name": "calculator", "arguments": {"expression": "1+1"}}}]
-    t = Trainer()
-    t._mixrl_rollouts = Rollouts([ids, ids], None, [prov.ON_POLICY, prov.EXPERT])
     completions = [[{"role": "assistant", "content": "", "tool_calls": call}] for _ in range(2)]
-    t._tool_call_loop([None] * 2, [[1]] * 2, [ids, ids], completions, None, None, None)
-    assert seen["calls"] == [call, None]
-    assert seen["texts"][1].startswith("<tool_call>") and seen["texts"][1].endswith(f"#### {problem['answer']}")
+    written = finished_trajectories(completions, [ids, ids], [prov.ON_POLICY, prov.EXPERT],
+                                    lambda x: tok.decode(x, skip_special_tokens=True))
+    assert written == [1]
+    assert [c[0].get("tool_calls") for c in completions] == [call, None]
+    text = completions[1][0]["content"]
+    assert text.startswith("<tool_call>") and text.endswith(f"#### {problem['answer']}")
+    assert finished_trajectories(completions, [ids, ids], None, str) == []  # no record of the rows: nothing rewritten
 
 
 def test_call_accuracy_reads_the_copied_expression(tok, problem):

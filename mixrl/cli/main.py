@@ -356,7 +356,7 @@ def recipes_list():
     table = Table(title="mixrl recipes (mixrl train recipe=NAME)")
     table.add_column("name", no_wrap=True)  # a name is what the user types: never cut
     for col in ("paper", "algo", "model", "data", "hardware"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")  # hub ids wrap whole, never cut with an ellipsis
     for name in list_recipe_names():
         r = recipe_summary(name)  # the YAML files only: no composition, no torch
         table.add_row(r["name"], r["paper"], r["algo"], r["model"], r["data"], r["hardware"])

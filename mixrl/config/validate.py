@@ -113,7 +113,7 @@ def _section_of(message: str) -> str | None:
 
 
 #: Injections that work with env=tools: appended expert rows (CHORD's), expert rows in the groups
-#: (LUFFY's, SFT's; kept out of TRL's tool loop, mixrl.trainer.parts.tool_rows), their tool turns
+#: (LUFFY's, SFT's; kept out of TRL's tool loop, mixrl.trainer.tool_rows), their tool turns
 #: marked provenance ``environment`` from the chat template's turn marks.
 TOOL_INJECTIONS = ("append_rows", "group_replace", "replace_all")
 

@@ -81,7 +81,7 @@ from mixrl.trainer.parts.batch_fields import (
 )
 from mixrl.trainer.parts.sampler_rounds import Round
 from mixrl.trainer.parts.token_budget import forward_tokens
-from mixrl.trainer.parts.tool_rows import ExpertRowsSkipTools
+from mixrl.trainer.tool_rows import finished_trajectories
 from mixrl.trainer.sample_log import capture_rows
 from mixrl.trainer.state import checkpoint_state
 
@@ -94,10 +94,11 @@ OVERRIDDEN = (
     "training_step",
     "_save_checkpoint",
     "_load_optimizer_and_scheduler",
+    "_tool_call_loop",
 )
 
 
-class MixrlGRPOTrainer(ExpertRowsSkipTools, GRPOTrainer):
+class MixrlGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose advantage and loss come from ``mixrl.core`` registries.
 
     Extra constructor arguments (what the config asked for; each becomes a part, or None: off):
@@ -167,7 +168,7 @@ class MixrlGRPOTrainer(ExpertRowsSkipTools, GRPOTrainer):
             self._wrap_vllm_for_async()
         self._mixrl_turn_marks = assistant_turn_marks(self.processing_class) if self.tools else None
         if self.parts.injections:  # appended expert rows read their tool turns with the same marks
-            self.parts.injections.turn_marks = self._mixrl_turn_marks
+            self.parts.injections.use_turn_marks(self._mixrl_turn_marks)
         for model in (self.model, self.ref_model, *(self.parts.teachers.frozen if self.parts.teachers else [])):
             if model is not None:  # decided (true: refused, auto: said) now, not at the first forward
                 self.packing.reason(model)
@@ -225,6 +226,14 @@ class MixrlGRPOTrainer(ExpertRowsSkipTools, GRPOTrainer):
                 prompt_ids[:] = rollouts.prompt_ids  # TRL builds the batch's prompts from this very list
         self._mixrl_rollouts = rollouts
         return rollouts.completion_ids, rollouts.logprobs
+
+    def _tool_call_loop(self, prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields):
+        """env=tools: rows an injection wrote (finished expert trajectories) skip TRL's tool loop
+        (mixrl.trainer.tool_rows)."""
+        rollouts = getattr(self, "_mixrl_rollouts", None)
+        finished_trajectories(completions, completion_ids, None if rollouts is None else rollouts.row_source,
+                              lambda ids: self.processing_class.decode(ids, skip_special_tokens=True))
+        return super()._tool_call_loop(prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields)
 
     # ------------------------------------------------------------------ rewards
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):

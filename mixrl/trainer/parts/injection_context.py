@@ -43,6 +43,11 @@ class Injections:
         self.ref_logps = ref_logps  # (policy, prompt_ids, completion_ids) -> log-probs; None: no reference model
         self.turn_marks = None  # env=tools: the template's turn marks (set by the trainer), InjectContext.turn_marks
 
+    def use_turn_marks(self, turn_marks: tuple[int, list[int]] | None) -> None:
+        """env=tools: the chat template's turn marks (end-of-turn id, assistant-header ids), handed to
+        every injection's context so appended expert rows mask their tool turns."""
+        self.turn_marks = turn_marks
+
     def __bool__(self) -> bool:
         return bool(self.injections)
 

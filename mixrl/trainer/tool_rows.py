@@ -4,8 +4,8 @@ An injection that replaces rollouts inside their groups (LUFFY's ``group_replace
 ``replace_all``) hands TRL a finished multi-turn trajectory: the expert's call, the tool's result
 and the answer, as the chat template writes them. TRL's tool loop would parse the first call of
 that text and run it again, appending a second result and generating after the trajectory's end.
-:class:`ExpertRowsSkipTools` keeps those rows out of the loop: the tool has already answered in
-them. Their completion, for the reward functions, is the trajectory's text as one assistant
+:func:`finished_trajectories` keeps those rows out of the loop (the trainer's ``_tool_call_loop``
+hook calls it first): the tool has already answered in them. Their completion, for the reward functions, is the trajectory's text as one assistant
 message (the answer after ``####`` is read from its end), and their tool turn is marked
 provenance ``environment`` from the template's turn marks
 (:func:`mixrl.trainer.parts.batch_fields.provenance_fields`), so no loss trains it.
@@ -23,13 +23,10 @@ def written_rows(row_source: list[int] | None, n: int) -> list[int]:
     return [i for i, s in enumerate(row_source) if int(s) != prov.ON_POLICY]
 
 
-class ExpertRowsSkipTools:
-    """Mixin over TRL's ``GRPOTrainer``: rows an injection wrote skip ``_tool_call_loop``."""
-
-    def _tool_call_loop(self, prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields):
-        rollouts = getattr(self, "_mixrl_rollouts", None)
-        written = written_rows(None if rollouts is None else rollouts.row_source, len(completions))
-        for i in written:  # no tool call to run: the trajectory holds its result already
-            text = self.processing_class.decode(completion_ids[i], skip_special_tokens=True)
-            completions[i] = [{"role": "assistant", "content": text}]
-        return super()._tool_call_loop(prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields)
+def finished_trajectories(completions: list, completion_ids: list, row_source: list[int] | None, decode) -> list[int]:
+    """Rewrites, in place, each row an injection wrote as one finished assistant message (its
+    decoded text), so TRL's tool loop finds no call to run in it; returns those rows' indices."""
+    written = written_rows(row_source, len(completions))
+    for i in written:  # no tool call to run: the trajectory holds its result already
+        completions[i] = [{"role": "assistant", "content": decode(completion_ids[i])}]
+    return written

@@ -41,6 +41,16 @@ PINNED: dict[str, tuple[tuple[str, object], ...]] = {
         ("self", REQUIRED),
         ("inputs", REQUIRED),
     ),
+    "_tool_call_loop": (
+        ("self", REQUIRED),
+        ("prompts", REQUIRED),
+        ("prompt_ids", REQUIRED),
+        ("completion_ids", REQUIRED),
+        ("completions", REQUIRED),
+        ("logprobs", REQUIRED),
+        ("images", REQUIRED),
+        ("multimodal_fields", REQUIRED),
+    ),
     "_compute_loss": (
         ("self", REQUIRED),
         ("model", REQUIRED),

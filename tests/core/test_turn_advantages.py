@@ -163,3 +163,27 @@ def test_gradient_through_grpos_clipped_term_by_hand():
 def _tokens_by_hand(ids: torch.Tensor) -> list[list[float]]:
     e = _by_hand(1.0)
     return [[e[i][k] if 0 <= k < len(e[i]) else 0.0 for k in row] for i, row in enumerate(ids.tolist())]
+
+
+def test_trainer_inputs_and_local_rows_on_one_process():
+    """mixrl.trainer.parts.turn_credit on one process: the rows' turn_rewards as a NaN-padded
+    matrix, the batch's turn_id (or one turn per row when the batch has none), and the per-token
+    advantages cut back to this process's rows and width."""
+    from types import SimpleNamespace
+
+    from mixrl.trainer.parts.turn_credit import local_advantages, turn_inputs, turn_metrics
+
+    acc = SimpleNamespace(num_processes=1, pad_across_processes=lambda t, dim, pad_index: t, gather=lambda t: t)
+    out = {"completion_ids": torch.zeros(2, 4, dtype=torch.long), "completion_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]]),
+           "turn_id": torch.tensor([[0, -1, 1, 1], [0, 0, 0, 0]])}
+    got = turn_inputs(out, [{"turn_rewards": [-0.5, 1.0]}, {"turn_rewards": [1.0]}], acc)
+    assert got["turn_rewards"][0].tolist() == [-0.5, 1.0] and math.isnan(got["turn_rewards"][1, 1])
+    assert torch.equal(got["turn_ids"], out["turn_id"])
+    single = turn_inputs({**out, "turn_id": None}, [{"turn_rewards": [1.0]}] * 2, acc)["turn_ids"]
+    assert single.tolist() == [[0, 0, 0, -1], [0, 0, -1, -1]]
+    wide = torch.arange(18.0).view(3, 6)
+    assert torch.equal(local_advantages(wide, 1, 2, 4), wide[1:3, :4])
+    assert torch.equal(local_advantages(torch.arange(3.0), 1, 2, 4), torch.tensor([1.0, 2.0]))
+    m = turn_metrics(torch.tensor([0.5, 1.0]), torch.zeros(2, dtype=torch.long), got, {"turn_coef": 1.0, "eps": EPS})
+    per_turn = ADVANTAGES.get("mt_grpo")(torch.tensor([0.5, 1.0]), torch.zeros(2, dtype=torch.long), turn_rewards=got["turn_rewards"])
+    assert m == {"turn/multi_turn_rows": 0.5, "turn/advantage_first_minus_last": pytest.approx(float(per_turn[0, 0] - per_turn[0, 1]))}

@@ -1,7 +1,7 @@
-"""The trainer's runtime inputs to advantages: OPO's completion lengths and ReMax's greedy
-baseline, each in a 2-step run on the tiny model. The ReMax baseline of the first step is
-recomputed here independently: greedy ``generate`` of the saved start model on the same prompts,
-scored with the same (patched) reward."""
+"""The trainer's runtime inputs to advantages: OPO's completion lengths, ReMax's greedy
+baseline and MT-GRPO's per-turn rewards, each in a 2-step run on a tiny model. The ReMax baseline
+of the first step is recomputed here independently: greedy ``generate`` of the saved start model on
+the same prompts, scored with the same (patched) reward."""
 
 from __future__ import annotations
 
@@ -132,3 +132,50 @@ def test_an_advantage_above_its_bound_stops_the_run_with_one_line(fast_overrides
     assert "no checkpoint was saved" in line  # tripped in step 1: nothing finished to save
     run_dir = Path([o for o in fast_overrides if o.startswith("run_dir=")][0].split("=", 1)[1])
     assert "diverged" in (run_dir / "FAILED").read_text()
+
+
+@pytest.mark.slow
+def test_mt_grpo_gets_each_turns_reward_and_turn_ids(monkeypatch, tiny_bpe_model_path, tmp_path):
+    """env=arith_retry with algo.advantage.name=mt_grpo, 2 steps: the estimator receives the
+    episodes' turn rewards and the tokens' turns, its per-token advantages differ between the turns
+    of a multi-turn row (observation tokens 0), and the logged turn/advantage_first_minus_last is
+    the mean of first minus last turn over the multi-turn rows of the step (by hand)."""
+    from mixrl.core.turn_advantages import per_turn_advantages
+    from mixrl.envs import arith_retry
+
+    # the barely trained model answers nothing right: call an answer correct by its text's length, so
+    # that the turns' rewards differ within a group (the environment's own rewards, +1 / -0.5)
+    monkeypatch.setattr(arith_retry, "verify", lambda action, answer: len(action.strip()) % 3 == 0)
+    calls = _record(monkeypatch, "mt_grpo")
+    _train(["env=arith_retry", "algo=grpo", "algo.advantage.name=mt_grpo", f"model.path={tiny_bpe_model_path}",
+            "trainer.max_steps=2", "trainer.prompts_per_step=4", "algo.num_generations=4", "trainer.eval_size=0",
+            "trainer.max_completion_length=40", "data.train_size=32", "hardware.torch_threads=1", "seed=0",
+            "logger.progress=false", f"run_dir={tmp_path / 'run'}"])
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "turn/multi_turn_rows" in r]
+    assert len(calls) == 2 and len(rows) == 2
+    differ = 0
+    for call, row in zip(calls, rows):
+        tr, ids, adv = call["turn_rewards"], call["turn_ids"], call["out"]
+        assert tr.shape[0] == call["rewards"].shape[0] == adv.shape[0] and adv.shape == ids.shape
+        has = ~torch.isnan(tr)
+        assert torch.allclose(torch.nan_to_num(tr).sum(1), call["rewards"])  # the reward is the return
+        assert (adv[ids < 0] == 0).all()  # observation tokens (and padding past the rows) get nothing
+        firsts, lasts = [], []
+        for i in range(tr.shape[0]):
+            k = int(has[i].sum())
+            if k < 2:
+                continue
+            first, last = adv[i][ids[i] == 0], adv[i][ids[i] == k - 1]
+            assert first.numel() and last.numel() and (first == first[0]).all()
+            firsts.append(float(first[0]))
+            lasts.append(float(last[0]))
+            differ += int(abs(firsts[-1] - lasts[-1]) > 1e-6)
+        assert row["turn/multi_turn_rows"] == pytest.approx(len(firsts) / tr.shape[0])
+        if firsts:
+            assert row["turn/advantage_first_minus_last"] == pytest.approx(sum(f - l for f, l in zip(firsts, lasts)) / len(firsts), abs=1e-5)
+        per_turn = per_turn_advantages(call["rewards"], call["group_ids"], tr)  # the formula's values, per turn
+        for i, k in has.nonzero().tolist():
+            tokens = adv[i][ids[i] == k]
+            assert torch.allclose(tokens, per_turn[i, k].expand_as(tokens), atol=1e-6)
+    assert differ > 0  # some row's turns got different advantages

@@ -143,6 +143,8 @@ def test_observation_suffix_is_the_templates_user_turn():
     (["env.name=nope"], "the environments are single, tools and arith_retry"),
     (["env=arith_retry", "env.max_turns=0"], "env.max_turns >= 1"),
     (["env=arith_retry", "algo=luffy"], "not supported yet"),
+    (["algo.advantage.name=mt_grpo"], "algo.advantage.name=mt_grpo with env=single: it needs each turn's reward"),
+    (["env=tools", "algo.advantage.name=mt_grpo"], "with env=tools: it needs each turn's reward"),
 ])
 def test_bad_env_config_is_one_line_exit_2_and_nothing_created(tmp_path, args, says):
     from mixrl.cli.main import app

@@ -119,8 +119,15 @@ TOOL_INJECTIONS = ("append_rows", "group_replace", "replace_all")
 
 
 def _validate_env(cfg: DictConfig) -> None:
-    """``env``: a known environment, and for ``tools`` known tool names and a positive round limit."""
+    """``env``: a known environment, and for ``tools`` known tool names and a positive round limit;
+    a turn-level advantage only with an environment that gives turn rewards."""
     env = cfg.env
+    if cfg.algo.advantage.name == "mt_grpo" and env.name in ("single", "tools"):
+        raise ConfigError(f"algo.advantage.name=mt_grpo with env={env.name}: it needs each turn's reward; "
+                          "use a stateful environment (env=arith_retry) or another advantage (algo.advantage.name=grpo)")
+    if cfg.algo.advantage.name == "mt_grpo" and cfg.get("sampler") is not None and cfg.sampler.get("rows"):
+        raise ConfigError("algo.advantage.name=mt_grpo with sampler.rows: the row filters read one advantage per row, "
+                          "mt_grpo gives one per token; drop sampler.rows or use algo.advantage.name=grpo")
     if env.name not in ("single", "tools"):
         _validate_episodes(cfg)
         return

@@ -12,7 +12,7 @@ registry                 kind                              module
                                                            ``vespo`` (all re-exported by ``policy_losses``)
 ``TOKEN_WEIGHTS``        token weight                      ``token_weights``
 ``AGGREGATIONS``         aggregation                       ``aggregation``
-``ADVANTAGES``           advantage                         ``advantages``
+``ADVANTAGES``           advantage                         ``advantages``, ``gae``, ``turn_advantages``
 ``KL_ESTIMATORS``        KL estimator                      ``regularizers``
 ``SCHEDULES``            schedule                          ``schedules``
 ``CONTROLLERS``          controller                        ``controllers``
@@ -42,6 +42,7 @@ from mixrl.core import (  # noqa: F401  (import = registration)
     schedules,
     sequence_losses,
     srpo,
+    turn_advantages,
     turns,
     terms,
     token_weights,

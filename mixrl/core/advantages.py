@@ -37,8 +37,8 @@ from mixrl.core.registry import Registry
 #: runtime inputs the trainer supplies besides ``include``, to the estimators that list them in
 #: their ``needs`` attribute: ``lengths`` (float [N], completion tokens of each row) and
 #: ``baseline_rewards`` (float [N], the reward of a greedy completion of each row's prompt)
-ADVANTAGES = Registry("advantage", runtime=("include", "lengths", "baseline_rewards", "token_rewards", "values", "mask"))
-#: (``token_rewards``, ``values``, ``mask``: the per-token inputs of ``gae``)
+ADVANTAGES = Registry("advantage", runtime=("include", "lengths", "baseline_rewards", "token_rewards", "values", "mask", "turn_rewards", "turn_ids"))
+#: (``token_rewards``, ``values``, ``mask``: the per-token inputs of ``gae``; ``turn_rewards``, ``turn_ids``: ``mt_grpo``'s)
 
 
 #: the values of ``grpo``'s ``scale`` (TRL's ``scale_rewards``), checked by config validation

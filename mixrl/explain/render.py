@@ -30,6 +30,7 @@ from mixrl.config.critic import critic_description
 from mixrl.config.objective import check_objective
 from mixrl.config.geometry import geometry
 from mixrl.core import ADVANTAGES, AGGREGATIONS, CONTROLLERS, SCHEDULES, TERMS, provenance as prov
+from mixrl.core.advantages import advantage_needs
 from mixrl.core.objective import parse_weight_ref, uses_rows
 from mixrl.core.schedules import describe_schedule, split_spec
 from mixrl.rewards.components import REWARD_MODELS
@@ -275,12 +276,14 @@ def _env_row(cfg: DictConfig) -> str | None:
     env_prov = prov.provenance("environment")
     takes_turns = "turn_ids" in inspect.signature(POLICY_LOSSES.get(cfg.algo.loss.name)).parameters
     turn = " The policy loss takes one ratio per turn (turn_id)." if takes_turns else ""
+    kept = ("the advantage reads them per turn" if "turn_rewards" in advantage_needs(ADVANTAGES.get(cfg.algo.advantage.name))
+            else "kept as turn_rewards")
     if env.name != "tools":
         return (f"multi-turn episodes in the environment {env.name} (mixrl.envs, TRL's rollout_func): at most {env.max_turns} "
                 f"policy turns; each observation (a user turn) stays in the row as provenance {env_prov.name} [behaviour "
                 f"{env_prov.behaviour}], in no term: masked from every loss, KL term, token weight and normaliser. The "
-                f"rollout's reward is the episode's return (the sum of the turns' rewards; per-turn rewards kept as "
-                f"turn_rewards).{turn}")
+                f"rollout's reward is the episode's return (the sum of the turns' rewards; per-turn rewards: {kept})."
+                f"{turn}")
     calls = "until the completion budget" if env.max_tool_calls is None else f"at most {env.max_tool_calls} rounds"
     return (f"multi-turn rollouts: the policy may call {', '.join(env.tools)} ({calls}, TRL's tool loop); each tool "
             f"result stays in the row as provenance {env_prov.name} [behaviour {env_prov.behaviour}], in no term: "

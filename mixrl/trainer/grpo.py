@@ -81,6 +81,7 @@ from mixrl.trainer.parts.batch_fields import (
 )
 from mixrl.trainer.parts.sampler_rounds import Round
 from mixrl.trainer.parts.token_budget import forward_tokens
+from mixrl.trainer.parts.turn_credit import local_advantages, turn_inputs, turn_metrics
 from mixrl.trainer.tool_rows import finished_trajectories
 from mixrl.trainer.sample_log import capture_rows
 from mixrl.trainer.state import checkpoint_state
@@ -385,8 +386,8 @@ class MixrlGRPOTrainer(GRPOTrainer):
         group_ids = torch.arange(n_global, device=device) // num_generations
         include = None if self.advantage_include_offpolicy else behaviour_is_policy(sources)
         estimator = ADVANTAGES.get(self.advantage_name)
-        runtime = {}
         needs = advantage_needs(estimator)
+        runtime = turn_inputs(out, inputs, self.accelerator) if "turn_rewards" in needs else {}  # MT-GRPO: each turn's reward
         if "lengths" in needs:  # completion tokens per row (OPO's baseline, REINFORCE++'s token weights)
             runtime["lengths"] = self.accelerator.gather(out["completion_mask"].sum(dim=1).float())
         if "baseline_rewards" in needs:  # ReMax: the reward of each prompt's greedy completion
@@ -394,12 +395,14 @@ class MixrlGRPOTrainer(GRPOTrainer):
             self._log(mode, metrics)
         advantages = estimator(rewards, group_ids, include=include, **runtime, **self.advantage_params)
         advantages = torch.nan_to_num(advantages, nan=0.0)
+        if "turn_rewards" in runtime:
+            self._log(mode, turn_metrics(rewards, group_ids, runtime, self.advantage_params, include))
         if training and p.sampler is not None:
             advantages, metrics = p.sampler.filter_rows(rewards, advantages)
             self._log("train", metrics)
         n_local = out["completion_ids"].shape[0]
         start = self.accelerator.process_index * n_local
-        out["advantages"] = advantages[start : start + n_local]
+        out["advantages"] = local_advantages(advantages, start, n_local, out["completion_ids"].shape[1])  # per-token: this batch's width
         out["group_id"] = group_ids[start : start + n_local]
         if training and p.critic is not None:  # GAE's per-token advantages from the critic's values
             self._log(mode, p.critic.advantages(out, rewards[start : start + n_local]))

@@ -129,16 +129,18 @@ def capture_rows(out: dict, *, tokenizer, rewards, rewards_per_func, reward_name
             "advantage": _row_advantage(adv, mask, i),
             "tokens": tokens_of[i],
         })
-        turns = _turns(tokenizer, ids[i], mask[i], token_source[i] if token_source is not None and token_source.numel() else None)
+        turns = _turns(tokenizer, ids[i], mask[i], token_source[i] if token_source is not None and token_source.numel() else None,
+                       adv[i] if adv is not None and adv.dim() == 2 else None)
         if turns:
             rows[-1]["turns"] = turns
     return rows
 
 
-def _turns(tokenizer, ids, mask, token_source) -> list[dict] | None:
+def _turns(tokenizer, ids, mask, token_source, adv=None) -> list[dict] | None:
     """A multi-turn row's turns: ``[{by: policy | environment, text, trained}]``, one per run of
     tokens the policy wrote or a tool / environment wrote (provenance ``environment``, never
-    trained); None for a row without such tokens."""
+    trained); None for a row without such tokens. With per-token advantages (``adv`` [T]: GAE's,
+    MT-GRPO's) a policy turn also carries ``advantage``, the mean over its tokens."""
     if token_source is None:
         return None
     keep = mask.bool()
@@ -151,6 +153,8 @@ def _turns(tokenizer, ids, mask, token_source) -> list[dict] | None:
         if t == len(toks) or written[t] != written[start]:
             by = "environment" if written[start] else "policy"
             turns.append({"by": by, "text": tokenizer.decode(toks[start:t], skip_special_tokens=False), "trained": by == "policy"})
+            if adv is not None and by == "policy":
+                turns[-1]["advantage"] = _num(adv[keep][start:t].float().mean())
             start = t
     return turns
 
@@ -300,8 +304,9 @@ def cells(row: dict, width: int = 0) -> list[str]:
     one_line = lambda s: trim(str(s or "").replace("\n", "⏎ "), width)  # noqa: E731
     completion = row.get("completion")
     if row.get("turns"):  # a multi-turn row: who wrote each turn; a tool's turn is not trained
-        completion = " ".join(f"[{'policy' if t.get('trained') else t.get('by', '?') + ', not trained'}] {t.get('text', '')}"
-                              for t in row["turns"])
+        who = lambda t: ("policy" + (f", A={num(t['advantage'])}" if t.get("advantage") is not None else "")  # noqa: E731
+                         if t.get("trained") else t.get("by", "?") + ", not trained")
+        completion = " ".join(f"[{who(t)}] {t.get('text', '')}" for t in row["turns"])
     return [str(row.get("step")), str(row.get("source")), reward, num(row.get("advantage")),
             one_line(row.get("prompt")), one_line(completion)]
 

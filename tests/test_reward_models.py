@@ -239,9 +239,18 @@ def _metrics(run: Path) -> list[dict]:
 
 def test_grpo_trains_with_the_built_in_reward_model(tiny_model_path, tiny_rm, tmp_path):
     run = tmp_path / "run"
-    _train([*FAST, f"model.path={tiny_model_path}", "reward=model", f"reward.params.path={tiny_rm}", f"run_dir={run}"])
+    _train([*FAST, f"model.path={tiny_model_path}", "reward=model", f"reward.params.path={tiny_rm}", f"run_dir={run}",
+            "logger.samples_per_step=16"])  # every rollout of a step (4 prompts x 4) in samples.jsonl
     rows = [r for r in _metrics(run) if "reward_model/score" in r]
     assert len(rows) == 2 and all(0 < r["reward_model/score"] < 1 for r in rows)
+    # training accuracy is the `exact` verifier's verdicts (the text after the last #### equals the sum the prompt
+    # asks for), not `score >= 1`, which a reward model's scores in (0, 1) never reach
+    samples = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines() if x.strip()]
+    for r in rows:
+        own = [x for x in samples if x["step"] == r["step"] and x["source"] == "on_policy"]
+        right = [x["completion"].rsplit("####", 1)[-1].strip() == str(sum(int(n) for n in x["prompt"].rstrip("=").split("+")))
+                 for x in own]
+        assert len(own) == 16 and r["accuracy"] == pytest.approx(sum(right) / 16), (r["step"], r["accuracy"], right)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 2
 

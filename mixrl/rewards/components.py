@@ -33,6 +33,16 @@ def register_model_reward(name: str, **kw: Any) -> Callable:
     return deco
 
 
+def training_judge(fn: Any) -> Any:
+    """What decides "correct" for the training ``accuracy`` metric (the policy's own rollouts) when
+    ``fn`` is the run's first reward: ``fn`` itself for a rule-based reward (a verifier: a value
+    >= 1 is correct), the verifier of a reward from a model (``reward=model``, ``judge``,
+    ``process``) that names one, and None for one that names none: its scores (a reward model's
+    in (0, 1), a judge's, a sum of step scores) are no verdict, so the run logs no accuracy."""
+    inner = getattr(fn, "fn", fn)
+    return getattr(inner, "verifier") if hasattr(inner, "verifier") else fn
+
+
 def heldout_reward(fn: Any) -> Any:
     """The reward that decides "correct" for held-out accuracy: ``fn``'s verifier when ``fn`` scores
     with a model (and names one), else ``fn`` itself."""

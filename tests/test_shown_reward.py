@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 from types import SimpleNamespace
 
+import pytest
 from rich.console import Console
 from transformers import TrainerControl
 
@@ -47,7 +48,8 @@ def test_the_summary_reward_is_the_last_scored_step_the_bar_showed():
     last = last_reward(rows)
     assert SHOWN_REWARD == "reward_on_policy"
     assert last == {"metric": "reward_on_policy", "step": 1, "value": 0.5}  # before: the last row's reward_mean, absent
-    assert reward_text({"last_reward": last}) == "0.500 (on-policy rows, step 1)"
+    assert reward_text({"steps": 2, "last_reward": last}) == "0.500 (step 1, the last that generated)"
+    assert reward_text({"steps": 1, "last_reward": last}) == "0.500"
     shown = _bar_lines(LOGS)[-1]
     assert f"reward {last['value']:.3f}" in shown
 
@@ -57,3 +59,15 @@ def test_no_scored_step_says_none():
     assert last_reward(rows) is None
     assert reward_text({"last_reward": None}) == "none (no rollout of the policy's own was scored)"
     assert "reward" not in _bar_lines([{"loss": 0.1, "reward_on_policy": None}])[-1]
+
+
+@pytest.mark.xfail(strict=True, reason="until mixrl/cli/main.py's _summary_table reads reward_text(summary) from "
+                                       "mixrl.trainer.callbacks (another helper splits cli/main.py; the lead applies it): then remove this mark")
+def test_the_summary_table_caption_reads_the_shown_reward():
+    from mixrl.cli.main import _summary_table
+
+    rows = [{"step": i, **row} for i, row in enumerate(LOGS, start=1)]
+    summary = {"algo": "topr", "seed": 0, "steps": 2, "rollouts": 128, "wall_seconds": 1.0, "setup_seconds": 0.5,
+               "train_seconds": 0.5, "eval_before": {}, "eval_after": {"n": 8}, "final_metrics": rows[-1],
+               "last_reward": last_reward(rows)}
+    assert "reward (last step) 0.500 (step 1, the last that generated);" in _summary_table(summary).caption

@@ -40,12 +40,15 @@ def last_reward(rows: list[dict]) -> dict | None:
 
 
 def reward_text(summary: dict) -> str:
-    """The run summary's reward words: ``0.688 (on-policy rows, step 3)`` from ``summary["last_reward"]``
-    (:func:`last_reward`), or why there is none."""
+    """The number after the run summary's "reward (last step)": ``summary["last_reward"]``
+    (:func:`last_reward`), with its step when that is not the run's last (``0.273 (step 1, the
+    last that generated)``), or why there is none."""
     last = summary.get("last_reward")
     if last is None:
         return "none (no rollout of the policy's own was scored)"
-    return f"{last['value']:.3f} (on-policy rows, step {last['step']})"
+    if last.get("step") is not None and last["step"] != summary.get("steps"):
+        return f"{last['value']:.3f} (step {last['step']}, the last that generated)"
+    return f"{last['value']:.3f}"
 
 
 def engine_mismatch_text(logs: dict) -> str | None:

@@ -239,9 +239,18 @@ def _metrics(run: Path) -> list[dict]:
 
 def test_grpo_trains_with_the_built_in_reward_model(tiny_model_path, tiny_rm, tmp_path):
     run = tmp_path / "run"
-    _train([*FAST, f"model.path={tiny_model_path}", "reward=model", f"reward.params.path={tiny_rm}", f"run_dir={run}"])
+    _train([*FAST, f"model.path={tiny_model_path}", "reward=model", f"reward.params.path={tiny_rm}", f"run_dir={run}",
+            "logger.samples_per_step=16"])  # every rollout of a step (4 prompts x 4) in samples.jsonl
     rows = [r for r in _metrics(run) if "reward_model/score" in r]
     assert len(rows) == 2 and all(0 < r["reward_model/score"] < 1 for r in rows)
+    # training accuracy is the `exact` verifier's verdicts (the text after the last #### equals the sum the prompt
+    # asks for), not `score >= 1`, which a reward model's scores in (0, 1) never reach
+    samples = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines() if x.strip()]
+    for r in rows:
+        own = [x for x in samples if x["step"] == r["step"] and x["source"] == "on_policy"]
+        right = [x["completion"].rsplit("####", 1)[-1].strip() == str(sum(int(n) for n in x["prompt"].rstrip("=").split("+")))
+                 for x in own]
+        assert len(own) == 16 and r["accuracy"] == pytest.approx(sum(right) / 16), (r["step"], r["accuracy"], right)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 2
 
@@ -280,3 +289,29 @@ def test_ppo_trains_on_process_rewards_from_a_step_judge(tiny_model_path, stand_
     assert len(rows) == 2 and all(r["process/unparsable"] == 0 for r in rows)
     assert all(r["rewards/process/mean"] <= 1.0 for r in rows)  # at most the outcome: steps only ever subtract
     assert any(k.startswith("critic/") or k.startswith("loss/value") for k in rows[-1]), sorted(rows[-1])
+
+
+# --------------------------------------------------------------------------- the device of a reward's own model
+def test_a_cpu_run_keeps_its_reward_model_on_the_cpu_with_a_gpu_visible(tiny_rm, monkeypatch):
+    """A reward model (or a judge served by transformers) loads on the run's device (hardware.device),
+    not on whatever GPU is visible (it went to cuda:$LOCAL_RANK on a CPU hardware config)."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from mixrl.rewards.components import bind_device, local_device
+    from mixrl.trainer.build import build_reward_funcs
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert local_device("cpu") == "cpu" and local_device("cuda") == "cuda:1"
+    assert local_device(None) == "cuda:1"  # a reward called outside a run: the visible GPU, as before
+    cfg = OmegaConf.create({"reward": {"name": "model", "weight": 1.0, "params": {"path": tiny_rm}, "extra": [], "timeout_s": None},
+                            "hardware": {"device": "cpu"}})
+    (rm,), _ = build_reward_funcs(cfg)
+    assert rm.fn.run_device == "cpu"
+    assert rm.fn.model().device.type == "cpu"  # before: .to("cuda:1"), which fails on this CPU-only torch
+    process = build_reward("process", scorer="model", scorer_params={"path": tiny_rm})
+    judge = build_reward("judge", backend="hf", path=tiny_rm)
+    for fn in (process, judge):
+        bind_device(fn, "cpu")
+    assert process.fn.scorer.run_device == "cpu" and judge.fn.run_device == "cpu"

@@ -98,6 +98,8 @@ def _check_run_dir(run_dir: Path, *, steps: int, seed: int, kl: bool) -> dict:
     for key in ("accuracy_before", "accuracy_after"):
         assert isinstance(summary[key], (int, float)) and 0.0 <= summary[key] <= 1.0, f"summary.json {key}={summary.get(key)!r}"
     assert summary["steps"] == steps and summary["seed"] == seed
+    # the summary's reward is the last step's on-policy reward, the bar's number (mixrl.trainer.callbacks.SHOWN_REWARD)
+    assert summary["last_reward"] == {"metric": "reward_on_policy", "step": steps, "value": rows[-1]["reward_on_policy"]}
     assert Path(summary["run_dir"]) == run_dir
     return summary
 

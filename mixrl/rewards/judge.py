@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from mixrl.errors import ConfigError, RewardError
-from mixrl.rewards.components import register_model_reward
+from mixrl.rewards.components import local_device, register_model_reward
 from mixrl.rewards.deadline import RewardTooSlow
 from mixrl.rewards.extract import completion_text
 from mixrl.rewards.registry import build_reward
@@ -100,6 +100,11 @@ class JudgeReward:
         self.unparsable_total = 0
         self.unparsable_run = 0  # unparsable verdicts since the last parsable one
         self._hf = None
+        self.run_device: str | None = None  # hardware.device, given by the trainer's assembly (bind_device)
+
+    def bind_device(self, device: str) -> None:
+        """The run's device (``hardware.device``): where a judge served by ``transformers`` loads."""
+        self.run_device = device
 
     def __getstate__(self):
         return {**self.__dict__, "_hf": None}
@@ -156,7 +161,7 @@ class JudgeReward:
             tok.padding_side = "left"
             if tok.pad_token is None:
                 tok.pad_token = tok.eos_token
-            device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if torch.cuda.is_available() else "cpu"
+            device = local_device(self.run_device)
             self._hf = (AutoModelForCausalLM.from_pretrained(self.path, dtype="auto").to(device).eval(), tok)
         model, tok = self._hf
         enc = tok(texts, return_tensors="pt", padding=True).to(model.device)

@@ -52,6 +52,10 @@ class ProcessReward:
         """The policy's tokenizer: where each completion token ends in the text."""
         self.tokenizer = tokenizer
 
+    def bind_device(self, device: str) -> None:
+        """The run's device, for the scorer's model (a reward model, a judge served by ``transformers``)."""
+        self.scorer.bind_device(device)
+
     def bind_policy(self, model_path: str) -> None:
         if hasattr(self.scorer, "bind_policy"):
             self.scorer.bind_policy(model_path)

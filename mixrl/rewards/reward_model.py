@@ -2,8 +2,9 @@
 with a verifier.
 
 The model (a local folder, a hub id, or ``builtin:tiny-rm``, :mod:`mixrl.models.tiny_rm`) is loaded
-on first use in each process, on its own device (``device``; default: this process's GPU, else the
-CPU), frozen, and reads ``prompt + completion`` as text in batches of ``batch_size``. Its scalar
+on first use in each process, on its own device (``device``; default: the run's device,
+``hardware.device``: the CPU on a CPU hardware config even with a GPU visible, else this process's GPU;
+:func:`mixrl.rewards.components.local_device`), frozen, and reads ``prompt + completion`` as text in batches of ``batch_size``. Its scalar
 output (``logits[:, 0]``) becomes the score ``s`` (``transform=sigmoid``: ``sigma(logit)``, in (0, 1)).
 
 Normalisation of ``s`` over the call's rows (``normalize``): ``none``; ``batch``: ``(s - mean) / (std + 1e-6)``
@@ -25,12 +26,11 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from collections.abc import Sequence
 from typing import Any
 
 from mixrl.errors import ConfigError
-from mixrl.rewards.components import register_model_reward
+from mixrl.rewards.components import local_device, register_model_reward
 from mixrl.rewards.extract import completion_text, extract_after_marker
 from mixrl.rewards.registry import REWARDS, build_reward
 
@@ -97,6 +97,11 @@ class RewardModelReward:
         self.verifier = None if verifier == "none" else build_reward(verifier, answer_column=answer_column)
         self._model = self._tokenizer = None
         self._said_retokenize = False
+        self.run_device: str | None = None  # hardware.device, given by the trainer's assembly (bind_device)
+
+    def bind_device(self, device: str) -> None:
+        """The run's device (``hardware.device``): where the model loads when ``device`` is unset."""
+        self.run_device = device
 
     def __getstate__(self):
         return {**self.__dict__, "_model": None, "_tokenizer": None}
@@ -120,10 +125,9 @@ class RewardModelReward:
 
     def model(self):
         if self._model is None:
-            import torch  # deferred: config validation builds this reward
             from transformers import AutoModelForSequenceClassification  # deferred: transformers, 1 s
 
-            device = self.device or (f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if torch.cuda.is_available() else "cpu")
+            device = self.device or local_device(self.run_device)
             model = AutoModelForSequenceClassification.from_pretrained(self.resolved_path(), dtype="auto")  # its checkpoint's dtype
             if model.config.pad_token_id is None:
                 model.config.pad_token_id = self.tokenizer().pad_token_id
@@ -204,7 +208,7 @@ def reward_model(*, path: str = BUILTIN_RM, batch_size: int = 64, normalize: str
         rm_weight (float): the reward model's weight.
         gate (str): none (weighted sum) or undecided (the verifier where it decides, the reward model elsewhere).
         retokenize (bool): a policy with another tokenizer: re-tokenise the text (true) or refuse at start-up (false).
-        device (str | None): where the reward model runs; None: this process's GPU, else the CPU.
+        device (str | None): where the reward model runs; None: the run's device (hardware.device: cpu, or this process's GPU).
         marker (str): the answer marker; a completion with nothing after it is one the verifier cannot decide.
         answer_column (str): the gold answer column the verifier reads.
     """

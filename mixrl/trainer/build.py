@@ -34,7 +34,7 @@ from mixrl.data.cells import to_chat_prompt
 from mixrl.evaluation.heldout import describe, separate_heldout
 from mixrl.models import tiny_bpe, tiny_bpe_tools
 from mixrl.rewards import build_reward
-from mixrl.rewards.components import heldout_reward
+from mixrl.rewards.components import bind_device, heldout_reward
 from mixrl.sources import SOURCES
 from mixrl.tasks import arith, arith_tools
 from mixrl.trainer.generation.engine_sync import default_tolerance
@@ -187,6 +187,7 @@ def build_reward_funcs(cfg: DictConfig) -> tuple[list, list[float]]:
     for s in specs:
         fn = build_reward(s["name"], **(s.get("params") or {}))
         fn.timeout_s = cfg.reward.get("timeout_s")  # reward.timeout_s: the wall-clock limit of each call
+        bind_device(fn, cfg.hardware.device)  # a reward model or judge of its own loads on the run's device
         funcs.append(fn)
         weights.append(float(s.get("weight", 1.0)))
     return funcs, weights

@@ -22,6 +22,35 @@ RENAMES = {
 }
 
 
+#: the reward the progress bar and the run summary show ("reward (last step)"): the mean reward of
+#: the policy's own rollouts, the rows it sampled from the prompt alone: injected rows (expert,
+#: replayed, off-policy), rollouts continued from a prefix and rollouts generated with a hint are
+#: left out (the same rows as the ``accuracy`` metric; ``reward_mean`` is TRL's mean over every row)
+SHOWN_REWARD = "reward_on_policy"
+
+
+def last_reward(rows: list[dict]) -> dict | None:
+    """:data:`SHOWN_REWARD` of the last logged step that scored rollouts, as
+    ``{"metric", "step", "value"}``; None when no step had any. A step that generated nothing
+    (TRL's later passes over a batch, ``trainer.num_iterations`` > 1) logs no reward and is skipped."""
+    for row in reversed(rows):
+        if row.get(SHOWN_REWARD) is not None:
+            return {"metric": SHOWN_REWARD, "step": row.get("step"), "value": row[SHOWN_REWARD]}
+    return None
+
+
+def reward_text(summary: dict) -> str:
+    """The number after the run summary's "reward (last step)": ``summary["last_reward"]``
+    (:func:`last_reward`), with its step when that is not the run's last (``0.273 (step 1, the
+    last that generated)``), or why there is none."""
+    last = summary.get("last_reward")
+    if last is None:
+        return "none (no rollout of the policy's own was scored)"
+    if last.get("step") is not None and last["step"] != summary.get("steps"):
+        return f"{last['value']:.3f} (step {last['step']}, the last that generated)"
+    return f"{last['value']:.3f}"
+
+
 def engine_mismatch_text(logs: dict) -> str | None:
     """The engine-mismatch metrics of a logged step in a few words (None without them):
     ``|dlogp| 0.012, 3% masked`` (``engine/*``, :func:`mixrl.core.engine_mismatch.mismatch_metrics`)."""
@@ -82,7 +111,14 @@ class MetricsJsonlCallback(TrainerCallback):
 
 
 class RichProgressCallback(TrainerCallback):
-    """A Rich progress bar over optimizer steps, showing reward and accuracy."""
+    """A Rich progress bar over optimizer steps, showing :data:`SHOWN_REWARD`, accuracy and mu.
+
+    Each shown value is the last one logged (a step that generated nothing, e.g. TRL's second pass
+    over a batch with ``trainer.num_iterations=2``, keeps the previous one), and a logged step's
+    line is drawn after its ``on_log``, so the bar never shows the step before's numbers."""
+
+    #: (logged key, label, format) of the numbers the bar shows
+    SHOWN = ((SHOWN_REWARD, "reward", ".3f"), ("accuracy", "acc", ".2f"), ("mu", "mu", ".2f"))
 
     def __init__(self, console: Console | None = None, description: str = "train"):
         self.console = console or Console(stderr=True)
@@ -90,6 +126,7 @@ class RichProgressCallback(TrainerCallback):
         self.progress = None
         self.task = None
         self.last = ""
+        self.shown: dict[str, str] = {}
 
     def on_train_begin(self, args, state, control, **kwargs):
         if not state.is_world_process_zero:
@@ -99,25 +136,20 @@ class RichProgressCallback(TrainerCallback):
         self.task = self.progress.add_task(self.description, total=state.max_steps, info="")
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.progress is not None:
+        if self.progress is not None and not control.should_log:  # a logged step is drawn in on_log, with its own numbers
             self.progress.update(self.task, completed=state.global_step, info=self.last)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if self.progress is None or not logs:
+        if self.progress is None or not logs or "train_runtime" in logs:
             return
-        parts = []
-        if logs.get("reward") is not None:
-            parts.append(f"reward {logs['reward']:.3f}")
-        if logs.get("accuracy") is not None:
-            parts.append(f"acc {logs['accuracy']:.2f}")
-        if logs.get("mu") is not None:
-            parts.append(f"mu {logs['mu']:.2f}")
+        for key, label, fmt in self.SHOWN:
+            if logs.get(key) is not None:
+                self.shown[label] = f"{label} {logs[key]:{fmt}}"
         engine = engine_mismatch_text(logs)
         if engine is not None:
-            parts.append(f"vLLM {engine}")
-        if parts:
-            self.last = "  ".join(parts)
-            self.progress.update(self.task, info=self.last)
+            self.shown["vLLM"] = f"vLLM {engine}"
+        self.last = "  ".join(self.shown.values())
+        self.progress.update(self.task, completed=state.global_step, info=self.last)
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.progress is not None:

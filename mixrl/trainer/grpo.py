@@ -422,7 +422,8 @@ class MixrlGRPOTrainer(GRPOTrainer):
         guided = guided_rows(self._mixrl_rollouts, out["completion_ids"].shape[0], device, self.accelerator.gather)
         free = on & (guided == 0)  # rollouts continued from a prefix or generated with a hint are not the policy's own accuracy
         nan = float("nan")  # TRL's logger drops NaN: no on-policy rows (SFT) logs no accuracy
-        self._metrics[mode]["accuracy"].append(float((primary[free] >= 1.0 - 1e-6).float().mean()) if free.any() else nan)
+        correct = self.parts.scoring.correct(primary, inputs, out["completion_ids"], out["completion_mask"], gather=self.accelerator.gather)
+        self._metrics[mode]["accuracy"].append(float(correct[free].float().mean()) if correct is not None and free.any() else nan)
         self._metrics[mode]["reward_on_policy"].append(float(rewards[free].mean()) if free.any() else nan)
         if not training:
             return out

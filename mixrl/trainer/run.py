@@ -201,7 +201,7 @@ def train(cfg: DictConfig, console: Console | None = None, *, before: dict | Non
 
 
 def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before: dict | None, inputs: RunInputs) -> RunResult:
-    from mixrl.trainer.callbacks import MetricsJsonlCallback, RichProgressCallback, SampleLogCallback  # deferred: trainer.callbacks imports transformers; `mixrl plan` imports this module and must not load it
+    from mixrl.trainer.callbacks import MetricsJsonlCallback, RichProgressCallback, SampleLogCallback, last_reward  # deferred: trainer.callbacks imports transformers; `mixrl plan` imports this module and must not load it
     from mixrl.trainer.guards import CollapseWatch, DivergenceGuard  # deferred: trainer.guards imports transformers; `mixrl plan` imports this module and must not load it
 
     t0, cpu0 = time.perf_counter() - inputs.seconds, time.process_time() - inputs.cpu_seconds  # setup includes the inputs
@@ -357,6 +357,7 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
         "eval_after": after,
         "heldout": {k: v for k, v in heldout.items() if k != "heldout_indices"},
         "final_metrics": metrics_cb.rows[-1] if metrics_cb.rows else {},
+        "last_reward": last_reward(metrics_cb.rows),  # what the bar showed last (mixrl.trainer.callbacks.SHOWN_REWARD)
         "warnings": collapse.warnings,
         "setup_seconds": round(setup_s, 2),
         "train_seconds": round(train_s, 2),

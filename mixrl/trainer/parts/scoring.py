@@ -10,7 +10,8 @@ reward functions; the weighted reward is ``sum_f w_f r_f`` with NaN (no opinion)
 Owns: the reward functions, their weights and the tokenizer's decode (nothing that changes:
 ``state_dict() == {}``). Receives at construction TRL's gathered scorer and its conversation
 test as callables; per call: the rows and completion ids (and the trainer state the reward
-functions may read). Returns reward tensors.
+functions may read). Returns reward tensors, and (:meth:`Scoring.correct`) which rollouts are
+correct for the training ``accuracy`` metric.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Callable
 import torch
 
 from mixrl.errors import ConfigError
+from mixrl.rewards.components import training_judge
 
 
 class Scoring:
@@ -74,6 +76,29 @@ class Scoring:
             values = fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **kwargs)
             per_func[:, i] = torch.tensor([math.nan if v is None else float(v) for v in values], device=per_func.device)
         return (per_func * self.reward_weights.to(per_func.device).unsqueeze(0)).nansum(dim=1)
+
+    def correct(self, primary: torch.Tensor, rows: list[dict], completion_ids: torch.Tensor, completion_mask: torch.Tensor, *,
+                gather: Callable) -> torch.Tensor | None:
+        """``[N_global]`` bool: which rollouts are correct, for the training ``accuracy`` metric
+        (:func:`mixrl.rewards.components.training_judge`): ``primary >= 1`` (the first reward's
+        gathered column) for a rule-based reward; a reward from a model with a verifier: the
+        verifier's verdict >= 1 on this process's ``rows`` and completions (``completion_ids``
+        under ``completion_mask``), gathered (every process calls it); one without: None (no accuracy).
+        A row the verifier cannot judge (no gold answer: None) counts as not correct, as it does for ``primary``."""
+        judge = training_judge(self.reward_funcs[0])
+        if judge is None:
+            return None
+        if judge is self.reward_funcs[0]:
+            return primary >= 1.0 - 1e-6
+        ids = [row[mask.bool()].tolist() for row, mask in zip(completion_ids, completion_mask)]
+        if len(rows) != len(ids):
+            raise RuntimeError(f"accuracy: {len(rows)} rows for {len(ids)} completions")  # a collective follows: never skip it silently
+        completions = self._completions(self.decode(ids), bool(rows) and self.is_conversational(rows[0]))
+        keys = [k for k in rows[0] if k not in ("prompt", "completion", "completion_ids")] if rows else []
+        verdicts = judge(prompts=[r["prompt"] for r in rows], completions=completions,
+                         **{k: [r.get(k) for r in rows] for k in keys}) if rows else []
+        local = torch.tensor([math.nan if v is None else float(v) for v in verdicts], device=self.device, dtype=torch.float32)
+        return gather(local) >= 1.0 - 1e-6
 
     def state_dict(self) -> dict:
         return {}

@@ -206,11 +206,24 @@ def test_a_changed_problem_is_never_served_an_old_sample(tiny_model_path, tmp_pa
 
 
 def test_benchmarks_recipe_evaluates_the_suite_the_recipe_names(tiny_model_path, tmp_path):
-    result = command.evaluate(tiny_model_path, [
-        "benchmarks=recipe", f"benchmarks.source_dir={FIXTURES}", f"benchmarks.cache_dir={tmp_path}", "benchmarks.limit=1",
-        "benchmarks.all.protocol.samples=1", "benchmarks.all.protocol.max_new_tokens=2", "benchmarks.backend=hf",
-        "recipe=luffy/qwen2.5-math-7b-openr1", "model=tiny", "hardware=cpu", "hardware.torch_threads=1",
-        "data.system_prompt=null"], quiet=True)
-    assert result["suite"] == "math6"
-    assert [b["name"] for b in result["benchmarks"]] == ["aime24", "aime25", "amc", "math500", "minerva", "olympiadbench"]
+    """CHORD's recipe names chord4: ``mixrl eval`` prints its four benchmarks with the paper's rows
+    beside them, under the suite's protocol (the workflow's system prompt, temperature 1.0)."""
+    out = tmp_path / "t.json"
+    res = runner.invoke(app, [
+        "eval", tiny_model_path, "benchmarks=recipe", f"benchmarks.source_dir={FIXTURES}", f"benchmarks.cache_dir={tmp_path}",
+        "benchmarks.limit=1", "benchmarks.all.protocol.samples=1", "benchmarks.all.protocol.max_new_tokens=2",
+        "benchmarks.backend=hf", "recipe=chord/qwen2.5-7b-openr1", "model=tiny", "hardware=cpu", "hardware.torch_threads=1",
+        "--out", str(out)])
+    assert res.exit_code == 0, res.output[-2000:]
+    result = json.loads(out.read_text())
+    assert result["suite"] == "chord4"
+    assert [b["name"] for b in result["benchmarks"]] == ["aime24", "aime25", "amc", "mmlu_pro"]
+    assert {b["system_prompt"] for b in result["benchmarks"]} == {
+        "Please reason step by step, and put your final answer within \\boxed{}."}
     assert set(result["average"]) == {"avg@k", "pass@k", "maj@k"}
+    lines = res.stdout.splitlines()
+    for title, base, method in [("AIME 2024", "11.7", "18.2"), ("AIME 2025", "6.7", "17.2"), ("AMC (83)", "43.8", "62.5"),
+                                ("MMLU-Pro", "24.7", "56.2")]:
+        row = next(line for line in lines if line.startswith(f"│ {title}"))
+        assert [c.strip() for c in row.split("│")[-3:-1]] == [base, method], row  # the paper's base and method cells
+    assert "paper: Qwen2.5-7B-Instruct" in res.stdout and "paper: CHORD-phi" in res.stdout

@@ -121,25 +121,27 @@ def test_pass_at_k_of_the_live_metrics_is_the_unbiased_estimator():
 
 
 def test_plan_counts_the_benchmark_evaluation_by_hand():
-    """chord/qwen2.5-7b-openr1: math6, the first 32 problems (AIME has 30), k = 4, 8192 new tokens,
-    on 8 processes: each generates ceil(30 x 4 / 8) = 15 AIME pairs and 32 x 4 / 8 = 16 of the others;
-    the KV cache of min(eval_batch_size 32, 16) rows x (512 prompt + 8192) tokens at 2 L kv p bytes per token."""
+    """chord/qwen2.5-7b-openr1: chord4, the first 32 problems (AIME has 30), k = 4, 10240 new tokens
+    (the suite's protocol), on 8 processes: each generates ceil(30 x 4 / 8) = 15 AIME pairs and
+    32 x 4 / 8 = 16 of AMC and MMLU-Pro; the final table is 16 samples of the math sets and one of
+    MMLU-Pro's 12032 questions; the KV cache of min(eval_batch_size 32, 16) rows x (512 prompt + 10240)
+    tokens at 2 L kv p bytes per token."""
     from mixrl import plan
 
     cfg = compose_config(["recipe=chord/qwen2.5-7b-openr1"])
     ev = plan.evaluation_counts(cfg, prompt_tokens=512)
     assert [(r["name"], r["problems"], r["samples"]) for r in ev["benchmarks"]] == [
-        ("aime24", 30, 4), ("aime25", 30, 4), ("amc", 32, 4), ("math500", 32, 4), ("minerva", 32, 4), ("olympiadbench", 32, 4)]
-    assert ev["tokens_per_eval"] == (30 + 30 + 4 * 32) * 4 * 8192
+        ("aime24", 30, 4), ("aime25", 30, 4), ("amc", 32, 4), ("mmlu_pro", 32, 4)]
+    assert ev["tokens_per_eval"] == (30 + 30 + 2 * 32) * 4 * 10240
     assert ev["evaluations"] == 600 // 50 and ev["tokens_total"] == 12 * ev["tokens_per_eval"]
-    assert ev["final_tokens"] == (30 * 32 + 30 * 32 + 83 * 32 + 500 + 272 + 675) * 8192
-    assert ev["processes"] == 8 and ev["tokens_per_process"] == (2 * 15 + 4 * 16) * 8192
+    assert ev["final_tokens"] == (30 * 16 + 30 * 16 + 83 * 16 + 12032 * 1) * 10240
+    assert ev["processes"] == 8 and ev["tokens_per_process"] == (2 * 15 + 2 * 16) * 10240
     assert ev["seconds_per_eval"] == ev["tokens_per_process"] / plan.EVAL_TOKENS_PER_S["hf"]
     e = plan.estimate(cfg, plan.model_shape(cfg), prompt_tokens=512)
-    assert ev["batch_rows"] == 16 and e["eval_kv"] == 2 * 28 * (4 * 128) * 2 * (512 + 8192) * 16
+    assert ev["batch_rows"] == 16 and e["eval_kv"] == 2 * 28 * (4 * 128) * 2 * (512 + 10240) * 16
     text = plan.render_plan(cfg, ["recipe=chord/qwen2.5-7b-openr1"], prompt_tokens=512)
-    assert "evaluation KV cache" in text and "eval/aime24/avg@4" in text and f"{ev['tokens_per_eval']:,}" in text
-    assert "770,048 on each of 8 process(es)" in text
+    assert "evaluation KV cache" in text and "eval/mmlu_pro/avg@4" in text and f"{ev['tokens_per_eval']:,}" in text
+    assert "634,880 on each of 8 process(es)" in text
     one = plan.evaluation_counts(compose_config(["recipe=chord/qwen2.5-7b-openr1", "hardware=gpu-1x80g"]), prompt_tokens=512)
     assert one["processes"] == 1 and one["tokens_per_process"] == one["tokens_per_eval"] and one["batch_rows"] == 32
     assert plan.evaluation_counts(compose_config([])) is None  # no benchmarks: no evaluation section

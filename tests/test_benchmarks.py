@@ -105,6 +105,47 @@ def test_source_dir_reads_every_fixture_through_the_hub_loader(monkeypatch):
     assert got["mmlu_pro"][1].problem.endswith("A) lung\nB) liver\nC) heart\nD) kidney") and got["mmlu_pro"][1].answer == "C"
 
 
+def test_a_suite_sets_its_papers_protocol_and_reads_the_fixtures_through_the_hub_loader(monkeypatch):
+    """chord4 (CHORD's four columns) sets the protocol of the authors' Trinity-RFT example on the
+    benchmarks it selects; their files keep theirs; the command line still wins; the fixtures go
+    through the same loader as the hub ids."""
+    import mixrl.data.reading as reading
+
+    seen = []
+    real = reading._load_raw
+    monkeypatch.setattr(reading, "_load_raw", lambda src, **kw: seen.append(Path(src).name) or real(src, **kw))
+    sel = spec.select(["benchmarks=chord4", f"benchmarks.source_dir={FIXTURES}"])
+    assert [b.name for b in sel.benchmarks] == ["aime24", "aime25", "amc", "mmlu_pro"]
+    aime, mmlu = sel.benchmarks[0], sel.benchmarks[3]
+    assert (aime.protocol.samples, aime.protocol.temperature, aime.protocol.top_p, aime.protocol.max_new_tokens) == (16, 1.0, 1.0, 10240)
+    assert aime.protocol.metrics == ["avg@16", "pass@16", "maj@16"] and aime.template == "{problem}"
+    assert aime.system_prompt == "Please reason step by step, and put your final answer within \\boxed{}."
+    assert (mmlu.protocol.samples, mmlu.protocol.metrics, mmlu.protocol.temperature) == (1, ["avg@1"], 1.0)
+    assert mmlu.template == "{problem}\n\n{choices}" and mmlu.scorer == "choice"  # the file's, merged under the suite's
+    got = [data.load_problems(b) for b in sel.benchmarks]
+    assert seen == ["aime24.jsonl", "aime25.jsonl", "amc.jsonl", "mmlu_pro.jsonl"] and all(got)
+    assert spec.select(["benchmarks=aime24"]).benchmarks[0].protocol.temperature == 0.6  # alone: its own file
+    cli = spec.select(["benchmarks=chord4", "benchmarks.all.protocol.samples=2", "benchmarks.amc.protocol.temperature=0.6"])
+    assert [b.protocol.metrics for b in cli.benchmarks][2:] == [["avg@2", "pass@2", "maj@2"], ["avg@2"]]
+    assert cli.benchmarks[2].protocol.temperature == 0.6 and cli.benchmarks[0].protocol.temperature == 1.0
+    assert aime.key_payload() != spec.select(["benchmarks=aime24"]).benchmarks[0].key_payload()
+    with pytest.raises(ConfigError, match="aime24 is in chord4 and math6 under different protocols; select one of them"):
+        spec.select(["benchmarks=[chord4,math6]"])
+
+
+def test_a_suites_bad_settings_are_one_line(monkeypatch, tmp_path):
+    for name in ("aime24", "amc"):
+        (tmp_path / f"{name}.yaml").write_text((spec.benchmarks_dir() / f"{name}.yaml").read_text())
+    monkeypatch.setattr(spec, "benchmarks_dir", lambda: tmp_path)
+    for body, words in [("set: {aime25: {protocol: {samples: 2}}}", "set.aime25 is not a benchmark of the suite"),
+                        ("set: {all: {sorce: x}}", "set.all must be a mapping with keys from"),
+                        ("set: {all: {protocol: {samples: 2}}}", "metric avg@32 needs k <= samples (2)")]:
+        (tmp_path / "s.yaml").write_text(f"name: s\ntitle: s\nsuite: [aime24, amc]\n{body}\ncite: x\n")
+        with pytest.raises(ConfigError) as e:
+            spec.select(["benchmarks=s"])
+        assert words in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
 def test_hub_id_offline_is_one_line(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")

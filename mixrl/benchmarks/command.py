@@ -91,14 +91,13 @@ def evaluate(model_dir: str | Path, overrides: list[str], *, trust_run_code: boo
         model = saved_models.load_saved_model(path, cfg, dtype)
         return model.to(device)
 
-    if backend == "vllm":
-        def make_generator():
-            return runner.VLLMGenerator(str(path), tokenizer, dtype=engine_dtype(dtype_name, str(path)))
+    if backend == "vllm":  # one engine for every benchmark, started on first use (a start is minutes on CPU)
+        shared = runner.VLLMGenerator(str(path), tokenizer, dtype=engine_dtype(dtype_name, str(path)))
     else:
         shared = runner.HFGenerator(load_hf, tokenizer, batch_size=int(cfg.trainer.eval_batch_size))
 
-        def make_generator():
-            return shared  # one model for every benchmark, loaded on first use
+    def make_generator():
+        return shared  # one model for every benchmark, loaded on first use
 
     reward_fn = None
     loaded = []

@@ -18,7 +18,11 @@ A benchmark file::
     protocol: {samples: 32, temperature: 0.6, top_p: 1.0, max_new_tokens: 8192, metrics: [avg@32, pass@32, maj@32]}
     cite: where the source, columns and protocol come from
 
-A suite file holds ``name``, ``title``, ``suite: [benchmark, ...]`` and ``cite``.
+A suite file holds ``name``, ``title``, ``suite: [benchmark, ...]`` and ``cite``, and may hold
+``set``: settings its benchmarks take when this suite selects them, as a paper evaluates them
+(``set: {all: {protocol: {...}, prompt: {...}}, mmlu_pro: {protocol: {...}}}``; ``all`` is every
+benchmark of the suite, a name one of them; merged into the benchmark's file, mapping by mapping,
+before the command line's overrides). A benchmark that two selected suites set differently is refused.
 
 The command line selects and changes them (:func:`select`): ``benchmarks=math6`` (a suite or a
 benchmark), ``benchmarks=[aime24,math500]``, ``benchmarks.aime24.source=PATH``,
@@ -47,7 +51,7 @@ SCORERS = ("math_verify", "choice", "exact", "reward")
 BACKENDS = ("auto", "hf", "vllm")
 _KEYS = {"name", "title", "source", "subset", "split", "columns", "choices", "prompt", "extract", "scorer",
          "protocol", "cite", "notes"}
-_SUITE_KEYS = {"name", "title", "suite", "cite", "notes"}
+_SUITE_KEYS = {"name", "title", "suite", "cite", "notes", "set"}
 _COLUMN_KEYS = {"problem", "answer", "id"}
 _CHOICE_KEYS = {"column", "labels", "columns", "correct", "shuffle_seed"}
 _PROMPT_KEYS = {"template", "system_prompt"}
@@ -217,6 +221,28 @@ def build(data: dict, where: str) -> Benchmark:
     )
 
 
+def _merge(base: dict, extra: dict) -> dict:
+    """``base`` with ``extra`` merged in, mapping by mapping (lists and scalars replace)."""
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
+
+
+def _suite_settings(name: str, data: dict) -> dict[str, dict]:
+    """A suite's ``set``, validated, as the settings each of its benchmarks takes (``all`` merged first)."""
+    members = [str(b) for b in data["suite"]]
+    raw = data.get("set") or {}
+    where = f"conf/benchmarks/{name}.yaml: set"
+    _need(isinstance(raw, dict), f"{where} must map all or a benchmark of the suite to its settings; fix the file")
+    for key, value in raw.items():
+        _need(key == "all" or key in members, f"{where}.{key} is not a benchmark of the suite{did_you_mean(str(key), members)}; "
+                                              f"use all or one of {', '.join(members)}")
+        _need(isinstance(value, dict) and set(value) <= _KEYS - {"name"},
+              f"{where}.{key} must be a mapping with keys from {', '.join(sorted(_KEYS - {'name'}))}; fix the file")
+    return {m: _merge(raw.get("all") or {}, raw.get(m) or {}) for m in members}
+
+
 def _value(text: str) -> Any:
     try:
         return yaml.safe_load(text)
@@ -266,6 +292,7 @@ def select(overrides: list[str]) -> Selection:
     _need(chosen is not None, "benchmark overrides given without benchmarks=SUITE; add e.g. benchmarks=math6 "
                               f"(choose from {', '.join(names())})")
     order: list[str] = []
+    settings: dict[str, tuple[str, dict]] = {}  # benchmark: (the suite or name that selected it, its settings)
     for name in chosen:
         data = _read(name)
         if "suite" in data:
@@ -274,9 +301,16 @@ def select(overrides: list[str]) -> Selection:
                 raise ConfigError(f"conf/benchmarks/{name}.yaml: unknown key '{sorted(unknown)[0]}'; a suite takes "
                                   f"{', '.join(sorted(_SUITE_KEYS))}")
             _need(isinstance(data["suite"], list) and data["suite"], f"conf/benchmarks/{name}.yaml: suite must list benchmarks")
-            order += [str(b) for b in data["suite"]]
+            got = _suite_settings(name, data)
         else:
-            order.append(name)
+            got = {name: {}}
+        for bench, sets in got.items():
+            if bench in settings:
+                _need(settings[bench][1] == sets, f"benchmarks={','.join(chosen)}: {bench} is in {settings[bench][0]} and {name} "
+                                                  "under different protocols; select one of them")
+            else:
+                settings[bench] = (name, sets)
+            order.append(bench)
     order = list(dict.fromkeys(order))
     for name in per:
         _need(name == "all" or name in order,
@@ -287,6 +321,7 @@ def select(overrides: list[str]) -> Selection:
     for name in order:
         data = copy.deepcopy(_read(name))
         _need("suite" not in data, f"suite '{name}' inside a suite: list its benchmarks instead")
+        data = _merge(data, settings[name][1])
         _need(data.get("name") == name, f"conf/benchmarks/{name}.yaml: name must be '{name}' (the file's name)")
         if source_dir is not None and not str(data.get("source", "")).startswith("builtin:"):
             p = Path(str(source_dir)).expanduser() / f"{name}.jsonl"

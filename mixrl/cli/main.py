@@ -295,7 +295,7 @@ def plan(
     (weights, gradients, optimizer state per ZeRO stage / FSDP, activations per micro-batch,
     vLLM share) is explained in mixrl/plan.py."""
     from mixrl.config.compose import compose_config  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
-    from mixrl.plan import render_plan  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+    from mixrl.planning.render import render_plan  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
 
     overrides = [f"recipe={o}" if "=" not in o and o in list_recipe_names() else o for o in (overrides or [])]
     composed = overrides

@@ -51,7 +51,7 @@ layer  modules
        the trainer's assembly loads the benchmarks a run scores, so it sits beside the trainer)
 4      ``launch``; ``slurm`` (the sbatch job of a hardware config: the multi-node launch per node);
        ``plan`` (renders the launch command with ``launch``'s own functions, so it
-       sits beside it); ``experiments`` (compare, claims, stats, suites, reproduce, methods: they
+       sits beside it; ``planning``, its code: shape, memory, evaluation, render); ``experiments`` (compare, claims, stats, suites, reproduce, methods: they
        run, launch or read runs; ``experiments.stats`` is pure numbers and imports nothing of
        mixrl, but only ``experiments`` reads it, so it lives in that package, at its layer)
 5      ``cli``
@@ -77,7 +77,7 @@ LAYERS = {
     "tools": 1, "envs": 1,
     "config": 2,
     "trainer": 3, "vllm_cpu": 3, "vllm_file_transfer": 3, "explain": 3,
-    "launch": 4, "slurm": 4, "plan": 4, "experiments": 4, "benchmarks": 3,
+    "launch": 4, "slurm": 4, "plan": 4, "planning": 4, "experiments": 4, "benchmarks": 3,
     "cli": 5,
 }
 

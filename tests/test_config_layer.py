@@ -102,7 +102,7 @@ def test_a_refusal_of_the_real_validation_names_the_key_for_every_command(tmp_pa
 
 
 # --------------------------------------------------------------------------- the import graph
-MINE = ("mixrl.config", "mixrl.launch", "mixrl.plan", "mixrl.cli")
+MINE = ("mixrl.config", "mixrl.launch", "mixrl.plan", "mixrl.planning", "mixrl.cli")
 
 
 def _mine(module: str) -> bool:

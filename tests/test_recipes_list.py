@@ -80,8 +80,6 @@ def test_piped_recipes_table_never_breaks_an_id(rows):
         assert console.width == width  # the console is left as it was
 
 
-@pytest.mark.xfail(strict=True, reason="until mixrl/cli/main.py's recipes_list calls mixrl.cli.recipes_table.print_recipes(out) "
-                                       "(another helper splits cli/main.py; the lead applies it): then remove this mark")
 def test_mixrl_recipes_list_piped_never_breaks_an_id(rows):
     result = CliRunner().invoke(app, ["recipes", "list"])
     assert result.exit_code == 0, result.output

@@ -61,8 +61,6 @@ def test_no_scored_step_says_none():
     assert "reward" not in _bar_lines([{"loss": 0.1, "reward_on_policy": None}])[-1]
 
 
-@pytest.mark.xfail(strict=True, reason="until mixrl/cli/main.py's _summary_table reads reward_text(summary) from "
-                                       "mixrl.trainer.callbacks (another helper splits cli/main.py; the lead applies it): then remove this mark")
 def test_the_summary_table_caption_reads_the_shown_reward():
     from mixrl.cli.main import _summary_table
 

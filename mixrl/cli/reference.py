@@ -213,7 +213,7 @@ def recipe_page(name: str) -> str:
     """A recipe's page: paper, what it is, the command, the plan, the overlay and the measured claims."""
     from mixrl.config.compose import compose_config  # deferred: imports torch; `mixrl --help` must not load it
     from mixrl.experiments.methods import _header_comment, abstract_and_reading, split_header  # deferred: imports torch
-    from mixrl.plan import render_plan  # deferred: imports torch; `mixrl --help` must not load it
+    from mixrl.planning.render import render_plan  # deferred: imports torch; `mixrl --help` must not load it
 
     info = recipe_summary(name)
     algo = str(info["algo"])

@@ -3,7 +3,9 @@ reward functions (:func:`prepare_inputs`, checked together), objective, sources,
 
 :func:`trainer_from_config` is the one assembly: ``mixrl train`` (:mod:`mixrl.trainer.run`), the
 benchmark (``bench/throughput.py``), the DDP/FSDP test workers and the tests all build their
-trainer with it, so what they measure is what a run trains."""
+trainer with it, so what they measure is what a run trains. What it reads comes from
+:mod:`mixrl.trainer.policy_model` (model folder, tokenizer), :mod:`mixrl.trainer.rows` (training
+and held-out rows) and :mod:`mixrl.trainer.reward_funcs` (the reward functions)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,6 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
@@ -22,175 +23,21 @@ from mixrl.config.builders import component as _component
 from mixrl.config.builders import plain as _plain
 from mixrl.config.geometry import Geometry, geometry
 from mixrl.config.sampler import build_sampler
-from mixrl.errors import ConfigError, DataError
-from mixrl.models import builtin
-from mixrl.models.files import check_model_folder, empty_tokenizer_note
+from mixrl.errors import ConfigError
 from mixrl.trainer import fsdp
 from mixrl.trainer.env_rollout import env_trainer_kwargs
 from mixrl.config.checks import check_train_size, check_training_data, row_texts
 from mixrl.config.builders import build_controller, build_injection, build_objective, build_source, build_teacher
 from mixrl.core.terms import term_needs
-from mixrl.data.cells import to_chat_prompt
-from mixrl.evaluation.heldout import describe, separate_heldout
-from mixrl.models import tiny_bpe, tiny_bpe_tools
-from mixrl.rewards import build_reward
-from mixrl.rewards.components import bind_device, heldout_reward
-from mixrl.sources import SOURCES
-from mixrl.tasks import arith, arith_tools
+from mixrl.rewards.components import heldout_reward
 from mixrl.trainer.generation.engine_sync import default_tolerance
 from mixrl.trainer.magnitude import MagnitudeBounds
+from mixrl.trainer.policy_model import extend_tiny, load_tokenizer, resolve_model_path, tiny_missing_characters
+from mixrl.trainer.reward_funcs import _bind_rewards, build_reward_funcs
+from mixrl.trainer.rows import describe_heldout, heldout_rows, load_eval_rows
+from mixrl.trainer.rows import load_train_rows  # noqa: F401  (build.load_train_rows: the tests read the rows through build)
 from mixrl.vllm_cpu import colocated_engine_dtype, engine_dtype
 from mixrl.vllm_file_transfer import install_client
-
-BUILTIN = "builtin:"
-
-
-# --------------------------------------------------------------------------- model
-def resolve_model_path(cfg: DictConfig, *, progress: bool = True) -> str:
-    """A local directory or hub id; a built-in model (:mod:`mixrl.models.builtin`) is built (and cached) on first use."""
-    path = cfg.model.path
-    if builtin.is_builtin(path):
-        try:
-            return builtin.resolve(path, progress=progress)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-    if os.path.isabs(path) or path.startswith("."):
-        if not Path(path).is_dir():
-            raise ConfigError(f"model.path '{path}' is not a directory; give a local model folder or a Hugging Face id")
-    if Path(path).is_dir():
-        check_model_folder(path, f"model.path={path}")  # a weights file cut short: refused before the run directory
-    return path
-
-
-def load_tokenizer(model_path: str, cfg: DictConfig):
-    from transformers import AutoTokenizer  # deferred: transformers is heavy; the light commands (--help, config show, plan) never load it
-
-    try:
-        tok = AutoTokenizer.from_pretrained(model_path, trust_remote_code=cfg.model.trust_remote_code)
-    except OSError as e:
-        raise ConfigError(
-            f"could not load the tokenizer of '{model_path}' (offline?): {str(e).splitlines()[0]}; "
-            "download it first or point model.path at a local folder"
-        ) from None
-    empty = empty_tokenizer_note(tok, model_path)  # a folder without tokenizer files: transformers' stand-in has no vocabulary
-    if empty is not None:
-        raise ConfigError(empty)
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    tok.padding_side = "left"
-    return tok
-
-
-def tiny_missing_characters(cfg: DictConfig, model_path: str, tokenizer, texts: list[str]) -> list[str]:
-    """Characters of ``texts`` the tiny model (``model.path=builtin:tiny`` or a folder with
-    ``mixrl_tiny.json``) lacks and will be extended with; ``[]`` for any other model."""
-    from mixrl.models import tiny_vocab  # deferred: tiny_vocab imports transformers; `mixrl plan` imports this module and must not load it
-
-    if cfg.model.path != "builtin:tiny" and not tiny_vocab.is_tiny(model_path):
-        return []
-    return tiny_vocab.missing_characters(tokenizer, texts)
-
-
-def extend_tiny(cfg: DictConfig, model_path: str, chars: list[str], say=print) -> tuple[str, Any]:
-    """``(model_path, tokenizer)`` of the tiny model extended with ``chars`` (built once, cached;
-    see :mod:`mixrl.models.tiny_vocab`)."""
-    from mixrl.models import tiny_vocab  # deferred: tiny_vocab imports transformers; `mixrl plan` imports this module and must not load it
-
-    path = str(tiny_vocab.extend(model_path, chars))
-    shown = "".join(chars[:20]) + ("..." if len(chars) > 20 else "")
-    say(f"tiny model: added the data's {len(chars)} new character(s) {shown!r} to its vocabulary "
-        f"(new embedding rows start near the mean of the trained ones): {path}")
-    return path, load_tokenizer(path, cfg)
-
-
-# --------------------------------------------------------------------------- data
-def builtin_system_prompt(cfg: DictConfig) -> str | None:
-    """The system message of the built-in task's prompts: ``data.system_prompt``; left null, the
-    BPE chat model's own (:data:`mixrl.models.tiny_bpe.SYSTEM_PROMPT`) when ``model.path`` is that
-    model (``builtin:tiny-bpe`` or its folder), since it was warm-started on chat-formatted prompts;
-    else None (plain-text prompts). ``data.system_prompt=''`` gives the BPE model plain text."""
-    if cfg.data.system_prompt is not None:
-        return cfg.data.system_prompt or None
-    if cfg.data.source == BUILTIN + arith_tools.NAME:  # the tool task: chat prompts for every chat model
-        return arith_tools.SYSTEM_PROMPT
-    return tiny_bpe.SYSTEM_PROMPT if tiny_bpe.is_tiny_bpe(cfg.model.path) else None
-
-
-def _builtin_rows(cfg: DictConfig, split: str, n: int, seed: int) -> list[dict]:
-    """Rows of the built-in task; chat prompts (system + user message) when :func:`builtin_system_prompt` gives one."""
-    name = cfg.data.source[len(BUILTIN):]
-    if name not in ("arith", arith_tools.NAME):
-        raise ConfigError(f"unknown built-in dataset '{cfg.data.source}'; the built-in tasks are builtin:arith, builtin:arith_tools")
-    levels = list(cfg.data.levels)
-    task = arith if name == "arith" else arith_tools
-    try:
-        if split == "train":
-            rows = task.train_split(n, seed=seed, levels=levels)
-        else:
-            rows = task.heldout_split(n, levels=levels)
-    except ValueError as e:
-        raise ConfigError(f"data.levels: {e}") from None
-    if task is arith_tools:  # the expert's tool trajectory, as the built-in tool model's template writes it
-        rows = [{**r, "trajectory": tiny_bpe_tools.trajectory_text(r)} for r in rows]
-    system = builtin_system_prompt(cfg)
-    if system:
-        rows = [{**r, "prompt": to_chat_prompt(r["prompt"], system)} for r in rows]
-    return rows
-
-
-def load_train_rows(cfg: DictConfig):
-    """The training dataset (a ``datasets.Dataset`` with prompt, answer[, expert] columns)."""
-    from datasets import Dataset  # deferred: datasets is heavy; the light commands (--help, config show, plan) never load it
-
-    d = cfg.data
-    if d.source.startswith(BUILTIN):
-        rows = _builtin_rows(cfg, "train", int(d.limit or d.train_size), int(cfg.seed))
-        ds = Dataset.from_list(rows)
-        if d.expert_column:
-            ds = ds.map(lambda r: {"expert": [r[d.expert_column]]})
-        return ds
-    from mixrl.data.loading import load_dataset_rows  # deferred: data.loading imports datasets; `mixrl plan` imports this module and must not load it
-
-    return load_dataset_rows(
-        d.source, split=d.split, subset=d.subset, prompt_column=d.prompt_column, answer_column=d.answer_column,
-        expert_column=d.expert_column, system_prompt=d.system_prompt, limit=d.limit,
-        expert_required=SOURCES.get(cfg.offpolicy.source.name).reads_expert_column  # e.g. GRPO: prompt/answer suffice
-        or (cfg.get("teacher") is not None and cfg.teacher.source.get("privileged") == "expert"),  # OPSD
-    )
-
-
-def load_eval_rows(cfg: DictConfig) -> list[dict]:
-    """A fixed held-out split for accuracy (never overlaps the built-in training split)."""
-    d, n = cfg.data, int(cfg.trainer.eval_size)
-    if n <= 0:
-        return []
-    source = d.eval_source or d.source
-    if source.startswith(BUILTIN):
-        return _builtin_rows(cfg, "heldout", n, 0)
-    from mixrl.data.loading import load_dataset_rows  # deferred: data.loading imports datasets; `mixrl plan` imports this module and must not load it
-
-    try:
-        ds = load_dataset_rows(
-            source, split=d.eval_split or "test", subset=d.subset, prompt_column=d.prompt_column,
-            answer_column=d.answer_column, system_prompt=d.system_prompt, limit=n,
-        )
-    except DataError:
-        raise
-    return [dict(r) for r in ds]
-
-
-# --------------------------------------------------------------------------- rewards
-def build_reward_funcs(cfg: DictConfig) -> tuple[list, list[float]]:
-    specs = [{"name": cfg.reward.name, "weight": cfg.reward.weight, "params": _plain(cfg.reward.params) or {}}]
-    specs += [dict(_plain(x)) for x in cfg.reward.extra]
-    funcs, weights = [], []
-    for s in specs:
-        fn = build_reward(s["name"], **(s.get("params") or {}))
-        fn.timeout_s = cfg.reward.get("timeout_s")  # reward.timeout_s: the wall-clock limit of each call
-        bind_device(fn, cfg.hardware.device)  # a reward model or judge of its own loads on the run's device
-        funcs.append(fn)
-        weights.append(float(s.get("weight", 1.0)))
-    return funcs, weights
 
 
 # --------------------------------------------------------------------------- objective
@@ -298,24 +145,6 @@ def _set_threads(cfg: DictConfig) -> None:
         torch.set_num_threads(int(cfg.hardware.torch_threads))
 
 
-def heldout_rows(cfg: DictConfig):
-    """``(train_ds, eval_rows, info)``: the training rows and held-out rows of ``cfg``, never
-    sharing a prompt (see :mod:`mixrl.evaluation.heldout` for the rule)."""
-    train_ds = load_train_rows(cfg)
-    eval_rows = load_eval_rows(cfg)
-    source = str(cfg.data.eval_source or cfg.data.source)
-    if str(cfg.data.source).startswith("builtin:") and not cfg.data.eval_source:
-        return train_ds, eval_rows, {"rule": "builtin", "source": source, "n_eval": len(eval_rows), "n_train": len(train_ds)}
-    return separate_heldout(train_ds, eval_rows, int(cfg.trainer.eval_size), source)
-
-
-def describe_heldout(info: dict) -> str:
-    """One line saying where the held-out rows come from and how they are kept apart from training."""
-    if info["rule"] == "builtin":
-        return f"held-out: {info['n_eval']} problems of the built-in task's held-out split (disjoint from training)"
-    return describe(info)
-
-
 @dataclass
 class RunInputs:
     """What a run reads, loaded and checked before its run directory is created."""
@@ -362,16 +191,6 @@ def source_texts(cfg: DictConfig, source, *, teacher=None) -> dict[str, list[str
     if teacher is not None:
         out["teacher.source.template"] = list(teacher.texts())
     return {k: v for k, v in out.items() if v}
-
-
-def _bind_rewards(reward_funcs: list, model_path: str, tokenizer) -> None:
-    """A judge served by the policy's own model (path=policy) gets its path; process rewards get the token boundaries."""
-    for fn in reward_funcs:
-        inner = getattr(fn, "fn", fn)
-        if hasattr(inner, "bind_policy"):
-            inner.bind_policy(model_path)
-        if hasattr(inner, "bind_tokenizer"):
-            inner.bind_tokenizer(tokenizer)
 
 
 def prepare_inputs(cfg: DictConfig, console: Console, *, check: bool = True) -> RunInputs:

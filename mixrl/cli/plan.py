@@ -1,0 +1,45 @@
+"""``mixrl plan``: compose a config (and with ``--sbatch``, write its SLURM job) and print its
+plan (:mod:`mixrl.planning.render`)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from mixrl.cli.console import OVERRIDES, err
+from mixrl.cli.errors import user_errors
+from mixrl.config.recipe_index import list_recipe_names
+
+
+@user_errors
+def plan(
+    overrides: Optional[List[str]] = OVERRIDES,
+    prompt_tokens: Optional[int] = typer.Option(None, "--prompt-tokens", help="Prompt length assumed by the memory estimate (tokens; default 512, the built-in task's longest prompt for builtin:arith)."),
+    sbatch: Optional[Path] = typer.Option(None, "--sbatch", help="Also write a SLURM job script for this config to this file: "
+                                          "hardware.num_machines nodes, one `mixrl train` per node, requeued on preemption "
+                                          "(needs run_dir=PATH on a shared file system; see mixrl/slurm.py)."),
+):
+    """Geometry, per-GPU memory estimate and launch command of a config, without loading the model.
+
+    `mixrl plan recipe=chord/qwen2.5-7b-openr1` (a bare recipe name works too). The estimate
+    (weights, gradients, optimizer state per ZeRO stage / FSDP, activations per micro-batch,
+    vLLM share) is explained in mixrl/plan.py."""
+    from mixrl.config.compose import compose_config  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+    from mixrl.planning.render import render_plan  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+
+    overrides = [f"recipe={o}" if "=" not in o and o in list_recipe_names() else o for o in (overrides or [])]
+    composed = overrides
+    if sbatch is not None and not any(o.startswith("hardware.main_process_ip=") for o in overrides):
+        composed = [*overrides, "hardware.main_process_ip=slurm-first-node"]  # the job reads it from SLURM on each node
+    cfg = compose_config(composed)
+    if sbatch is not None:
+        from mixrl.slurm import sbatch_script  # deferred: keeps `mixrl --help` light
+
+        text = sbatch_script(cfg, overrides)  # checked (run_dir) before anything is written
+        sbatch.write_text(text)
+        sbatch.chmod(0o755)
+        err.print(f"wrote {sbatch}: sbatch {sbatch}", highlight=False, soft_wrap=True)
+    sys.stdout.write(render_plan(cfg, overrides, prompt_tokens=prompt_tokens))

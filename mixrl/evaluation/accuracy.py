@@ -146,6 +146,7 @@ def evaluate_accuracy(
     progress: Callable[[int], None] | None = None,
     examples: list | None = None,
     stop: Callable[[], bool] | None = None,
+    generate: Callable | None = None,
 ) -> dict[str, float]:
     """Greedy accuracy (reward >= 1) on ``rows`` (each with ``prompt`` and ``answer``), per
     ``level`` when rows carry one, and sampled pass@k.
@@ -161,16 +162,25 @@ def evaluate_accuracy(
     ``stop``: a zero-argument callable asked between batches (and tokens, see
     :func:`generate_completions`); when it returns True the evaluation raises
     :class:`EvaluationInterrupted` within one batch (one token in a single process), so a
-    SIGTERM during a long evaluation stops the run in seconds."""
+    SIGTERM during a long evaluation stops the run in seconds.
+
+    ``generate``: the rollout that acts (:func:`mixrl.evaluation.acting.acting_generator`: the tool
+    loop for ``env=tools``, a stateful environment's episodes), called as ``generate(model,
+    tokenizer, rows, max_new_tokens=, batch_size=, do_sample=, temperature=,
+    num_return_sequences=, progress=, stop=)`` -> completions per row; None: one completion
+    (:func:`generate_completions`)."""
     prompts = [r["prompt"] for r in rows]
     kwargs = {k: [r[k] for r in rows] for k in rows[0] if k not in ("prompt", "completion")} if rows else {}
-    greedy = [c[0] for c in generate_completions(model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                                                 progress=progress, stop=stop)]
+    if generate is None:
+        def generate(model, tokenizer, rows, **kw):
+            return generate_completions(model, tokenizer, [r["prompt"] for r in rows], **kw)
+    greedy = [c[0] for c in generate(model, tokenizer, rows, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                                     progress=progress, stop=stop)]
     scores = reward_fn(prompts=prompts, completions=greedy, **kwargs)
     correct = [float(s is not None and s >= 1.0 - 1e-6) for s in scores]
     result = {"accuracy": sum(correct) / max(len(correct), 1), "n": float(len(correct))}
     if examples is not None:
-        examples.extend({"prompt": p, "completion": c, "reward": s, "correct": bool(k), "answer": r.get("answer")}
+        examples.extend({"prompt": p, "completion": getattr(c, "text", c), "reward": s, "correct": bool(k), "answer": r.get("answer")}
                         for p, c, s, k, r in zip(prompts, greedy, scores, correct, rows))
     levels = [int(r["level"]) for r in rows] if rows and "level" in rows[0] else None
     if levels is not None:
@@ -181,8 +191,8 @@ def evaluate_accuracy(
             result[f"accuracy/level{level}"] = sum(cs) / len(cs)
     n = max(int(samples), int(pass_k))
     if n > 0 and rows:
-        draws = generate_completions(
-            model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=max(batch_size // n, 1),
+        draws = generate(
+            model, tokenizer, rows, max_new_tokens=max_new_tokens, batch_size=max(batch_size // n, 1),
             do_sample=True, temperature=temperature, num_return_sequences=n, stop=stop,
         )
         flat_prompts = [p for p in prompts for _ in range(n)]

@@ -44,6 +44,9 @@ def cache_key(cfg, model_path: str, rows: list[dict]) -> str:
                  int(t.eval_samples), [int(k) for k in t.eval_pass_at]],
         "reward": [str(cfg.reward.name), json.dumps(_plain(cfg.reward.params), sort_keys=True, default=str)],
     }
+    env = cfg.get("env")
+    if env is not None and str(env.get("name") or "single") != "single":  # the evaluation acts (mixrl.evaluation.acting)
+        payload["env"] = json.dumps(_plain(env), sort_keys=True, default=str)
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 

@@ -33,6 +33,7 @@ import torch
 from transformers import TrainerCallback
 
 from mixrl.evaluation.accuracy import EvaluationInterrupted, evaluate_accuracy
+from mixrl.evaluation.acting import acting_generator
 
 EVAL_FILE = "eval.jsonl"
 
@@ -78,6 +79,7 @@ class PeriodicEvalCallback(TrainerCallback):
         model: Any = None,
         stop: Callable[[], bool] | None = None,
         benchmarks: Sequence = (),
+        generate: Callable | None = None,
     ):
         self.every = int(every)
         self.path = Path(run_dir) / EVAL_FILE
@@ -95,6 +97,7 @@ class PeriodicEvalCallback(TrainerCallback):
         self.model = model
         self.stop = stop
         self.benchmarks = list(benchmarks)
+        self.generate = generate  # the rollout that acts (env=tools, an environment): mixrl.evaluation.acting
         self.rows: list[dict] = []  # the eval.jsonl rows written by this callback
         self.last_examples: tuple[int, list[dict]] | None = None  # (step, greedy examples) of the last evaluation (samples.jsonl)
         self._pending: dict[str, float] | None = None
@@ -108,7 +111,7 @@ class PeriodicEvalCallback(TrainerCallback):
             max_new_tokens=int(t.max_completion_length), batch_size=int(t.eval_batch_size), pass_k=int(t.eval_pass_k) if t.eval_sample_every else 0,
             samples=int(t.eval_samples) if t.eval_sample_every else 0, ks=tuple(t.eval_pass_at),
             temperature=float(t.temperature), seed=int(cfg.seed), trainer=trainer, model=model, stop=stop,
-            benchmarks=benchmarks,
+            benchmarks=benchmarks, generate=acting_generator(cfg.get("env")),
         )
 
     @property
@@ -134,7 +137,7 @@ class PeriodicEvalCallback(TrainerCallback):
             result = evaluate_accuracy(
                 model, self.tokenizer, self.rows_in, self.reward_fn, max_new_tokens=self.max_new_tokens,
                 batch_size=self.batch_size, pass_k=self.pass_k, samples=self.samples, ks=self.ks, temperature=self.temperature,
-                examples=examples, stop=self.stop,
+                examples=examples, stop=self.stop, generate=self.generate,
             ) if self.rows_in else {}
             for bench in self.benchmarks:  # each scores itself (mixrl.benchmarks.live.LiveBenchmark.evaluate)
                 scores = bench.evaluate(model, self.tokenizer, batch_size=self.batch_size, stop=self.stop,

@@ -44,6 +44,7 @@ from mixrl.trainer.state.rundir import (
 )
 from mixrl.evaluation import cache as eval_cache
 from mixrl.evaluation.accuracy import EvaluationInterrupted, evaluate_accuracy
+from mixrl.evaluation.acting import acting_generator
 from mixrl.models import tiny_bpe
 from mixrl.rewards.components import heldout_reward
 from mixrl.rewards.deadline import RewardInterrupted, RewardTooSlow
@@ -86,7 +87,7 @@ def _eval(trainer, tokenizer, rows, reward_fn, cfg, console: Console, label: str
             trainer.model, tokenizer, rows, reward_fn, max_new_tokens=int(cfg.trainer.max_completion_length),
             batch_size=int(cfg.trainer.eval_batch_size), pass_k=int(cfg.trainer.eval_pass_k),
             samples=int(cfg.trainer.eval_samples), ks=[int(k) for k in cfg.trainer.eval_pass_at], temperature=float(cfg.trainer.temperature), progress=lambda n: prog.advance(task, n),
-            examples=examples, stop=stop,
+            examples=examples, stop=stop, generate=acting_generator(cfg.get("env")),
         )
 
 

@@ -23,6 +23,7 @@ from mixrl.config.schema import GROUPS
 from mixrl.config.trust import require_trust
 from mixrl.errors import ConfigError
 from mixrl.evaluation.accuracy import evaluate_accuracy
+from mixrl.evaluation.acting import acting_generator
 from mixrl.evaluation.saved import adapter_base, load_saved_model, resolve_model_dir
 from mixrl.models import tiny_bpe
 from mixrl.rewards.components import heldout_reward
@@ -94,6 +95,7 @@ def evaluate_saved_model(model_dir: str | Path, cfg, *, progress: Callable[[int]
         model, tokenizer, rows, heldout_reward(reward_funcs[0]), max_new_tokens=int(t.max_completion_length),
         batch_size=int(t.eval_batch_size), pass_k=int(t.eval_pass_k),
         samples=int(t.eval_samples), ks=[int(k) for k in t.eval_pass_at], temperature=float(t.temperature), progress=progress,
+        generate=acting_generator(cfg.get("env")),
     )
     return {
         "model_dir": str(path),

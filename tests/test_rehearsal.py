@@ -25,7 +25,7 @@ from mixrl.config import rehearsal
 from mixrl.config.compose import compose_config
 from mixrl.config.geometry import geometry
 from mixrl.config.recipe_index import recipes_dir
-from train_process import train_env, train_in_group
+from train_process import free_port, train_env, train_in_group
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -260,7 +260,10 @@ def test_gpu_recipes_are_discovered():
 
 
 def _train(args: list[str], log: Path, timeout: float = TIMEOUT_S) -> tuple[int | str, float]:
-    return train_in_group(args, log, timeout=timeout, grace=60, env=train_env(VLLM_CPU_KVCACHE_SPACE="1"))
+    # a process-group port of its own: TRL's colocated vLLM engine takes 29500 whenever it is free at that
+    # moment, so two runs started together would both take it (torchrun --standalone picks its own)
+    env = train_env(VLLM_CPU_KVCACHE_SPACE="1", MASTER_PORT=str(free_port()))
+    return train_in_group(args, log, timeout=timeout, grace=60, env=env)
 
 
 def test_rehearse_refuses_multirun_and_creates_nothing(tmp_path):

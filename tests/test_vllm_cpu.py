@@ -44,8 +44,11 @@ MOVING = "trainer.learning_rate=1e-2"
 
 
 def _env() -> dict:
+    """Offline, one thread, this checkout first, and a process-group port of its own: TRL's colocated
+    engine takes 29500 whenever it is free at that moment (trl.trainer.utils._find_free_port), so two
+    runs started together (``make test-vllm`` runs in 2 pytest-xdist processes) would both take it."""
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MIXRL_LAUNCHED")}
-    env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", VLLM_CPU_KVCACHE_SPACE="1",
+    env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", VLLM_CPU_KVCACHE_SPACE="1", MASTER_PORT=str(_free_port()),
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])))
     return env
 
@@ -201,9 +204,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def vllm_server(tiny_model_path, tmp_path_factory):
-    """``python -m mixrl.vllm_cpu`` (the command in docs/how-to/vllm.md) on a free port; stopped after the module."""
+    """``python -m mixrl.vllm_cpu`` (the command in docs/how-to/vllm.md) on a free port; stopped at the end of the
+    session (under pytest-xdist: of each process that runs a server test)."""
     port = _free_port()
     log = open(tmp_path_factory.mktemp("server") / "server.log", "w+")  # noqa: SIM115 - the server keeps it
     proc = subprocess.Popen(
@@ -234,12 +238,14 @@ def vllm_server(tiny_model_path, tmp_path_factory):
 
 
 @pytest.mark.vllm
+@pytest.mark.xdist_group("vllm_server")  # meant to keep the three on one process (--dist loadgroup); see docs/guides/testing.md
 def test_server_grpo_three_steps(vllm_server, tiny_model_path, tmp_path):
     proc, run_dir = _train(tmp_path, tiny_model_path, "algo=grpo", "hardware.vllm_mode=server", f"hardware.vllm_server_port={vllm_server}")
     _assert_trained_synced(proc, run_dir)
 
 
 @pytest.mark.vllm
+@pytest.mark.xdist_group("vllm_server")  # meant to keep the three on one process (--dist loadgroup); see docs/guides/testing.md
 def test_server_chord_syncs_moving_weights_through_files(vllm_server, tiny_model_path, tmp_path):
     proc, run_dir = _train(
         tmp_path, tiny_model_path, "algo=chord", "hardware.vllm_mode=server", f"hardware.vllm_server_port={vllm_server}", MOVING
@@ -290,6 +296,7 @@ def _logps_under(model_path: str, weights: dict, batch: dict, temperature: float
 
 
 @pytest.mark.vllm
+@pytest.mark.xdist_group("vllm_server")  # meant to keep the three on one process (--dist loadgroup); see docs/guides/testing.md
 def test_server_async_grpo_rows_record_the_policy_that_sampled_them(vllm_server, tiny_model_path, tmp_path, monkeypatch):
     """hardware.vllm_async=true: the server generates step t+1's batch while step t trains, so the
     first batch is sampled by version 0 and every later one by the weights one step behind; vLLM's

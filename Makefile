@@ -32,12 +32,12 @@ demo: install
 # under 10 minutes on 2 cores; `make test-slow` runs them (CI: right after `make test`)
 TEST_WORKERS ?= 2
 test: install
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope -m "not slow and not rehearse"
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder -m "not slow and not rehearse"
 
 test-fast: test
 
 test-slow: install
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope -m "slow and not rehearse" --durations=10
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder -m "slow and not rehearse" --durations=10
 
 # every GPU recipe (recipes/**/*.yaml whose hardware is a GPU config, discovered) rehearsed end to end on
 # CPU: `mixrl train recipe=NAME --rehearse` trains, evaluates and saves each (tests/test_rehearsal.py,
@@ -55,7 +55,7 @@ test-other-cpu: install
 	got=$$(ATEN_CPU_CAPABILITY=$$cap $(BIN)/python -c "import torch; print(torch.backends.cpu.get_cpu_capability().lower())"); \
 	if [ "$$got" != "$$cap" ]; then echo "test-other-cpu: torch ignored ATEN_CPU_CAPABILITY=$$cap (runs $$got)"; exit 1; fi; \
 	echo "test-other-cpu: exact-value tests under ATEN_CPU_CAPABILITY=$$cap"; \
-	ATEN_CPU_CAPABILITY=$$cap $(BIN)/python -m pytest $(EXACT_PATHS) -n $(TEST_WORKERS) --dist loadscope -m exact
+	ATEN_CPU_CAPABILITY=$$cap $(BIN)/python -m pytest $(EXACT_PATHS) -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder -m exact
 
 tiny: install
 	$(BIN)/mixrl model build-tiny

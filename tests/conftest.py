@@ -43,6 +43,19 @@ def pytest_collection_modifyitems(config, items):
             if "vllm" in item.keywords:
                 item.add_marker(skip)
 
+
+class _HeaviestFirst:
+    @pytest.hookimpl(trylast=True)  # after `-m` has deselected: the order of the tests that run
+    def pytest_collection_modifyitems(self, items):
+        from module_costs import heaviest_first
+
+        heaviest_first(items, Path(__file__).resolve().parent)
+
+
+def pytest_configure(config):
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # the heaviest modules first, so both workers finish together
+        config.pluginmanager.register(_HeaviestFirst(), "mixrl-heaviest-first")
+
 #: overrides that make a training run take seconds: used by every smoke test
 FAST = [
     "trainer.max_steps=2",

@@ -32,12 +32,12 @@ demo: install
 # under 10 minutes on 2 cores; `make test-slow` runs them (CI: right after `make test`)
 TEST_WORKERS ?= 2
 test: install
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope -m "not slow and not rehearse"
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder -m "not slow and not rehearse"
 
 test-fast: test
 
 test-slow: install
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope -m "slow and not rehearse" --durations=10
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder -m "slow and not rehearse" --durations=10
 
 # every GPU recipe (recipes/**/*.yaml whose hardware is a GPU config, discovered) rehearsed end to end on
 # CPU: `mixrl train recipe=NAME --rehearse` trains, evaluates and saves each (tests/test_rehearsal.py,
@@ -49,14 +49,16 @@ rehearse: install
 	$(BIN)/python -m pytest tests/test_rehearsal.py -n $(TEST_WORKERS) -m "rehearse and not vllm" --durations=0
 
 # the exact-value tests (pins, hand-computed losses) again, under a CPU kernel set other than this
-# machine's best: a pin that only one kind of CPU reproduces fails here, on any machine
+# machine's best: a pin that only one kind of CPU reproduces fails here, on any machine. Only the folders
+# whose tests are marked exact are collected (tests/conftest.py EXACT_DIRS; tests/test_test_stages.py checks)
+EXACT_PATHS := tests/pins tests/core
 test-other-cpu: install
 	@cap=$$($(BIN)/python scripts/other_cpu_kernels.py); \
 	if [ -z "$$cap" ]; then echo "test-other-cpu: this CPU has one kernel set only; nothing to compare"; exit 0; fi; \
 	got=$$(ATEN_CPU_CAPABILITY=$$cap $(BIN)/python -c "import torch; print(torch.backends.cpu.get_cpu_capability().lower())"); \
 	if [ "$$got" != "$$cap" ]; then echo "test-other-cpu: torch ignored ATEN_CPU_CAPABILITY=$$cap (runs $$got)"; exit 1; fi; \
 	echo "test-other-cpu: exact-value tests under ATEN_CPU_CAPABILITY=$$cap"; \
-	ATEN_CPU_CAPABILITY=$$cap $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope -m exact
+	ATEN_CPU_CAPABILITY=$$cap $(BIN)/python -m pytest $(EXACT_PATHS) -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder -m exact
 
 tiny: install
 	$(BIN)/mixrl model build-tiny

@@ -266,7 +266,7 @@ def test_a_run_whose_rewards_are_all_none_trains_and_says_so(fast_overrides, tmp
     res = runner.invoke(app, ["train", *fast_overrides, f"reward.name={CASES}:none_in_training"])
     assert res.exit_code == 0, res.output[-2000:]
     assert "no rollout got a reward at any step" in res.stderr
-    assert "reward (last step) none (no rollout was scored)" in " ".join(res.stdout.split())
+    assert "reward (last step) none (no rollout of the policy's own was scored)" in " ".join(res.stdout.split()), res.stdout[-600:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert any("no rollout got a reward" in w for w in summary["warnings"])
 

@@ -212,6 +212,7 @@ def test_the_python_tool_returns_text_with_the_reason():
 
 INTERRUPTED = """
 import os, signal, subprocess, threading
+signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C raises here even when the parent ignores SIGINT (a background job)
 from mixrl.tools import sandbox
 started = []
 class Recorded(subprocess.Popen):

@@ -424,7 +424,8 @@ class MixrlGRPOTrainer(GRPOTrainer):
         nan = float("nan")  # TRL's logger drops NaN: no on-policy rows (SFT) logs no accuracy
         correct = self.parts.scoring.correct(primary, inputs, out["completion_ids"], out["completion_mask"], gather=self.accelerator.gather)
         self._metrics[mode]["accuracy"].append(float(correct[free].float().mean()) if correct is not None and free.any() else nan)
-        self._metrics[mode]["reward_on_policy"].append(float(rewards[free].mean()) if free.any() else nan)
+        scored = free & ~torch.isnan(self._mixrl_rewards_per_func).all(dim=1)  # a row no reward function scored has no reward
+        self._metrics[mode]["reward_on_policy"].append(float(rewards[scored].mean()) if scored.any() else nan)
         if not training:
             return out
         inj = self.parts.injections

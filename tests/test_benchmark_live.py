@@ -193,6 +193,7 @@ def _train(overrides: list[str], run_dir: Path) -> list[dict]:
     return _rows(run_dir / "eval.jsonl")
 
 
+@pytest.mark.slow  # 47 s alone: make test-slow
 def test_two_processes_share_the_benchmark_and_log_what_one_process_logs(tiny_model_path, tmp_path):
     """hardware=cpu-2proc: each process generates 8 of the 5 x 3 sampled (problem, sample) pairs
     (the second's last one a discarded repeat), the results are gathered, and eval/arith/* equals

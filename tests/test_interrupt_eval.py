@@ -139,6 +139,7 @@ def _error_line(err: str) -> str:
     return errors[0]
 
 
+@pytest.mark.slow  # 16-17 s alone: make test-slow
 def test_sigterm_during_the_final_evaluation_stops_in_seconds_with_the_model_saved(fast_overrides, tmp_path):
     """The evaluation before training comes from trainer.eval_before_cache (written here), so the
     run reaches the one after training in seconds; that one (2000 problems) is SIGTERMed 1 s in."""
@@ -165,6 +166,7 @@ def test_sigterm_during_the_final_evaluation_stops_in_seconds_with_the_model_sav
     assert not (run / "FAILED").exists() and not (run / "summary.json").exists()
 
 
+@pytest.mark.slow  # 16-17 s alone: make test-slow
 def test_sigterm_during_the_evaluation_before_training_stops_in_seconds(tiny_model_path, tmp_path):
     run = tmp_path / "run"
     proc = _train([*FAST, f"model.path={tiny_model_path}", f"run_dir={run}", *LONG_EVAL], tmp_path)

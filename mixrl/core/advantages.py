@@ -368,8 +368,8 @@ def reinforce_pp(
     it to 0 after each masked token (``running_return * response_mask[:, t]``), so the tokens
     before the last hole get return 0 and only the last turn gets R_i; mixrl does the same and
     returns [N, T] advantages (0 off the mask), whitened over the mask's tokens of the included
-    rows. Without holes this equals the per-row form. The trainer's completion masks have no
-    holes today (mixrl runs no multi-turn rollouts), so it calls the per-row form.
+    rows. Without holes this equals the per-row form. The trainer calls the per-row form, also
+    for multi-turn rows (env=tools, env=arith_retry), where verl would reset after each hole.
 
     Formula: ``A_i = (R_i - mean_w R) / sqrt(var_w R + {eps})`` over the batch, weights w_i = L_i (completion tokens) when token_weighted={token_weighted} else 1, variance corrected by W / (W - 1), W = sum w; a variance of 0 counts as 1; with a loss mask m: G_t = R_i on the tokens after the row's last masked token, 0 before it (verl's reset), whitened over the tokens of m
 

@@ -57,9 +57,12 @@ _TRAINING_KEYS = ("eval_benchmarks", "eval_benchmark_problems", "eval_benchmark_
 def without_unset(cfg):
     """``cfg`` without ``recipe_info.benchmarks`` / ``paper_table`` when they are null, and without
     the ``trainer.eval_benchmark*`` keys when ``trainer.eval_benchmarks`` is null (a copy), so that
-    ``mixrl config show`` prints configs that evaluate no benchmark as before these keys existed."""
+    ``mixrl config show`` prints configs that evaluate no benchmark as before these keys existed.
+    A recipe's fidelity ledger (``recipe_info.ledger``, documentation of the run rather than a setting
+    of it) is always left out: ``mixrl explain`` prints its differences, the recipe's page all of it."""
     info = cfg.get("recipe_info")
-    drop_info = info is not None and any(k in info and info[k] is None for k in ("benchmarks", "paper_table"))
+    drop_info = info is not None and ("ledger" in info
+                                      or any(k in info and info[k] is None for k in ("benchmarks", "paper_table")))
     t = cfg.get("trainer")
     drop_trainer = t is not None and "eval_benchmarks" in t and t.eval_benchmarks is None
     if not drop_info and not drop_trainer:
@@ -68,6 +71,8 @@ def without_unset(cfg):
     for k in ("benchmarks", "paper_table"):
         if drop_info and k in cfg.recipe_info and cfg.recipe_info[k] is None:
             del cfg.recipe_info[k]
+    if drop_info and "ledger" in cfg.recipe_info:
+        del cfg.recipe_info["ledger"]
     if drop_trainer:
         for k in _TRAINING_KEYS:
             if k in cfg.trainer:

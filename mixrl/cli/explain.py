@@ -64,6 +64,12 @@ def _explain(overrides: list[str], plot: Optional[Path], steps: int, out: Consol
         for row in rows:
             table.add_row(str(int(row[0])), *(f"{v:.6g}" for v in row[1:]))
         out.print(table)
+    from mixrl.config.ledger import ledger_of, render_differences  # deferred: with the config modules above
+
+    ledger = ledger_of(cfg.get("recipe_info"))
+    if ledger is not None:  # a paper recipe: where it differs from the authors' run (the recipe page has every row)
+        out.print()
+        out.print(Text("\n".join(render_differences(ledger, cfg))), highlight=False, soft_wrap=True)
     if plot is not None:
         path = plot_schedules(stages if staged else cfg, str(plot))
         out.print(Text(f"schedules plotted to {path}"), highlight=False)

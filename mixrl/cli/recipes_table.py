@@ -1,4 +1,5 @@
-"""``mixrl recipes list``'s table: the shipped recipes' name, paper, algo, model, data and hardware.
+"""``mixrl recipes list``'s table: the shipped recipes' name, paper, algo, model, data, hardware and
+fidelity ledger (how many of the fields read against the authors' code differ; '-': no ledger).
 
 The names and ids (``name``, ``algo``, ``model``, ``data``: what a user types or copies, e.g.
 ``meta-llama/Llama-3.1-8B-Instruct``) are never broken across lines: ``paper`` and ``hardware``
@@ -18,9 +19,9 @@ from rich.table import Table
 
 from mixrl.config.recipe_index import list_recipe_names, recipe_summary
 
-COLUMNS = ("name", "paper", "algo", "model", "data", "hardware")
+COLUMNS = ("name", "paper", "algo", "model", "data", "hardware", "ledger")
 #: what a user types or copies: never broken across lines
-ID_COLUMNS = ("name", "algo", "model", "data")
+ID_COLUMNS = ("name", "algo", "model", "data", "ledger")
 #: columns a line per recipe leaves to the prose columns when the width is the table's own
 PROSE_ROOM = 40
 

@@ -214,6 +214,7 @@ def recipe_page(name: str) -> str:
     from mixrl.config.compose import compose_config  # deferred: imports torch; `mixrl --help` must not load it
     from mixrl.experiments.methods import _header_comment, abstract_and_reading, split_header  # deferred: imports torch
     from mixrl.planning.render import render_plan  # deferred: imports torch; `mixrl --help` must not load it
+    from mixrl.config.ledger import ledger_of, render_markdown  # deferred: with the config modules above
 
     info = recipe_summary(name)
     algo = str(info["algo"])
@@ -234,6 +235,7 @@ def recipe_page(name: str) -> str:
              *([f"mixrl train recipe={name} --rehearse    # the same recipe on CPU, a few steps (see Rehearsing a recipe)"] if gpu else []),
              f"mixrl plan recipe={name}", f"mixrl explain recipe={name}", "```", "",
              "## `mixrl plan` output", "", "```text", plan_text.rstrip(), "```", "",
+             *([render_markdown(ledger)] if (ledger := ledger_of(cfg.get("recipe_info"))) is not None else []),
              f"## The recipe file (`recipes/{name}.yaml`)", "", "```yaml", overlay.rstrip(), "```", ""]
     return "\n".join(lines)
 
@@ -242,10 +244,12 @@ def recipes_index() -> str:
     lines = ["# Recipes", "", GENERATED_NOTE, "",
              "Every shipped recipe: a paper's method as a config overlay (`mixrl train recipe=NAME`). CPU recipes train the "
              "tiny model on the built-in task in minutes; GPU recipes are the papers' settings (rehearse them on CPU with "
-             "`--rehearse`).", "", "| recipe | paper | algo | model | hardware |", "|---|---|---|---|---|"]
+             "`--rehearse`). The ledger column counts the fields, read against the authors' code, where the recipe differs "
+             "from the authors' run (each recipe's page lists them with the reason).", "",
+             "| recipe | paper | algo | model | hardware | ledger |", "|---|---|---|---|---|---|"]
     for name in list_recipe_names():
         info = recipe_summary(name)
-        lines.append(f"| [`{name}`]({name}.md) | {_cell(str(info['paper']))} | `{info['algo']}` | `{info['model']}` | {info['hardware']} |")
+        lines.append(f"| [`{name}`]({name}.md) | {_cell(str(info['paper']))} | `{info['algo']}` | `{info['model']}` | {info['hardware']} | {info['ledger']} |")
     return "\n".join(lines) + "\n"
 
 

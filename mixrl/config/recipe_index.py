@@ -84,7 +84,8 @@ def _field(recipe, options: dict[str, str], group: str, key: str):
 
 
 def recipe_summary(name: str) -> dict:
-    """name, paper, algo, model, data, hardware and description of a shipped recipe, from its file."""
+    """name, paper, algo, model, data, hardware, description and fidelity ledger (``ledger``: 'N/M differ',
+    or '-' without one; :mod:`mixrl.config.ledger`) of a shipped recipe, from its file."""
     path = recipes_dir() / f"{name}.yaml"
     if not path.is_file():
         raise ConfigError(f"unknown recipe '{name}'; `mixrl recipes list` shows them all")
@@ -100,4 +101,16 @@ def recipe_summary(name: str) -> dict:
         "data": _field(recipe, options, "data", "source"),
         "hardware": info.get("hardware") or _field(recipe, options, "hardware", "name"),
         "description": info.get("description") or "",
+        "ledger": _ledger_cell(info, name),
     }
+
+
+def _ledger_cell(info, name: str) -> str:
+    """'D/N differ' for a recipe whose ledger has N rows of which D differ from the authors' run; '-' without one."""
+    from mixrl.config.ledger import ledger_of  # deferred: only recipes that carry a ledger pay for it
+
+    ledger = ledger_of(info, f"recipe {name}: recipe_info.ledger") if info.get("ledger") is not None else None
+    if ledger is None:
+        return "-"
+    c = ledger.counts()
+    return f"{c['differs']}/{c['rows']} differ"

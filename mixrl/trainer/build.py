@@ -66,6 +66,7 @@ def grpo_args(cfg: DictConfig, run_dir: Path, geom: Geometry | None = None):
         max_grad_norm=float(t.max_grad_norm),
         adam_beta1=float(t.adam_beta1),
         adam_beta2=float(t.adam_beta2),
+        adam_epsilon=float(t.adam_epsilon),
         # a token budget: TRL hands the whole step to one training_step, split there (mixrl.trainer.parts.token_budget)
         per_device_train_batch_size=geom.rows_per_process if budget else geom.micro_batch_size,
         gradient_accumulation_steps=1 if budget else geom.grad_accum,
@@ -74,6 +75,7 @@ def grpo_args(cfg: DictConfig, run_dir: Path, geom: Geometry | None = None):
         num_iterations=int(t.num_iterations),
         temperature=float(t.temperature),
         top_p=float(t.top_p),
+        top_k=int(t.top_k),
         max_completion_length=int(t.max_completion_length),
         mask_truncated_completions=bool(t.mask_truncated_completions),
         beta=float(cfg.algo.kl.coef) or (1.0 if _needs_ref_logp(cfg) else 0.0),  # TRL computes reference log-probs iff beta != 0

@@ -72,9 +72,9 @@ def summarize(result: dict, tokenizer) -> dict:
 
 
 def measure(opts) -> dict:
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # deferred: transformers loads only when a model is built or measured
 
-    from mixrl.models import tiny
+    from mixrl.models import tiny  # deferred: imports torch
 
     tmp = Path(tempfile.mkdtemp(prefix="mixrl-bench-eval-"))
     model = opts.model or str(tiny.warm_start(tmp / "tiny-cache", steps=10, progress=False))
@@ -96,7 +96,7 @@ def measure(opts) -> dict:
            "threads": opts.threads, "batch_size": opts.batch_size, "problems": opts.problems,
            "temperature": opts.temperature, "rounds": rounds}
     try:
-        import vllm
+        import vllm  # deferred: vLLM is optional (only .venv-vllm has it)
 
         rep["machine"]["vllm"] = vllm.__version__
     except ImportError:

@@ -16,9 +16,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 def machine_info(device: str) -> dict:
     """CPU model and count, torch threads, Python/torch/transformers/trl versions; the GPU and CUDA on ``cuda``."""
-    import torch
-    import transformers
-    import trl
+    import torch  # deferred: torch loads only when something is measured (`--help` and the report stay light)
+    import transformers  # deferred: transformers loads only when a model is built or measured
+    import trl  # deferred: TRL loads only when a trainer is built
 
     cpu_model = platform.processor() or platform.machine()
     try:

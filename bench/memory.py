@@ -35,6 +35,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench.report import write_text
+from bench.variants import build_mixrl_trainer, compose, lengths_kwargs, run_overrides
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -71,7 +74,7 @@ def resident_bytes(trainer) -> int:
 
 def _profiled_peak(prof) -> int:
     """The highest running sum of CPU allocations minus frees recorded by ``prof``."""
-    import torch
+    import torch  # deferred: torch loads only when something is measured (`--help` and the report stay light)
 
     events = [e for e in prof.profiler.kineto_results.events()
               if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU]
@@ -85,11 +88,10 @@ def _profiled_peak(prof) -> int:
 def measure(name: str, overrides: list[str], steps: int, device: str, out_dir: Path, lengths: str = "fixed") -> dict:
     """Train ``steps`` steps of one variant; the last one profiled. Returns measured and planned bytes.
     ``lengths``: "fixed" (every completion max_completion_length tokens) or "sampled" (stop at eos)."""
-    import torch
-    from transformers import TrainerCallback
+    import torch  # deferred: torch loads only when something is measured (`--help` and the report stay light)
+    from transformers import TrainerCallback  # deferred: transformers loads only when a model is built or measured
 
-    from bench.variants import build_mixrl_trainer, compose, lengths_kwargs
-    from mixrl.plan import default_prompt_tokens, estimate, model_shape
+    from mixrl.plan import default_prompt_tokens, estimate, model_shape  # deferred: imports torch (the config and CLI layers stay light until a run is built)
 
     if name == "teacher" and not any(o.startswith("teacher") for o in overrides):
         model = next((o.split("=", 1)[1] for o in overrides if o.startswith("model.path=")), "builtin:tiny")
@@ -143,7 +145,7 @@ def measure(name: str, overrides: list[str], steps: int, device: str, out_dir: P
 
 def _built_shape(trainer):
     """The shape of the model the trainer holds (a builtin model resolves to a cached folder)."""
-    from mixrl.plan import _shape
+    from mixrl.plan import _shape  # deferred: imports torch (the config and CLI layers stay light until a run is built)
 
     conf = trainer.accelerator.unwrap_model(trainer.model).config.to_dict()
     return _shape(conf, "the trained model's config")
@@ -183,10 +185,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     variants = [v.strip() for v in opts.only.split(",") if v.strip()]
     if any(v not in VARIANTS for v in variants) or opts.steps < 1:
         p.error(f"--only takes {', '.join(VARIANTS)}; --steps >= 1")
-    import transformers
-
-    from bench.report import write_text
-    from bench.variants import run_overrides
+    import transformers  # deferred: transformers loads only when a model is built or measured
 
     transformers.utils.logging.set_verbosity_error()
     overrides = run_overrides(opts.set, opts.model, opts.device)

@@ -33,7 +33,7 @@ def reset_rss_peak() -> bool:
 
 def state_mb(model, optimizer) -> float:
     """MB of the model's parameters plus the optimizer's state tensors (an accelerate wrapper is looked through)."""
-    import torch
+    import torch  # deferred: torch loads only when something is measured (`--help` and the report stay light)
 
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     opt = getattr(optimizer, "optimizer", optimizer)

@@ -9,6 +9,8 @@ import io
 import os
 import pstats
 import shlex
+import site
+import sysconfig
 from datetime import datetime
 from pathlib import Path
 
@@ -18,8 +20,6 @@ from bench.timer import StepTimer
 
 def _short_paths(text: str) -> str:
     """site-packages/ and repository prefixes removed from file names."""
-    import site
-    import sysconfig
 
     prefixes = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], *site.getsitepackages()}
     for pre in sorted(prefixes, key=len, reverse=True):

@@ -13,6 +13,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from rich.table import Table
+
 from bench.records import VariantResult, fmt, paired_ratio
 
 #: the step-time target of mixrl grpo over plain TRL (ratio (1))
@@ -123,7 +125,6 @@ def _r(d: dict | None, key: str = "paired_median") -> str:
 
 
 def rich_tables(rep: dict):
-    from rich.table import Table
 
     rows = summary_rows(rep)
     cuda = rep["machine"]["device"] == "cuda"

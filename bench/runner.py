@@ -25,19 +25,21 @@ from bench.records import VariantResult
 from bench.timer import StepTimer
 from bench.turns import Aborted, Turns
 from bench.variants import DESCRIPTIONS, VARIANTS, algo_of, build_variant, compose, lengths_kwargs, run_overrides
+from mixrl.config.rehearsal import BUILTIN_MODEL, widened
+from mixrl.errors import ConfigError
 
 
 def run(opts: argparse.Namespace, log: Callable[[str], None]) -> dict:
     """Build, run and measure the variants ``opts.only`` names (``opts``: the CLI's options,
     :func:`bench.throughput.parse_args`); ``log`` gets one line per variant built and, unless
     ``opts.quiet``, per step. Returns the report dict (records as :class:`VariantResult`)."""
-    import torch
-    import transformers
+    import torch  # deferred: torch loads only when something is measured (`--help` and the report stay light)
+    import transformers  # deferred: transformers loads only when a model is built or measured
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     try:
-        import datasets
+        import datasets  # deferred: datasets loads only when a run's data is built
 
         datasets.disable_progress_bars()
     except ImportError:
@@ -52,7 +54,6 @@ def run(opts: argparse.Namespace, log: Callable[[str], None]) -> dict:
         raise SystemExit(f"error: unknown variant(s) {', '.join(bad)}; choose from {', '.join(VARIANTS)}")
     load_before = loadavg()
     if getattr(opts, "context", None):
-        from mixrl.config.rehearsal import BUILTIN_MODEL, widened
 
         opts.model = str(widened(BUILTIN_MODEL, opts.context))
     overrides = run_overrides(opts.set, opts.model, opts.device)
@@ -62,7 +63,7 @@ def run(opts: argparse.Namespace, log: Callable[[str], None]) -> dict:
         profile_steps = {W + S + 1: "cprofile", W + S + 2: "torch"}
     turns = Turns(variants, seed=0, interleaved=opts.schedule == "interleaved", device=opts.device)
     participants: dict[str, tuple[StepTimer, Any]] = {}
-    from mixrl.config.geometry import geometry
+    from mixrl.config.geometry import geometry  # deferred: imports torch (the config and CLI layers stay light until a run is built)
 
     geom = geometry(compose("grpo", overrides, 1))  # checks the overrides before any model loads
     variable = opts.lengths == "variable"
@@ -70,10 +71,9 @@ def run(opts: argparse.Namespace, log: Callable[[str], None]) -> dict:
     budget_rule = None
     unavailable: dict[str, str] = {}
     if variable:
-        from bench.varlen import LengthDraw, base_and_overrides
-        from mixrl.errors import ConfigError
+        from bench.varlen import LengthDraw, base_and_overrides  # deferred: imports torch
 
-        from mixrl.plan import default_prompt_tokens
+        from mixrl.plan import default_prompt_tokens  # deferred: imports torch (the config and CLI layers stay light until a run is built)
 
         cfg0 = compose("grpo", overrides, 1)
         max_len = int(cfg0.trainer.max_completion_length)
@@ -114,14 +114,14 @@ def run(opts: argparse.Namespace, log: Callable[[str], None]) -> dict:
             runner = build_variant(name, cfg, timer, steps=total, device=opts.device, out_dir=tmp / name,
                                    generation_kwargs=lengths_kwargs(cfg, "fixed" if variable else opts.lengths))
             if draw is not None:  # every variant: the same drawn lengths
-                from bench.varlen import wrap_generation
+                from bench.varlen import wrap_generation  # deferred: imports torch
 
                 if name == "floor":
                     runner.lengths = draw
                 else:
                     wrap_generation(runner, draw, runner.processing_class.eos_token_id)
                     if algo_of(name) == "chord":  # long expert rows: 3x a drawn rollout length
-                        from bench.varlen import stretch_experts
+                        from bench.varlen import stretch_experts  # deferred: imports torch
 
                         stretch_experts(runner, draw)
             participants[name] = (timer, runner)

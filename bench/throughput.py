@@ -68,6 +68,8 @@ from bench.timer import StepTimer  # noqa: E402
 from bench.turns import Aborted, Turns  # noqa: E402
 from bench.variants import (ALGO, DEFAULT_VARIANTS, VARLEN_VARIANTS, DESCRIPTIONS, VARIANTS, FloorLoop, build_mixrl_trainer,  # noqa: E402
                             build_trl_trainer, compose, fixed_lengths)
+from mixrl.errors import ConfigError, DataError  # noqa: E402
+from rich.console import Console  # noqa: E402
 
 #: the names this module had before the split, importable from here as before
 __all__ = ["ALGO", "DEFAULT_VARIANTS", "DESCRIPTIONS", "REPO", "TARGET_OVERHEAD", "VARIANTS", "Aborted", "FloorLoop",
@@ -145,11 +147,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from rich.console import Console
 
     opts = parse_args(argv)
     out, err = Console(width=None if sys.stdout.isatty() else 160), Console(stderr=True)
-    from mixrl.errors import ConfigError, DataError
 
     try:
         rep = run(opts, log=lambda s: err.print(s, highlight=False))

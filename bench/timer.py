@@ -42,7 +42,7 @@ class StepTimer:
 
     def _sync(self) -> None:
         if self.cuda:
-            import torch
+            import torch  # deferred: torch loads only when something is measured (`--help` and the report stay light)
 
             torch.cuda.synchronize()
 
@@ -52,7 +52,7 @@ class StepTimer:
         rec = StepRecord(step=step, measured=self.warmup < step <= self.total and step not in self.profile)
         rec.profiled = self.profile.get(step, "")
         if self.cuda:
-            import torch
+            import torch  # deferred: torch loads only when something is measured (`--help` and the report stay light)
 
             torch.cuda.reset_peak_memory_stats()
             rec.cuda_base_mb = torch.cuda.memory_allocated() / 2**20
@@ -63,7 +63,7 @@ class StepTimer:
             self.cprofile = cProfile.Profile()
             self.cprofile.enable()
         elif rec.profiled == "torch":
-            import torch
+            import torch  # deferred: torch loads only when something is measured (`--help` and the report stay light)
 
             acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if self.cuda else [])
             self._torch_prof_ctx = torch.profiler.profile(activities=acts, record_shapes=False)
@@ -80,7 +80,7 @@ class StepTimer:
             self._torch_prof_ctx.__exit__(None, None, None)
         rec.rss_peak_mb = rss_hwm_mb()
         if self.cuda:
-            import torch
+            import torch  # deferred: torch loads only when something is measured (`--help` and the report stay light)
 
             rec.cuda_peak_mb = torch.cuda.max_memory_allocated() / 2**20
         if rec.padding_fraction is None and rec.forward_tokens:  # TRL, the floor: every row padded to the step's width
@@ -105,7 +105,7 @@ class StepTimer:
         return timed
 
     def count_tokens(self, out: dict) -> None:
-        from mixrl.core.provenance import EXPERT
+        from mixrl.core.provenance import EXPERT  # deferred: imports torch (the config and CLI layers stay light until a run is built)
 
         mask = out["completion_mask"]
         src = out.get("row_source")
@@ -126,7 +126,7 @@ class StepTimer:
             self.current.padding_fraction = float(vals[-1])
 
     def callback(self):
-        from transformers import TrainerCallback
+        from transformers import TrainerCallback  # deferred: transformers loads only when a model is built or measured
 
         timer = self
 

@@ -6,8 +6,11 @@ change what any of them draws. Used by ``python -m bench.throughput --schedule i
 
 from __future__ import annotations
 
+import random
 import threading
 from typing import Any
+
+import numpy as np
 
 
 class Aborted(RuntimeError):
@@ -40,19 +43,15 @@ class Turns:
 
     # RNG streams
     def _save_rng(self, name: str) -> None:
-        import random
 
-        import numpy as np
-        import torch
+        import torch  # deferred: torch loads only when something is measured (`--help` and the report stay light)
 
         self.rng[name] = (random.getstate(), np.random.get_state(), torch.get_rng_state(),
                           torch.cuda.get_rng_state_all() if self.cuda else None)
 
     def _load_rng(self, name: str) -> None:
-        import random
 
-        import numpy as np
-        import torch
+        import torch  # deferred: torch loads only when something is measured (`--help` and the report stay light)
 
         state = self.rng.get(name)
         if state is None:  # first turn: seeded as transformers.set_seed does

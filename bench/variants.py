@@ -70,7 +70,7 @@ def lengths_kwargs(cfg, lengths: str) -> dict | None:
 
 def algo_of(variant: str) -> str:
     """The mixrl algo a variant's config is composed for (``trl`` and ``floor`` use grpo's)."""
-    from bench.varlen import base_and_overrides
+    from bench.varlen import base_and_overrides  # deferred: imports torch
 
     variant = base_and_overrides(variant, 0)[0]
     return "grpo" if variant in ("trl", "floor") else ALGO.get(variant, variant)
@@ -79,7 +79,7 @@ def algo_of(variant: str) -> str:
 def compose(algo: str, overrides: list[str], steps: int):
     """The config of one variant: ``algo``, the run's overrides and ``trainer.max_steps=steps``
     (for grpo, TRL's advantage eps 1e-4, so mixrl grpo and plain TRL compute the same numbers)."""
-    from mixrl.config.compose import compose_config
+    from mixrl.config.compose import compose_config  # deferred: imports torch (the config and CLI layers stay light until a run is built)
 
     extra = ["algo.advantage.eps=1e-4"] if algo == "grpo" else []  # TRL's eps: same numbers as the trl variant
     return compose_config([f"algo={algo}", *overrides, *extra, f"trainer.max_steps={steps}"])
@@ -88,8 +88,8 @@ def compose(algo: str, overrides: list[str], steps: int):
 def build_mixrl_trainer(cfg, out_dir: Path, callbacks: list, *, generation_kwargs: dict | None = None):
     """A MixrlGRPOTrainer built from a config with the assembly ``mixrl.trainer.run.train`` uses
     (``generation_kwargs``: extra kwargs of every generate call, e.g. :func:`fixed_lengths`)."""
-    from mixrl.trainer import build
-    from mixrl.trainer.callbacks import MetricsJsonlCallback
+    from mixrl.trainer import build  # deferred: the trainer imports torch and TRL
+    from mixrl.trainer.callbacks import MetricsJsonlCallback  # deferred: imports torch (the config and CLI layers stay light until a run is built)
 
     return build.trainer_from_config(
         cfg, run_dir=out_dir, callbacks=[MetricsJsonlCallback(out_dir / "metrics.jsonl"), *callbacks],
@@ -99,11 +99,11 @@ def build_mixrl_trainer(cfg, out_dir: Path, callbacks: list, *, generation_kwarg
 
 def build_trl_trainer(cfg, out_dir: Path, callbacks: list, *, generation_kwargs: dict | None = None):
     """Plain ``trl.GRPOTrainer`` with the GRPOConfig mixrl builds for the same config."""
-    from transformers import PrinterCallback
-    from trl import GRPOTrainer
+    from transformers import PrinterCallback  # deferred: transformers loads only when a model is built or measured
+    from trl import GRPOTrainer  # deferred: TRL loads only when a trainer is built
 
-    from mixrl.config.geometry import geometry
-    from mixrl.trainer import build
+    from mixrl.config.geometry import geometry  # deferred: imports torch (the config and CLI layers stay light until a run is built)
+    from mixrl.trainer import build  # deferred: the trainer imports torch and TRL
 
     geom = geometry(cfg)
     model_path = build.resolve_model_path(cfg, progress=False)
@@ -126,11 +126,11 @@ class FloorLoop:
 
     def __init__(self, cfg, timer: StepTimer, steps: int, device: str, out_dir: Path, *,
                  generation_kwargs: dict | None = None):
-        import torch
-        from transformers import AutoModelForCausalLM, GenerationConfig, Trainer
+        import torch  # deferred: torch loads only when something is measured (`--help` and the report stay light)
+        from transformers import AutoModelForCausalLM, GenerationConfig, Trainer  # deferred: transformers loads only when a model is built or measured
 
-        from mixrl.config.geometry import geometry
-        from mixrl.trainer import build
+        from mixrl.config.geometry import geometry  # deferred: imports torch (the config and CLI layers stay light until a run is built)
+        from mixrl.trainer import build  # deferred: the trainer imports torch and TRL
 
         self.cfg, self.timer, self.steps, self.device = cfg, timer, steps, device
         self.geom = geometry(cfg)
@@ -158,7 +158,7 @@ class FloorLoop:
         self.lengths = None  # --lengths variable: a bench.varlen.LengthDraw (its k-th draw cuts the k-th rollout)
 
     def rollout(self, step: int) -> dict:
-        import torch
+        import torch  # deferred: torch loads only when something is measured (`--help` and the report stay light)
 
         P, G = self.geom.prompts_per_step, self.geom.num_generations
         batch = [self.rows[self.order[(step * P + i) % len(self.rows)]] for i in range(P)]
@@ -175,7 +175,7 @@ class FloorLoop:
         first = torch.where(is_eos.any(1), is_eos.int().argmax(1), completion_ids.shape[1])
         completion_mask = (torch.arange(completion_ids.shape[1], device=self.device)[None] <= first[:, None]).int()
         if self.lengths is not None:
-            from bench.varlen import cut_tensor
+            from bench.varlen import cut_tensor  # deferred: imports torch
 
             completion_ids, completion_mask = cut_tensor(completion_ids, completion_mask, self.lengths.draw(step - 1, len(completion_ids)),
                                                          self.tok.eos_token_id, self.tok.pad_token_id)
@@ -189,7 +189,7 @@ class FloorLoop:
                 "completion_mask": completion_mask, "advantages": adv}
 
     def train_step(self, batch: dict) -> None:
-        import torch
+        import torch  # deferred: torch loads only when something is measured (`--help` and the report stay light)
 
         n_tokens = batch["completion_mask"].sum().clamp(min=1)
         M = self.geom.micro_batch_size

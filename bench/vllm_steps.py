@@ -92,7 +92,7 @@ def overrides_for(variant: str, opts) -> list[str]:
 # --------------------------------------------------------------------------- one variant (child process)
 def child(opts) -> None:
     """Build and train one variant for warm-up + measured steps; write its records as JSON."""
-    import transformers
+    import transformers  # deferred: transformers loads only when a model is built or measured
 
     transformers.utils.logging.set_verbosity_error()
     v = opts.child
@@ -108,7 +108,7 @@ def child(opts) -> None:
     out_dir = Path(tempfile.mkdtemp(prefix=f"mixrl-bench-vllm-{v}-"))
     t0 = time.perf_counter()
     if v.startswith("trl-"):
-        from mixrl.trainer.build import _colocated_engine, resolve_model_path
+        from mixrl.trainer.build import _colocated_engine, resolve_model_path  # deferred: imports torch (the config and CLI layers stay light until a run is built)
 
         with _colocated_engine(cfg, resolve_model_path(cfg, progress=False)):  # the same CPU plumbing as mixrl's
             trainer = build_trl_trainer(cfg, out_dir, [timer.callback()], generation_kwargs=gen)
@@ -170,7 +170,7 @@ def _load(path: Path) -> tuple[VariantResult, dict]:
 
 
 def run(opts, log) -> dict:
-    from mixrl.models import tiny
+    from mixrl.models import tiny  # deferred: imports torch
 
     variants = [v.strip() for v in opts.only.split(",") if v.strip()]
     bad = [v for v in variants if v not in VARIANTS]
@@ -217,7 +217,7 @@ def run(opts, log) -> dict:
         "results": results, "extra": extra,
     }
     try:
-        import vllm
+        import vllm  # deferred: vLLM is optional (only .venv-vllm has it)
 
         rep["machine"]["vllm"] = vllm.__version__
     except ImportError:
@@ -226,7 +226,7 @@ def run(opts, log) -> dict:
 
 
 def _geometry(sets: list[str]) -> str:
-    from mixrl.config.geometry import geometry
+    from mixrl.config.geometry import geometry  # deferred: imports torch (the config and CLI layers stay light until a run is built)
 
     return geometry(compose("grpo", ["logger.progress=false", *sets], 1)).describe()
 

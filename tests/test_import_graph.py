@@ -103,6 +103,14 @@ def test_every_function_level_import_in_mixrl_says_why_it_is_deferred():
     assert import_graph.undeferred_imports(REPO / "mixrl") == []
 
 
+def test_every_function_level_import_in_bench_says_why_it_is_deferred():
+    """The same rule for the benchmarks (``bench/``): light imports (the standard library, rich,
+    numpy, mixrl's config and error modules) at module level, heavy ones deferred with their reason.
+    (``scripts/`` follows next: its scripts run from a bare checkout, so its rule needs a reason of
+    its own for imports made after ``sys.path`` is set.)"""
+    assert import_graph.undeferred_imports(REPO / "bench") == []
+
+
 def test_the_deferral_check_finds_an_unexplained_import(tmp_path):
     """The check above can fail: in a synthetic package, a function-level import with no reason on
     its line is listed (a reason on the line above or on a neighbouring import does not count),

@@ -102,3 +102,16 @@ def test_config_show_leaves_the_ledger_out():
     with open_dict(cfg):
         cfg.recipe_info.ledger = copy.deepcopy(_full()["ledger"])
     assert "ledger" in cfg.recipe_info and "ledger" not in without_unset(cfg).recipe_info
+
+
+def test_the_optimizer_and_sampling_keys_a_ledger_checks_reach_trl(tmp_path):
+    """trainer.adam_epsilon and trainer.top_k (added so that recipes can state the authors' values)
+    are what TRL's GRPOConfig receives; the defaults are transformers' eps and TRL's 'no top-k'."""
+    from mixrl.trainer.build import grpo_args
+
+    default = grpo_args(compose_config([]), tmp_path)
+    assert (default.adam_epsilon, default.top_k) == (1e-8, 0)
+    args = grpo_args(compose_config(["trainer.adam_epsilon=1e-6", "trainer.top_k=50", "trainer.adam_beta2=0.999"]), tmp_path)
+    assert (args.adam_epsilon, args.top_k, args.adam_beta2) == (1e-6, 50, 0.999)
+    with pytest.raises(ConfigError, match="trainer.top_k"):
+        compose_config(["trainer.top_k=-1"])

@@ -87,7 +87,7 @@ def test_an_interrupted_evaluation_resumes_and_a_finished_one_loads_no_model(tin
     aime, math, arc = result["benchmarks"]
     assert (aime["reused"], aime["generated"]) == (4, 2)  # only the third problem was generated
     assert (math["generated"], arc["generated"]) == (6, 4)
-    assert calls == [1, 1, 1, 1, 1, 1]
+    assert calls == [2, 2, 2, 2, 2, 2]  # batches of trainer.eval_batch_size=2 (problem, sample) pairs
     assert sorted((r["problem"], r["sample"]) for r in _samples(aime["samples_file"])) == [(i, j) for i in range(3) for j in range(2)]
 
     monkeypatch.setattr("mixrl.evaluation.saved.load_saved_model", fail_model_loading)

@@ -63,6 +63,7 @@ def evaluate(model_dir: str | Path, overrides: list[str], *, trust_run_code: boo
                               f"name one, e.g. benchmarks=math6 ({', '.join(spec.names())})")
         bench_ov = [f"benchmarks={named}" if o == "benchmarks=recipe" else o for o in bench_ov]
     sel = spec.select(bench_ov)
+    cache_dir = runner.check_cache_dir(sel.cache_dir) if sel.cache_dir else runner.default_cache_dir()
     table = paper_table(cfg)
     path = saved_models.resolve_model_dir(model_dir)
     device = str(cfg.hardware.device)
@@ -118,7 +119,7 @@ def evaluate(model_dir: str | Path, overrides: list[str], *, trust_run_code: boo
             res = runner.evaluate_benchmark(
                 bench, problems, prompts=prompts, generator_factory=make_generator,
                 scorer=runner.make_scorer(bench, reward_fn), key=key,
-                cache_dir=Path(sel.cache_dir) if sel.cache_dir else runner.default_cache_dir(),
+                cache_dir=cache_dir,
                 max_new_tokens=max_new, batch_size=int(cfg.trainer.eval_batch_size), seed=sel.seed,
                 advance=lambda n: prog.advance(task, n),
             )
@@ -187,10 +188,12 @@ def render_table(result: dict) -> Table:
     reused = sum(r["reused"] for r in result["benchmarks"])
     secs = sum(r["generation_seconds"] for r in result["benchmarks"])
     load = sum(r.get("load_seconds") or 0.0 for r in result["benchmarks"])
+    skipped = sum(r.get("skipped_lines") or 0 for r in result["benchmarks"])
     caption = (f"% correct; 95% intervals: bootstrap over problems (average: stratified by benchmark). "
                f"{gen} samples generated ({result['backend']}, {secs:.1f}s"
                + (f", {gen / secs:.2f} samples/s" if gen and secs > 0 else "")
-               + (f"; {load:.1f}s loading the model" if load else "") + f"), {reused} read back from the samples files")
+               + (f"; {load:.1f}s loading the model" if load else "") + f"), {reused} read back from the samples files"
+               + (f" ({skipped} unreadable lines skipped: torn, not UTF-8 or not a sample)" if skipped else ""))
     if paper:
         caption += f". Paper: {escape(paper['source'])}"
         if paper.get("note"):

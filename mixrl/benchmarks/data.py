@@ -50,12 +50,21 @@ def render_choices(options: list[str], labels: list[str]) -> str:
 
 
 def problems(bench: Benchmark, rows: list[dict]) -> list[Problem]:
-    """The benchmark's problems from raw rows in its source's schema."""
+    """The benchmark's problems from raw rows in its source's schema. A row without a gold answer
+    (null or blank in the answer column) is refused, naming the rows: it would be scored against
+    the text ``None``."""
     where = f"benchmarks.{bench.name}"
+    golds = [column(row, bench.columns["answer"], where) for row in rows]
+    missing = [i for i, g in enumerate(golds) if g is None or (isinstance(g, str) and not g.strip())]
+    if missing:
+        shown = ", ".join(map(str, missing[:10])) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
+        raise DataError(f"{where}: row{'s' if len(missing) > 1 else ''} {shown} of {bench.source} ha{'ve' if len(missing) > 1 else 's'} "
+                        f"no gold answer (column '{bench.columns['answer']}' is null or empty); fix those rows, "
+                        f"or {where}.columns.answer if another column holds the answer")
     out = []
     for i, row in enumerate(rows):
         text = str(column(row, bench.columns["problem"], where))
-        gold = column(row, bench.columns["answer"], where)
+        gold = golds[i]
         ident = str(column(row, bench.columns["id"], where)) if "id" in bench.columns else str(i)
         labels: list[str] = []
         user = bench.template.replace("{problem}", text)

@@ -12,9 +12,20 @@ takes the first N problems of the same file, so a short check is the start of th
 
 Generation: :class:`HFGenerator` (HF ``generate``, left-padded batches, the tokenizer's special
 tokens for plain prompts as TRL adds them) or :class:`VLLMGenerator` (vLLM's offline engine on
-the saved folder; tensor parallel over the visible GPUs, the CPU build on CPU). Sampling is
-seeded per batch from (seed, first problem of the batch), so a resumed batch draws what it
-would have drawn.
+the saved folder; tensor parallel over the visible GPUs, the CPU build on CPU).
+
+Resuming gives what an uninterrupted run gives. Every sample is drawn from (seed, problem index,
+sample index) alone: the *pair* ``problem * samples + sample`` seeds it (HF: the Gumbel-max
+sampler :class:`mixrl.benchmarks.live.SeededSampling`; vLLM: one request per pair with
+``SamplingParams.seed`` = :func:`mixrl.benchmarks.engine.pair_seed`), so which samples are
+already in the file changes none of the others. Batches are a fixed grid over the pairs
+(``trainer.eval_batch_size`` pairs each); a batch with any sample missing is generated whole and
+only its missing samples are written, so a resumed batch has the rows, padding and shapes it had
+in the uninterrupted run and draws the same tokens on the same machine. The file is read
+line by line (:func:`read_samples`): a torn last line (a kill during a write), a line that is not
+UTF-8 or not one of these records is skipped and counted (``skipped_lines`` in the result), and a
+second copy of a sample is never counted. Each batch is appended with one ``write``, after a
+newline when the file ends inside a torn line, so a torn line never swallows the next record.
 """
 
 from __future__ import annotations
@@ -31,6 +42,8 @@ import torch
 
 from mixrl.benchmarks import scoring
 from mixrl.benchmarks.data import Problem
+from mixrl.benchmarks.engine import pair_seed
+from mixrl.benchmarks.live import SeededSampling
 from mixrl.benchmarks.metrics import benchmark_metrics
 from mixrl.benchmarks.spec import Benchmark
 from mixrl.errors import ConfigError
@@ -40,6 +53,20 @@ from mixrl.models.tiny_spec import cache_root
 
 def default_cache_dir() -> Path:
     return Path(cache_root()) / "benchmarks"
+
+
+def check_cache_dir(cache_dir: str | Path) -> Path:
+    """``cache_dir`` as a folder the samples files can go into: refused in one line when it, or the
+    first of its parents that exists, is not a folder (checked before any model loads)."""
+    path = Path(cache_dir).expanduser()
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        what = "is a file" if probe == path else f"is under {probe}, which is a file"
+        raise ConfigError(f"benchmarks.cache_dir={cache_dir}: {what}, not a folder; set benchmarks.cache_dir to a folder "
+                          "(the samples files are written there)")
+    return path
 
 
 def samples_key(bench: Benchmark, *, model_path: str, dtype: str, system_prompt: str | None, seed: int) -> str:
@@ -60,7 +87,8 @@ def render(tokenizer, problem: Problem, system_prompt: str | None, *, chat: bool
 
 
 class HFGenerator:
-    """Batched HF ``generate`` (greedy at temperature 0, else sampling with top-p)."""
+    """Batched HF ``generate``, one row per (problem, sample) pair: greedy at temperature 0, else
+    sampling with temperature and top-p seeded per pair (:class:`mixrl.benchmarks.live.SeededSampling`)."""
 
     name = "hf"
 
@@ -69,8 +97,9 @@ class HFGenerator:
         self.model = None
         self.load_seconds = 0.0  # loading the model (reported apart from generation)
 
-    def generate(self, prompts: list, *, n: int, temperature: float, top_p: float, max_new_tokens: int,
-                 seed: int) -> list[list[str]]:
+    def generate(self, prompts: list, *, pairs: list[int], temperature: float, top_p: float | None, max_new_tokens: int,
+                 seed: int) -> list[str]:
+        """One completion per prompt, ``pairs[i]`` seeding prompt ``i``'s sample."""
         if self.model is None:
             t0 = time.perf_counter()
             self.model = self._load()
@@ -82,23 +111,23 @@ class HFGenerator:
         texts = [p if isinstance(p, str) else tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
                  for p in prompts]
         try:
-            torch.manual_seed(seed)
             enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=plain).to(device)
-            sample = temperature > 0
+            # sampling = greedy decoding of Gumbel-perturbed scores, the noise seeded by (seed, pair, position)
+            seeded = SeededSampling(seed, pairs, temperature, top_p).batch(0) if temperature > 0 else None
             with torch.no_grad():
                 gen = self.model.generate(
-                    **enc, max_new_tokens=max_new_tokens, do_sample=sample, temperature=temperature if sample else None,
-                    top_p=top_p if sample else None, top_k=None, num_return_sequences=n,
+                    **enc, max_new_tokens=max_new_tokens, do_sample=False, temperature=None, top_p=None, top_k=None,
                     pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                    **({"logits_processor": seeded} if seeded is not None else {}),
                 )
         finally:
             tok.padding_side = side
-        out = tok.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-        return [out[i * n:(i + 1) * n] for i in range(len(prompts))]
+        return tok.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
 
 
 class VLLMGenerator:
-    """vLLM's offline engine on the saved model folder (``LLM.generate`` with ``SamplingParams``)."""
+    """vLLM's offline engine on the saved model folder (``LLM.generate``), one request per (problem,
+    sample) pair seeded by it (``SamplingParams.seed`` = :func:`mixrl.benchmarks.engine.pair_seed`)."""
 
     name = "vllm"
 
@@ -107,8 +136,9 @@ class VLLMGenerator:
         self.llm = None
         self.load_seconds = 0.0  # starting the engine (reported apart from generation)
 
-    def generate(self, prompts: list, *, n: int, temperature: float, top_p: float, max_new_tokens: int,
-                 seed: int) -> list[list[str]]:
+    def generate(self, prompts: list, *, pairs: list[int], temperature: float, top_p: float | None, max_new_tokens: int,
+                 seed: int) -> list[str]:
+        """One completion per prompt, ``pairs[i]`` seeding prompt ``i``'s sample."""
         from vllm import LLM, SamplingParams  # deferred: vllm is optional (the vllm extras)
 
         if self.llm is None:
@@ -130,10 +160,13 @@ class VLLMGenerator:
             raise ConfigError(f"a prompt of {max(map(len, ids))} tokens does not fit the model's context of {context} tokens; "
                               "shorten the benchmark's prompt.template or evaluate a model with a longer context")
         # as HF generate does, a sample stops at the end of the context (vLLM would refuse the request)
-        params = [SamplingParams(n=n, temperature=temperature, top_p=top_p if temperature > 0 else 1.0,
-                                 max_tokens=min(max_new_tokens, context - len(x)), seed=seed) for x in ids]
+        sample = temperature > 0
+        params = [SamplingParams(n=1, temperature=temperature if sample else 0.0,
+                                 top_p=top_p if sample and top_p is not None else 1.0,
+                                 max_tokens=min(max_new_tokens, context - len(x)), seed=pair_seed(seed, j))
+                  for x, j in zip(ids, pairs)]
         outs = self.llm.generate([{"prompt_token_ids": x} for x in ids], params, use_tqdm=False)
-        return [[o.text for o in r.outputs] for r in outs]
+        return [r.outputs[0].text for r in outs]
 
 
 def fingerprint(prompt: Any, problem: Problem) -> str:
@@ -142,24 +175,53 @@ def fingerprint(prompt: Any, problem: Problem) -> str:
     return hashlib.sha256(json.dumps([prompt, problem.answer], sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def read_samples(path: Path, problems: list[Problem], n: int, fps: list[str]) -> dict[int, list[dict]]:
-    """The samples already in ``path`` for these problems (same index, id and fingerprint; a torn
-    last line is ignored)."""
+def _record(raw: bytes, n: int) -> dict | None:
+    """One line of a samples file as its record, or None when it is not one (torn, not UTF-8, not
+    JSON, or not a record of this protocol's ``n`` samples)."""
+    try:
+        rec = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(rec, dict):
+        return None
+    ints = all(isinstance(rec.get(k), int) and not isinstance(rec.get(k), bool) for k in ("problem", "sample"))
+    if not ints or not 0 <= rec["sample"] < n or not isinstance(rec.get("correct"), bool):
+        return None
+    if not all(isinstance(rec.get(k), str) for k in ("id", "fp", "completion")):
+        return None
+    return rec if rec.get("extracted") is None or isinstance(rec["extracted"], str) else None
+
+
+def read_samples(path: Path, problems: list[Problem], n: int, fps: list[str]) -> tuple[dict[int, dict[int, dict]], int]:
+    """``({problem index: {sample: record}}, skipped)``: the samples already in ``path`` for these
+    problems (same index, id and fingerprint), the first copy of each (problem, sample) only, and
+    the number of lines that are not records (torn, not UTF-8, foreign), which are skipped."""
     ids = {p.index: (p.id, fp) for p, fp in zip(problems, fps)}
-    done: dict[int, list[dict]] = {}
+    done: dict[int, dict[int, dict]] = {}
+    skipped = 0
     if not path.is_file():
-        return done
-    for line in path.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue  # a line cut by an interruption
-        i = rec.get("problem")
-        if ids.get(i) == (rec.get("id"), rec.get("fp")) and rec.get("sample", n) < n:
-            done.setdefault(i, [])
-            if all(r["sample"] != rec["sample"] for r in done[i]):
-                done[i].append(rec)
-    return {i: sorted(rs, key=lambda r: r["sample"]) for i, rs in done.items()}
+        return done, skipped
+    for raw in path.read_bytes().split(b"\n"):
+        if not raw.strip():
+            continue
+        rec = _record(raw, n)
+        if rec is None:
+            skipped += 1
+        elif ids.get(rec["problem"]) == (rec["id"], rec["fp"]):
+            done.setdefault(rec["problem"], {}).setdefault(rec["sample"], rec)
+    return done, skipped
+
+
+def _append(fd: int, data: bytes) -> None:
+    """Append ``data`` (whole lines) in one ``write``, after a newline when the file ends inside a
+    torn line (so the first record does not join it), and sync it to disk."""
+    size = os.fstat(fd).st_size
+    if size and os.pread(fd, 1, size - 1) != b"\n":
+        data = b"\n" + data
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.fsync(fd)
 
 
 def evaluate_benchmark(bench: Benchmark, problems: list[Problem], *, prompts: list, generator_factory: Callable[[], Any],
@@ -167,58 +229,68 @@ def evaluate_benchmark(bench: Benchmark, problems: list[Problem], *, prompts: li
                        cache_dir: Path, max_new_tokens: int, batch_size: int, seed: int = 0,
                        advance: Callable[[int], None] | None = None) -> dict:
     """Generate what ``CACHE/NAME-KEY.jsonl`` lacks, then score every problem's samples.
-    ``scorer(problems, completions, extracted)`` returns one bool per completion."""
+    ``scorer(problems, completions, extracted)`` returns one bool per completion.
+
+    The (problem, sample) pairs, in order, are cut into batches of ``batch_size``; a batch with a
+    sample missing is generated whole (its rows as in an uninterrupted run) and its missing samples
+    are scored and appended. ``generated``: samples added to the file; ``samples_per_second``: the
+    rate of the generator over every row it decoded."""
     proto = bench.protocol
     n = proto.samples
+    cache_dir = check_cache_dir(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
     path = cache_dir / f"{bench.name}-{key}.jsonl"
     fps = [fingerprint(pr, p) for pr, p in zip(prompts, problems)]
-    done = read_samples(path, problems, n, fps)
-    reused = sum(len(v) for v in done.values())
-    todo = [k for k, p in enumerate(problems) if len(done.get(p.index, [])) < n]
+    done, skipped = read_samples(path, problems, n, fps)
+    reused = sum(len(done.get(p.index, {})) for p in problems)
+    grid = [(k, j) for k in range(len(problems)) for j in range(n)]  # (position in problems, sample)
+    per_batch = max(int(batch_size), 1)
+    todo = sorted({g // per_batch for g, (k, j) in enumerate(grid) if j not in done.get(problems[k].index, {})})
     if advance is not None and reused:
-        advance(min(reused, len(problems) * n))
-    per_batch = max(batch_size // n, 1)
+        advance(reused)
     generator, loaded_before = None, 0.0
-    t0, made = time.perf_counter(), 0
-    with open(path, "a") as fh:
-        for start in range(0, len(todo), per_batch):
-            chunk = todo[start:start + per_batch]
+    t0, made, drawn = time.perf_counter(), 0, 0
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        for b in todo:
+            cell = grid[b * per_batch:(b + 1) * per_batch]
             if generator is None:
                 generator = generator_factory()
                 loaded_before = getattr(generator, "load_seconds", 0.0)
-            texts = generator.generate([prompts[k] for k in chunk], n=n, temperature=proto.temperature, top_p=proto.top_p,
-                                       max_new_tokens=max_new_tokens, seed=seed * 1_000_003 + problems[chunk[0]].index)
-            flat_p = [problems[k] for k in chunk for _ in range(n)]
-            flat_fp = [fps[k] for k in chunk for _ in range(n)]
-            flat_t = [t for ts in texts for t in ts]
-            extracted = [scoring.extract(bench.extract, t, p.labels) for p, t in zip(flat_p, flat_t)]
-            correct = scorer(flat_p, flat_t, extracted)
-            for j, (p, fp, t, e, c) in enumerate(zip(flat_p, flat_fp, flat_t, extracted, correct)):
-                rec = {"problem": p.index, "id": p.id, "fp": fp, "sample": j % n, "completion": t, "extracted": e,
+            texts = generator.generate([prompts[k] for k, _ in cell], pairs=[problems[k].index * n + j for k, j in cell],
+                                       temperature=proto.temperature, top_p=proto.top_p, max_new_tokens=max_new_tokens,
+                                       seed=seed)
+            drawn += len(cell)
+            new = [(k, j, t) for (k, j), t in zip(cell, texts) if j not in done.get(problems[k].index, {})]
+            new_p = [problems[k] for k, _, _ in new]
+            extracted = [scoring.extract(bench.extract, t, p.labels) for p, (_, _, t) in zip(new_p, new)]
+            correct = scorer(new_p, [t for _, _, t in new], extracted) if new else []
+            lines = []
+            for (k, j, t), p, e, c in zip(new, new_p, extracted, correct):
+                rec = {"problem": p.index, "id": p.id, "fp": fps[k], "sample": j, "completion": t, "extracted": e,
                        "correct": bool(c)}
-                done.setdefault(p.index, [])
-                if len(done[p.index]) < n and all(r["sample"] != rec["sample"] for r in done[p.index]):
-                    done[p.index].append(rec)
-                    fh.write(json.dumps(rec) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-            made += len(flat_t)
+                done.setdefault(p.index, {})[j] = rec
+                lines.append(json.dumps(rec) + "\n")
+            if lines:
+                _append(fd, "".join(lines).encode())
+            made += len(lines)
             if advance is not None:
-                advance(len(flat_t))
+                advance(len(lines))
+    finally:
+        os.close(fd)
     load = (getattr(generator, "load_seconds", 0.0) - loaded_before) if generator is not None else 0.0
     seconds = time.perf_counter() - t0 - load
-    correct = [[r["correct"] for r in sorted(done[p.index], key=lambda r: r["sample"])] for p in problems]
-    votes = [[scoring.vote_key(r["extracted"]) for r in sorted(done[p.index], key=lambda r: r["sample"])] for p in problems]
+    correct = [[done[p.index][j]["correct"] for j in range(n)] for p in problems]
+    votes = [[scoring.vote_key(done[p.index][j]["extracted"]) for j in range(n)] for p in problems]
     metrics = benchmark_metrics(proto.metrics, correct, votes, seed=seed)
     return {
         "name": bench.name, "title": bench.title, "source": bench.source, "split": bench.split, "problems": len(problems),
         "samples": n, "protocol": {"temperature": proto.temperature, "top_p": proto.top_p, "max_new_tokens": max_new_tokens},
         "metrics": {m: {k: v for k, v in d.items() if k != "per_problem"} for m, d in metrics.items()},
         "per_problem": {m: d["per_problem"] for m, d in metrics.items()},
-        "samples_file": str(path), "generated": made, "reused": reused,
+        "samples_file": str(path), "generated": made, "reused": reused, "skipped_lines": skipped,
         "backend": getattr(generator, "name", None), "generation_seconds": round(seconds, 3), "load_seconds": round(load, 3),
-        "samples_per_second": round(made / seconds, 3) if made and seconds > 0 else None,
+        "samples_per_second": round(drawn / seconds, 3) if drawn and seconds > 0 else None,
         "cite": bench.cite,
     }
 

@@ -1,0 +1,110 @@
+"""A resumed ``mixrl eval MODEL benchmarks=...`` equals an uninterrupted one (issue 50): every
+sample is drawn from (seed, problem, sample index) alone, a torn or foreign line of the samples
+file is dropped and its sample drawn again, a sample is never counted twice, and the cache's
+other mistakes (a file where the folder should be, a row without a gold answer) are one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from mixrl.benchmarks import command
+from mixrl.cli.main import app
+
+from conftest import fail_model_loading
+
+cli = CliRunner()
+FIXTURES = Path(__file__).parent / "fixtures" / "benchmarks"
+
+
+def _eval(model, cache, *extra):
+    return command.evaluate(model, ["benchmarks=arith", f"benchmarks.cache_dir={cache}", "trainer.eval_size=12",
+                                    "benchmarks.arith.protocol.samples=4", "benchmarks.arith.protocol.temperature=1.0",
+                                    "benchmarks.arith.protocol.metrics=[avg@4,pass@4]", "benchmarks.backend=hf",
+                                    "trainer.max_completion_length=8", "hardware.torch_threads=1",
+                                    "trainer.eval_batch_size=6", *extra], quiet=True)
+
+
+def _by_pair(path) -> dict:
+    out = {}
+    for line in Path(path).read_bytes().splitlines():
+        try:
+            r = json.loads(line)
+        except ValueError:  # the torn line stays in the file, skipped
+            continue
+        out.setdefault((r["problem"], r["sample"]), r["completion"])
+    return out
+
+
+def test_a_resumed_evaluation_equals_an_uninterrupted_one(tiny_model_path, tmp_path):
+    whole = _eval(tiny_model_path, tmp_path / "a")["benchmarks"][0]
+    assert whole["generated"] == 48 and whole["reused"] == 0
+    want = _by_pair(whole["samples_file"])
+    assert len(set(want.values())) > 12  # sampled: the pairs differ
+
+    first = _eval(tiny_model_path, tmp_path / "b")["benchmarks"][0]
+    path = Path(first["samples_file"])
+    data = path.read_bytes()
+    cut = data.index(b"\n", len(data) * 3 // 7) + 15  # a kill during a write: the file ends inside a line
+    path.write_bytes(data[:cut])
+    kept = data[:cut].count(b"\n")
+    again = _eval(tiny_model_path, tmp_path / "b")["benchmarks"][0]
+    assert (again["reused"], again["generated"]) == (kept, 48 - kept)
+    assert again["metrics"] == whole["metrics"] and again["per_problem"] == whole["per_problem"]
+    assert again["skipped_lines"] == 1 and _by_pair(path) == want
+    third = _eval(tiny_model_path, tmp_path / "b")["benchmarks"][0]  # the torn line swallowed no record
+    assert (third["reused"], third["generated"], third["skipped_lines"]) == (48, 0, 1)
+    assert third["metrics"] == whole["metrics"]
+
+
+def test_which_samples_are_cached_changes_no_other_sample(tiny_model_path, tmp_path):
+    """Samples scattered over the batches missing (not a cut at the end): the rest are drawn as before."""
+    whole = _eval(tiny_model_path, tmp_path / "a")["benchmarks"][0]
+    want = _by_pair(whole["samples_file"])
+    path = Path(_eval(tiny_model_path, tmp_path / "b")["benchmarks"][0]["samples_file"])
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(line for i, line in enumerate(lines) if i % 5 != 2))
+    again = _eval(tiny_model_path, tmp_path / "b")["benchmarks"][0]
+    assert again["generated"] == sum(1 for i in range(48) if i % 5 == 2)
+    assert again["metrics"] == whole["metrics"] and _by_pair(path) == want
+
+
+def test_foreign_duplicated_and_non_utf8_lines_are_skipped_and_counted_once(tiny_model_path, tmp_path):
+    whole = _eval(tiny_model_path, tmp_path)["benchmarks"][0]
+    path = Path(whole["samples_file"])
+    lines = path.read_bytes().splitlines(keepends=True)
+    first = json.loads(lines[0])
+    wrong = json.dumps({**first, "correct": not first["correct"]}).encode() + b"\n"  # a second copy of pair 0, disagreeing
+    path.write_bytes(b"".join([b"\xff\xfe not utf-8\n", b"[1, 2]\n", b"{\"problem\": \"x\"}\n", *lines, wrong, lines[3]]))
+    again = _eval(tiny_model_path, tmp_path)["benchmarks"][0]
+    assert (again["reused"], again["generated"]) == (48, 0)
+    assert again["metrics"] == whole["metrics"]  # the first copy of a pair counts, once
+    assert again["skipped_lines"] == 3
+
+
+def test_a_cache_dir_that_is_a_file_is_one_line_before_any_model_loads(tiny_model_path, tmp_path, monkeypatch):
+    monkeypatch.setattr("mixrl.evaluation.saved.load_saved_model", fail_model_loading)
+    f = tmp_path / "cache"
+    f.write_text("")
+    res = cli.invoke(app, ["eval", tiny_model_path, "benchmarks=aime24", f"benchmarks.source_dir={FIXTURES}",
+                           f"benchmarks.cache_dir={f}"])
+    assert res.exit_code == 2, res.output[-2000:]
+    assert "benchmarks.cache_dir" in res.stderr and "not a folder" in res.stderr
+    assert res.stderr.count("\n") <= 2 and "Traceback" not in res.output
+
+
+def test_a_row_without_a_gold_answer_is_refused_naming_it(tiny_model_path, tmp_path, monkeypatch):
+    monkeypatch.setattr("mixrl.evaluation.saved.load_saved_model", fail_model_loading)
+    rows = [json.loads(line) for line in (FIXTURES / "aime24.jsonl").read_text().splitlines()]
+    rows[1]["answer"] = None
+    src = tmp_path / "aime.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = cli.invoke(app, ["eval", tiny_model_path, "benchmarks=aime24", f"benchmarks.aime24.source={src}",
+                           f"benchmarks.cache_dir={tmp_path / 'c'}"])
+    assert res.exit_code == 2, res.output[-2000:]
+    last = res.stderr.strip().splitlines()[-1]  # (after the datasets library's progress line)
+    assert "row 1 " in last and "no gold answer" in last and "Traceback" not in res.output
+    assert not (tmp_path / "c").exists()

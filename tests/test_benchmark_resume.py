@@ -108,3 +108,36 @@ def test_a_row_without_a_gold_answer_is_refused_naming_it(tiny_model_path, tmp_p
     last = res.stderr.strip().splitlines()[-1]  # (after the datasets library's progress line)
     assert "row 1 " in last and "no gold answer" in last and "Traceback" not in res.output
     assert not (tmp_path / "c").exists()
+
+
+def test_vllm_requests_are_seeded_per_pair(monkeypatch):
+    """vLLM's path (faked here: vllm is optional): one request per (problem, sample) pair, its seed
+    ``pair_seed(seed, pair)``, whatever else is in the call."""
+    import sys
+    import types
+
+    from mixrl.benchmarks import runner
+    from mixrl.benchmarks.engine import pair_seed
+
+    seen = []
+
+    class SamplingParams:
+        def __init__(self, **kw):
+            self.__dict__.update(kw)
+
+    class LLM:
+        def __init__(self, model, **kw):
+            self.llm_engine = types.SimpleNamespace(model_config=types.SimpleNamespace(max_model_len=64))
+
+        def generate(self, requests, params, use_tqdm=False):
+            seen.extend(params)
+            return [types.SimpleNamespace(outputs=[types.SimpleNamespace(text=f"s{p.seed}")]) for p in params]
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams))
+    tok = lambda text, add_special_tokens=True: {"input_ids": [1, 2, 3]}  # noqa: E731
+    gen = runner.VLLMGenerator("m", tok, dtype="float32")
+    out = gen.generate(["a", "a", "b"], pairs=[5, 6, 9], temperature=0.6, top_p=0.95, max_new_tokens=8, seed=3)
+    assert out == [f"s{pair_seed(3, j)}" for j in (5, 6, 9)]
+    assert [(p.n, p.temperature, p.top_p, p.max_tokens) for p in seen] == [(1, 0.6, 0.95, 8)] * 3
+    seen.clear()
+    assert gen.generate(["b"], pairs=[9], temperature=0.6, top_p=0.95, max_new_tokens=8, seed=3) == [out[2]]

@@ -129,6 +129,41 @@ def test_another_tokenizer_is_retokenised_once_or_refused(tiny_rm, caplog):
     assert "\n" not in str(e.value)
 
 
+def test_a_model_without_a_classification_head_is_refused_before_it_loads(tiny_model_path, tiny_rm, tmp_path, monkeypatch):
+    """The policy's own causal LM (issue 50), and a folder whose config claims a classifier its weights
+    do not hold: one line each, and no weight loads (transformers would give a random head)."""
+    import shutil
+
+    import transformers
+
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded before it was checked")
+
+    monkeypatch.setattr(transformers.AutoModelForSequenceClassification, "from_pretrained", no_load)
+    for call in ("check_model", "model"):
+        with pytest.raises(ConfigError, match=r"Qwen2ForCausalLM model without a classification head") as e:
+            getattr(build_reward("model", path=tiny_model_path).fn, call)()
+        assert "\n" not in str(e.value) and "builtin:tiny-rm" in str(e.value)
+    fake = tmp_path / "fake-rm"
+    shutil.copytree(tiny_model_path, fake)
+    cfg = json.loads((fake / "config.json").read_text())
+    (fake / "config.json").write_text(json.dumps({**cfg, "architectures": ["Qwen2ForSequenceClassification"]}))
+    with pytest.raises(ConfigError, match=r"no classification head \(score.weight missing\)"):
+        build_reward("model", path=str(fake)).fn.check_model()
+    with pytest.raises(ConfigError, match="no model config could be read there"):
+        build_reward("model", path=str(tmp_path / "nothing")).fn.check_model()
+    build_reward("model", path=tiny_rm).fn.check_model()  # a trained classifier passes
+
+
+def test_training_with_the_policys_own_model_as_reward_model_stops_before_the_run_exists(tiny_model_path, tmp_path):
+    run = tmp_path / "run"
+    res = runner.invoke(app, ["train", *FAST, f"model.path={tiny_model_path}", "reward=model",
+                              f"reward.params.path={tiny_model_path}", f"run_dir={run}"])
+    assert res.exit_code == 2, (res.stdout + res.stderr)[-2000:]
+    assert "without a classification head" in res.stderr and not run.exists()
+    assert len([line for line in res.stderr.splitlines() if line.startswith("error:")]) == 1
+
+
 def test_plan_counts_the_reward_model():
     from mixrl.config.compose import compose_config
     from mixrl.plan import KNOWN_MODELS, _shape, estimate, model_shape

@@ -20,6 +20,12 @@ Tokenizers: the reward model reads text, so a policy with another tokenizer is s
 completion and re-tokenising it with the reward model's tokenizer (said once in the log); with
 ``retokenize=false`` that case is refused at start-up with one line (:meth:`RewardModelReward.check_tokenizer`).
 Held-out accuracy is judged by the verifier, not the model (:func:`mixrl.rewards.components.heldout_reward`).
+
+The model's files are checked before it loads (:meth:`RewardModelReward.check_model`, at start-up and
+before the first load): its ``config.json`` must name a ``*ForSequenceClassification`` architecture, and
+the classification head's weights (the parameters outside the base model, ``score.weight`` for a
+decoder) must be in its safetensors files. Anything else, e.g. the policy's own saved causal LM, is
+refused in one line: transformers would load it with a randomly initialised head, and train on noise.
 """
 
 from __future__ import annotations
@@ -84,6 +90,30 @@ def _prompt_text(prompt: Any) -> str:
     return "" if prompt is None else str(prompt)
 
 
+def _missing_head_weights(path: str, config) -> list[str]:
+    """The classification head's parameter names (those outside the base model) that the folder's
+    safetensors files lack; [] when the folder holds no safetensors file (a hub id, ``.bin`` weights:
+    left to the load)."""
+    from pathlib import Path
+
+    files = sorted(Path(path).glob("*.safetensors")) if Path(path).is_dir() else []
+    if not files:
+        return []
+    import torch  # deferred: config validation builds this reward
+    from safetensors import safe_open  # deferred: reads the files' headers only
+    from transformers import AutoModelForSequenceClassification  # deferred: transformers, 1 s
+
+    with torch.device("meta"):  # parameter names only, no memory
+        shell = AutoModelForSequenceClassification.from_config(config)
+    prefix = f"{shell.base_model_prefix}."
+    head = [n for n, _ in shell.named_parameters() if not n.startswith(prefix)]
+    stored: set[str] = set()
+    for f in files:
+        with safe_open(str(f), framework="pt") as fh:
+            stored.update(fh.keys())
+    return [n for n in head if n not in stored]
+
+
 class RewardModelReward:
     """The picklable reward function of ``reward=model`` (the model is loaded lazily, per process)."""
 
@@ -97,6 +127,7 @@ class RewardModelReward:
         self.verifier = None if verifier == "none" else build_reward(verifier, answer_column=answer_column)
         self._model = self._tokenizer = None
         self._said_retokenize = False
+        self._checked = False  # check_model passed (in this process)
         self.run_device: str | None = None  # hardware.device, given by the trainer's assembly (bind_device)
 
     def bind_device(self, device: str) -> None:
@@ -104,7 +135,7 @@ class RewardModelReward:
         self.run_device = device
 
     def __getstate__(self):
-        return {**self.__dict__, "_model": None, "_tokenizer": None}
+        return {**self.__dict__, "_model": None, "_tokenizer": None, "_checked": False}
 
     # ------------------------------------------------------------------ the model
     def resolved_path(self) -> str:
@@ -123,10 +154,37 @@ class RewardModelReward:
                 self._tokenizer.pad_token = self._tokenizer.eos_token
         return self._tokenizer
 
+    def check_model(self) -> None:
+        """Refuse, in one line and before any weight loads, a model that is not a sequence classifier
+        with its head saved (see the module docstring). Checked once per process."""
+        if getattr(self, "_checked", False):
+            return
+        path = self.resolved_path()
+        where = f"reward.params.path={self.path}"
+        try:
+            from transformers import AutoConfig  # deferred: transformers, 1 s
+
+            config = AutoConfig.from_pretrained(path)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"{where}: no model config could be read there ({str(e).splitlines()[0]}); "
+                              "give a sequence-classification model's folder or hub id, or builtin:tiny-rm") from None
+        archs = list(getattr(config, "architectures", None) or [])
+        if not any(a.endswith("ForSequenceClassification") for a in archs):
+            raise ConfigError(f"{where} is a {', '.join(archs) or config.model_type} model without a classification head "
+                              "(config.json names no *ForSequenceClassification architecture), so its scores would come from a "
+                              "randomly initialised head; give a trained reward model (a sequence classifier) or builtin:tiny-rm")
+        missing = _missing_head_weights(path, config)
+        if missing:
+            raise ConfigError(f"{where}: its config names {archs[0]} but its weights hold no classification head "
+                              f"({', '.join(missing)} missing), so its scores would come from a randomly initialised head; "
+                              "give a trained reward model (a sequence classifier) or builtin:tiny-rm")
+        self._checked = True
+
     def model(self):
         if self._model is None:
             from transformers import AutoModelForSequenceClassification  # deferred: transformers, 1 s
 
+            self.check_model()
             device = self.device or local_device(self.run_device)
             model = AutoModelForSequenceClassification.from_pretrained(self.resolved_path(), dtype="auto")  # its checkpoint's dtype
             if model.config.pad_token_id is None:

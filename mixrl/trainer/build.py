@@ -229,6 +229,8 @@ def prepare_inputs(cfg: DictConfig, console: Console, *, check: bool = True) -> 
         check_training_data(cfg, tokenizer, train_ds, reward_funcs, model_path, extra_texts=extra)  # before the model loads
         check_train_size(cfg, train_ds, heldout)
         for fn in reward_funcs:  # a reward model with another tokenizer: re-tokenised (said once) or refused, before the run exists
+            if hasattr(getattr(fn, "fn", fn), "check_model"):  # and one that is no sequence classifier, refused
+                fn.fn.check_model()
             if hasattr(getattr(fn, "fn", fn), "check_tokenizer"):
                 fn.fn.check_tokenizer(tokenizer)
     if check:

@@ -85,6 +85,42 @@ def test_local_config_json_is_read_without_weights(tmp_path):
     assert result.exit_code == 0 and "unknown model shape" in result.output
 
 
+SHAPE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+              "vocab_size", "tie_word_embeddings", "model_type", "max_position_embeddings")
+
+
+def test_the_built_in_models_rows_are_their_built_configs(tiny_model_path, tiny_bpe_model_path):
+    """The plan reads a built-in model's shape from the table alone, so the table must be what a build writes."""
+    for name, folder in (("builtin:tiny", tiny_model_path), ("builtin:tiny-bpe", tiny_bpe_model_path)):
+        built = json.loads((Path(folder) / "config.json").read_text())
+        assert {k: built[k] for k in SHAPE_KEYS} == {k: KNOWN_MODELS[name][k] for k in SHAPE_KEYS}, name
+
+
+def test_a_recipe_page_reads_the_same_whatever_the_local_cache_holds(tiny_model_path, tiny_bpe_model_path, tmp_path,
+                                                                      monkeypatch):
+    """Issue 50: the recipe pages embed `mixrl plan`; a built tiny model in the cache (another HOME,
+    another MIXRL_CACHE) must not put its path, or anything else, into them."""
+    import shutil
+
+    from mixrl.cli.reference import recipe_page
+    from mixrl.models import tiny_bpe, tiny_spec
+
+    names = ["grpo/arith-tiny", "opd/arith-tiny"]
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("MIXRL_CACHE", str(tmp_path / "empty"))
+    bare = [recipe_page(n) for n in names]
+    monkeypatch.delenv("MIXRL_CACHE")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    shutil.copytree(tiny_model_path, tiny_spec.default_path())  # built here, as `mixrl model build-tiny` leaves it
+    shutil.copytree(tiny_bpe_model_path, tiny_bpe.default_path())
+    assert tiny_spec.is_complete(tiny_spec.default_path()) and str(tmp_path / "home") in str(tiny_spec.default_path())
+    built = [recipe_page(n) for n in names]
+    assert built == bare
+    assert not any(str(tmp_path) in page or ".cache" in page for page in built)
+    assert all("model shape from mixrl.models.known.KNOWN_MODELS" in page for page in built)
+    assert model_shape(compose_config(["model.path=builtin:tiny-bpe"])).source.startswith("mixrl.models.known.KNOWN_MODELS")
+
+
 def test_estimate_by_hand_for_each_strategy():
     """1.5B model (bf16, p = 2), 8 processes: the per-GPU terms of the docstring by hand."""
     base = ["recipe=grpo/qwen2.5-math-1.5b-gsm8k", "hardware=gpu-8x80g", "trainer.micro_batch_size=4", "hardware.use_vllm=false"]

@@ -1,6 +1,11 @@
 """The model's shape for ``mixrl plan``: from a local ``config.json`` (never the weights) or the
 table of known models, and the shapes of the teacher and reward models a config loads.
 
+A built-in model (``builtin:tiny``, ``builtin:tiny-bpe``, ``builtin:tiny-rm``) always takes its row of
+the table, never the ``config.json`` of a copy built in the local cache: the plan must read the same on
+every machine (the recipe pages of the docs site embed it, and ``mixrl docs site --check`` compares
+them), and the table's rows are checked against the built models by ``tests/test_plan.py``.
+
 The parameter count :meth:`ModelShape.params` is checked against :data:`PUBLISHED_PARAMS_B`
 by ``tests/test_plan.py``; the formulas that use the shape are in :mod:`mixrl.planning.memory`
 (explained in :mod:`mixrl.plan`).
@@ -14,7 +19,6 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from mixrl.models import tiny_bpe, tiny_spec
 from mixrl.models.known import KNOWN_MODELS
 
 #: published parameter counts (billions) the formula is checked against
@@ -75,16 +79,11 @@ def _shape(conf: dict, source: str) -> ModelShape:
 
 
 def model_shape(cfg: DictConfig) -> ModelShape | None:
-    """The model's shape from a local ``config.json`` (never the weights) or the known table."""
+    """The model's shape from a local ``config.json`` (never the weights) or the known table (a
+    built-in model: the table only, whatever the local cache holds)."""
     path = str(cfg.model.path)
     local = None
-    if path == "builtin:tiny":
-        cached = tiny_spec.default_path()
-        local = cached if tiny_spec.is_complete(cached) else None
-    elif path == "builtin:tiny-bpe":
-        cached = tiny_bpe.default_path()
-        local = cached if tiny_bpe.is_complete(cached) else None
-    elif Path(path).is_dir():
+    if not path.startswith("builtin:") and Path(path).is_dir():
         local = Path(path)
     if local is not None and (local / "config.json").is_file():
         conf = json.loads((local / "config.json").read_text())

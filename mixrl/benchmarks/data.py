@@ -58,8 +58,9 @@ def problems(bench: Benchmark, rows: list[dict]) -> list[Problem]:
     missing = [i for i, g in enumerate(golds) if g is None or (isinstance(g, str) and not g.strip())]
     if missing:
         shown = ", ".join(map(str, missing[:10])) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
-        raise DataError(f"{where}: row{'s' if len(missing) > 1 else ''} {shown} of {bench.source} ha{'ve' if len(missing) > 1 else 's'} "
-                        f"no gold answer (column '{bench.columns['answer']}' is null or empty); fix those rows, "
+        rows_have = f"rows {shown} have" if len(missing) > 1 else f"row {shown} has"
+        raise DataError(f"{where}: {rows_have} no gold answer in {bench.source}"
+                        f" (column '{bench.columns['answer']}' is null or empty); fix those rows, "
                         f"or {where}.columns.answer if another column holds the answer")
     out = []
     for i, row in enumerate(rows):

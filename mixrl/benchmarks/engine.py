@@ -15,7 +15,7 @@ before the next generation, so the engine still holds the previous step's weight
 
 Sampled protocols seed each (problem, sample) pair (``SamplingParams.seed``, from the evaluation's
 seed and the pair's index), so a sample does not depend on which process draws it nor on the
-requests beside it, as :class:`mixrl.benchmarks.live.SeededSampling` does for HF; the two draw
+requests beside it, as :class:`mixrl.benchmarks.sampling.SeededSampling` does for HF; the two draw
 from the same distribution, not the same tokens. Greedy protocols give HF's completions up to the
 engine's kernels and dtype (the test compares them on the same weights).
 

@@ -19,7 +19,8 @@ with ``k`` samples: the metric kinds of the protocol at ``k`` (``avg@32, pass@32
 ``avg@4, pass@4, maj@4``). They are logged as ``eval/<benchmark>/<metric>`` (``eval/aime24/avg@4``)
 and written to ``eval.jsonl``. Under a launcher each process generates a disjoint share of the
 (problem, sample) pairs (:func:`shard`), gathered to every process; sampled protocols seed each
-pair (:class:`SeededSampling`), so W processes log what one logs. The final table (all problems, the protocol's k, intervals) is
+pair (:class:`mixrl.benchmarks.sampling.SeededSampling`), so W processes log what one logs. The
+final table (all problems, the protocol's k, intervals) is
 ``mixrl eval RUN benchmarks=recipe``.
 
 Metrics follow :mod:`mixrl.benchmarks.metrics` (avg@k: mean accuracy of k samples; pass@k: the
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mixrl.benchmarks import spec
+from mixrl.benchmarks.sampling import SeededSampling
 from mixrl.errors import ConfigError
 
 if TYPE_CHECKING:  # benchmarks.data imports datasets; the config checks (and `mixrl plan`) import this module
@@ -175,49 +177,6 @@ def _gather(obj) -> list:
     out: list = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
     return out
-
-
-class SeededSampling:
-    """Sampling seeded per (problem, sample) pair, so a sample does not depend on which process
-    draws it nor on the rows beside it in the batch: the Gumbel-max trick ("A* Sampling", Maddison
-    et al., arXiv:1411.0030, §2) on the protocol's temperature and top-p scores.
-
-    Formula: ``token = argmax_v (z_v / T + g_v)`` over the top-p nucleus of ``softmax(z / T)``
-    (the other scores -inf), ``g_v = -log(-log u_v)``, ``u ~ U(0, 1)^V`` from a generator seeded by
-    ``(seed, pair, position)``; the argmax is distributed as ``softmax`` of the nucleus, as
-    transformers' ``do_sample`` draws (there with ``torch.multinomial`` on the batch's shared RNG).
-    Decoded greedily (``do_sample=False``) with this processor last."""
-
-    def __init__(self, seed: int, pairs: list[int], temperature: float, top_p: float | None):
-        from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper  # deferred: heavy
-
-        self.seed, self.pairs = int(seed), list(pairs)
-        self.warpers = LogitsProcessorList([TemperatureLogitsWarper(float(temperature))]
-                                           + ([TopPLogitsWarper(float(top_p))] if top_p is not None and top_p < 1.0 else []))
-
-    def batch(self, start: int):
-        """The ``LogitsProcessorList`` for the rows ``pairs[start:]`` of one ``generate`` call."""
-        from transformers import LogitsProcessorList  # deferred: heavy
-
-        outer, pairs = self, self.pairs[start:]
-
-        class _Gumbel:
-            position = 0
-
-            def __call__(self, input_ids, scores):
-                import torch  # deferred: imports torch
-
-                scores = outer.warpers(input_ids, scores)
-                noise = torch.empty_like(scores, dtype=torch.float32)
-                for r in range(scores.shape[0]):
-                    g = torch.Generator(device=scores.device)
-                    g.manual_seed(((outer.seed * 1_000_003 + pairs[r]) * 100_003 + self.position) % (2**63 - 1))
-                    noise[r] = torch.rand(scores.shape[1], generator=g, device=scores.device, dtype=torch.float32)
-                self.position += 1
-                gumbel = -torch.log(-torch.log(noise.clamp(1e-20, 1.0 - 1e-7)))
-                return scores.float() + gumbel
-
-        return LogitsProcessorList([_Gumbel()])
 
 
 def evaluate(model, tokenizer, live: LiveBenchmark, *, batch_size: int, stop: Callable[[], bool] | None = None,

@@ -5,9 +5,10 @@ index, id and fingerprint of prompt + gold answer, sample number, completion, ex
 correct), appended and flushed batch by batch as they are produced. ``KEY`` hashes what the samples depend on: the
 model folder (path, and the size and modification time of its files,
 :func:`mixrl.evaluation.cache._model_fingerprint`), its dtype, the benchmark's source, columns,
-prompt, system prompt and protocol (samples, temperature, top-p, new tokens) and the sampling
-seed. An interrupted evaluation therefore starts again where it stopped (finished problems are
-read back, not regenerated), and a finished one loads no model at all. ``benchmarks.limit``
+prompt, system prompt and protocol (samples, temperature, top-p, new tokens), the sampling
+seed and, for a sampled protocol, how samples are drawn (:data:`DRAW`). An interrupted evaluation
+therefore starts again where it stopped (finished samples are read back, not regenerated), and a
+finished one loads no model at all. ``benchmarks.limit``
 takes the first N problems of the same file, so a short check is the start of the full run.
 
 Generation: :class:`HFGenerator` (HF ``generate``, left-padded batches, the tokenizer's special
@@ -16,7 +17,7 @@ the saved folder; tensor parallel over the visible GPUs, the CPU build on CPU).
 
 Resuming gives what an uninterrupted run gives. Every sample is drawn from (seed, problem index,
 sample index) alone: the *pair* ``problem * samples + sample`` seeds it (HF: the Gumbel-max
-sampler :class:`mixrl.benchmarks.live.SeededSampling`; vLLM: one request per pair with
+sampler :class:`mixrl.benchmarks.sampling.SeededSampling`; vLLM: one request per pair with
 ``SamplingParams.seed`` = :func:`mixrl.benchmarks.engine.pair_seed`), so which samples are
 already in the file changes none of the others. Batches are a fixed grid over the pairs
 (``trainer.eval_batch_size`` pairs each); a batch with any sample missing is generated whole and
@@ -43,7 +44,7 @@ import torch
 from mixrl.benchmarks import scoring
 from mixrl.benchmarks.data import Problem
 from mixrl.benchmarks.engine import pair_seed
-from mixrl.benchmarks.live import SeededSampling
+from mixrl.benchmarks.sampling import SeededSampling
 from mixrl.benchmarks.metrics import benchmark_metrics
 from mixrl.benchmarks.spec import Benchmark
 from mixrl.errors import ConfigError
@@ -69,9 +70,16 @@ def check_cache_dir(cache_dir: str | Path) -> Path:
     return path
 
 
+#: how sampled protocols draw (part of their key): "pair" = seeded per (seed, problem, sample) pair. Samples
+#: drawn before (seeded per batch, which a resume changed) are not mixed with these; greedy keys are unchanged.
+DRAW = "pair"
+
+
 def samples_key(bench: Benchmark, *, model_path: str, dtype: str, system_prompt: str | None, seed: int) -> str:
     payload = {"model": _model_fingerprint(model_path), "dtype": dtype, "bench": bench.key_payload(),
                "system": system_prompt, "seed": seed}
+    if bench.protocol.temperature > 0:
+        payload["draw"] = DRAW
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
@@ -88,7 +96,7 @@ def render(tokenizer, problem: Problem, system_prompt: str | None, *, chat: bool
 
 class HFGenerator:
     """Batched HF ``generate``, one row per (problem, sample) pair: greedy at temperature 0, else
-    sampling with temperature and top-p seeded per pair (:class:`mixrl.benchmarks.live.SeededSampling`)."""
+    sampling with temperature and top-p seeded per pair (:class:`mixrl.benchmarks.sampling.SeededSampling`)."""
 
     name = "hf"
 

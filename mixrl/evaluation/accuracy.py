@@ -83,7 +83,7 @@ def generate_completions(
     """Completions (decoded, special tokens removed) for each prompt: a list of n per prompt.
     ``top_p``: nucleus sampling when sampling (None: the whole distribution).
     ``logits_processor(start)``: a ``LogitsProcessorList`` for the batch of prompts from index
-    ``start`` (e.g. :class:`mixrl.benchmarks.live.SeededSampling`, which samples through greedy
+    ``start`` (e.g. :class:`mixrl.benchmarks.sampling.SeededSampling`, which samples through greedy
     decoding of Gumbel-perturbed scores, so pass ``do_sample=False`` with it).
     ``stop``: asked before each batch (and, in a single process, at each generated token);
     once it returns True the generation ends and :class:`EvaluationInterrupted` is raised."""

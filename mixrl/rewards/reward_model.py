@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from mixrl.errors import ConfigError
@@ -94,8 +95,6 @@ def _missing_head_weights(path: str, config) -> list[str]:
     """The classification head's parameter names (those outside the base model) that the folder's
     safetensors files lack; [] when the folder holds no safetensors file (a hub id, ``.bin`` weights:
     left to the load)."""
-    from pathlib import Path
-
     files = sorted(Path(path).glob("*.safetensors")) if Path(path).is_dir() else []
     if not files:
         return []
@@ -103,8 +102,11 @@ def _missing_head_weights(path: str, config) -> list[str]:
     from safetensors import safe_open  # deferred: reads the files' headers only
     from transformers import AutoModelForSequenceClassification  # deferred: transformers, 1 s
 
-    with torch.device("meta"):  # parameter names only, no memory
-        shell = AutoModelForSequenceClassification.from_config(config)
+    try:
+        with torch.device("meta"):  # parameter names only, no memory
+            shell = AutoModelForSequenceClassification.from_config(config)
+    except Exception:  # noqa: BLE001 - a config transformers cannot build here: the load will say why
+        return []
     prefix = f"{shell.base_model_prefix}."
     head = [n for n, _ in shell.named_parameters() if not n.startswith(prefix)]
     stored: set[str] = set()

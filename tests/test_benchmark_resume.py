@@ -141,3 +141,62 @@ def test_vllm_requests_are_seeded_per_pair(monkeypatch):
     assert [(p.n, p.temperature, p.top_p, p.max_tokens) for p in seen] == [(1, 0.6, 0.95, 8)] * 3
     seen.clear()
     assert gen.generate(["b"], pairs=[9], temperature=0.6, top_p=0.95, max_new_tokens=8, seed=3) == [out[2]]
+
+
+class _Echo:
+    """A generator whose completion names its pair and the whole batch it was drawn in."""
+
+    name = "echo"
+
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, prompts, *, pairs, temperature, top_p, max_new_tokens, seed):
+        self.calls.append(list(pairs))
+        return [f"{seed}:{j} in {pairs}" for j in pairs]
+
+
+def _aime(tmp_path):
+    from mixrl.benchmarks import data, spec
+
+    (bench,) = spec.select(["benchmarks=aime24", f"benchmarks.source_dir={FIXTURES}", "benchmarks.aime24.protocol.samples=3",
+                            "benchmarks.aime24.protocol.temperature=1.0"]).benchmarks
+    return bench, data.load_problems(bench)
+
+
+def test_a_batch_with_a_sample_missing_is_drawn_whole_as_it_was(tmp_path):
+    """Model-free: batches are a fixed grid over the pairs, so a resumed sample comes from the very
+    batch it came from in the uninterrupted run, and only missing samples are written."""
+    from mixrl.benchmarks import runner
+
+    bench, problems = _aime(tmp_path)
+    prompts = [p.problem for p in problems]
+
+    def run(gen):
+        return runner.evaluate_benchmark(bench, problems, prompts=prompts, generator_factory=lambda: gen,
+                                         scorer=lambda ps, ts, es: [False] * len(ts), key="k", cache_dir=tmp_path,
+                                         max_new_tokens=4, batch_size=4, seed=5)
+
+    whole = _Echo()
+    res = run(whole)
+    assert whole.calls == [[0, 1, 2, 3], [4, 5, 6, 7], [8]] and res["generated"] == 9
+    path = Path(res["samples_file"])
+    want = _by_pair(path)
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:5]) + lines[5][:9])  # pairs 0-4 kept, pair 5 torn
+    again = _Echo()
+    res = run(again)
+    assert again.calls == [[4, 5, 6, 7], [8]] and (res["reused"], res["generated"], res["skipped_lines"]) == (5, 4, 1)
+    assert _by_pair(path) == want and len(path.read_text().splitlines()) == 5 + 1 + 4
+
+
+def test_a_samples_file_that_is_a_folder_is_one_line(tmp_path):
+    from mixrl.benchmarks import runner
+    from mixrl.errors import ConfigError
+
+    bench, problems = _aime(tmp_path)
+    (tmp_path / "aime24-k.jsonl").mkdir()
+    with pytest.raises(ConfigError, match="aime24-k.jsonl there is not a file"):
+        runner.evaluate_benchmark(bench, problems, prompts=[p.problem for p in problems], generator_factory=_Echo,
+                                  scorer=lambda ps, ts, es: [False] * len(ts), key="k", cache_dir=tmp_path,
+                                  max_new_tokens=4, batch_size=4)

@@ -248,6 +248,9 @@ def evaluate_benchmark(bench: Benchmark, problems: list[Problem], *, prompts: li
     cache_dir = check_cache_dir(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
     path = cache_dir / f"{bench.name}-{key}.jsonl"
+    if path.exists() and not path.is_file():
+        raise ConfigError(f"benchmarks.cache_dir={cache_dir}: {path.name} there is not a file; move it away "
+                          "(the benchmark's samples are written to it)")
     fps = [fingerprint(pr, p) for pr, p in zip(prompts, problems)]
     done, skipped = read_samples(path, problems, n, fps)
     reused = sum(len(done.get(p.index, {})) for p in problems)

@@ -66,3 +66,16 @@ def test_switching_the_scorer_drops_the_old_scorers_params():
     out = _prepare_value_overrides(with_url, list(parse_overrides(["reward.params.scorer=model"])))
     assert "~reward.params.scorer_params.url" in out  # the judge's url: the model scorer has none
     assert not any("scorer_params.path" in o for o in out)  # both take path: kept
+
+
+@pytest.mark.parametrize("extra, says", [
+    ([], "Summed: the grpo advantage sees one reward per row"),
+    (["algo.advantage.name=capo"], "Per token, critic-free (advantage capo)"),
+    (["algo=ppo"], "Per token: every token's reward enters the critic's advantage (gae)"),
+])
+def test_explain_says_how_a_process_reward_reaches_the_advantage(extra, says):
+    """reward=process under group advantages is summed per row (not CAPO's token-level credit); explain says so."""
+    from mixrl.explain.render import explain_lines
+
+    text = " ".join(t for label, t in explain_lines(compose_config(["reward=process", *extra])) if label == "reward")
+    assert says in text

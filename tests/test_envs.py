@@ -145,6 +145,8 @@ def test_observation_suffix_is_the_templates_user_turn():
     (["env=arith_retry", "algo=luffy"], "not supported yet"),
     (["algo.advantage.name=mt_grpo"], "algo.advantage.name=mt_grpo with env=single: it needs each turn's reward"),
     (["env=tools", "algo.advantage.name=mt_grpo"], "with env=tools: it needs each turn's reward"),
+    (["env=arith_retry", "algo.advantage.name=mt_grpo", "algo.advantage.outcome=final"],
+     "algo.advantage.outcome='final' is not one of last, return"),
 ])
 def test_bad_env_config_is_one_line_exit_2_and_nothing_created(tmp_path, args, says):
     from mixrl.cli.main import app

@@ -48,3 +48,41 @@ def test_header_split():
     assert split_header('LUFFY ("Learning to Reason", arXiv 1): k experts replace rollouts (inject: group_replace); more') == (
         'LUFFY ("Learning to Reason", arXiv 1)', "k experts replace rollouts (inject: group_replace)")
     assert split_header("SFT baseline: supervised fine-tuning only. No rollouts.") == ("SFT baseline", "supervised fine-tuning only")
+
+
+def _synthetic_ledger(differs: bool):
+    from mixrl.config.ledger import FIELDS, ledger_of
+
+    rows = [{"field": f, "authors": 1, "source": "code a.py:1", "ours": {"trainer.seed": 1}, "verdict": "same"} for f in FIELDS]
+    if differs:
+        rows[FIELDS_INDEX] = {"field": "learning_rate", "authors": 1.0e-6, "source": "code train.sh:41",
+                              "ours": "3e-6 | a sentence", "verdict": "differs", "why": "one update per batch"}
+    return ledger_of({"ledger": {"sources": {"code": "owner/repo@0123456789abcdef0123456789abcdef01234567"}, "rows": rows}})
+
+
+FIELDS_INDEX = 10  # learning_rate's row in FIELDS' order
+
+
+def test_fidelity_lines_from_a_synthetic_ledger():
+    """docs/methods.md says per recipe "as the authors' code" or each differing field (authors, ours, why)."""
+    from mixrl.config.ledger import FIELDS
+    from mixrl.experiments.methods import fidelity_lines
+
+    assert list(FIELDS)[FIELDS_INDEX] == "learning_rate"
+    n = len(FIELDS)
+    lines = fidelity_lines([("x/same", _synthetic_ledger(False)), ("x/diff", _synthetic_ledger(True)), ("x/none", None)])
+    assert lines[0].startswith("- **against the authors' code**")
+    assert lines[1] == (f"  - `x/same`: as the authors' code, all {n} fields the same "
+                        "(read from code: owner/repo@0123456789abcdef0123456789abcdef01234567)")
+    assert lines[2].startswith(f"  - `x/diff`: 1 of {n} fields differ from the authors' code")
+    assert lines[3] == "    - learning_rate: authors 1e-06; here 3e-6 | a sentence; why: one update per batch"
+    assert lines[4] == "  - no ledger yet: `x/none`"
+    assert fidelity_lines([("x/none", None)]) == []  # no recipe of the method has a ledger: nothing
+
+
+def test_render_methods_shows_the_recipe_ledgers(tmp_path, monkeypatch):
+    import mixrl.experiments.methods as methods
+
+    monkeypatch.setattr(methods, "recipe_ledger", lambda r: _synthetic_ledger(True) if r == "luffy/arith-tiny" else None)
+    text = render_methods(tmp_path)
+    assert "  - `luffy/arith-tiny`: 1 of" in text and "why: one update per batch" in text

@@ -98,3 +98,17 @@ COMPOSED = [r for r in ROWS if r["overrides"] is not None]
 @pytest.mark.parametrize("row", COMPOSED, ids=[f"{r['peer']}:{r['option']}" for r in COMPOSED])
 def test_every_override_in_the_table_composes(row):
     compose_config(row["overrides"].split())  # raises ConfigError (one line) for an unknown key, name or value
+
+
+def test_edge_differences_are_one_line_and_shown_on_the_page(tmp_path):
+    """A row that still differs from its peer's code at an edge says so in one line (``edge``),
+    shown in its note cell; the rows named in issue 49 carry one."""
+    edged = {(r["peer"], r["option"]) for r in ROWS if r.get("edge")}
+    assert {("verl", "`loss_mode=gspo`"), ("Trinity-RFT", "`asymre` (advantage, `baseline_shift`)"),
+            ("TRL", "`PPOConfig` `cliprange_value=c`"), ("TRL", "`PPOConfig` `gamma=g lam=l`")} <= edged
+    page = render_peers(TABLE)
+    assert page.count("**Differs at the edge:**") == len(edged)
+    bad = tmp_path / "p.yaml"
+    bad.write_text(DATA.read_text().replace("    edge: 'a row alone in its group", "    edge: 'two\n\n  lines; a row alone in its group", 1))
+    with pytest.raises(ValueError, match="edge is one line"):
+        load_peers(bad)

@@ -63,6 +63,19 @@ def test_shipped_suites_load_and_compose(tmp_path):
     assert cfg.algo.loss.name == "reinforce" and cfg.algo.aggregation.max_len == cfg.trainer.max_completion_length
 
 
+def test_every_shipped_claim_quotes_its_paper():
+    """A suite claims only what its paper says: every claim of conf/suites/ carries the paper's words
+    in double quotes and where they are ((abstract), (Section ...), (Table ...))."""
+    from mixrl.experiments.claims import QUOTE
+    from mixrl.experiments.suites import load_suite, suite_names
+
+    claims = [(name, c) for name in suite_names() for c in load_suite(name).claims]
+    assert len(claims) >= 40
+    missing = [f"{name}: {c.claim}" for name, c in claims if not c.quote]
+    assert not missing, f"claims without the paper's words (add quote: '\"...\" (abstract)'): {missing}"
+    assert all(QUOTE.match(c.quote) for _, c in claims)
+
+
 @pytest.mark.parametrize("text, match", [
     ("methods: {a: grpo/nope}\n", "unknown recipe 'grpo/nope'"),
     ("methods: {a: grpo/arith-tiny}\nseeds: 0\n", "seeds must be an integer >= 1"),
@@ -70,6 +83,8 @@ def test_shipped_suites_load_and_compose(tmp_path):
     ("methods: {a: grpo/arith-tiny}\nclaims: [{paper: P, claim: c, method: a, baseline: b}]\n", "baseline 'b' is not a method"),
     ("seeds: 2\n", "'methods' must map labels"),
     ("methods: {a: grpo/arith-tiny}\noverrides: [trainer.max_steps]\n", "key=value"),
+    ("methods: {a: grpo/arith-tiny}\nclaims: [{paper: P, claim: c, quote: somewhere it says so, method: a, baseline: a}]\n",
+     "quote must be the paper's words in double quotes"),
 ])
 def test_bad_suites_are_one_line_errors(tmp_path, text, match):
     from mixrl.errors import ConfigError

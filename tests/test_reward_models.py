@@ -250,11 +250,13 @@ def test_process_rewards_put_each_steps_score_on_its_tokens(stand_in):
     assert proc(prompts=["3+5+2="], completions=[text], answer=["10"], completion_ids=[ids]) == [-5.0]
     # tokens: 8,' ' | 1,1,' ' | #,#,#,#,' ' | 1,1 | eos; wrong steps get 1 * (0 - 1) on each token, the outcome 2 * 0
     assert proc.last_dense[0] == [0, 0, -1, -1, -1, 0, 0, 0, 0, 0, -1, -1, 0]
+    assert proc.last_credit[0] == proc.last_dense[0]  # the outcome (2 * 0) adds nothing: the credit is the whole list
     assert heldout_reward(proc) is proc.fn.verifier
     right = "8 10 #### 10"
     ids = tok(right, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     assert proc(prompts=["3+5+2="], completions=[right], answer=["10"], completion_ids=[ids]) == [2.0]
     assert proc.last_dense[0] == [0] * (len(ids) - 1) + [2.0]  # every step right: only the outcome, on the last token
+    assert proc.last_credit[0] == [0] * len(ids)  # algo.advantage.name=capo's credit: the steps' part, without the outcome
 
 
 # --------------------------------------------------------------------------- training runs (2-3 steps each)
@@ -324,6 +326,31 @@ def test_ppo_trains_on_process_rewards_from_a_step_judge(tiny_model_path, stand_
     assert len(rows) == 2 and all(r["process/unparsable"] == 0 for r in rows)
     assert all(r["rewards/process/mean"] <= 1.0 for r in rows)  # at most the outcome: steps only ever subtract
     assert any(k.startswith("critic/") or k.startswith("loss/value") for k in rows[-1]), sorted(rows[-1])
+
+
+@pytest.mark.slow
+def test_capo_trains_on_process_rewards_per_token_without_a_critic(tiny_model_path, stand_in, tmp_path, monkeypatch):
+    """algo.advantage.name=capo: the step rewards reach the policy per token (no critic): the advantages of
+    a row differ between its tokens, and the run trains."""
+    import mixrl.trainer.grpo as grpo_mod
+
+    seen = []
+    real = grpo_mod.token_credit_inputs
+
+    def spy(out, funcs, weights, acc):
+        got = real(out, funcs, weights, acc)
+        seen.append(got)
+        return got
+
+    monkeypatch.setattr(grpo_mod, "token_credit_inputs", spy)
+    url, _ = stand_in
+    run = tmp_path / "run"
+    _train([*FAST, f"model.path={tiny_model_path}", "algo.advantage.name=capo", "reward=process", "reward.params.separator=' '",
+            f"reward.params.scorer_params.url={url}", f"run_dir={run}"])
+    assert seen and all(s["token_credit"].shape == s["mask"].shape for s in seen)
+    assert any(bool((s["token_credit"] != 0).any()) for s in seen)  # some step was judged wrong: a per-token credit
+    rows = [r for r in _metrics(run) if "rewards/process/mean" in r]
+    assert len(rows) == 2 and all(math.isfinite(r["loss"]) for r in rows if "loss" in r)
 
 
 # --------------------------------------------------------------------------- the device of a reward's own model

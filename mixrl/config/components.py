@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import mixrl.core as core
 from mixrl.core.advantages import GRPO_SCALES
+from mixrl.core.turn_advantages import MT_GRPO_OUTCOMES
 from mixrl.errors import ConfigError, did_you_mean
 
 # config path pattern -> (module, registry attribute, human kind)
@@ -210,6 +211,9 @@ def validate_components(cfg: DictConfig) -> None:
     adv = cfg.algo.get("advantage")
     if adv is not None and adv.get("name") == "grpo" and adv.get("scale", "group") not in GRPO_SCALES:
         raise ConfigError(f"algo.advantage.scale={adv.get('scale')!r} is not one of {', '.join(GRPO_SCALES)} (TRL's scale_rewards)")
+    if adv is not None and adv.get("name") == "mt_grpo" and adv.get("outcome", "last") not in MT_GRPO_OUTCOMES:
+        raise ConfigError(f"algo.advantage.outcome={adv.get('outcome')!r} is not one of {', '.join(MT_GRPO_OUTCOMES)}; "
+                          "fix algo.advantage.outcome (last: the authors' MT-GRPO, return: every row's advantage from the return)")
     est = kl.get("estimator", "k3")
     if est not in core.KL_ESTIMATORS:
         names = core.KL_ESTIMATORS.names()

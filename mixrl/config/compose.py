@@ -250,6 +250,21 @@ def _prepare_value_overrides(base: DictConfig, value_overrides: list) -> list[st
             if key != "name" and key not in params and key not in set_here:
                 # Hydra cannot delete a key whose value is null: those are dropped after composition
                 out.append(f"~{parent}.{key}" if node[key] is not None else f"{DROP}{parent}.{key}")
+    # switching a reward's scorer (reward.params.scorer=model) drops the scorer_params the old scorer took
+    for ov in value_overrides:
+        reward_path, _, leaf = ov.key_or_group.rpartition(".params.")
+        if leaf != "scorer" or not _is_reward_path(reward_path):
+            continue
+        node = OmegaConf.select(base, f"{reward_path}.params.scorer_params")
+        params = _scorer_param_names(ov.get_value_element_as_str())
+        if not isinstance(node, DictConfig) or params is None:
+            continue
+        set_here = {o.key_or_group.rpartition(".")[2] for o in value_overrides
+                    if o.key_or_group.rpartition(".")[0] == f"{reward_path}.params.scorer_params"}
+        for key in node.keys():
+            if key not in params and key not in set_here:
+                out.append(f"~{reward_path}.params.scorer_params.{key}" if node[key] is not None
+                           else f"{DROP}{reward_path}.params.scorer_params.{key}")
     for ov in value_overrides:
         key, line = ov.key_or_group, ov.input_line
         if ov.is_add() or ov.is_force_add() or ov.is_delete():
@@ -257,6 +272,10 @@ def _prepare_value_overrides(base: DictConfig, value_overrides: list) -> list[st
             continue
         if key in known:
             out.append(line)
+            continue
+        scorer_key = _scorer_param_key(base, key, value_overrides)
+        if scorer_key is not None:
+            out.append("+" + line)
             continue
         if key in schema_keys:  # a schema key the group files leave at its default
             out.append("+" + line)
@@ -307,6 +326,34 @@ def _list_index_problem(base: DictConfig, key: str) -> str | None:
                     f"set an entry by its index or the whole list ({where}=[...])")
         return None
     return None
+
+
+def _is_reward_path(path: str) -> bool:
+    """``reward`` or ``reward.extra.<i>``: a node with a reward's ``name`` and ``params``."""
+    return path == "reward" or (path.startswith("reward.extra.") and path.count(".") == 2)
+
+
+def _scorer_param_names(scorer: str) -> set[str] | None:
+    """The parameters a scorer (``reward=process``'s ``scorer``: a registered reward, judge or model) takes."""
+    return _reward_param_names(scorer)
+
+
+def _scorer_param_key(base: DictConfig, key: str, value_overrides: list) -> bool | None:
+    """True when ``key`` is ``<reward>.params.scorer_params.<leaf>`` and the reward's scorer (as
+    overridden in the same command, else as composed) takes ``leaf``; ConfigError naming the
+    scorer's parameters when it does not; None for any other key."""
+    head, sep, leaf = key.rpartition(".params.scorer_params.")
+    if not sep or "." in leaf or not _is_reward_path(head):
+        return None
+    scorer = next((ov.get_value_element_as_str() for ov in value_overrides if ov.key_or_group == f"{head}.params.scorer"),
+                  OmegaConf.select(base, f"{head}.params.scorer"))
+    params = _scorer_param_names(scorer) if isinstance(scorer, str) else None
+    if params is None:
+        return None
+    if leaf not in params:
+        raise ConfigError(f"unknown key '{key}': the {scorer} scorer has no parameter '{leaf}'{did_you_mean(leaf, params)}; "
+                          f"its parameters: {', '.join(sorted(params))}")
+    return True
 
 
 def _reward_param_names(name) -> set[str] | None:

@@ -73,6 +73,7 @@ def validate_config(raw: DictConfig) -> DictConfig:
         validate_hardware(cfg)
         validate_run(cfg)
         _validate_env(cfg)
+        _validate_token_credit(cfg)
         _validate_rewards(cfg)
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "?"
@@ -116,6 +117,23 @@ def _section_of(message: str) -> str | None:
 #: (LUFFY's, SFT's; kept out of TRL's tool loop, mixrl.trainer.tool_rows), their tool turns
 #: marked provenance ``environment`` from the chat template's turn marks.
 TOOL_INJECTIONS = ("append_rows", "group_replace", "replace_all")
+
+
+def _validate_token_credit(cfg: DictConfig) -> None:
+    """``algo.advantage.name=capo`` (per-token advantages from dense rewards): no row filter and no
+    injection that adds rows after the advantages (both read or write one advantage per row)."""
+    if cfg.algo.advantage.name != "capo":
+        return
+    from mixrl.config.sampler import sampler_active
+    from mixrl.sources import INJECTIONS
+
+    if sampler_active(cfg):
+        raise ConfigError("algo.advantage.name=capo with a sampler: its row filters read one advantage per row, capo gives one "
+                          "per token; use sampler=none or algo.advantage.name=grpo")
+    inject = cfg.algo.inject.get("name", "none")
+    if INJECTIONS.get(inject).appends_rows_after_advantages:
+        raise ConfigError(f"algo.advantage.name=capo with algo.inject.name={inject}: that injection adds rows after the "
+                          "advantages, with one advantage per row; use an injection that writes rows before scoring (group_replace)")
 
 
 def _validate_env(cfg: DictConfig) -> None:

@@ -12,7 +12,8 @@ registry                 kind                              module
                                                            ``vespo`` (all re-exported by ``policy_losses``)
 ``TOKEN_WEIGHTS``        token weight                      ``token_weights``
 ``AGGREGATIONS``         aggregation                       ``aggregation``
-``ADVANTAGES``           advantage                         ``advantages``, ``gae``, ``turn_advantages``
+``ADVANTAGES``           advantage                         ``advantages``, ``gae``, ``turn_advantages``,
+                                                           ``process_advantages``
 ``KL_ESTIMATORS``        KL estimator                      ``regularizers``
 ``SCHEDULES``            schedule                          ``schedules``
 ``CONTROLLERS``          controller                        ``controllers``
@@ -35,6 +36,7 @@ from mixrl.core import (  # noqa: F401  (import = registration)
     policy_base,
     policy_losses,
     preference,
+    process_advantages,
     provenance,
     regularizers,
     reinforce_losses,

@@ -32,6 +32,7 @@ def gspo(
     *,
     clip_low: float = 3e-4,
     clip_high: float = 4e-4,
+    seq_log_ratio_max: float | None = None,
 ) -> PolicyLossOutput:
     """GSPO: sequence-level (length-normalised) ratio with a PPO clip.
 
@@ -43,12 +44,18 @@ def gspo(
     aggregation this is exactly GSPO's sequence objective and gradient. Clipped: all valid
     tokens of rows whose s is clipped.
 
+    ``seq_log_ratio_max`` (default none) clamps ``log s_t`` from above, as verl's
+    ``compute_policy_loss_gspo`` does at 10.0 (``torch.clamp(log_seq_importance_ratio, max=10.0)``,
+    verl b178a3cd core_algos.py): a row whose mean log-ratio is above it gets ratio exp(max) and no
+    gradient through the ratio.
+
     Paper: "Group Sequence Policy Optimization" (GSPO, Qwen, Zheng et al. 2025); defaults
     3e-4 / 4e-4 from the paper.
 
     Parameters:
         clip_low (3e-4): sequence-ratio lower bound 1 - clip_low.
         clip_high (4e-4): sequence-ratio upper bound 1 + clip_high.
+        seq_log_ratio_max (None): clamp log s_t at this value from above (verl: 10.0); none: no clamp.
     """
     logp, old_logp, advantages = masked_inputs(logp, old_logp, advantages, mask)
     m = bool_mask(mask)
@@ -56,7 +63,10 @@ def gspo(
     count = m.sum(-1, keepdim=True).clamp(min=1).to(logp.dtype)
     seq_lr = (lr.sum(-1, keepdim=True) / count).detach()
     seq_ratio = torch.exp(seq_lr)
-    s_tok = seq_ratio * torch.exp(logp - logp.detach())
+    if seq_log_ratio_max is None:
+        s_tok = seq_ratio * torch.exp(logp - logp.detach())
+    else:  # verl's clamp of the per-token log sequence ratio (value and gradient)
+        s_tok = torch.exp(torch.clamp(seq_lr + (logp - logp.detach()), max=float(seq_log_ratio_max)))
     adv = token_advantages(advantages, logp)
     loss1 = -adv * s_tok
     loss2 = -adv * torch.clamp(s_tok, 1.0 - clip_low, 1.0 + clip_high)

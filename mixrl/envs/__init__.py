@@ -14,9 +14,10 @@ goes on until ``done``, ``env.max_turns`` or the completion budget. Observation 
 row with provenance ``environment`` (masked from every loss); the episode's return (the sum of the
 turns' rewards) is the rollout's reward.
 
-Multi-turn agent RL with per-turn rewards: "ArCHer: Training Language Model Agents via
-Hierarchical Multi-Turn RL" (arXiv:2402.19446); "Reinforcement Learning for Long-Horizon
-Interactive LLM Agents" (LOOP, arXiv:2502.01600); "ST-PPO: Stabilized Off-Policy Proximal Policy
+Multi-turn agent RL: "ArCHer: Training Language Model Agents via Hierarchical Multi-Turn RL"
+(arXiv:2402.19446); "Reinforcement Learning for Long-Horizon Interactive LLM Agents" (LOOP,
+arXiv:2502.01600: RL directly in a stateful environment, not per-turn rewards; those are MT-GRPO's,
+arXiv 2505.11821); "ST-PPO: Stabilized Off-Policy Proximal Policy
 Optimization for Multi-Turn Agents Training" (the turn-level ratio, ``algo.loss.name=turn_ppo``).
 """
 

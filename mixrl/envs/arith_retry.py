@@ -7,10 +7,14 @@ Per-turn reward (the episode's return is their sum)::
     wrong or missing answer      -> -0.5 (WRONG_REWARD), observation "wrong" (or "no ####")
 
 So the return is 1 - 0.5 k for a problem solved after k wrong answers, and -0.5 T when all T
-turns are wrong: a first-try answer is worth most, a late one still beats none. Paper: the
-multi-turn retry of "ArCHer: Training Language Model Agents via Hierarchical Multi-Turn RL"
-(arXiv:2402.19446)'s setting, with the turn-level rewards of "Reinforcement Learning for
-Long-Horizon Interactive LLM Agents" (LOOP, arXiv:2502.01600).
+turns are wrong: a first-try answer is worth most, a late one still beats none. The per-turn
+rewards are mixrl's design for a small task (turn-level rewards as MT-GRPO's, "Reinforcing
+Multi-Turn Reasoning in LLM Agents via Turn-Level Credit Assignment", arXiv 2505.11821, uses
+them). Multi-turn agent RL: "ArCHer: Training Language Model Agents via Hierarchical Multi-Turn
+RL" (arXiv:2402.19446); "Reinforcement Learning for Long-Horizon Interactive LLM Agents" (LOOP,
+arXiv:2502.01600) trains an agent directly in a stateful environment ("We present a
+reinforcement learning (RL) approach that trains IDAs directly in their target environments",
+abstract) but does not use per-turn rewards.
 """
 
 from __future__ import annotations

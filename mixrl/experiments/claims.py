@@ -4,6 +4,7 @@ A claim says that one method beats another on a held-out metric, e.g. (YAML, in 
 
     - paper: "Learning to Reason under Off-Policy Guidance"
       claim: LUFFY learns problems on-policy RL cannot solve
+      quote: '"... failing to acquire reasoning abilities beyond its initial capabilities" (abstract)'
       method: luffy/arith-tiny        # a compare label: the recipe name
       baseline: grpo/arith-tiny
       metric: accuracy/level5
@@ -16,6 +17,9 @@ Per run, ``stat`` gives one number: ``final`` (after training), ``best`` (max ov
 held-out evaluations), ``drop`` (best - final, a stability measure: lower is better),
 ``rollouts_to`` / ``tokens_to`` (rollouts / generated tokens when the metric first reached
 ``target``; a run that never reaches it counts at its whole budget, a lower bound).
+``quote`` is the paper's own words that make the claim, in double quotes, then where they are in
+the paper in parentheses (``(abstract)``, ``(Section 4.2)``, ``(Table 3)``): a suite claims only
+what its paper says.
 :func:`judge_claims` compares the two methods' per-seed values with :func:`mixrl.experiments.stats.judge`,
 adds the rliable interval estimates of :mod:`mixrl.experiments.intervals` (each side's IQM and
 P(method better) with stratified bootstrap intervals) and, when several claims are judged at
@@ -36,7 +40,9 @@ from mixrl.experiments.stats import AGREES, DISAGREES, TESTS, UNRESOLVED, holm, 
 ALPHA = 0.05
 
 STATS = ("final", "best", "drop", "rollouts_to", "tokens_to")
-_FIELDS = {"paper", "claim", "method", "baseline", "metric", "stat", "better", "test", "target"}
+_FIELDS = {"paper", "claim", "quote", "method", "baseline", "metric", "stat", "better", "test", "target"}
+#: a claim's quote: the paper's words in double quotes, then where they are: (abstract), (Section 4), (Table 2), ...
+QUOTE = re.compile(r'^".+" \((abstract|Section|Table|Figure|Appendix)\b[^)]*\)$', re.S)
 
 
 @dataclass
@@ -50,6 +56,7 @@ class Claim:
     better: str = "higher"
     test: str = "welch"
     target: float | None = None
+    quote: str | None = None
 
     def describe(self) -> str:
         what = {"final": "final", "best": "best", "drop": "drop from best (best - final)",
@@ -72,6 +79,9 @@ def parse_claim(item: Mapping, where: str = "claim", aliases: Mapping[str, str] 
     c = Claim(**{k: item[k] for k in item})
     if c.stat not in STATS:
         raise ConfigError(f"{where}: stat '{c.stat}' is not one of {', '.join(STATS)}")
+    if c.quote is not None and not QUOTE.match(str(c.quote).strip()):
+        raise ConfigError(f"{where}: quote must be the paper's words in double quotes, then where they are "
+                          "('\"...\" (abstract)', '(Section 4.2)', '(Table 3)'); got {c.quote!r}")
     if c.better not in ("higher", "lower"):
         raise ConfigError(f"{where}: better must be 'higher' or 'lower', got '{c.better}'")
     if c.test not in TESTS:

@@ -5,7 +5,8 @@ mechanism from the preset's header comment, the objective it composes to (render
 components, as ``mixrl explain`` does), the recipes that use it, and the claims the suites
 (``conf/suites/*.yaml``) make about its recipes, each with the latest measured verdict from
 ``docs/results/<suite>/compare.json`` when that file holds judged claims, else
-"not measured yet".
+"not measured yet", and, per recipe with a fidelity ledger (``recipe_info.ledger``,
+:mod:`mixrl.config.ledger`), whether it runs as the authors' code or which fields differ and why.
 
 ``python -m mixrl.experiments.methods > docs/methods.md`` or ``mixrl docs methods`` writes it; a test
 keeps the committed page current.
@@ -20,7 +21,8 @@ from pathlib import Path
 import sys
 
 from mixrl.config.compose import compose_config, conf_dir, group_options, list_recipe_names
-from mixrl.config.recipe_index import recipe_summary
+from mixrl.config.ledger import Ledger, ledger_of
+from mixrl.config.recipe_index import recipe_summary, recipes_dir
 from mixrl.explain.render import objective_equation
 from mixrl.sampler import GROUP_FILTERS, PICKERS, ROW_FILTERS
 from mixrl.experiments.suites import load_suite, suite_names
@@ -95,6 +97,45 @@ def _recipes_by_algo() -> dict[str, list[tuple[str, str]]]:
     return out
 
 
+def _show(value) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={_show(v)}" for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_show(v) for v in value) + "]"
+    return str(value)
+
+
+def recipe_ledger(name: str) -> Ledger | None:
+    """The fidelity ledger of a shipped recipe (``recipe_info.ledger``, read from its file), or None."""
+    from omegaconf import OmegaConf
+
+    info = OmegaConf.load(recipes_dir() / f"{name}.yaml").get("recipe_info") or {}
+    return ledger_of(info, f"recipe {name}: recipe_info.ledger") if info.get("ledger") is not None else None
+
+
+def fidelity_lines(ledgers: list[tuple[str, Ledger | None]]) -> list[str]:
+    """``- **against the authors' code**:`` with one line per recipe that has a ledger: "as the authors'
+    code" when every field is the same, else each differing field (authors' value; ours; why). Recipes
+    without a ledger are named together at the end; nothing when no recipe has one."""
+    have = [(r, led) for r, led in ledgers if led is not None]
+    if not have:
+        return []
+    out = ["- **against the authors' code** (the recipes' fidelity ledgers, `recipe_info.ledger`):"]
+    cell = lambda v: _show(v).replace("\n", " ")  # noqa: E731
+    for recipe, led in have:
+        c = led.counts()
+        sources = "; ".join(f"{k}: {v}" for k, v in led.sources.items())
+        if not c["differs"]:
+            out.append(f"  - `{recipe}`: as the authors' code, all {c['rows']} fields the same (read from {sources})")
+            continue
+        out.append(f"  - `{recipe}`: {c['differs']} of {c['rows']} fields differ from the authors' code (read from {sources}):")
+        out += [f"    - {r.label}: authors {cell(r.authors)}; here {cell(r.ours)}; why: {cell(r.why)}" for r in led.differing()]
+    missing = [r for r, led in ledgers if led is None]
+    if missing:
+        out.append("  - no ledger yet: " + ", ".join(f"`{r}`" for r in missing))
+    return out
+
+
 def _measured(results_root: Path, suite: str) -> list[dict] | None:
     """The judged claims of ``docs/results/<suite>/``, then those of its variants
     ``docs/results/<suite>-*/`` (the same suite run on part of its grid or another budget, e.g.
@@ -159,6 +200,7 @@ def render_methods(results_root: str | Path = "docs/results") -> str:
                 f"- **objective**: {_objective(name)}",
                 "- **recipes**:" + ("" if rs else f" none (use `algo={name}`)")]
         out += [f"  - `{r}`: {desc}" for r, desc in rs]
+        out += fidelity_lines([(r, recipe_ledger(r)) for r, _ in rs])
         claims = [(sname, c) for r, _ in rs for sname, c in claims_by_recipe.get(r, [])]
         if claims:
             out += ["- **claims**:", ""]

@@ -8,7 +8,10 @@ that exists and names its peer, and fails when the committed page is not what
 
 A row: ``peer``, ``option`` (markdown), ``overrides`` (space-separated overrides, or null where
 mixrl has no counterpart), ``status`` (one of :data:`STATUSES`), ``note`` (markdown) and, for
-the ``exact`` / ``exact-with`` rows, ``tests`` (pytest ids, ``path::function``).
+the ``exact`` / ``exact-with`` rows, ``tests`` (pytest ids, ``path::function``), and ``edge``: one line saying where mixrl still differs
+from the peer's code as written at an edge (a row with no trainable token, a group of one row, a
+clamp), shown in the note cell as "Differs at the edge: ...". A row whose agreement holds
+everywhere has none.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ STATUSES: dict[str, str] = {
 #: statuses that must name tests
 CHECKED = ("exact", "exact-with")
 PEERS = ("verl", "TRL", "Trinity-RFT", "LUFFY")
-ROW_KEYS = {"peer", "option", "overrides", "status", "note", "tests"}
+ROW_KEYS = {"peer", "option", "overrides", "status", "note", "tests", "edge"}
 
 
 def load_peers(path: str | Path) -> dict[str, Any]:
@@ -53,6 +56,9 @@ def load_peers(path: str | Path) -> dict[str, Any]:
                 raise ValueError(f"{where}: an {row['status']} row names the tests that check it (tests: [path::function])")
             if (row["overrides"] is None) != (row["status"] == "none"):
                 raise ValueError(f"{where}: overrides is null exactly when the status is 'none'")
+            edge = row.get("edge")
+            if edge is not None and (not isinstance(edge, str) or not edge.strip() or "\n" in edge.strip()):
+                raise ValueError(f"{where}: edge is one line saying where mixrl differs from the peer's code at an edge")
     return data
 
 
@@ -83,7 +89,8 @@ def render_peers(data: dict[str, Any]) -> str:
         lines += ["| peer | option = value | overrides | status | note | checked by |", "|---|---|---|---|---|---|"]
         for row in section["rows"]:
             overrides = f"`{row['overrides']}`" if row["overrides"] is not None else "—"
+            note = _cell(row.get("note")) + (f" **Differs at the edge:** {_cell(row['edge'])}" if row.get("edge") else "")
             lines.append(f"| {row['peer']} | {_cell(row['option'])} | {overrides} | {row['status']} | "
-                         f"{_cell(row.get('note'))} | {_test_names(row.get('tests') or [])} |")
+                         f"{note.strip()} | {_test_names(row.get('tests') or [])} |")
         lines.append("")
     return "\n".join(lines)

@@ -263,8 +263,24 @@ def _reward_rows(cfg: DictConfig) -> list[tuple[str, str]]:
         defaults = REWARD_MODELS.defaults(name)
         params = {k: repr(v) if isinstance(v, str) and any(c in v for c in "\n\t") else v  # a separator, a template: on one line
                   for k, v in {**defaults, **params}.items()}
-        rows.append(("reward", f"{name} (weight {_g(float(spec.get('weight', 1.0)))}): {REWARD_MODELS.formula(name, params)}"))
+        text = f"{name} (weight {_g(float(spec.get('weight', 1.0)))}): {REWARD_MODELS.formula(name, params)}"
+        if name == "process":  # a dense reward: what of it reaches the advantage
+            text += f". {_dense_use(str(cfg.algo.advantage.name), cfg.algo.get('critic') is not None)}"
+        rows.append(("reward", text))
     return rows
+
+
+def _dense_use(advantage: str, critic: bool) -> str:
+    """How a per-token reward reaches the advantage ``advantage`` (mixrl.rewards.registry, dense rewards):
+    through the critic when one runs, else as the estimator's runtime inputs (its ``needs``) read it."""
+    needs = advantage_needs(ADVANTAGES.get(advantage))
+    if critic:
+        return f"Per token: every token's reward enters the critic's advantage ({advantage})"
+    if "token_credit" in needs:
+        return (f"Per token, critic-free (advantage {advantage}): the outcome on every token, each token's step reward "
+                "on top, normalised over the group's tokens")
+    return (f"Summed: the {advantage} advantage sees one reward per row, the sum of the tokens' rewards (every token of "
+            "the row alike; an advantage that reads per-token credit keeps the step rewards per token)")
 
 
 def _env_row(cfg: DictConfig) -> str | None:

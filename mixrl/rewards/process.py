@@ -8,8 +8,15 @@ plus the steps up to and including ``j`` (:mod:`mixrl.rewards.reward_model`, a P
 The step's reward ``step_weight (s_j - baseline)`` is put on its tokens (``placement``:
 :func:`mixrl.core.process_rewards.step_token_rewards`); ``outcome_weight`` times the verifier's outcome
 (``verifier``, ``exact`` by default) is added on the last token. The reward is a list of one float per
-completion token, which the trainer sums into the row's reward for group advantages and feeds token by
-token into GAE when a critic runs (``algo.advantage.name=gae``; :mod:`mixrl.rewards.registry`, dense rewards).
+completion token. What reaches the advantage depends on the estimator:
+
+* group advantages (``grpo``, the default, and the other row estimators): the list is **summed** into
+  one reward per row, so a step judged wrong lowers every token of the row alike;
+* ``algo.advantage.name=capo`` (:mod:`mixrl.core.process_advantages`, critic-free, per token): the
+  row's outcome on every token plus each token's step reward (``last_credit``: the list without the
+  outcome), normalised over the group's tokens: the tokens of a wrong step get their own, lower advantage;
+* a critic (``algo=ppo``, ``algo.advantage.name=gae``): the list enters GAE token by token
+  (:mod:`mixrl.rewards.registry`, dense rewards).
 
 Token boundaries come from the policy's tokenizer (given at start-up, :meth:`ProcessReward.bind_tokenizer`):
 token ``k`` ends where the decoded text of tokens ``0..k`` ends.
@@ -47,6 +54,7 @@ class ProcessReward:
         self.answer_column = answer_column
         self.verifier = None if verifier == "none" else build_reward(verifier, answer_column=answer_column)
         self.tokenizer = None
+        self.last_credit: dict[int, list[float]] = {}  # the last call's step rewards per token (no outcome): row -> list
 
     def bind_tokenizer(self, tokenizer: Any) -> None:
         """The policy's tokenizer: where each completion token ends in the text."""
@@ -98,13 +106,15 @@ class ProcessReward:
         if self.verifier is not None and self.outcome_weight:
             outcome = [self.outcome_weight * (v or 0.0) for v in self.verifier(prompts=prompts, completions=completions, **kwargs)]
         ids = kwargs.get("completion_ids")
+        self.last_credit = {}
         if ids is None or self.tokenizer is None:  # no tokens to put them on (a check, an evaluation): the row's sum
             return [sum(r) + o for r, o in zip(step_r, outcome)]
         out = []
-        for row_ids, sp, r, o in zip(ids, spans, step_r, outcome):
+        for i, (row_ids, sp, r, o) in enumerate(zip(ids, spans, step_r, outcome)):
             row_ids = list(row_ids)
             ends = token_char_ends([self.tokenizer.decode(row_ids[:k + 1], skip_special_tokens=True) for k in range(len(row_ids))])
             dense = step_token_rewards([b for _, b in sp], ends, r, self.placement) if sp else [0.0] * len(row_ids)
+            self.last_credit[i] = list(dense)  # the steps' part alone: algo.advantage.name=capo puts the outcome on every token
             if dense:
                 dense[-1] += o
             out.append(dense)
@@ -125,6 +135,8 @@ def process_reward(*, scorer: str = "judge", scorer_params: dict | None = None, 
     With the defaults (a judge's correct/incorrect verdict per step, ``baseline=1``, ``placement=each``)
     a step judged right adds 0 and every token of a step judged wrong gets ``-step_weight``: CAPO's
     token-level penalty on top of the rule-based outcome reward. Steps end after each ``separator``.
+    With group advantages (``grpo``, the default) the list is summed into one reward per row;
+    ``algo.advantage.name=capo`` keeps it per token (critic-free), a critic (``algo=ppo``) feeds it to GAE.
 
     Formula: r_t = {step_weight} (s_j(t) - {baseline}) placed by {placement} over step j(t)'s tokens, + {outcome_weight} v on the last token; steps split after {separator}
 

@@ -13,7 +13,9 @@ one per completion token (the length of that row's ``completion_ids`` argument):
 (process, or teacher) reward. :class:`CheckedReward` checks the length, hands the trainer the
 row's sum as its outcome reward (what ``grpo`` and the other group advantages see), and keeps
 the list in ``last_dense`` ({row: list}) for the trainer: with ``algo.advantage.name=gae`` each
-token's reward enters GAE (weighted by the reward's weight); without it only the sum is used.
+token's reward enters GAE (weighted by the reward's weight); with ``algo.advantage.name=capo`` the
+per-token credit (``last_credit``: the function's own ``last_credit`` if it keeps one, else the list)
+gives each token its own advantage (:mod:`mixrl.core.process_advantages`); otherwise only the sum is used.
 A per-step reward is written as a list with the step's reward on the step's last token and
 zeros elsewhere.
 """
@@ -124,6 +126,8 @@ class CheckedReward:
         self.timeout_s = timeout_s  # reward.timeout_s: wall-clock limit per call (mixrl.rewards.deadline)
         self.__name__ = getattr(fn, "__name__", None) or spec
         self.last_dense: dict[int, list[float]] = {}  # the last call's per-token rewards: row -> one float per token
+        self.last_credit: dict[int, list[float]] = {}  # their per-token credit (algo.advantage.name=capo): the function's
+        # own ``last_credit`` when it has one (reward=process: the steps' part, its outcome left out), else ``last_dense``
 
     def __call__(self, *args: Any, **kwargs: Any) -> list:
         prompts = kwargs.get("prompts", args[0] if args else None)
@@ -151,6 +155,8 @@ class CheckedReward:
         if not isinstance(out, (str, bytes)) and hasattr(out, "__iter__") and any(isinstance(v, (list, tuple)) for v in out):
             out = self._split_dense(list(out), kwargs.get("completion_ids"), prompts)
         self.check(out, completions, prompts)
+        credit = getattr(self.fn, "last_credit", None)  # a dense reward's per-token part without its outcome (reward=process)
+        self.last_credit = {i: list(credit[i]) for i in self.last_dense if i in credit} if isinstance(credit, dict) else dict(self.last_dense)
         return out
 
     def _split_dense(self, out: list, completion_ids: Any, prompts: Any) -> list:

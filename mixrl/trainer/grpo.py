@@ -81,6 +81,7 @@ from mixrl.trainer.parts.batch_fields import (
 )
 from mixrl.trainer.parts.sampler_rounds import Round
 from mixrl.trainer.parts.token_budget import forward_tokens
+from mixrl.trainer.parts.token_credit import token_credit_inputs
 from mixrl.trainer.parts.turn_credit import local_advantages, turn_inputs, turn_metrics
 from mixrl.trainer.tool_rows import finished_trajectories
 from mixrl.trainer.sample_log import capture_rows
@@ -388,6 +389,8 @@ class MixrlGRPOTrainer(GRPOTrainer):
         estimator = ADVANTAGES.get(self.advantage_name)
         needs = advantage_needs(estimator)
         runtime = turn_inputs(out, inputs, self.accelerator) if "turn_rewards" in needs else {}  # MT-GRPO: each turn's reward
+        if "token_credit" in needs:  # CAPO-style per-token credit of the dense rewards (reward=process)
+            runtime |= token_credit_inputs(out, self.reward_funcs, self.reward_weights, self.accelerator)
         if "lengths" in needs:  # completion tokens per row (OPO's baseline, REINFORCE++'s token weights)
             runtime["lengths"] = self.accelerator.gather(out["completion_mask"].sum(dim=1).float())
         if "baseline_rewards" in needs:  # ReMax: the reward of each prompt's greedy completion

@@ -387,6 +387,65 @@ def test_trinity_gspo_under_its_loss_agg_mode_token_mean():
     assert not torch.allclose(_mixrl("gspo", "seq-mean-token-mean", {"clip_low": 3e-4, "clip_high": 4e-4})[0], peer[0])
 
 
+def _trinity_masked_loss_seq_mean_token_mean(loss_mat):
+    """Trinity-RFT b458e2c2 trinity/algorithm/utils.py ``masked_loss(..., "seq-mean-token-mean")``:
+    ``masked_mean`` per row (``/ (mask.sum(-1) + 1e-8)``), then ``.mean()`` over every row, a
+    row with no trainable token counted with loss 0."""
+    m = MASK.to(loss_mat.dtype)
+    return ((loss_mat * m).sum(-1) / (m.sum(-1) + 1e-8)).mean()
+
+
+def test_trinity_gspo_with_loss_agg_mode_seq_mean_token_mean_counts_empty_rows():
+    """Trinity's ``gspo`` under ``algorithm.loss_agg_mode=seq-mean-token-mean`` averages over every
+    row (its ``masked_loss``): ``algo.aggregation.count_empty_rows=true``; without it mixrl's loss is
+    (rows / rows with a token) times Trinity's."""
+    peer = _peer(lambda lp: _trinity_masked_loss_seq_mean_token_mean(_gspo_per_token(lp, 3e-4, 4e-4)))
+    params = {"clip_low": 3e-4, "clip_high": 4e-4}
+    _close(_mixrl("gspo", "seq-mean-token-mean", params, {"count_empty_rows": True}), peer)
+    left_out = _mixrl("gspo", "seq-mean-token-mean", params)[0]
+    torch.testing.assert_close(left_out, peer[0] * 4 / 3, rtol=1e-7, atol=1e-9)  # 4 rows, 3 with a token
+
+
+def test_verl_gspo_clamps_the_sequence_log_ratio_at_10():
+    """verl b178a3cd ``compute_policy_loss_gspo``: ``torch.clamp(log_seq_importance_ratio, max=10.0)``
+    on ``log_prob - sg(log_prob) + sg(mean log-ratio)``: a row whose mean log-ratio is above 10 gets
+    ratio e^10 and no gradient. ``algo.loss.seq_log_ratio_max=10.0`` does the same (each token's
+    log-ratio below mixrl's own clamp at 20 here); without it mixrl's loss differs on that row."""
+    from mixrl.core import POLICY_LOSSES
+
+    old = torch.zeros(2, 3, dtype=torch.float64)
+    base = torch.tensor([[12.0, 11.0, 13.0], [0.1, -0.2, 0.05]], dtype=torch.float64)  # row 0: mean log-ratio 12 > 10
+    adv = torch.tensor([-1.0, 0.5], dtype=torch.float64)  # A < 0 on row 0: the unclipped branch -A s is the max
+    mask = torch.ones(2, 3, dtype=torch.bool)
+
+    def verl(lp):
+        neg_kl = lp - old
+        seq = (neg_kl * mask).sum(-1) / mask.sum(-1)
+        log_s = torch.clamp(lp - lp.detach() + seq.detach().unsqueeze(-1), max=10.0)
+        s = torch.exp(log_s)
+        a = adv.unsqueeze(-1)
+        per_token = torch.maximum(-a * s, -a * torch.clamp(s, 1 - 0.2, 1 + 0.28))
+        return ((per_token * mask).sum(-1) / mask.sum(-1)).mean()
+
+    def run(fn):
+        lp = base.clone().requires_grad_(True)
+        v = fn(lp)
+        v.backward()
+        return v.detach(), lp.grad
+
+    def ours(max_):
+        def fn(lp):
+            out = POLICY_LOSSES.get("gspo")(lp, old, adv, mask, clip_low=0.2, clip_high=0.28, seq_log_ratio_max=max_)
+            return AGGREGATIONS.get("seq-mean-token-mean")(out.per_token_loss, mask)
+        return fn
+
+    peer = run(verl)
+    _close(run(ours(10.0)), peer)
+    assert peer[1][0].abs().sum() == 0 and peer[1][1].abs().sum() > 0  # the clamped row gets no gradient
+    unclamped = run(ours(None))
+    assert not torch.allclose(unclamped[0], peer[0]) and unclamped[1][0].abs().sum() > 0
+
+
 def test_verl_sapo_is_sapo_with_seq_mean_token_mean():
     """verl b178a3cd ``compute_policy_loss_sapo``: gate ``sigmoid(tau (r - 1)) 4 / tau`` times -A,
     always ``seq-mean-token-mean`` (fully masked rows left out): ``algo=sapo``."""

@@ -65,7 +65,7 @@ def test_expected_names_are_registered():
         "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"}
     assert set(core.ADVANTAGES.names()) == {"grpo", "dr_grpo", "rloo", "reinforce", "batch_norm",
                                              "reinforce_pp", "reinforce_pp_baseline", "opo", "remax", "gae", "mt_grpo",
-                                             "positive_amplified"}
+                                             "positive_amplified", "capo"}
     assert set(core.KL_ESTIMATORS.names()) == {"k1", "k2", "k3", "k3_clamped"}
     assert set(core.CONTROLLERS.names()) == {"bapo", "entropic", "palu"}
 

@@ -5,13 +5,17 @@ them (+1 a correct answer, -0.5 a wrong one). The expected values are computed h
 formula with Python's ``statistics`` (unbiased stdev), independently of ``mixrl.core.advantages``:
 
     A_(i,k) = A^O_i + lambda A^T_(i,k) [k < K_i - 1]
-    A^O_i   = (R_i - mean_g R) / (stdev_g R + eps)          R_i = sum_k r_(i,k)
+    outcome=last (default): A^O_i = (o_i - mean_g o) / (stdev_g o + eps), o_i = r_(i,K_i), for K_i >= 2;
+                            A^O_i = (R_i - mean_g R) / (stdev_g R + eps), R_i = sum_k r_(i,k), for K_i = 1
+    outcome=return:         A^O_i = (R_i - mean_g R) / (stdev_g R + eps) for every row
     A^T_(i,k) = (r_(i,k) - mean_(g,k) r) / (stdev_(g,k) r + eps) over the rows of g with a turn k
     (a group whose values are all equal: stdev counts as 1; one row: only centred)
 
 as the authors' ``_assign_advantages`` / ``_compute_normalized_advantages``
-(github.com/SiliangZeng/Multi-Turn-RL-Agent @ 7dbdd08, verifiers/trainers/mt_grpo_env_trainer.py,
-grpo_env_trainer.py) write it for two turns. The gradient test runs GRPO's clipped term
+(github.com/SiliangZeng/Multi-Turn-RL-Agent @ 7dbdd08bdb27810019bc1511dbd0af3c7cfaac7a,
+verifiers/trainers/mt_grpo_env_trainer.py:172-208, grpo_env_trainer.py) write it for two turns: a row
+with a tool result gets outcome_adv (the outcome reward functions only) + coef turn_adv on its first
+turn (lines 197-202), a row without one combined_adv (turn + outcome functions, lines 205-206). The gradient test runs GRPO's clipped term
 (``ppo_clip``, token-mean) on the per-token advantages and compares with autograd through the
 hand-written clipped loss.
 """
@@ -44,12 +48,16 @@ def _norm(values: list[float], x: float) -> float:
     return (x - statistics.mean(values)) / (statistics.stdev(values) + EPS)
 
 
-def _by_hand(lam: float) -> list[list[float]]:
+def _by_hand(lam: float, outcome: str = "last") -> list[list[float]]:
     returns = [sum(t) for t in TURNS]
+    finals = [t[-1] for t in TURNS]
     out = []
     for i, turns in enumerate(TURNS):
         g = [j for j in range(len(TURNS)) if GROUPS[j] == GROUPS[i]]
-        a_out = _norm([returns[j] for j in g], returns[i])
+        if outcome == "last" and len(turns) >= 2:
+            a_out = _norm([finals[j] for j in g], finals[i])
+        else:
+            a_out = _norm([returns[j] for j in g], returns[i])
         row = []
         for k, r in enumerate(turns):
             a_turn = _norm([TURNS[j][k] for j in g if len(TURNS[j]) > k], r)
@@ -68,28 +76,44 @@ def test_turn_reward_matrix_pads_with_nan():
     assert m.shape == (2, 2) and m[1].tolist() == [-0.5, 1.0] and m[0, 0] == 1.0 and math.isnan(m[0, 1])
 
 
+@pytest.mark.parametrize("outcome", ["last", "return"])
 @pytest.mark.parametrize("lam", [1.0, 0.5])
-def test_per_turn_values_by_hand(lam):
+def test_per_turn_values_by_hand(lam, outcome):
     rewards, groups, tr = _inputs()
-    per_turn = ADVANTAGES.get("mt_grpo")(rewards, groups, turn_rewards=tr, turn_coef=lam)
-    expected = _by_hand(lam)
+    per_turn = ADVANTAGES.get("mt_grpo")(rewards, groups, turn_rewards=tr, turn_coef=lam, outcome=outcome)
+    expected = _by_hand(lam, outcome)
     for i, row in enumerate(expected):
         assert per_turn[i, : len(row)].tolist() == pytest.approx(row, rel=1e-5, abs=1e-6)
         assert torch.isnan(per_turn[i, len(row):]).all()
-    # one number written out: group 0's returns (0.5, 1, -1.5) have mean 0 and stdev sqrt(1.75); its turn 0
-    # rewards (-0.5, 1, -0.5) mean 0 and stdev sqrt(0.75); row 0's first turn: A^O + lam A^T
-    a0 = 0.5 / (math.sqrt(1.75) + EPS) + lam * (-0.5 / (math.sqrt(0.75) + EPS))
+    # one number written out. Group 0's turn 0 rewards (-0.5, 1, -0.5): mean 0, stdev sqrt(0.75).
+    # return: the returns (0.5, 1, -1.5) have mean 0 and stdev sqrt(1.75); row 0's first turn A^O + lam A^T.
+    # last: the last turns' rewards (1, 1, -0.5) have mean 0.5 and stdev sqrt(0.75) for the two-turn rows 0 and 2
+    a_out = 0.5 / (math.sqrt(1.75) + EPS) if outcome == "return" else 0.5 / (math.sqrt(0.75) + EPS)
+    a0 = a_out + lam * (-0.5 / (math.sqrt(0.75) + EPS))
     assert per_turn[0, 0].item() == pytest.approx(a0, rel=1e-5)
+    # row 1 has one turn (no observation: the authors' "no tool result"): the return's advantage under both
+    assert per_turn[1, 0].item() == pytest.approx(1.0 / (math.sqrt(1.75) + EPS), rel=1e-5)
     # group 1's turn 0 rewards are all -0.5 (std 0 counts as 1): its first turns add nothing to A^O
     assert per_turn[3, 0].item() == pytest.approx(per_turn[3, 2].item(), rel=1e-6)
 
 
-def test_lambda_zero_is_grpo_on_every_token():
+def test_lambda_zero_outcome_return_is_grpo_on_every_token():
     rewards, groups, tr = _inputs()
-    per_turn = ADVANTAGES.get("mt_grpo")(rewards, groups, turn_rewards=tr, turn_coef=0.0)
+    per_turn = ADVANTAGES.get("mt_grpo")(rewards, groups, turn_rewards=tr, turn_coef=0.0, outcome="return")
     grpo = ADVANTAGES.get("grpo")(rewards, groups, eps=EPS)
     has = ~torch.isnan(per_turn)
     assert torch.allclose(per_turn[has], grpo.unsqueeze(1).expand_as(per_turn)[has])
+    # outcome=last: a multi-turn row's outcome advantage is GRPO's of the last turns' rewards, a one-turn row's of the returns
+    last = ADVANTAGES.get("mt_grpo")(rewards, groups, turn_rewards=tr, turn_coef=0.0)
+    finals = ADVANTAGES.get("grpo")(torch.tensor([t[-1] for t in TURNS]), groups, eps=EPS)
+    multi = torch.tensor([len(t) >= 2 for t in TURNS])
+    assert torch.allclose(last[:, 0], torch.where(multi, finals, grpo))
+
+
+def test_unknown_outcome_is_refused():
+    rewards, groups, tr = _inputs()
+    with pytest.raises(ValueError, match="outcome must be one of"):
+        ADVANTAGES.get("mt_grpo")(rewards, groups, turn_rewards=tr, outcome="final")
 
 
 def test_tokens_get_their_turns_advantage_observations_zero():

@@ -134,7 +134,8 @@ def test_prepared_data_loads_in_the_chord_recipe(tmp_path):
     from mixrl.trainer.build import load_train_rows
 
     out = tmp_path / "chord"
-    assert _prepare(FIXTURES / "openr1_math.jsonl", out, "--sft-size", "2", "--rl-size", "10").exit_code == 0
+    res = _prepare(_sample(tmp_path), out, "--sft-size", "3", "--rl-size", "5", "--max-tokens", str(_max_tokens()))
+    assert res.exit_code == 0, res.output
     cfg = compose_config(["recipe=chord/qwen2.5-7b-openr1", f"data.source={out / 'rl'}",
                           f"offpolicy.source.dataset={out / 'sft'}"])
     train = load_train_rows(cfg)
@@ -142,7 +143,7 @@ def test_prepared_data_loads_in_the_chord_recipe(tmp_path):
     assert train[0]["prompt"][0] == {"role": "system", "content": cfg.data.system_prompt}
     src = SOURCES.get("expert")(dataset=cfg.offpolicy.source.dataset, column=cfg.offpolicy.source.column)
     src.prepare(train, cfg.data)
-    assert len(src.pool) == 2 and all(p["expert"][0].startswith("<think>") for p in src.pool)
+    assert len(src.pool) == 3 and all(p["expert"][0].startswith("<think>") for p in src.pool)
 
 
 @pytest.mark.parametrize("case, needle", [

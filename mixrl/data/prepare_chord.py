@@ -113,8 +113,11 @@ def check_out_dir(out: Path) -> None:
 def read_source(source: str, *, split: str = "train", subset: str | None = "default") -> list[dict]:
     """The source's rows, in order, with the columns the preparation reads (a one-line
     :class:`DataError` for a missing file or column)."""
+    import datasets  # deferred: datasets, 1 s
+
     from mixrl.data.reading import _load_raw  # deferred: datasets, 1 s
 
+    datasets.disable_progress_bars()  # the command prints its own summary; errors stay one line
     ds, where = _load_raw(source, split=split, subset=subset, config_prefix="--source")
     missing = [c for c in COLUMNS if c not in ds.column_names]
     if missing:

@@ -97,6 +97,17 @@ def ghpo(ps: list[dict]) -> list[dict]:
     } for p in ps]
 
 
+def chord_openr1(openr1_rows: list[dict]) -> list[dict]:
+    """data=chord-openr1 (what `mixrl data prepare chord-openr1` writes): one file serving as both the
+    RL rows (problem, answer) and the SFT rows (response: the first verified trace)."""
+    out = []
+    for r in openr1_rows:
+        traces = [g for g, ok in zip(r["generations"], r["correctness_math_verify"]) if ok]
+        if traces:
+            out.append({"problem": r["problem"], "answer": r["answer"], "response": traces[0]})
+    return out
+
+
 def gsm8k(ps: list[dict]) -> list[dict]:
     return [{"question": p["gsm"], "answer": f"{p['calc']}\n#### {p['answer']}"} for p in ps]
 
@@ -133,6 +144,7 @@ def write(name: str, rows: list[dict]) -> None:
 def main() -> None:
     ps = problems()
     write("openr1-math", openr1(ps))
+    write("chord-openr1", chord_openr1(openr1(ps)))
     write("luffy-openr1-46k", luffy(ps))
     write("ghpo-math3to5", ghpo(ps))
     write("gsm8k", gsm8k(ps))

@@ -117,7 +117,7 @@ def test_controller_presets_text():
     text = explain_text(bapo)
     assert "clip(r_t, 1 - clip_low(t), 1 + clip_high(t))" in text  # knobs the controller sets
     assert "set every step by the controller bapo" in text
-    assert "bapo: each step, [c_low, c_high] = [0.6, 1.2]" in text and ">= 0.5" in text
+    assert "bapo: [c_low, c_high] start at [0.6, 1.2] (sequential search, every micro_batch)" in text and ">= 0.5" in text
     assert "sets algo.loss.clip_low, algo.loss.clip_high" in text
     ent = compose_config(["+algo.controller.name=entropic", "+algo.controller.target=0.3"])
     assert objective_equation(ent).endswith(" - entropy_coef_t * entropy_bonus[on_policy]")

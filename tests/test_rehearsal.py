@@ -145,7 +145,8 @@ def test_chord_swaps_model_data_hardware_and_keeps_the_rest(chord):
     assert reh.model.name == "tiny-bpe" and reh.model.dtype == "float32"
     assert Path(reh.model.path).name.endswith(f"-context{rehearsal.CONTEXT}")
     assert json.loads((Path(reh.model.path) / "config.json").read_text())["max_position_embeddings"] == rehearsal.CONTEXT
-    assert reh.data.source == str(rehearsal.sample_path("openr1-math")) and reh.data.subset is None
+    assert reh.data.source == str(rehearsal.sample_path("chord-openr1")) and reh.data.subset is None
+    assert reh.offpolicy.source.dataset == str(rehearsal.sample_path("chord-openr1"))
     assert reh.hardware.name == "cpu-2proc-fsdp" and reh.hardware.strategy == "fsdp" and not reh.hardware.bf16
     assert reh.trainer.max_steps == rehearsal.STEPS and 0 < reh.trainer.save_steps <= reh.trainer.max_steps
     # what the recipe says, untouched

@@ -4,7 +4,7 @@ This module builds the app and registers the commands, in the order ``mixrl --he
 each command lives in its topic module: ``train`` (with ``rehearse`` and ``resume``, its
 ``--rehearse`` and ``resume=auto`` glue), ``plan``, ``explain``, ``compare`` (``compare``,
 ``rejudge``, ``eval``), ``samples``, ``reproduce``, and the command groups ``config``,
-``recipes``, ``model`` and ``docs``. They print through :mod:`mixrl.cli.console`.
+``recipes``, ``model``, ``docs`` and ``data``. They print through :mod:`mixrl.cli.console`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import os
 import typer
 
 from mixrl.cli.config import config_app
+from mixrl.cli.data import data_app
 from mixrl.cli.console import out  # noqa: F401  (mixrl.cli.main.out: tests/test_cli.py sets its width)
 from mixrl.cli.docs import docs_app
 from mixrl.cli.errors import freeze_at_exit
@@ -39,6 +40,7 @@ app.add_typer(config_app, name="config")
 app.add_typer(recipes_app, name="recipes")
 app.add_typer(model_app, name="model")
 app.add_typer(docs_app, name="docs")
+app.add_typer(data_app, name="data")
 
 from mixrl.cli.train import _summary_table, train  # noqa: E402,F401  (_summary_table: tests import it from here)
 app.command()(train)

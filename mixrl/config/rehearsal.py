@@ -14,7 +14,10 @@ What is swapped:
   norms, head_dim and chat template are not rehearsed; the swap's reason says so); every hub teacher -> the built-in BPE teacher (``builtin:tiny-bpe-teacher``);
 * a hub dataset -> the schema sample shipped for its data config
   (``mixrl/data/samples/<data.name>.jsonl``: the dataset's own columns and nesting, a few dozen rows),
-  loaded by the same code as the hub id (:func:`mixrl.data.loading.load_dataset_rows`);
+  loaded by the same code as the hub id (:func:`mixrl.data.loading.load_dataset_rows`); likewise a
+  relative local path (``./...``) that a preparation command writes and this machine lacks
+  (``data=chord-openr1``: ``mixrl data prepare chord-openr1``), for ``data.source`` and
+  ``offpolicy.source.dataset``;
 * the hardware -> its CPU equivalent (:data:`CPU_HARDWARE`): FSDP -> 2-process FSDP on gloo, several
   DDP / DeepSpeed processes -> 2-process DDP, one GPU -> one CPU process; vLLM (colocate or server)
   -> vLLM's CPU build colocated when this interpreter can import vllm, else transformers' generate;
@@ -204,6 +207,11 @@ def _data(ctx: Context) -> list[Swap]:
     out: list[Swap] = []
     for key in ("source", "eval_source"):
         src = data.get(key)
+        if _unprepared(src, data):
+            path = sample_path(str(data.name))
+            out.append(_set(f"data.{key}", src, str(path), f"{src} is not prepared here (mixrl data prepare): the shipped "
+                                                          f"sample of its columns ({_rows(path)} rows)"))
+            continue
         if not is_hub_id(src):
             continue
         path = sample_path(str(data.name))
@@ -216,12 +224,23 @@ def _data(ctx: Context) -> list[Swap]:
     if out and data.get("subset") is not None:
         out.append(_set("data.subset", data.subset, None, "a local file has no hub config"))
     source = ctx.cfg.offpolicy.source
-    if is_hub_id(source.get("dataset")):
+    if _unprepared(source.get("dataset"), data):
+        path = sample_path(str(data.name))
+        out.append(_set("offpolicy.source.dataset", source.dataset, str(path),
+                        f"{source.dataset} is not prepared here (mixrl data prepare): the shipped sample of its columns"))
+    elif is_hub_id(source.get("dataset")):
         raise ConfigError(
             f"--rehearse: offpolicy.source.dataset={source.dataset} is a hub dataset with no shipped sample; "
             "set offpolicy.source.dataset to a local file with its columns"
         )
     return out
+
+
+def _unprepared(src: Any, data: DictConfig) -> bool:
+    """A local path that a preparation command writes (``mixrl data prepare``), absent on this
+    machine, for a data config that ships a sample of its columns (``data=chord-openr1``)."""
+    return (isinstance(src, str) and src.startswith(("./", "../")) and not os.path.exists(src)
+            and sample_path(str(data.name)).is_file())
 
 
 def _rows(path: Path) -> int:

@@ -41,26 +41,36 @@ CONTROLLERS = Registry("controller")
     "step_low": (">= 0", "bounds are only raised"), "step_high": (">= 0", "bounds are only raised"),
 })
 class BapoClipController:
-    """BAPO adaptive clipping: per step, widen PPO's clip bounds until positive-advantage
-    tokens carry at least ``rho0`` of the loss contribution.
+    """BAPO adaptive clipping: widen PPO's clip bounds until positive-advantage tokens carry
+    at least ``rho0`` of the loss contribution.
 
     Bounds are ratio bounds ``c_low <= 1 <= c_high``. A token's contribution is
     ``|A| * min(r, c_high)`` if A > 0 and ``|A| * max(r, c_low)`` if A < 0 (the absolute
     value of its clipped surrogate), and
-    ``rho = sum_{A>0} contribution / sum_{A != 0} contribution`` (1 if there is none).
-    Each ``update()`` restarts from ``(c_low, c_high) = (low_min, high_min)`` and,
-    while ``rho < rho0``, raises ``c_high`` by ``step_high`` (up to ``high_max``: more
-    low-probability positive tokens keep their gradient) and ``c_low`` by ``step_low``
-    (up to ``low_max``: fewer low-probability negative tokens), until rho >= rho0 or
-    both bounds are at their maximum. It returns ``(clip_low, clip_high)`` as PPO
-    *epsilons* (``1 - c_low``, ``c_high - 1``) to pass to ``ppo_clip``. State: the last
-    chosen bounds and rho. Ranges [0.6, 0.9] / [1.2, 3.0] and rho0 = 0.5 from the authors'
-    README; steps 0.02 (low) / 0.05 (high) are our reading of the paper (their verl recipe
-    uses 0.05 for both and raises c_low first).
+    ``rho = sum_{A>0} contribution / sum_{A != 0} contribution`` (1 if there is none). The
+    two sums are summed over processes (``reduce``) before every comparison, so that every
+    process picks the same bounds. Each search restarts from ``(c_low, c_high) = (low_min, high_min)``:
 
-    Formula: each step, [c_low, c_high] = [{low_min}, {high_min}], raised by ({step_low}, {step_high})
-    up to ({low_max}, {high_max}) until rho = sum_{A>0} A min(r, c_high) / sum_{A!=0} |A| clip(r) >= {rho0};
-    clip_low = 1 - c_low, clip_high = c_high - 1
+    * ``search: sequential`` (the authors' code, WooooDyy/BAPO @ 7287044
+      recipe/bapo/policy_loss.py:126-152): while ``rho < rho0``, raise ``c_low`` by ``step_low``
+      (capped at ``low_max``) until rho is met or ``c_low`` is at ``low_max``; then, while
+      still unmet, raise ``c_high`` by ``step_high`` (capped at ``high_max``). A larger
+      ``c_low`` adds to the negative side, so while rho is unmet the lower bound ends at its maximum.
+    * ``search: joint`` (mixrl's earlier reading): each round raises both bounds by one step.
+
+    ``every: micro_batch`` (the authors': their loss function runs the search on every
+    micro-batch, policy_loss.py:117-152 called from verl dp_actor.py:456) or ``step`` (the
+    first micro-batch of each optimizer step; the bounds hold for the whole step). ``update()``
+    returns ``(clip_low, clip_high)`` as PPO *epsilons* (``1 - c_low``, ``c_high - 1``) for
+    ``ppo_clip``. State: the last chosen bounds and rho. Ranges [0.6, 0.9] / [1.2, 3.0] and
+    rho0 = 0.5 from the authors' README; steps 0.05 / 0.05 from their
+    recipe/bapo/config/bapo_trainer.yaml:18,21. Their criterion is the ratio
+    ``pos / (neg + 1e-8) >= target`` (policy_loss.py:57-60); ``rho0`` is the same condition
+    written as a share (target = rho0 / (1 - rho0)), without the 1e-8.
+
+    Formula: [c_low, c_high] start at [{low_min}, {high_min}] ({search} search, every {every}): raised by
+    ({step_low}, {step_high}) up to ({low_max}, {high_max}) until
+    rho = sum_{A>0} A min(r, c_high) / sum_{A!=0} |A| clip(r) >= {rho0}; clip_low = 1 - c_low, clip_high = c_high - 1
 
     Paper: "BAPO: Stabilizing Off-Policy Reinforcement Learning for LLMs via Balanced Policy
     Optimization with Adaptive Clipping" (Xi et al. 2025).
@@ -71,13 +81,17 @@ class BapoClipController:
         low_max (0.9): highest lower ratio bound b-.
         high_min (1.2): starting (tightest) upper ratio bound a+.
         high_max (3.0): highest upper ratio bound b+.
-        step_low (0.02): increment of the lower bound.
+        step_low (0.05): increment of the lower bound.
         step_high (0.05): increment of the upper bound.
+        search ('sequential'): ``sequential`` (lower bound first, then upper: the authors') or ``joint`` (both per round).
+        every ('micro_batch'): search on every ``micro_batch`` (the authors') or once per optimizer ``step``.
     """
 
     when = "step_start"
     needs = ("ratio", "advantages", "mask")
     knob_names = ("loss.clip_low", "loss.clip_high")
+    SEARCHES = ("sequential", "joint")
+    EVERY = ("micro_batch", "step")
 
     def __init__(
         self,
@@ -87,8 +101,10 @@ class BapoClipController:
         low_max: float = 0.9,
         high_min: float = 1.2,
         high_max: float = 3.0,
-        step_low: float = 0.02,
+        step_low: float = 0.05,
         step_high: float = 0.05,
+        search: str = "sequential",
+        every: str = "micro_batch",
     ):
         if not (0.0 < low_min <= low_max <= 1.0 <= high_min <= high_max):
             raise ValueError(
@@ -97,13 +113,23 @@ class BapoClipController:
             )
         if step_low < 0 or step_high < 0:
             raise ValueError("bapo: step_low and step_high must be >= 0")
+        if search not in self.SEARCHES:
+            raise ValueError(f"bapo: search must be one of {', '.join(self.SEARCHES)}, got {search!r}")
+        if every not in self.EVERY:
+            raise ValueError(f"bapo: every must be one of {', '.join(self.EVERY)}, got {every!r}")
         self.rho0 = rho0
         self.low_min, self.low_max, self.step_low = low_min, low_max, step_low
         self.high_min, self.high_max, self.step_high = high_min, high_max, step_high
+        self.search, self.every = search, every
         self.ratio_low = low_min
         self.ratio_high = high_min
         self.rho = float("nan")
         self.num_updates = 0
+
+    @property
+    def per_micro_batch(self) -> bool:
+        """Does the trainer consult this controller on every micro-batch (else the step's first)?"""
+        return self.every == "micro_batch"
 
     @property
     def clip_low(self) -> float:
@@ -142,15 +168,13 @@ class BapoClipController:
         mask: Tensor,
         reduce: Callable[[Tensor], Tensor] | None = None,
     ) -> tuple[float, float]:
-        """Choose this step's bounds; returns ``(clip_low, clip_high)`` epsilons.
+        """Choose the bounds; returns ``(clip_low, clip_high)`` epsilons.
 
         ``ratio``: [B, T] importance ratios; ``advantages_tok``: [B, T] or [B];
         ``mask``: [B, T]. ``reduce``: optional function applied to the 2-vector of
-        contributions (e.g. a DDP all-reduce sum) so that every rank picks the same bounds.
+        contributions before every comparison (:func:`sum_over_processes`, a DDP all-reduce
+        sum) so that every rank picks the same bounds.
         """
-        n_high = _n_steps(self.high_min, self.high_max, self.step_high)
-        n_low = _n_steps(self.low_min, self.low_max, self.step_low)
-        i_low = i_high = 0
 
         def share(lo: float, hi: float) -> float:
             stats = self.contributions(ratio, advantages_tok, mask, lo, hi)
@@ -160,14 +184,26 @@ class BapoClipController:
 
         lo, hi = self.low_min, self.high_min
         rho = share(lo, hi)
-        while rho < self.rho0 and (i_low < n_low or i_high < n_high):
-            if i_high < n_high:
-                i_high += 1
-            if i_low < n_low:
-                i_low += 1
-            lo = self.low_min + i_low * self.step_low
-            hi = self.high_min + i_high * self.step_high
-            rho = share(lo, hi)
+        if self.search == "sequential":
+            # the authors' order: the lower bound to its maximum first, then the upper
+            while rho < self.rho0 and lo < self.low_max and self.step_low > 0:
+                lo = min(lo + self.step_low, self.low_max)
+                rho = share(lo, hi)
+            while rho < self.rho0 and hi < self.high_max and self.step_high > 0:
+                hi = min(hi + self.step_high, self.high_max)
+                rho = share(lo, hi)
+        else:
+            n_high = _n_steps(self.high_min, self.high_max, self.step_high)
+            n_low = _n_steps(self.low_min, self.low_max, self.step_low)
+            i_low = i_high = 0
+            while rho < self.rho0 and (i_low < n_low or i_high < n_high):
+                if i_high < n_high:
+                    i_high += 1
+                if i_low < n_low:
+                    i_low += 1
+                lo = self.low_min + i_low * self.step_low
+                hi = self.high_min + i_high * self.step_high
+                rho = share(lo, hi)
         self.ratio_low, self.ratio_high, self.rho = lo, hi, rho
         self.num_updates += 1
         return self.clip_low, self.clip_high
@@ -206,6 +242,20 @@ class BapoClipController:
         self.ratio_high = float(state["ratio_high"])
         self.rho = float(state["rho"])
         self.num_updates = int(state["num_updates"])
+
+
+def sum_over_processes(t: Tensor) -> Tensor:
+    """``t`` summed over the processes of the default ``torch.distributed`` group (an all-reduce
+    on a copy); ``t`` itself with one process or without a process group. BAPO's bound search
+    passes its ``[positive, negative]`` contributions through it before every comparison (the
+    authors' policy_loss.py:49-55), so every process picks the same bounds."""
+    import torch.distributed as dist  # deferred: only runs with several processes
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
+        return t
+    out = t.detach().clone()
+    dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out
 
 
 def _n_steps(start: float, stop: float, step: float) -> int:

@@ -1,8 +1,9 @@
-"""Built-in rewards: ``exact`` and ``math``.
+"""Built-in rewards: ``exact``, ``math`` and ``math_think`` (``math`` with CHORD's think-format penalty).
 
-Both score each completion 1.0 (correct) or 0.0 against the row's gold answer column
-(``answer`` by default), return ``None`` for rows with no gold answer (TRL ignores those),
-and never raise on model output.
+``exact`` and ``math`` score each completion 1.0 (correct) or 0.0 against the row's gold answer
+column (``answer`` by default); ``math_think`` subtracts 0.1 from ``math``'s score when the
+``<think> ... </think>`` format is missing. All return ``None`` for rows with no gold answer (TRL
+ignores those), and never raise on model output.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from mixrl.errors import ConfigError, DataError, did_you_mean
 from mixrl.rewards.extract import completion_text, extract_after_marker
 from mixrl.rewards.registry import register_reward
 
-__all__ = ["AnswerReward", "MathVerifier", "exact_reward", "math_reward", "extract_gold", "MATH_EXTRACTORS"]
+__all__ = ["AnswerReward", "MathVerifier", "exact_reward", "math_reward", "math_think_reward", "think_format_ok",
+           "extract_gold", "MATH_EXTRACTORS"]
 
 
 class AnswerReward:
@@ -230,3 +232,54 @@ def math_reward(
         raise ConfigError("reward 'math' needs the 'math-verify' package, which is not installed; pip install math-verify")
     score = MathVerifier(extract, marker, int(float_rounding), int(numeric_precision), bool(strict), timeout_seconds)
     return AnswerReward("math", score, answer_column)
+
+
+# ----------------------------------------------------------------------------- math_think
+
+
+def think_format_ok(text: str) -> bool:
+    """Exactly one ``<think>`` and one ``</think>``, the opening tag first (the check of
+    CHORD's reward, Trinity-RFT ``validate_think_pattern``)."""
+    return text.count("<think>") == 1 and text.count("</think>") == 1 and text.find("<think>") < text.find("</think>")
+
+
+class ThinkFormatScore:
+    """``accuracy(text, gold) - penalty`` when the ``<think>`` format is missing; picklable."""
+
+    def __init__(self, accuracy: Callable[[str, Any], float], penalty: float):
+        self.accuracy, self.penalty = accuracy, penalty
+
+    def __call__(self, text: str, gold: Any) -> float:
+        try:
+            correct = float(self.accuracy(text, gold))
+        except Exception:  # noqa: BLE001 - the format term still applies when the verifier fails
+            correct = 0.0
+        return correct - (0.0 if think_format_ok(text) else self.penalty)
+
+
+@register_reward("math_think")
+def math_think_reward(
+    *,
+    format_penalty: float = 0.1,
+    extract: Sequence[str] = MATH_EXTRACTORS,
+    marker: str = "####",
+    float_rounding: int = 6,
+    numeric_precision: int = 15,
+    strict: bool = True,
+    timeout_seconds: int | None = 5,
+    answer_column: str = "answer",
+) -> AnswerReward:
+    """``math``'s accuracy (1 or 0) minus ``format_penalty`` when the completion lacks the
+    ``<think> ... </think>`` format: exactly one opening and one closing tag, in that order.
+    CHORD's math reward (Trinity-RFT ``MathBoxedRewardFn`` with ``with_think: true``:
+    ``trinity/common/rewards/math_reward.py:59-65``, check ``eval_utils.py:111-124``, penalty
+    ``format_score_coef`` 0.1 from ``customized_math_workflows.py:28``), so a reward is one of
+    1, 0, 0.9, -0.1. Their accuracy is a ``\\boxed{}`` string match after normalisation; here
+    it is ``math``'s verifier (the other parameters are ``math``'s).
+    """
+    if isinstance(format_penalty, bool) or not isinstance(format_penalty, (int, float)) or format_penalty < 0:
+        raise ConfigError(f"reward 'math_think': format_penalty must be a number >= 0, got {format_penalty!r}; "
+                          "fix reward.params.format_penalty")
+    inner = math_reward(extract=extract, marker=marker, float_rounding=float_rounding, numeric_precision=numeric_precision,
+                        strict=strict, timeout_seconds=timeout_seconds, answer_column=answer_column)
+    return AnswerReward("math_think", ThinkFormatScore(inner.score, float(format_penalty)), answer_column)

@@ -34,6 +34,7 @@ from trl.trainer.grpo_trainer import GRPOTrainer, use_adapter
 from trl.trainer.utils import add_fused_lm_head
 
 from mixrl.core.advantages import advantage_needs
+from mixrl.core.controllers import sum_over_processes
 from mixrl.core import ADVANTAGES
 from mixrl.core.terms import term_needs
 from mixrl.trainer.generation.async_generation import AsyncGeneration, AsyncPipeline
@@ -131,7 +132,7 @@ def build_parts(trainer, *, objective, advantage: tuple[str, dict, bool], inject
     if controller is not None:
         controller_part = ControllerSteps(
             controller, policy_tokens=next((t.tokens for t in objective.terms if t.kind == "policy"), ("on_policy",)),
-            reduce_sum=(lambda t: acc.reduce(t, "sum")) if acc.num_processes > 1 else None,
+            reduce_sum=sum_over_processes if acc.num_processes > 1 else None,  # torch.distributed all-reduce
             reduce_mean=lambda t: acc.reduce(t, "mean"), gather=acc.gather, device=device,
         )
     lag = LaggedWeights(staleness) if int(staleness) > 0 else None

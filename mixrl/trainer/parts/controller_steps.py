@@ -1,8 +1,10 @@
 """When a controller (``mixrl.core.CONTROLLERS``) steps during training.
 
 ``after_rewards`` controllers (PALU) reshape a generation batch's rollout rewards before its
-advantages; ``step_start`` controllers (BAPO) decide on the first micro-batch of each optimizer
-step from the policy term's tokens (ratios and advantages summed over processes); ``step_end``
+advantages; ``step_start`` controllers (BAPO) decide from the policy term's tokens (ratios and
+advantages summed over processes) on the first micro-batch of each optimizer step, or on every
+micro-batch when the controller says ``per_micro_batch`` (BAPO's ``every: micro_batch``, the
+authors'; every process runs as many micro-batches, so the sums meet); ``step_end``
 controllers (EntroPIC) see the step's mean entropy after its last micro-batch. The loss reads
 the controller's knobs and metrics through :meth:`ControllerSteps.knobs` and :meth:`ControllerSteps.metrics`.
 
@@ -36,10 +38,13 @@ class ControllerSteps:
         self.entropy_window: list[float] = []  # step_end controllers: entropies of the step's micro-batches
 
     def step_start(self, logps: torch.Tensor, inputs: dict, *, micro_step: int, accumulation: int) -> None:
-        """``step_start`` controllers (BAPO) decide on the first micro-batch of each step from
-        the policy term's tokens (ratios and advantages summed over processes)."""
+        """``step_start`` controllers (BAPO) decide on the first micro-batch of each step (or on
+        every micro-batch: ``controller.per_micro_batch``) from the policy term's tokens (ratios
+        and advantages summed over processes)."""
         c = self.controller
-        if c.when != "step_start" or micro_step % accumulation != 0:
+        if c.when != "step_start":
+            return
+        if not getattr(c, "per_micro_batch", False) and micro_step % accumulation != 0:
             return
         old = inputs.get("old_per_token_logps")
         old = logps.detach() if old is None else old

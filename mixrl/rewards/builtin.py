@@ -1,7 +1,7 @@
-"""Built-in rewards: ``exact``, ``math`` and ``math_think`` (``math`` with CHORD's think-format penalty).
+"""Built-in rewards: ``exact``, ``math`` and ``math_think_format`` (``math`` with CHORD's think-format penalty).
 
 ``exact`` and ``math`` score each completion 1.0 (correct) or 0.0 against the row's gold answer
-column (``answer`` by default); ``math_think`` subtracts 0.1 from ``math``'s score when the
+column (``answer`` by default); ``math_think_format`` subtracts 0.1 from ``math``'s score when the
 ``<think> ... </think>`` format is missing. All return ``None`` for rows with no gold answer (TRL
 ignores those), and never raise on model output.
 """
@@ -18,7 +18,7 @@ from mixrl.errors import ConfigError, DataError, did_you_mean
 from mixrl.rewards.extract import completion_text, extract_after_marker
 from mixrl.rewards.registry import register_reward
 
-__all__ = ["AnswerReward", "MathVerifier", "exact_reward", "math_reward", "math_think_reward", "think_format_ok",
+__all__ = ["AnswerReward", "MathVerifier", "exact_reward", "math_reward", "math_think_format_format_reward", "think_format_ok",
            "extract_gold", "MATH_EXTRACTORS"]
 
 
@@ -234,7 +234,7 @@ def math_reward(
     return AnswerReward("math", score, answer_column)
 
 
-# ----------------------------------------------------------------------------- math_think
+# ----------------------------------------------------------------------------- math_think_format
 
 
 def think_format_ok(text: str) -> bool:
@@ -257,8 +257,8 @@ class ThinkFormatScore:
         return correct - (0.0 if think_format_ok(text) else self.penalty)
 
 
-@register_reward("math_think")
-def math_think_reward(
+@register_reward("math_think_format")
+def math_think_format_format_reward(
     *,
     format_penalty: float = 0.1,
     extract: Sequence[str] = MATH_EXTRACTORS,
@@ -278,8 +278,8 @@ def math_think_reward(
     it is ``math``'s verifier (the other parameters are ``math``'s).
     """
     if isinstance(format_penalty, bool) or not isinstance(format_penalty, (int, float)) or format_penalty < 0:
-        raise ConfigError(f"reward 'math_think': format_penalty must be a number >= 0, got {format_penalty!r}; "
+        raise ConfigError(f"reward 'math_think_format': format_penalty must be a number >= 0, got {format_penalty!r}; "
                           "fix reward.params.format_penalty")
     inner = math_reward(extract=extract, marker=marker, float_rounding=float_rounding, numeric_precision=numeric_precision,
                         strict=strict, timeout_seconds=timeout_seconds, answer_column=answer_column)
-    return AnswerReward("math_think", ThinkFormatScore(inner.score, float(format_penalty)), answer_column)
+    return AnswerReward("math_think_format", ThinkFormatScore(inner.score, float(format_penalty)), answer_column)

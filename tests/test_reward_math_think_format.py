@@ -1,4 +1,4 @@
-"""reward=math_think: CHORD's math reward, the accuracy minus 0.1 without the <think> format.
+"""reward=math_think_format: CHORD's math reward, the accuracy minus 0.1 without the <think> format.
 
 Expected values by hand from the authors' code (Trinity-RFT @ 9051d637, read from the
 yanxi-chen/Trinity-RFT mirror): trinity/common/rewards/math_reward.py:59-65 returns
@@ -35,28 +35,28 @@ def test_think_format_check(text, ok):
     ("<think> a <think> b </think> \\boxed{5}", "4", -0.1),     # wrong, two openings: 0 - 0.1
     ("</think> <think> \\boxed{4}", "4", 0.9),                    # correct, tags out of order
 ])
-def test_math_think_by_hand(text, gold, expected):
-    fn = build_reward("math_think")
+def test_math_think_format_by_hand(text, gold, expected):
+    fn = build_reward("math_think_format")
     assert fn(prompts=["q"], completions=[text], answer=[gold]) == [pytest.approx(expected)]
     # chat completions are scored on the assistant's content
     chat = [[{"role": "assistant", "content": text}]]
     assert fn(prompts=["q"], completions=chat, answer=[gold]) == [pytest.approx(expected)]
 
 
-def test_math_think_params_and_errors():
-    fn = build_reward("math_think", format_penalty=0.25, answer_column="gold")
+def test_math_think_format_params_and_errors():
+    fn = build_reward("math_think_format", format_penalty=0.25, answer_column="gold")
     assert fn(prompts=["q"], completions=["\\boxed{4}"], gold=["4"]) == [pytest.approx(0.75)]
     assert fn(prompts=["q"], completions=["\\boxed{4}"], gold=[None]) == [None]  # no gold: TRL ignores the row
     assert pickle.loads(pickle.dumps(fn))(prompts=["q"], completions=["<think></think>\\boxed{4}"], gold=["4"]) == [1.0]
-    assert "math_think" in REWARDS
+    assert "math_think_format" in REWARDS
     with pytest.raises(ConfigError, match="format_penalty"):
-        build_reward("math_think", format_penalty=-1)
+        build_reward("math_think_format", format_penalty=-1)
     with pytest.raises(ConfigError, match="unknown param"):
-        build_reward("math_think", penalty=0.1)
+        build_reward("math_think_format", penalty=0.1)
 
 
 def test_reward_option_composes():
     from mixrl.config.compose import compose_config
 
-    cfg = compose_config(["reward=math_think"])
-    assert cfg.reward.name == "math_think" and cfg.reward.params.format_penalty == 0.1
+    cfg = compose_config(["reward=math_think_format"])
+    assert cfg.reward.name == "math_think_format" and cfg.reward.params.format_penalty == 0.1

@@ -249,7 +249,8 @@ MORE_TRAINER_CASES = {
     "algo=uft": ["algo=uft"],
     # replay needs a past step (min_age 1): two steps, the second draws on the first's rollouts
     "algo=remix|max_steps=2": ["algo=remix", "trainer.max_steps=2"],
-    "algo=exgrpo|max_steps=2": ["algo=exgrpo", "trainer.max_steps=2"],
+    # exgrpo: replay from the start (its 0.35 solve-rate switch would leave two steps without replay; tests/test_exgrpo.py checks it)
+    "algo=exgrpo|max_steps=2": ["algo=exgrpo", "trainer.max_steps=2", "algo.inject.start_solve_rate=null"],
     "algo=repo_replay|max_steps=2": ["algo=repo_replay", "trainer.max_steps=2"],
     # added with --missing (each case records the commit that made it)
     "algo=alol": ["algo=alol"],

@@ -5,7 +5,7 @@
   successful rollouts join the pool only when 0 < successes <= 7 of 8 (experience_lbound=0,
   experience_rbound=7 in exp_scripts/run_exgrpo.sh:36-37); never before mixed-policy training
   starts (:11-12);
-* the start (mix_trainer/mix_trainer_experience.py:537-541, batch/solved at :402): mixed-policy
+* the start (mix_trainer_experience.py:538-541, batch/solved at :402): mixed-policy
   training starts after the first step whose share of solved rows exceeds 0.35
   (experience_start_sratio, run_exgrpo.sh:34), from the next batch on;
 * mixing (experience/experience_collate_fn.py:131-165 with n_prefix=1, prefix ratio 1.0): every

@@ -73,3 +73,19 @@ def test_custom_delimiter_and_bad_params():
         with pytest.raises(ConfigError, match=match) as e:
             build_reward("math_think", **bad)
         assert "\n" not in str(e.value)
+
+
+def test_the_luffy_fixtures_traces_score_1_and_without_their_close_0():
+    """tests/fixtures/luffy_openr1.jsonl (the schema of Elliott/Openr1-Math-46k-8192): every R1 trace
+    closes its reasoning and boxes the gold answer, so the authors' reward gives each 1; the same
+    trace with "</think>" removed gives 0."""
+    import json
+    from pathlib import Path
+
+    rows = [json.loads(line) for line in (Path(__file__).parent / "fixtures" / "luffy_openr1.jsonl").read_text().splitlines()]
+    traces = [r["target"][0]["content"] for r in rows]
+    golds = [r["reward_model"]["ground_truth"] for r in rows]
+    fn = build_reward("math_think")
+    assert fn(prompts=["q"] * len(rows), completions=traces, answer=golds) == [1.0] * len(rows)
+    unclosed = [t.replace("</think>", "") for t in traces]
+    assert fn(prompts=["q"] * len(rows), completions=unclosed, answer=golds) == [0.0] * len(rows)

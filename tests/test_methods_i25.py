@@ -124,7 +124,7 @@ EXPLAINED = {  # recipe -> what `mixrl explain` must state of its objective
     "alol/arith-tiny": ["L = offline[expert]", "w = clip(pi_theta(y|x) / pi_ref(y|x), 1 - 0.2, 1 + 0.2)", "1[A > 0]"],
     "palu/arith-tiny": ["lambda = lambda_max if P < 0.2 else 0", "quantile_0.8", "sets the rollouts' rewards, before the advantages"],
     "srpo/arith-tiny": ["L = policy[on_policy] + distill[failed]", "exp(-H_T,t / 1)", "R_1(y_i) >= 1 else failed"],
-    "rl_plus/arith-tiny": ["L = policy[on_policy] + external[expert]", "r_t = p_t / (0.5 sg(pi_old(e_t)) + (1 - 0.5) 1)", "(1 - sg(p_t))^1"],
+    "rl_plus/arith-tiny": ["L = policy[on_policy] + external[expert]", "r_t = p_t / (0.75 sg(pi_old(e_t)) + (1 - 0.75) 1)", "(1 - sg(p_t))^0.5"],
     "soup/arith-tiny": ["L = policy[on_policy + historical]", "p_t / pi_hist(h_t) on the prefix", "u ~ U[0.2, 0.8]"],
 }
 

@@ -251,7 +251,7 @@ CASES = {
     "kdrl (teacher)": (["algo=kdrl", *TEACHER, "teacher.source.privileged=expert"], None),
     "guide (hints)": (["algo=guide", "algo.inject.max_success=0.5"], "tolerant_completion"),
     "prefix_rft (prefixes)": (["algo=prefix_rft"], "tolerant_completion"),
-    "exgrpo (replay)": (["algo=exgrpo", "trainer.max_steps=2"], "collapsing_completion"),
+    "exgrpo (replay)": (["algo=exgrpo", "trainer.max_steps=2", "algo.inject.start_solve_rate=null"], "collapsing_completion"),
     "simplemix (pairs)": (["algo=simplemix"], "tolerant_completion"),
     "grpo_dpo (pairs)": (["algo=grpo_dpo"], "tolerant_completion"),
     "ppo (critic)": (["algo=ppo"], "tolerant_completion"),

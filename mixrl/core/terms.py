@@ -192,6 +192,26 @@ def shaped(x: TermInputs, *, gamma: float = 0.1) -> TermOutput:
     return TermOutput(-adv * token_weights.luffy_shaped_ratio(x.logp, gamma=gamma))
 
 
+@TERMS.register("shaped_ratio", bounds={"gamma": ("> 0", "-A w / (w + gamma): gamma <= 0 inverts the gradient or divides by zero")})
+def shaped_ratio(x: TermInputs, *, gamma: float = 0.1) -> TermOutput:
+    """ExGRPO's shaped importance weight on replayed tokens: LUFFY's f applied to the importance
+    ratio against the stored behaviour log-probs, no clip.
+
+    Formula: l_t = -A f(w_t), w_t = p_t / pi_b(y_t) (pi_b: the log-prob stored when the token was sampled), f(w) = w / (w + {gamma})
+    Paper: ExGRPO, "ExGRPO: Learning to Reason from Experience" (arXiv 2510.02245); its code (ElliottYan/LUFFY ExGRPO/, mix_core_alg.py:133-143 at 01f4ae06): off_ratio = exp(log_prob - old_log_prob) with the recorded old log-probs (exp_is_correct), then off_ratio / (off_ratio + 0.1).
+
+    Parameters:
+        gamma (0.1): shaping constant (the authors' p_div_p_0.1).
+    """
+    adv = token_advantages(x.advantages, x.logp)
+    w = torch.exp(x.logp - x.behaviour_logp.detach())
+    f = w / (w + gamma)
+    return TermOutput(-adv * f, {"shaped_ratio/f_mean": float(masked_mean(f.detach(), x.mask)) if bool(x.mask.any()) else 0.0})
+
+
+shaped_ratio.needs_behaviour = True
+
+
 @TERMS.register("reshaped", bounds={
     "gamma": ("> 0", "p / (p + gamma): gamma <= 0 inverts the gradient or divides by zero"),
     "logp_coef": (">= 0", "the log p coefficient; a negative one turns the gradient around"),

@@ -1,7 +1,8 @@
 """Reward functions for TRL's ``GRPOTrainer``.
 
 ``build_reward(name_or_path, **params)`` returns ``fn(prompts, completions, **kwargs) -> list[float | None]``.
-Built-ins: ``exact`` and ``math`` (``math-verify``) (see :mod:`mixrl.rewards.builtin`); your own function or factory by
+Built-ins: ``exact`` and ``math`` (``math-verify``) (see :mod:`mixrl.rewards.builtin`), ``math_after_think`` (``math`` on the
+answer after ``</think>``, 0 without it: :mod:`mixrl.rewards.think`); your own function or factory by
 import path (``my_pkg.rewards:fn``, ``my_pkg.rewards.fn``, ``path/to/rewards.py:fn``).
 """
 
@@ -10,6 +11,7 @@ from mixrl.rewards import builtin as _builtin  # noqa: E402,F401  - registers th
 from mixrl.rewards import reward_model as _reward_model  # noqa: E402,F401  - registers reward=model
 from mixrl.rewards import judge as _judge  # noqa: E402,F401  - registers reward=judge
 from mixrl.rewards import process as _process  # noqa: E402,F401  - registers reward=process
+from mixrl.rewards import think as _think  # noqa: E402,F401  - registers reward=math_after_think
 from mixrl.rewards.builtin import AnswerReward, MathVerifier, exact_reward, extract_gold, math_reward
 from mixrl.rewards.extract import completion_text, extract_after_marker
 

@@ -46,6 +46,7 @@ from __future__ import annotations
 import torch
 
 from mixrl.core import provenance as prov
+from mixrl.errors import ConfigError
 from mixrl.sources.base import SOURCES, InjectContext, Source
 from mixrl.sources.replay_buffer import Entry, ReplayBuffer
 
@@ -70,13 +71,20 @@ class ReplaySource(Source):
         success_threshold (1.0): reward from which a rollout counts as a success.
         sampling (uniform): uniform | recent (newest first) | variance (by group reward std) | failure (by 1 - group mean reward).
         seed (None): the sampling generator's seed (default: the run's seed + 1).
+        admit (None): [lo, hi]: a rollout is stored only when its group had between lo and hi successes
+            (inclusive, reward >= success_threshold, the replayed row counted) at the step it was scored;
+            ExGRPO's experience_lbound=0 / experience_rbound=7 of 8 is [1, 7]. None: any group.
     """
 
     provenances = ("replay",)
 
     def __init__(self, *, capacity: int = 1024, eviction: str = "fifo", max_age: int | None = None, store: str = "all",
-                 success_threshold: float = 1.0, sampling: str = "uniform", seed: int | None = None):
+                 success_threshold: float = 1.0, sampling: str = "uniform", seed: int | None = None,
+                 admit: list | tuple | None = None):
         self.seed = seed
+        self.admit = _admit_range(admit)
+        #: (step, successes per global group) of the step last scored (set by the replay injections)
+        self.group_successes: tuple[int, list[int]] | None = None
         self.buffer = ReplayBuffer(capacity=int(capacity), eviction=eviction, max_age=max_age, store=store,
                                    success_threshold=float(success_threshold), sampling=sampling,
                                    seed=0 if seed is None else int(seed))
@@ -111,11 +119,20 @@ class ReplaySource(Source):
         if not rows or "mixrl_reward" not in batch:
             return 0
         pm, cm = batch["prompt_mask"].bool(), batch["completion_mask"].bool()
+        counts = None
+        if self.admit is not None:
+            if self.group_successes is None or self.group_successes[0] != ctx.global_step or "group_id" not in batch:
+                return 0  # no group counts for this step: nothing is admitted
+            counts = self.group_successes[1]
         stored = 0
         for i in rows:
             n = int(cm[i].sum())
             if n == 0:
                 continue
+            if counts is not None:
+                g = int(batch["group_id"][i])
+                if not 0 <= g < len(counts) or not self.admit[0] <= counts[g] <= self.admit[1]:
+                    continue
             lp = old_logp[i, :n].detach().float()
             if not bool(torch.isfinite(lp).all()):
                 continue
@@ -132,6 +149,14 @@ class ReplaySource(Source):
             ))
         return stored
 
+    def note_group_successes(self, step: int, rewards: torch.Tensor, num_generations: int) -> list[int]:
+        """Count each global group's successes (reward >= success_threshold) of step ``step``'s
+        final rewards [N_global], for ``admit``; returns the counts."""
+        groups = rewards.detach().float().view(-1, num_generations)
+        counts = (groups >= self.buffer.success_threshold).sum(dim=1).tolist()
+        self.group_successes = (int(step), [int(c) for c in counts])
+        return self.group_successes[1]
+
     def state_dict(self) -> dict:
         kept = {tuple(e.prompt) for e in self.buffer.entries}
         rows = [[list(k), v] for k, v in self.rows.items() if k in kept]
@@ -141,3 +166,17 @@ class ReplaySource(Source):
         self.buffer.load_state_dict(state["buffer"])
         self.recorded_step = int(state.get("recorded_step", -1))
         self.rows = {tuple(k): dict(v) for k, v in state.get("rows", [])}
+
+
+def _admit_range(admit) -> tuple[int, int] | None:
+    if admit is None:
+        return None
+    try:
+        lo, hi = (int(v) for v in admit)
+        ok = all(not isinstance(v, bool) and float(v) == int(v) for v in admit)
+    except (TypeError, ValueError):
+        ok = False
+    if not ok or not 0 <= lo <= hi:
+        raise ConfigError(f"offpolicy.source.admit={admit!r} must be [lo, hi] with 0 <= lo <= hi (successes in a group), "
+                          "e.g. [1, 7] for groups of 8, or null; fix offpolicy.source.admit")
+    return lo, hi

@@ -23,6 +23,7 @@ class _ReplayInjection(Injection):
         super().__init__(source=source, geometry=geometry, seed=seed)
         self._seeded = False
         self.metrics: dict[str, float] = {}
+        self.revisited: tuple[int, set[int]] = (-1, set())  # (step, global groups whose prompt was revisited)
 
     def _seed(self, ctx: InjectContext) -> None:
         if not self._seeded and isinstance(self.source, ReplaySource):
@@ -37,6 +38,12 @@ class _ReplayInjection(Injection):
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self._seeded = True  # the generator state came with the checkpoint
+
+    def after_rewards(self, ctx: InjectContext, inputs: list[dict], rewards: torch.Tensor) -> torch.Tensor:
+        """Note each group's successes of this step (what the source's ``admit`` reads)."""
+        if isinstance(self.source, ReplaySource):
+            self.source.note_group_successes(ctx.global_step, rewards, ctx.num_generations)
+        return rewards
 
     def _revisit_candidate(self, entry) -> bool:
         """A stored entry a revisited prompt may come from: a past success, what a failing group can be refilled with."""
@@ -66,9 +73,12 @@ class _ReplayInjection(Injection):
             if len(picked) == want:
                 break
         inputs = list(inputs)
+        groups = set()
         for g, row in zip(reversed(whole), picked):
+            groups.add(g)
             for r in range(g * G, (g + 1) * G):
                 inputs[r - start] = dict(row)
+        self.revisited = (ctx.global_step, groups)
         self.metrics[f"{label}/prompts_revisited"] = float(len(picked))
         return inputs
 
@@ -134,6 +144,7 @@ class ReplayAppend(_ReplayInjection):
 @INJECTIONS.register("replay_fill", bounds={
     "per_group": (">= 1", "slots of a group filled from the buffer"),
     "min_age": (">= 0", "steps"), "revisit": ("[0, 1]", "a probability"),
+    "start_solve_rate": ("[0, 1)", "a share of the step's rows"),
 })
 class ReplayFill(_ReplayInjection):
     """Refill groups with no learning signal from the buffer: when every fresh rollout of a
@@ -143,33 +154,68 @@ class ReplayFill(_ReplayInjection):
     advantages, by past rollouts of the same prompt whose reward differs; they share the
     group's statistics and are trained with a ratio against their stored behaviour log-probs.
 
-    Formula: group(x) = {y_1..y_(G-k) ~ pi_old} + {k past rollouts of x with R != R(group)} when R(group) is uniform, k = {per_group}
+    With ``fill: revisited`` (ExGRPO's experience mixing) every group whose prompt was revisited
+    this step (``revisit``) gets a stored success of its prompt in its last k slots, whatever
+    its fresh rewards; fresh prompts get none. With ``start_solve_rate`` nothing is stored,
+    revisited or filled until a step's solve rate (the share of all its rows with reward >=
+    the source's success_threshold) exceeds it; from the next step on, replay is on for good
+    (ExGRPO's experience_start_sratio, the switch to mixed-policy training).
+
+    Formula: group(x) = {y_1..y_(G-k) ~ pi_old} + {k past rollouts of x with R != R(group)} when R(group) is uniform (fill same_reward / failed) or x was revisited (fill revisited), k = {per_group}
     Paper: RePO, "RePO: Replay-Enhanced Policy Optimization" (replayed samples in the GRPO group); ExGRPO, "ExGRPO: Learning to Reason from Experience" (arXiv 2510.02245): successful trajectories of problems not yet mastered.
 
     Parameters:
         per_group (1): past rollouts placed in a refilled group (k), between 1 and num_generations - 1.
-        fill (same_reward): same_reward (any group whose rewards are all equal) | failed (only groups where every rollout failed).
+        fill (same_reward): same_reward (any group whose rewards are all equal) | failed (only groups where every rollout failed) | revisited (every group of a revisited prompt, with a stored success; needs revisit > 0).
         min_age (1): replay only rollouts generated at least this many steps ago.
         revisit (0.0): fraction of each step's prompts replaced, before generation, by prompts with a stored success drawn from the buffer, so that a past rollout of the same prompt exists to fill with; ExGRPO mixes experience questions at 50%.
+        start_solve_rate (None): replay (storing, revisiting, filling) starts on the step after the first whose solve rate exceeds this; None: from the first step. ExGRPO: 0.35.
     """
 
     def __init__(self, *, per_group: int = 1, fill: str = "same_reward", min_age: int = 1, revisit: float = 0.0,
-                 source=None, geometry=None, seed: int = 0):
+                 start_solve_rate: float | None = None, source=None, geometry=None, seed: int = 0):
         super().__init__(source=source, geometry=geometry, seed=seed)
         if not 0.0 <= revisit <= 1.0:
             raise ConfigError(f"algo.inject.revisit must be in [0, 1], got {revisit}")
+        if start_solve_rate is not None and not 0.0 <= float(start_solve_rate) < 1.0:
+            raise ConfigError(f"algo.inject.start_solve_rate must be in [0, 1) or null, got {start_solve_rate}; fix algo.inject.start_solve_rate")
+        self.start_solve_rate = None if start_solve_rate is None else float(start_solve_rate)
+        #: the step from which replay is on (None: not yet; always on without start_solve_rate)
+        self.started_at: int | None = 0 if self.start_solve_rate is None else None
         self.revisit = float(revisit)
         if geometry is not None and not 1 <= per_group < geometry.num_generations:
             raise ConfigError(
                 f"algo.inject.per_group={per_group} must be between 1 and num_generations-1={geometry.num_generations - 1}"
             )
-        if fill not in ("same_reward", "failed"):
-            raise ConfigError(f"algo.inject.fill={fill!r} is not one of same_reward, failed")
+        if fill not in ("same_reward", "failed", "revisited"):
+            raise ConfigError(f"algo.inject.fill={fill!r} is not one of same_reward, failed, revisited")
+        if fill == "revisited" and self.revisit <= 0.0:
+            raise ConfigError("algo.inject.fill=revisited fills the groups of revisited prompts, but algo.inject.revisit is 0; "
+                              "set algo.inject.revisit > 0 (ExGRPO: 0.5) or another fill")
         self.per_group, self.fill, self.min_age = int(per_group), fill, int(min_age)
+
+    def active(self, step: int) -> bool:
+        """Whether replay is on at ``step`` (always, without start_solve_rate)."""
+        return self.started_at is not None and step >= self.started_at
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "started_at": self.started_at}
+
+    def load_state_dict(self, state: dict) -> None:
+        state = dict(state)
+        started = state.pop("started_at", 0 if self.start_solve_rate is None else None)
+        super().load_state_dict(state)
+        self.started_at = started
+
+    def after_forward(self, ctx: InjectContext, inputs: dict, old_logp: torch.Tensor) -> None:
+        if self.active(ctx.global_step):  # ExGRPO collects experience only once mixed-policy training is on
+            super().after_forward(ctx, inputs, old_logp)
 
     def before_generation(self, ctx: InjectContext, inputs: list[dict]) -> list[dict]:
         """Revisit: the last groups lying wholly on this process get prompts drawn from the
         buffer (by its sampling rule, one entry per prompt) whose rows it remembers."""
+        if not self.active(ctx.global_step):
+            return inputs
         return self._revisit(ctx, inputs, "replay")
 
     def after_advantages(self, ctx: InjectContext, inputs: list[dict], out: dict) -> dict:
@@ -183,25 +229,51 @@ class ReplayFill(_ReplayInjection):
         if out is None:
             return rewards
         G, buf = ctx.num_generations, self.source.buffer
+        if self.active(ctx.global_step):
+            rewards = self._fill(ctx, out, rewards)
+        else:
+            self.metrics["replay/groups_filled"] = 0.0
+        if self.start_solve_rate is not None and self.started_at is None:
+            # ExGRPO's switch: the share of the step's rows solved, over every row of the batch
+            rate = float((rewards.detach().float() >= buf.success_threshold).float().mean())
+            if rate > self.start_solve_rate:
+                self.started_at = ctx.global_step + 1
+        self.metrics["replay/on"] = float(self.active(ctx.global_step + 1))
+        if isinstance(self.source, ReplaySource):
+            self.source.note_group_successes(ctx.global_step, rewards, G)
+        return rewards
+
+    def _fill(self, ctx: InjectContext, out: dict, rewards: torch.Tensor) -> torch.Tensor:
+        G, buf = ctx.num_generations, self.source.buffer
         n_local = out["completion_ids"].shape[0]
         start = ctx.process_index * n_local
         groups = rewards.view(-1, G)
-        uniform = (groups.max(dim=1).values - groups.min(dim=1).values).abs() <= 1e-6
-        if self.fill == "failed":
-            uniform &= groups.max(dim=1).values < buf.success_threshold
+        if self.fill == "revisited":  # ExGRPO: every revisited question gets a stored trajectory
+            step, revisited = self.revisited
+            chosen = sorted(revisited) if step == ctx.global_step else []
+        else:
+            uniform = (groups.max(dim=1).values - groups.min(dim=1).values).abs() <= 1e-6
+            if self.fill == "failed":
+                uniform &= groups.max(dim=1).values < buf.success_threshold
+            chosen = uniform.nonzero().flatten().tolist()
+            self.metrics["replay/groups_uniform"] = float(uniform.sum())
         local = rewards[start:start + n_local].clone()
         pm = out["prompt_mask"].bool()
         rows, completions, logps = [], [], []
         filled = 0
-        for g in uniform.nonzero().flatten().tolist():
+        for g in chosen:
             last = (g + 1) * G  # one past the group's last global row
             slots = [r for r in range(last - self.per_group, last) if start <= r < start + n_local]
             if not slots:
                 continue
             i0 = slots[0] - start
             value = float(groups[g, 0])
+            if self.fill == "revisited":
+                keep = buf.is_success
+            else:
+                keep = lambda e, value=value: abs(e.reward - value) > 1e-6  # noqa: E731
             candidates = [e for e in buf.for_prompt(out["prompt_ids"][i0][pm[i0]].tolist())
-                          if abs(e.reward - value) > 1e-6 and ctx.global_step - e.step >= self.min_age]
+                          if keep(e) and ctx.global_step - e.step >= self.min_age]
             # a group straddling two processes is filled slot by slot, each process from its own buffer
             picks = buf.sample(self.per_group, candidates) if candidates else []
             for j, r in enumerate(reversed(range(last - self.per_group, last))):  # the last slots first
@@ -214,7 +286,6 @@ class ReplayFill(_ReplayInjection):
                 local[i] = picks[j].reward
             filled += bool(picks)
         self.metrics["replay/groups_filled"] = float(filled)
-        self.metrics["replay/groups_uniform"] = float(uniform.sum())
         if rows:
             replace_rows(out, rows, completions, pad_id=ctx.tokenizer.pad_token_id, row_source=REPLAY,
                          behaviour_logp=logps)

@@ -249,7 +249,13 @@ MORE_TRAINER_CASES = {
     "algo=uft": ["algo=uft"],
     # replay needs a past step (min_age 1): two steps, the second draws on the first's rollouts
     "algo=remix|max_steps=2": ["algo=remix", "trainer.max_steps=2"],
-    "algo=exgrpo|max_steps=2": ["algo=exgrpo", "trainer.max_steps=2"],
+    # exgrpo: replay from the start (its 0.35 solve-rate switch would leave two steps without replay; tests/test_exgrpo.py checks it)
+    "algo=exgrpo|max_steps=2": ["algo=exgrpo", "trainer.max_steps=2", "algo.inject.start_solve_rate=null"],
+    # the preset before it followed the authors' code, by overrides: its pin (commit c8099dd) must hold
+    "algo=exgrpo|old reading|max_steps=2": ["algo=exgrpo", "trainer.max_steps=2", "offpolicy=replay", "algo.inject.fill=failed",
+                                            "algo.inject.start_solve_rate=null", "algo.advantage.name=grpo",
+                                            "algo.loss.name=ppo_clip", "algo.aggregation.name=token-mean", "algo.entropy_coef=0",
+                                            "algo.terms.experience.name=policy", "~algo.terms.experience.gamma"],
     "algo=repo_replay|max_steps=2": ["algo=repo_replay", "trainer.max_steps=2"],
     # added with --missing (each case records the commit that made it)
     "algo=alol": ["algo=alol"],
@@ -279,7 +285,8 @@ MORE_TRAINER_CASES = {
 }
 #: the rollouts of each case (a function of tests/pins/rollouts.py): tolerant_completion, except
 #: where the second step's groups must all fail for the replay fill to act
-MORE_ROLLOUTS = {"algo=exgrpo|max_steps=2": "collapsing_completion", "algo=repo_replay|max_steps=2": "collapsing_completion"}
+MORE_ROLLOUTS = {"algo=exgrpo|max_steps=2": "collapsing_completion", "algo=exgrpo|old reading|max_steps=2": "collapsing_completion",
+                 "algo=repo_replay|max_steps=2": "collapsing_completion"}
 
 
 def more_trainer_cases() -> dict[str, list[str]]:

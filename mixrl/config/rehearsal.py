@@ -25,6 +25,11 @@ What is swapped:
   ``trainer.warmup_steps``) scaled by steps / recipe steps, so the schedule's shape runs within
   the rehearsal.
 
+Before any swap, the real models' context is checked (:func:`mixrl.config.context.check_context`:
+the prompt budget plus the recipe's ``trainer.max_completion_length`` within each model's
+``max_position_embeddings``), so a recipe whose completions the real model cannot hold is refused
+here, as on the GPU, rather than passing on the tiny model's own context.
+
 Everything else (objective, schedules' values, injections, sampler, reward, chat template, system
 prompt, evaluation) is the recipe's.
 """
@@ -165,6 +170,21 @@ def widened(name: str, context: int = CONTEXT) -> Path:
     except OSError:  # another process wrote it first
         shutil.rmtree(tmp, ignore_errors=True)
     return dst
+
+
+def _context(ctx: Context) -> list[Swap]:
+    """The real models' context, checked before they are swapped (the tiny model's own context, and
+    the rehearsal's short completions, would hide a recipe that cannot start); a note row, no override."""
+    from mixrl.config.context import check_context  # deferred: with the rule that uses it
+
+    checked = check_context(ctx.cfg)  # ConfigError, one line and the fix, for a completion the real model cannot hold
+    known = [f"{pos.path} {pos.n:,}" for _, pos in checked.models if pos.n is not None]
+    if not known:
+        return []
+    return [Swap("context", f"{checked.prompt:,} prompt + {checked.completion:,} completion = {checked.need:,} positions",
+                 "checked against the real model(s): " + ", ".join(known),
+                 "the recipe's prompt budget and completion length fit the real model's context (max_position_embeddings); "
+                 "the rehearsal's shorter lengths below run on the tiny model")]
 
 
 def _model(ctx: Context) -> list[Swap]:
@@ -405,6 +425,7 @@ def _benchmarks(t) -> list[Swap]:
 
 #: the rules, applied in order (the batch rule needs the hardware's world size, the schedules the steps scale)
 RULES: list[tuple[str, str, Callable[[Context], list[Swap]]]] = [
+    ("context", "the real model's context holds the prompt budget + completion (checked, nothing swapped)", _context),
     ("model", "a hub model -> the built-in BPE chat model", _model),
     ("teacher", "a hub teacher -> the built-in BPE teacher", _teacher),
     ("reward model", "a hub reward model -> the built-in one", lambda ctx: [_set(*s) for s in reward_model_swaps(ctx.cfg)]),

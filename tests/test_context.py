@@ -224,3 +224,48 @@ def test_vllm_recipes_train_without_engine_correction_and_say_why(recipe):
     assert "engine correction off (issue 48)" in text and ("the authors' pipeline" in text or "our choice" in text)
     back = compose_config([f"recipe={recipe}", "algo.engine_correction.enabled=true"])  # the option stays reachable
     assert back.algo.engine_correction.enabled is True and back.algo.engine_correction.c_max == 3.0
+
+
+# --------------------------------------------------------------------------- the rehearsal's chat template
+
+REAL_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\nREAL-TEMPLATE {{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def _cache_with_tokenizer_config(tmp_path: Path, repo_id: str, template: str) -> Path:
+    """A Hugging Face cache holding only ``repo_id``'s tokenizer_config.json (the layout huggingface_hub reads)."""
+    cache = tmp_path / "hub"
+    folder = cache / f"models--{repo_id.replace('/', '--')}"
+    snap = folder / "snapshots" / "rev0"
+    snap.mkdir(parents=True)
+    (snap / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    (folder / "refs").mkdir()
+    (folder / "refs" / "main").write_text("rev0")
+    return cache
+
+
+def test_the_rehearsal_renders_prompts_with_the_real_models_cached_chat_template(tmp_path, monkeypatch):
+    from transformers import AutoTokenizer
+
+    cache = _cache_with_tokenizer_config(tmp_path, "Qwen/Qwen2.5-Math-7B", REAL_TEMPLATE)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(cache))
+    template, where = rehearsal.real_chat_template("Qwen/Qwen2.5-Math-7B")
+    assert template == REAL_TEMPLATE and where.endswith("tokenizer_config.json")
+    swaps = rehearsal.plan_rehearsal(compose_config(["recipe=soup/qwen2.5-math-7b-openr1"]), vllm=False)
+    model = next(s for s in swaps if s.key == "model")
+    assert "Qwen/Qwen2.5-Math-7B's own chat template" in model.why
+    folder = Path(next(s for s in swaps if s.key == "model.path").rehearsal)
+    assert (folder / "chat_template.jinja").read_text() == REAL_TEMPLATE
+    assert json.loads((folder / "config.json").read_text())["max_position_embeddings"] == rehearsal.CONTEXT
+    text = AutoTokenizer.from_pretrained(folder).apply_chat_template([{"role": "user", "content": "1+1?"}], tokenize=False,
+                                                                     add_generation_prompt=True)
+    assert text == "<|im_start|>user\nREAL-TEMPLATE 1+1?<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_without_a_cached_template_the_rehearsal_says_whose_template_it_uses(tmp_path, monkeypatch):
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "empty"))
+    assert rehearsal.real_chat_template("Qwen/Qwen2.5-Math-7B")[0] is None
+    swaps = rehearsal.plan_rehearsal(compose_config(["recipe=soup/qwen2.5-math-7b-openr1"]), vllm=False)
+    model = next(s for s in swaps if s.key == "model")
+    assert "Qwen2.5's chat template and the built-in task's default system message, not Qwen/Qwen2.5-Math-7B's own" in model.why
+    assert Path(next(s for s in swaps if s.key == "model.path").rehearsal).name.endswith(f"-context{rehearsal.CONTEXT}")

@@ -94,13 +94,13 @@ def test_the_refusal_names_the_longer_context_model():
 
 
 def test_a_local_folder_is_read_from_its_config_json(tmp_path):
-    folder = _folder(tmp_path, 1000)
+    folder = _folder(tmp_path, 2000)
     pos = model_positions(str(folder))
-    assert pos.n == 1000 and pos.source == str(folder / "config.json")
-    # 512 + 488 = 1000 fits exactly; 489 is one position too many
-    assert check_context(compose_config([f"model.path={folder}", "data.source=x.jsonl", "trainer.max_completion_length=488"])).need == 1000
-    with pytest.raises(ConfigError, match=r"1001 positions .* 1000 positions .*trainer.max_completion_length<=488"):
-        check_context(compose_config([f"model.path={folder}", "data.source=x.jsonl", "trainer.max_completion_length=489"]))
+    assert pos.n == 2000 and pos.source == str(folder / "config.json")
+    # 512 + 1488 = 2000 fits exactly; 1489 is one position too many
+    assert check_context(compose_config([f"model.path={folder}", "data.source=x.jsonl", "trainer.max_completion_length=1488"])).need == 2000
+    with pytest.raises(ConfigError, match=r"2001 positions .* 2000 positions .*trainer.max_completion_length<=1488.*data.max_prompt_tokens=N"):
+        check_context(compose_config([f"model.path={folder}", "data.source=x.jsonl", "trainer.max_completion_length=1489"]))
 
 
 def test_a_nested_text_config_is_read(tmp_path):
@@ -110,18 +110,32 @@ def test_a_nested_text_config_is_read(tmp_path):
     assert model_positions(str(folder)).n == 2048
 
 
-def test_prompt_budget_is_larger_than_the_context(tmp_path):
-    folder = _folder(tmp_path, 400)
-    with pytest.raises(ConfigError, match="use a model with a longer context"):
-        check_context(compose_config([f"model.path={folder}", "data.source=x.jsonl", "trainer.max_completion_length=8"]))
+def test_the_default_budget_is_at_most_half_a_small_models_context(tmp_path):
+    folder = _folder(tmp_path, 64)  # e.g. a copied tiny model: 512 prompt tokens would refuse any completion
+    cfg = compose_config([f"model.path={folder}", "data.source=x.jsonl", "trainer.max_completion_length=32"])
+    assert prompt_budget(cfg, 64) == 32 and check_context(cfg).need == 64
+    with pytest.raises(ConfigError, match=r"65 positions \(a 32-token prompt budget"):
+        check_context(compose_config([f"model.path={folder}", "data.source=x.jsonl", "trainer.max_completion_length=33"]))
+
+
+def test_data_max_prompt_tokens_is_the_budget(tmp_path):
+    folder = _folder(tmp_path, 1000)
+    cfg = compose_config([f"model.path={folder}", "data.source=x.jsonl", "data.max_prompt_tokens=100",
+                          "trainer.max_completion_length=900"])
+    assert prompt_budget(cfg, 1000) == 100 and check_context(cfg).need == 1000
+    with pytest.raises(ConfigError, match="use a model with a longer context"):  # the stated prompts alone fill it
+        check_context(compose_config([f"model.path={folder}", "data.source=x.jsonl", "data.max_prompt_tokens=1000",
+                                      "trainer.max_completion_length=8"]))
+    with pytest.raises(ConfigError, match=r"data.max_prompt_tokens=0 is out of range"):
+        compose_config(["data.max_prompt_tokens=0"])
 
 
 def test_plan_prompt_tokens_is_the_budget(tmp_path):
-    folder = _folder(tmp_path, 1000)
-    cfg = compose_config([f"model.path={folder}", "data.source=x.jsonl", "trainer.max_completion_length=700"])
+    folder = _folder(tmp_path, 2000)
+    cfg = compose_config([f"model.path={folder}", "data.source=x.jsonl", "trainer.max_completion_length=1700"])
     with pytest.raises(ConfigError):
-        check_context(cfg)  # 512 + 700 > 1000
-    assert check_context(cfg, prompt_tokens=300).need == 1000  # mixrl plan --prompt-tokens 300
+        check_context(cfg)  # 512 + 1700 > 2000
+    assert check_context(cfg, prompt_tokens=300).need == 2000  # mixrl plan --prompt-tokens 300
 
 
 def test_unknown_and_builtin_models_are_not_checked(tmp_path):
@@ -132,6 +146,16 @@ def test_unknown_and_builtin_models_are_not_checked(tmp_path):
     assert model_positions(str(marked)).n is None  # a built-in model's cached folder: prompts are measured at load
     cfg = compose_config(["model.path=some-org/not-a-model-mixrl-knows", "trainer.max_completion_length=100000"])
     assert check_context(cfg).need == prompt_budget(cfg) + 100000  # nothing to refuse against
+
+
+def test_a_longer_prompt_than_data_max_prompt_tokens_is_refused_at_data_load(tiny_model_path, fast_overrides, tmp_path):
+    """The budget the config-time check assumed is enforced on every training row once the tokenizer is loaded."""
+    src = tmp_path / "data.jsonl"
+    src.write_text("".join(json.dumps({"prompt": p, "answer": "1"}) + "\n" for p in ["1+0=", "1+0=", "10+20+30+40=", "1+0="]))
+    result = CliRunner().invoke(app, ["train", *fast_overrides, "trainer.eval_size=0", "data.expert_column=null",
+                                      f"data.source={src}", f"model.path={tiny_model_path}", "data.max_prompt_tokens=6"])
+    line = _one_line_error(result)
+    assert line.startswith("error: training row 2: the prompt is ") and "longer than data.max_prompt_tokens=6" in line
 
 
 def test_the_hugging_face_cache_is_read(tmp_path, monkeypatch):

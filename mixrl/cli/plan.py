@@ -17,7 +17,7 @@ from mixrl.config.recipe_index import list_recipe_names
 @user_errors
 def plan(
     overrides: Optional[List[str]] = OVERRIDES,
-    prompt_tokens: Optional[int] = typer.Option(None, "--prompt-tokens", help="Prompt length assumed by the context check and the memory estimate (tokens; default 512, the built-in task's longest prompt for builtin:arith)."),
+    prompt_tokens: Optional[int] = typer.Option(None, "--prompt-tokens", help="Prompt length assumed by the context check and the memory estimate (tokens; default data.max_prompt_tokens, else 512, the built-in task's longest prompt for builtin:arith)."),
     sbatch: Optional[Path] = typer.Option(None, "--sbatch", help="Also write a SLURM job script for this config to this file: "
                                           "hardware.num_machines nodes, one `mixrl train` per node, requeued on preemption "
                                           "(needs run_dir=PATH on a shared file system; see mixrl/slurm.py)."),

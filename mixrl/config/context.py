@@ -16,11 +16,13 @@ Built-in models (``builtin:...`` and their cached folders, which carry a ``mixrl
 checked here: their context is fitted to the built-in task, and the data-load check measures their
 prompts.
 
-The prompt side is the **prompt budget** (:func:`prompt_budget`): mixrl has no maximum-prompt-length
-setting and the data's prompts are only tokenized at load, so the config-time check uses the number
-``mixrl plan`` assumes for its memory estimate: 512 tokens for real data (``--prompt-tokens`` in
-``mixrl plan``), the built-in task's longest prompt for ``builtin:`` data. The authors' verl scripts
-mostly cap prompts at 1024 (``data.max_prompt_length``); 512 is the plan's default, not theirs, and the
+The prompt side is the **prompt budget** (:func:`prompt_budget`). The data's prompts are only
+tokenized at load, so the config-time check uses ``data.max_prompt_tokens`` when the config states it
+(the data-load check then refuses any longer prompt, so the check is exact); else the number ``mixrl
+plan`` assumes for its memory estimate, 512 tokens for real data (at most half the model's context,
+so a small local model is not refused for prompts it has not seen; ``--prompt-tokens`` in ``mixrl
+plan``), and the built-in task's longest prompt for ``builtin:`` data. The authors' verl scripts mostly
+cap prompts at 1024 (``data.max_prompt_length``); 512 is the plan's default, not theirs, and the
 data-load check still refuses any prompt that does not fit ``context - max_completion_length``.
 
 Only the policy's context is refused; a teacher or reward model whose context is too short is shown
@@ -112,14 +114,19 @@ def model_positions(path: str) -> Positions:
     return Positions(path, None, "unknown: not a local folder, not in mixrl.models.known, not in the Hugging Face cache")
 
 
-def prompt_budget(cfg: DictConfig) -> int:
-    """Prompt tokens assumed before the data is read: :data:`PROMPT_TOKENS` for real data; for
-    ``builtin:`` data the built-in task's longest prompt (in the tiny BPE model's tokens for it)."""
+def prompt_budget(cfg: DictConfig, positions: int | None = None) -> int:
+    """Prompt tokens assumed before the data is read: ``data.max_prompt_tokens`` when set (the data-load
+    check then refuses a longer prompt); for ``builtin:`` data the built-in task's longest prompt (in the
+    tiny BPE model's tokens for it); else :data:`PROMPT_TOKENS`, at most half of ``positions`` (a
+    model's context) so that a small local model is not refused for prompts it has not seen."""
+    stated = cfg.data.get("max_prompt_tokens")
+    if stated:
+        return int(stated)
     if str(cfg.data.source).startswith("builtin:"):
         from mixrl.models import tiny_bpe, tiny_spec  # deferred: these modules import torch
 
         return int(tiny_bpe.MAX_PROMPT_TOKENS if tiny_bpe.is_tiny_bpe(cfg.model.path) else tiny_spec.MAX_PROMPT_TOKENS)
-    return PROMPT_TOKENS
+    return min(PROMPT_TOKENS, positions // 2) if positions else PROMPT_TOKENS
 
 
 def sequence_models(cfg: DictConfig) -> list[tuple[str, str]]:
@@ -178,17 +185,20 @@ def check_context(cfg: DictConfig, *, prompt_tokens: int | None = None) -> Conte
     ``trainer.max_completion_length`` exceeds the context of a model that reads the whole
     sequence, or ``hardware.vllm_max_model_length`` when vLLM generates. ``prompt_tokens``
     overrides :func:`prompt_budget` (``mixrl plan --prompt-tokens``)."""
-    prompt = int(prompt_tokens) if prompt_tokens else prompt_budget(cfg)
+    models = [(role, model_positions(path)) for role, path in sequence_models(cfg)]
+    policy = models[0][1].n
+    prompt = int(prompt_tokens) if prompt_tokens else prompt_budget(cfg, policy)
     completion = int(cfg.trainer.max_completion_length)
     need = prompt + completion
     why = f"{need} positions (a {prompt}-token prompt budget + trainer.max_completion_length={completion})"
-    models = [(role, model_positions(path)) for role, path in sequence_models(cfg)]
     for role, pos in models:
         if pos.n is None or need <= pos.n or role != "model.path":
             continue  # teachers and reward models: reported (ContextCheck.lines, ContextCheck.too_short), not refused
         room = pos.n - prompt
         fix = (f"set trainer.max_completion_length<={room} (its context minus the prompt budget)" if room > 0
                else "use a model with a longer context")
+        if not prompt_tokens:
+            fix += ", or data.max_prompt_tokens=N if no prompt is longer than N tokens"
         longer = LONGER_CONTEXT.get(pos.path)
         if longer and role == "model.path":
             option, hub_id = longer

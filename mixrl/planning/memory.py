@@ -32,8 +32,9 @@ def gpu_memory_gb(cfg: DictConfig) -> float | None:
 
 
 def default_prompt_tokens(cfg: DictConfig) -> int:
-    """512 tokens for real data; the built-in task's longest prompt for ``builtin:arith``: the prompt
-    budget of the context check (:func:`mixrl.config.context.prompt_budget`)."""
+    """``data.max_prompt_tokens`` when set; else 512 tokens for real data, the built-in task's longest
+    prompt for ``builtin:arith``: the prompt budget of the context check
+    (:func:`mixrl.config.context.prompt_budget`, which also caps the 512 at half a model's context)."""
     return prompt_budget(cfg)
 
 

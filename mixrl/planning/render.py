@@ -25,6 +25,7 @@ def _gb(x: float) -> str:
 
 def render_plan(cfg: DictConfig, overrides: list[str], *, prompt_tokens: int | None = None) -> str:
     """The plan as text: geometry, memory estimate per GPU and the launch command."""
+    given = prompt_tokens  # --prompt-tokens, or None: the context check's own budget (mixrl.config.context.prompt_budget)
     prompt_tokens = prompt_tokens or default_prompt_tokens(cfg)
     hw = cfg.hardware
     name = cfg.recipe_info.name or "(overrides)"
@@ -34,7 +35,7 @@ def render_plan(cfg: DictConfig, overrides: list[str], *, prompt_tokens: int | N
               f"  world size {world_size(cfg)} = hardware.num_processes {hw.num_processes} x hardware.num_machines {hw.num_machines}; "
               f"strategy {hw.strategy}{' + CPU offload' if hw.offload else ''}; "
               f"rollouts: {'vLLM ' + hw.vllm_mode if hw.use_vllm else 'transformers generate'}", ""]
-    ctx = check_context(cfg, prompt_tokens=prompt_tokens)  # refuses (ConfigError) a completion the model cannot hold
+    ctx = check_context(cfg, prompt_tokens=given)  # refuses (ConfigError) a completion the model cannot hold
     lines += [f"context (prompt budget {ctx.prompt:,} tokens + trainer.max_completion_length {ctx.completion:,} = {ctx.need:,} "
               "positions; every prompt is measured again at data load)", *ctx.lines(), ""]
     lines += turn_lines(cfg, prompt_tokens)  # multi-turn rollouts: who writes the completion's tokens

@@ -33,8 +33,8 @@ the prompt budget plus the recipe's ``trainer.max_completion_length`` within eac
 ``max_position_embeddings``), so a recipe whose completions the real model cannot hold is refused
 here, as on the GPU, rather than passing on the tiny model's own context.
 
-Everything else (objective, schedules' values, injections, sampler, reward, chat template, system
-prompt, evaluation) is the recipe's.
+Everything else (objective, schedules' values, injections, sampler, reward, system prompt,
+evaluation) is the recipe's; the chat template too when the real model's is in the local cache.
 """
 
 from __future__ import annotations

@@ -39,12 +39,15 @@ def explain(
 
 def _explain(overrides: list[str], plot: Optional[Path], steps: int, out: Console) -> None:
     from mixrl.config.compose import compose_config, compose_stages  # deferred: imports torch; `mixrl --help` must not load it
+    from mixrl.config.context import check_context  # deferred: with compose_config
     from mixrl.explain import explain_text, plot_schedules, require_matplotlib, schedule_rows  # deferred: imports torch; `mixrl --help` must not load it
 
     if plot is not None:
         require_matplotlib()
     cfg = compose_config(overrides)
     stages = compose_stages(cfg, overrides)
+    for _, stage_cfg in stages:
+        check_context(stage_cfg)  # the completion fits the model's context (ConfigError: one line and the fix)
     staged = len(stages) > 1 or stages[0][0] != "main"
     blocks = []
     for i, (name, stage_cfg) in enumerate(stages):  # check every stage before printing anything

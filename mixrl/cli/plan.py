@@ -17,12 +17,12 @@ from mixrl.config.recipe_index import list_recipe_names
 @user_errors
 def plan(
     overrides: Optional[List[str]] = OVERRIDES,
-    prompt_tokens: Optional[int] = typer.Option(None, "--prompt-tokens", help="Prompt length assumed by the memory estimate (tokens; default 512, the built-in task's longest prompt for builtin:arith)."),
+    prompt_tokens: Optional[int] = typer.Option(None, "--prompt-tokens", help="Prompt length assumed by the context check and the memory estimate (tokens; default data.max_prompt_tokens, else 512, the built-in task's longest prompt for builtin:arith)."),
     sbatch: Optional[Path] = typer.Option(None, "--sbatch", help="Also write a SLURM job script for this config to this file: "
                                           "hardware.num_machines nodes, one `mixrl train` per node, requeued on preemption "
                                           "(needs run_dir=PATH on a shared file system; see mixrl/slurm.py)."),
 ):
-    """Geometry, per-GPU memory estimate and launch command of a config, without loading the model.
+    """Context check, geometry, per-GPU memory estimate and launch command of a config, without loading the model.
 
     `mixrl plan recipe=chord/qwen2.5-7b-openr1` (a bare recipe name works too). The estimate
     (weights, gradients, optimizer state per ZeRO stage / FSDP, activations per micro-batch,

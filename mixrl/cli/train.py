@@ -64,6 +64,7 @@ def train(
 ):
     """Train. With no overrides: GRPO on the built-in arithmetic task with the tiny model (CPU, minutes)."""
     from mixrl.config.checks import check_environment  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+    from mixrl.config.context import check_context  # deferred: with compose_config
     from mixrl.config.compose import compose_config, compose_stages, expand_sweeps, parse_overrides  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
     from mixrl.trainer import run as trainer_run  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
     from mixrl.trainer.state.resume import resume_config  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
@@ -88,7 +89,14 @@ def train(
     if quiet:
         for cfg in cfgs:
             cfg.logger.progress = False
-    for cfg in cfgs:
+    for cfg, job in zip(cfgs, jobs):
+        if swaps is None:  # a rehearsal checked the real model's context before swapping in the tiny one
+            for _, stage_cfg in compose_stages(cfg, job):
+                checked = check_context(stage_cfg)  # the completion fits the model's context: before any model, data or run directory
+                for role, pos in checked.too_short():
+                    err.print(f"warning: {role}={pos.path} holds {pos.n} positions, fewer than the {checked.need} of a "
+                              f"{checked.prompt}-token prompt budget + trainer.max_completion_length={checked.completion}",
+                              highlight=False, soft_wrap=True)
         check_environment(cfg)  # what this machine lacks for it (the config itself is validated above)
     if any(hardware.needs_launch(cfg) for cfg in cfgs):  # hardware asks for processes: start them through the launcher
         # the launched processes load the resumed run's config again: they need the user's consent too

@@ -69,6 +69,7 @@ SETTING_BOUNDS: dict[str, tuple[str, str]] = {
     "trainer.eval_samples": (">= 0", "samples per problem"),
     "trainer.eval_batch_size": (">= 1", "rows per batch"),
     "data.train_size": (">= 1", "rows of the built-in task"),
+    "data.max_prompt_tokens": (">= 1", "the longest prompt the run expects, in tokens"),
     "reward.weight": (">= 0", "a negative weight trains against the reward"),
     "reward.timeout_s": ("> 0", "seconds one reward call may take; null for no limit"),
     "model.lora.r": (">= 1", "the rank of the low-rank update"),
@@ -256,11 +257,17 @@ def check_training_data(cfg: DictConfig, tokenizer, train_ds, reward_funcs: list
         raise DataError(f"{where} has {len(bad)} character(s) the tokenizer cannot encode (they would be dropped silently): {shown!r}; {fix}")
 
     context = model_context(model_path, cfg)
-    if context:
-        budget = context - int(cfg.trainer.max_completion_length)
+    stated = cfg.data.get("max_prompt_tokens")
+    if context or stated:
+        budget = context - int(cfg.trainer.max_completion_length) if context else None
         for i, prompt in enumerate(train_ds["prompt"]):
             n = _prompt_tokens(tokenizer, prompt)
-            if n > budget:
+            if stated and n > int(stated):
+                raise DataError(
+                    f"training row {i}: the prompt is {n} tokens, longer than data.max_prompt_tokens={stated} (the prompt "
+                    "budget the context check assumed); drop or shorten long prompts, or raise data.max_prompt_tokens"
+                )
+            if budget is not None and n > budget:
                 raise DataError(
                     f"training row {i}: the prompt is {n} tokens, and with trainer.max_completion_length="
                     f"{cfg.trainer.max_completion_length} that exceeds the model's context of {context} tokens; "

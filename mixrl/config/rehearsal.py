@@ -9,9 +9,12 @@ overrides> <the swaps>``, composed, validated and (for several processes) launch
 
 What is swapped:
 
-* the model -> the built-in BPE chat model (``model=tiny-bpe``: Qwen2 architecture, Qwen2.5's chat
-  template, float32), whatever the recipe's family (Qwen3 -> the Qwen2-family tiny model: its q/k
-  norms, head_dim and chat template are not rehearsed; the swap's reason says so); every hub teacher -> the built-in BPE teacher (``builtin:tiny-bpe-teacher``);
+* the model -> the built-in BPE chat model (``model=tiny-bpe``: Qwen2 architecture, float32),
+  whatever the recipe's family (Qwen3 -> the Qwen2-family tiny model: its q/k norms and head_dim are
+  not rehearsed; the swap's reason says so). Prompts are rendered with the real model's own chat
+  template when its ``tokenizer_config.json`` (or ``chat_template.jinja``) is in the local Hugging Face
+  cache (:func:`real_chat_template`, no download), else with the tiny model's (Qwen2.5's format, the
+  built-in task's default system message), and the swap's reason says which; every hub teacher -> the built-in BPE teacher (``builtin:tiny-bpe-teacher``);
 * a hub dataset -> the schema sample shipped for its data config
   (``mixrl/data/samples/<data.name>.jsonl``: the dataset's own columns and nesting, a few dozen rows),
   loaded by the same code as the hub id (:func:`mixrl.data.loading.load_dataset_rows`); likewise a
@@ -28,12 +31,18 @@ What is swapped:
   ``trainer.warmup_steps``) scaled by steps / recipe steps, so the schedule's shape runs within
   the rehearsal.
 
-Everything else (objective, schedules' values, injections, sampler, reward, chat template, system
-prompt, evaluation) is the recipe's.
+Before any swap, the real models' context is checked (:func:`mixrl.config.context.check_context`:
+the prompt budget plus the recipe's ``trainer.max_completion_length`` within each model's
+``max_position_embeddings``), so a recipe whose completions the real model cannot hold is refused
+here, as on the GPU, rather than passing on the tiny model's own context.
+
+Everything else (objective, schedules' values, injections, sampler, reward, system prompt,
+evaluation) is the recipe's; the chat template too when the real model's is in the local cache.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -146,13 +155,16 @@ class Context:
 # ----------------------------------------------------------------------------- the rules
 
 
-def widened(name: str, context: int = CONTEXT) -> Path:
+def widened(name: str, context: int = CONTEXT, chat_template: str | None = None) -> Path:
     """A copy of built-in model ``name``'s cached folder whose config (and tokenizer) say
-    ``context`` positions: ``<folder>-context<N>`` beside it, written once (atomically)."""
+    ``context`` positions: ``<folder>-context<N>`` beside it, written once (atomically). With
+    ``chat_template``, the copy renders prompts with that template instead of its own
+    (``<folder>-context<N>-template<hash>``: one copy per template)."""
     from mixrl.models.builtin import resolve  # deferred: the models package imports torch
 
     src = Path(resolve(name, progress=False))
-    dst = src.with_name(f"{src.name}-context{context}")
+    suffix = f"-template{hashlib.sha256(chat_template.encode()).hexdigest()[:12]}" if chat_template else ""
+    dst = src.with_name(f"{src.name}-context{context}{suffix}")
     if (dst / "config.json").is_file():
         return dst
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}-", dir=src.parent))
@@ -162,7 +174,11 @@ def widened(name: str, context: int = CONTEXT) -> Path:
         if path.is_file():
             data = json.loads(path.read_text())
             data[key] = context
+            if chat_template and file == "tokenizer_config.json":
+                data.pop("chat_template", None)  # the template lives in chat_template.jinja below
             path.write_text(json.dumps(data, indent=2))
+    if chat_template:
+        (tmp / "chat_template.jinja").write_text(chat_template)
     try:
         os.rename(tmp, dst)
     except OSError:  # another process wrote it first
@@ -170,19 +186,65 @@ def widened(name: str, context: int = CONTEXT) -> Path:
     return dst
 
 
+def _context(ctx: Context) -> list[Swap]:
+    """The real models' context, checked before they are swapped (the tiny model's own context, and
+    the rehearsal's short completions, would hide a recipe that cannot start); a note row, no override."""
+    from mixrl.config.context import check_context  # deferred: with the rule that uses it
+
+    checked = check_context(ctx.cfg)  # ConfigError, one line and the fix, for a completion the real model cannot hold
+    known = [f"{pos.path} {pos.n:,}" for _, pos in checked.models if pos.n is not None]
+    if not known:
+        return []
+    return [Swap("context", f"{checked.prompt:,} prompt + {checked.completion:,} completion = {checked.need:,} positions",
+                 "checked against the real model(s): " + ", ".join(known),
+                 "the recipe's prompt budget and completion length fit the real model's context (max_position_embeddings); "
+                 "the rehearsal's shorter lengths below run on the tiny model")]
+
+
+def real_chat_template(path: str) -> tuple[str | None, str]:
+    """The chat template of hub model ``path`` when this machine has its tokenizer files in the
+    local Hugging Face cache (no download), and where it was read; ``(None, why not)`` otherwise."""
+    try:
+        from huggingface_hub import try_to_load_from_cache  # deferred: only the rehearsal reads the cache
+    except ImportError:
+        return None, "huggingface_hub is not installed"
+    for file in ("chat_template.jinja", "tokenizer_config.json"):
+        try:
+            found = try_to_load_from_cache(path, file)
+        except Exception:  # noqa: BLE001 - not a valid repo id or an unreadable cache: not found
+            found = None
+        if not isinstance(found, str) or not os.path.isfile(found):
+            continue
+        text = Path(found).read_text(encoding="utf-8")
+        if file.endswith(".jinja"):
+            return text, found
+        template = json.loads(text).get("chat_template")
+        if isinstance(template, str) and template.strip():
+            return template, found
+    return None, "its tokenizer files are not in the local Hugging Face cache"
+
+
 def _model(ctx: Context) -> list[Swap]:
     path = str(ctx.cfg.model.path)
     if path.startswith("builtin:") or os.path.isdir(path):
         return []
-    new = widened(BUILTIN_MODEL)
-    why = "no download: the built-in Qwen2-architecture BPE chat model, Qwen2.5's chat template"
+    template, where = real_chat_template(path)
+    new = widened(BUILTIN_MODEL, chat_template=template)
+    why = "no download: the built-in Qwen2-architecture BPE chat model"
+    if template:
+        why += f"; prompts rendered with {path}'s own chat template (read from {where})"
+    else:
+        why += (f"; prompts rendered with Qwen2.5's chat template and the built-in task's default system message, "
+                f"not {path}'s own ({where}: download it once, e.g. `huggingface-cli download {path} tokenizer_config.json`, "
+                "and the rehearsal uses it)")
     family = str(KNOWN_MODELS.get(path, {}).get("model_type", ""))
     if family and family != "qwen2":
-        why += f" (a {family} model: rehearsed as Qwen2 family, without its own architecture or chat template)"
+        why += f" (a {family} model: rehearsed as Qwen2 family, without its own architecture)"
     return [
         Swap("model", f"{path} ({ctx.cfg.model.dtype})", f"{BUILTIN_MODEL} (float32)", why, "model=tiny-bpe"),
         _set("model.path", BUILTIN_MODEL, str(new),
-             f"its context widened 128 -> {CONTEXT} tokens (rotary positions: the same weights) so the recipe's own prompts fit"),
+             f"its context widened 128 -> {CONTEXT} tokens (rotary positions: the same weights) so the recipe's own prompts fit"
+             + (f"; {path}'s chat template" if template else "")),
     ]
 
 
@@ -424,6 +486,7 @@ def _benchmarks(t) -> list[Swap]:
 
 #: the rules, applied in order (the batch rule needs the hardware's world size, the schedules the steps scale)
 RULES: list[tuple[str, str, Callable[[Context], list[Swap]]]] = [
+    ("context", "the real model's context holds the prompt budget + completion (checked, nothing swapped)", _context),
     ("model", "a hub model -> the built-in BPE chat model", _model),
     ("teacher", "a hub teacher -> the built-in BPE teacher", _teacher),
     ("reward model", "a hub reward model -> the built-in one", lambda ctx: [_set(*s) for s in reward_model_swaps(ctx.cfg)]),

@@ -106,6 +106,7 @@ class DataConfig:
     expert_column: Optional[str] = None  # the column of expert solutions read by off-policy sources and SFT; null: none
     system_prompt: Optional[str] = None  # a system message put before every prompt; null: none
     limit: Optional[int] = None  # train on the first N rows only (a positive integer); null: every row
+    max_prompt_tokens: Optional[int] = None  # the longest prompt (tokens) the run expects: with trainer.max_completion_length it must fit the model's context (checked before anything loads), and a longer prompt is refused at data load; null: 512 assumed (at most half the model's context), not enforced
     # built-in task only
     train_size: int = 4000
     levels: list = field(default_factory=lambda: [1, 2, 3, 4])  # built-in task: the difficulty levels of the training problems (1-6)

@@ -13,6 +13,18 @@ KNOWN_MODELS: dict[str, dict] = {
     "Qwen/Qwen2.5-Math-7B": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
                                  num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False, model_type="qwen2",
                                  max_position_embeddings=4096),
+    # LUFFY's variant of Qwen2.5-Math-7B with a 16k context, the model LUFFY, RL-PLUS and ExGRPO train
+    # (ElliottYan/LUFFY @ 01f4ae06: exp_scripts/train.sh line 18 MODEL_PATH=Elliott/Qwen2.5-Math-7B-16k-think,
+    # data.max_prompt_length=1024 + data.max_response_length=8192; README.md's SFT command, --max_len 16384;
+    # ExGRPO/README.md line 123). Its own config.json was not found in the stored sources (searched: code, docs
+    # and pages corpora, 2026-12-06). The sizes are Qwen2.5-Math-7B's (the same weights' shape); the two changed
+    # values are those of the same author's sibling checkpoint built from it,
+    # huggingface.co/Elliott/Qwen2.5-Math-7B-SFT/blob/main/config.json (revision 2a8052e): max_position_embeddings
+    # 16384 (the "16k" of the name, and the SFT --max_len) and rope_theta 40000 (Qwen2.5-Math-7B: 10000).
+    # A third-party listing (featherless.ai) gives 131,072 tokens for it; not used (no primary source).
+    "Elliott/Qwen2.5-Math-7B-16k-think": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                                              num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False, model_type="qwen2",
+                                              max_position_embeddings=16384, rope_theta=40000.0),
     "Qwen/Qwen2.5-Math-7B-Instruct": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
                                           num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False, model_type="qwen2",
                                           max_position_embeddings=4096),
@@ -53,4 +65,10 @@ KNOWN_MODELS: dict[str, dict] = {
     "builtin:tiny-rm": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                             num_key_value_heads=4, vocab_size=18, tie_word_embeddings=True, model_type="qwen2",
                             max_position_embeddings=64),
+}
+
+#: hub id -> (the ``model=`` option, hub id) of the same model with a longer context: named in the fix of
+#: :func:`mixrl.config.context.check_context`'s refusal
+LONGER_CONTEXT: dict[str, tuple[str, str]] = {
+    "Qwen/Qwen2.5-Math-7B": ("qwen2.5-math-7b-16k-think", "Elliott/Qwen2.5-Math-7B-16k-think"),
 }

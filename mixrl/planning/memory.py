@@ -12,9 +12,9 @@ import re
 
 from omegaconf import DictConfig
 
+from mixrl.config.context import prompt_budget
 from mixrl.config.geometry import geometry
 from mixrl.config.hardware import world_size
-from mixrl.models import tiny_bpe, tiny_spec
 from mixrl.planning.evaluation import evaluation_counts
 from mixrl.planning.shape import ModelShape, reward_model_shapes, teacher_shapes
 
@@ -32,10 +32,10 @@ def gpu_memory_gb(cfg: DictConfig) -> float | None:
 
 
 def default_prompt_tokens(cfg: DictConfig) -> int:
-    """512 tokens for real data; the built-in task's longest prompt for ``builtin:arith``."""
-    if str(cfg.data.source).startswith("builtin:"):
-        return int(tiny_bpe.MAX_PROMPT_TOKENS if tiny_bpe.is_tiny_bpe(cfg.model.path) else tiny_spec.MAX_PROMPT_TOKENS)
-    return 512
+    """``data.max_prompt_tokens`` when set; else 512 tokens for real data, the built-in task's longest
+    prompt for ``builtin:arith``: the prompt budget of the context check
+    (:func:`mixrl.config.context.prompt_budget`, which also caps the 512 at half a model's context)."""
+    return prompt_budget(cfg)
 
 
 #: TRL 1.16's fused LM head (``trl.trainer.utils.add_fused_lm_head``): tokens per projection tile

@@ -1,4 +1,4 @@
-"""``mixrl plan``'s text: the geometry, the multi-turn budget, the memory estimate per GPU, the
+"""``mixrl plan``'s text: the geometry, the context check (:mod:`mixrl.config.context`), the multi-turn budget, the memory estimate per GPU, the
 evaluation section and the launch command of a config, rendered from :mod:`mixrl.planning.memory`,
 :mod:`mixrl.planning.evaluation` and :mod:`mixrl.launch`.
 """
@@ -9,6 +9,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from mixrl.config.context import check_context
 from mixrl.config.geometry import geometry
 from mixrl.config.hardware import needs_launch, world_size
 from mixrl.envs.budget import turn_lines
@@ -24,6 +25,7 @@ def _gb(x: float) -> str:
 
 def render_plan(cfg: DictConfig, overrides: list[str], *, prompt_tokens: int | None = None) -> str:
     """The plan as text: geometry, memory estimate per GPU and the launch command."""
+    given = prompt_tokens  # --prompt-tokens, or None: the context check's own budget (mixrl.config.context.prompt_budget)
     prompt_tokens = prompt_tokens or default_prompt_tokens(cfg)
     hw = cfg.hardware
     name = cfg.recipe_info.name or "(overrides)"
@@ -33,6 +35,9 @@ def render_plan(cfg: DictConfig, overrides: list[str], *, prompt_tokens: int | N
               f"  world size {world_size(cfg)} = hardware.num_processes {hw.num_processes} x hardware.num_machines {hw.num_machines}; "
               f"strategy {hw.strategy}{' + CPU offload' if hw.offload else ''}; "
               f"rollouts: {'vLLM ' + hw.vllm_mode if hw.use_vllm else 'transformers generate'}", ""]
+    ctx = check_context(cfg, prompt_tokens=given)  # refuses (ConfigError) a completion the model cannot hold
+    lines += [f"context (prompt budget {ctx.prompt:,} tokens + trainer.max_completion_length {ctx.completion:,} = {ctx.need:,} "
+              "positions; every prompt is measured again at data load)", *ctx.lines(), ""]
     lines += turn_lines(cfg, prompt_tokens)  # multi-turn rollouts: who writes the completion's tokens
     shape = model_shape(cfg)
     if shape is None:

@@ -77,3 +77,34 @@ def test_r3l_preset_keeps_the_authors_k2_kl_at_0_001():
     off, _ = compute_objective(build_objective(compose_config(["algo=r3l", "algo.kl.coef=0.0"])), logp=logp, mask=mask,
                                advantages=torch.zeros(2), ref_logp=ref)
     assert float(off) == 0.0  # the earlier preset: no KL
+
+
+def test_the_critique_grpo_data_option_reads_the_authors_schema(tmp_path, monkeypatch):
+    """conf/data/critique-grpo-openr1-4k.yaml on a small local folder in the schema of the authors'
+    openr1_math_4k_train_qwenformat/{train,test}.parquet (their test.parquet, row 0, read at e8f03a2):
+    data_source, prompt (system + user messages), ability, reward_model {ground_truth, style}, extra_info."""
+    import pandas as pd
+
+    from mixrl.data.loading import load_dataset_rows
+
+    def rows(n, split):
+        return pd.DataFrame([{
+            "data_source": "openr1", "ability": "math", "extra_info": {"index": i, "split": split},
+            "prompt": [{"role": "system", "content": "You are a helpful assistant."},
+                       {"role": "user", "content": f"What is {i} + 1?\nPlease reason step by step, and put your final answer within \\boxed{{}}."}],
+            "reward_model": {"ground_truth": str(i + 1), "style": "rule"},
+        } for i in range(n)])
+
+    folder = tmp_path / "openr1_math_4k_train_qwenformat"
+    folder.mkdir()
+    rows(3, "train").to_parquet(folder / "train.parquet")
+    rows(2, "test").to_parquet(folder / "test.parquet")
+    monkeypatch.setenv("CRITIQUE_GRPO_DATA", str(folder))
+    d = compose_config(["data=critique-grpo-openr1-4k"]).data
+    assert d.source == str(folder)
+    train = load_dataset_rows(d.source, split=d.split, prompt_column=d.prompt_column, answer_column=d.answer_column)
+    test = load_dataset_rows(d.source, split=d.eval_split, prompt_column=d.prompt_column, answer_column=d.answer_column)
+    assert len(train) == 3 and len(test) == 2
+    assert train[2]["answer"] == "3"
+    assert [m["role"] for m in train[2]["prompt"]] == ["system", "user"]  # their own system message, kept as is
+    assert train[2]["prompt"][0]["content"] == "You are a helpful assistant."

@@ -18,6 +18,10 @@ differ from the student's; no built-in teacher is built. What these rollouts do 
 AMPO's teacher refill (no group fails, and the teacher's candidates would be sampled by HF
 generate, which is not patched); that case pins the rest of AMPO's step (its on-policy term,
 Dr. GRPO advantages, normalisers over rollout and teacher tokens, entropy bonus).
+``algo=critique_grpo``'s case carries the overrides of mixrl's earlier Critique-GRPO preset
+(``algo.loss.clip=true algo.aggregation.name=token-mean algo.entropy_coef=0.0``): the preset now
+follows the authors' script (unclipped, token sums over the maximum length, entropy 0.001; issue 49,
+tested by hand in ``tests/test_feedback_presets.py``), and the pin shows the earlier one is an override away.
 
 Measured on one avx512 machine (``-s`` prints each case's largest fraction of tolerance): under
 ``ATEN_CPU_CAPABILITY=avx2`` (the kernels the pins were made with) 0 (bit for bit); under

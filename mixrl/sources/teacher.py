@@ -266,7 +266,7 @@ class RefillFailed(Injection):
     failed slots here (the authors draw them at random, ``random.sample``, line 1455: a
     group's rollouts are exchangeable, so which failed ones is immaterial).
 
-    Formula: if #{i: r(y_i) >= tau} / G < rho (rho = {guide_below|null: no success at all}): k = {adaptive_k|false: per_group; true: min(#teachers, int(G rho - #correct))} of the group's failed y_i replaced by the top-k correct teacher candidates c by mean_t pi_theta(c_t | x, c_<t)
+    Formula: if #{i: r(y_i) >= tau} / G < rho (rho = {guide_below|unset: only groups with no success}): k of the group's failed y_i are replaced by the top-k correct teacher candidates c by mean_t pi_theta(c_t | x, c_<t); k = min(#teachers, int(G rho - #correct)) if adaptive_k ({adaptive_k}) else per_group ({per_group})
     Paper: AMPO, "More Than One Teacher: Adaptive Multi-Guidance Policy Optimization for Diverse Exploration" (arXiv 2510.02227).
 
     Parameters:

@@ -151,3 +151,75 @@ def test_ampo_trains_with_a_throwaway_teacher(tiny_model_path, tmp_path, fast_ov
         assert r["teacher/rows"] == r["ampo/refilled_rows"]
         if r["ampo/refilled_rows"]:
             assert "loss/offpolicy" in r and r["teacher/token_prob"] > 0
+
+
+# ----------------------------------------------------------------------------- adaptive k (issue 49)
+def _three_teachers(rewards: list[float]):
+    """Groups of 8 with the given rewards; teachers A, B, C give one correct candidate each, the
+    student liking A's best, then B's, then C's."""
+    cands = {"A": [(5, 0)], "B": [(6, 0)], "C": [(7, 0)]}
+    student = {(5, 0): [-0.1, -0.1], (6, 0): [-0.5, -0.5], (7, 0): [-2.0, -2.0]}
+    reward_of = {(5, 0): 1.0, (6, 0): 1.0, (7, 0): 1.0}
+    ids = [[100 + i] for i in range(len(rewards))]
+    for i, r in enumerate(rewards):
+        reward_of[(100 + i,)] = r
+    ctx, _ = _ctx(lambda c: reward_of[c], cands, student, G=8)
+    ctx.teachers = ["A", "B", "C"]
+    return ctx, Rollouts([list(c) for c in ids], None, [prov.ON_POLICY] * len(rewards))
+
+
+# rewards with AMPO's format term: 1.0 correct + formatted, 0.9 correct, 0.1 wrong + formatted, 0.0 wrong;
+# the authors' "correct" is r > 0.1 + 0.5 (mix_dapo_trainer.py:1391), threshold 0.6 here
+GROUPS = [[1.0, 0.9, 1.0, 0.1, 1.0, 0.9, 0.0, 0.1],   # 5 correct of 8: rate 0.625 >= 0.5, not guided
+          [0.9, 0.1, 0.0, 0.0, 0.1, 0.0, 0.0, 0.0],   # 1 correct: k = min(3 teachers, int(8 * 0.5 - 1)) = 3
+          [1.0, 0.0, 0.9, 0.1, 1.0, 0.0, 0.0, 0.0],   # 3 correct: k = min(3, int(4 - 3)) = 1
+          [0.0] * 8]                                   # 0 correct: k = min(3, 4) = 3
+
+
+def test_adaptive_k_guides_groups_below_half_success_with_4_minus_correct_teachers():
+    """The authors' use_adaptive_k (EnigmaYYYY/AMPO @ 647e2e4, mix_dapo_trainer.py:1396-1401):
+    a group whose success rate is below 0.5 is guided, effective_k = min(num_teacher_models,
+    int(n * 0.5 - len(correct_positions))), then min(effective_k, num_incorrect) failed rollouts
+    (line 1453) are replaced, the best-understood candidate first. Here: group 1 -> its last 3
+    failed slots 5, 6, 7 get A, B, C; group 2 -> slot 7 gets A; group 3 -> slots 5, 6, 7."""
+    ctx, rollouts = _three_teachers([r for g in GROUPS for r in g])
+    inj = RefillFailed(threshold=0.6, guide_below=0.5, adaptive_k=True, candidates=1)
+    out = inj.after_generation(ctx, [{"prompt": f"p{i // 8}"} for i in range(32)], rollouts)
+    teacher_rows = {i: tuple(out.completion_ids[i]) for i in range(32) if out.row_source[i] == TEACHER}
+    assert teacher_rows == {8 + 5: (5, 0), 8 + 6: (6, 0), 8 + 7: (7, 0),
+                            16 + 7: (5, 0),
+                            24 + 5: (5, 0), 24 + 6: (6, 0), 24 + 7: (7, 0)}
+    assert inj.metrics()["ampo/failed_groups"] == 3.0 and inj.metrics()["ampo/refilled_rows"] == 7.0
+
+
+def test_the_earlier_preset_guides_only_all_failed_groups_with_per_group_rows():
+    """guide_below=null, adaptive_k=false (the override that restores mixrl's earlier preset):
+    only group 3 (no success) is guided, its last per_group = 2 slots replaced."""
+    ctx, rollouts = _three_teachers([r for g in GROUPS for r in g])
+    out = RefillFailed(threshold=0.6, per_group=2, candidates=1).after_generation(
+        ctx, [{"prompt": f"p{i // 8}"} for i in range(32)], rollouts)
+    assert [i for i in range(32) if out.row_source[i] == TEACHER] == [30, 31]
+    assert out.completion_ids[30] == [5, 0] and out.completion_ids[31] == [6, 0]
+
+
+def test_a_rate_without_adaptive_k_replaces_per_group_failed_rollouts():
+    """guide_below=0.5 with a fixed k (the authors' use_adaptive_k=False with pass_num=4:
+    effective_k = min(num_teachers, n_prefix)): groups 1, 2, 3 each get 2 rows in failed slots."""
+    ctx, rollouts = _three_teachers([r for g in GROUPS for r in g])
+    out = RefillFailed(threshold=0.6, per_group=2, candidates=1, guide_below=0.5).after_generation(
+        ctx, [{"prompt": f"p{i // 8}"} for i in range(32)], rollouts)
+    assert [i for i in range(32) if out.row_source[i] == TEACHER] == [14, 15, 22, 23, 30, 31]
+
+
+def test_plan_never_replaces_a_success_and_adaptive_k_needs_a_rate():
+    from mixrl.errors import ConfigError
+
+    inj = RefillFailed(guide_below=0.5, adaptive_k=True)
+    # 3 correct in slots 5-7: k = min(4 teachers, 1) -> the last failed slot is 4, not a success
+    assert inj.plan([False] * 5 + [True] * 3, n_teachers=4) == [4]
+    # 1 correct, 2 teachers: k = min(2, 3) = 2
+    assert inj.plan([True] + [False] * 7, n_teachers=2) == [6, 7]
+    with pytest.raises(ConfigError, match="adaptive_k=true needs algo.inject.guide_below"):
+        RefillFailed(adaptive_k=True)
+    with pytest.raises(ConfigError, match="guide_below"):
+        RefillFailed(guide_below=1.5)

@@ -28,6 +28,7 @@ HUB_FIXTURES = {
     "Elliott/Openr1-Math-46k-8192": ["luffy_openr1.jsonl"],
     "hkgc/math3to5_olympiads_aime": ["ghpo_math3to5.jsonl"],
     "HuggingFaceH4/ultrafeedback_binarized": ["ultrafeedback_binarized.jsonl"],
+    "critique-GRPO/openr1_math_4k_train_qwenformat": ["critique_grpo_openr1_4k.jsonl"],  # a clone of their repository
 }
 
 RECIPES = list_recipe_names()

@@ -248,7 +248,7 @@ def test_unknown_reward_name():
     msg = one_line(e)
     assert "unknown reward 'mth'" in msg
     assert "did you mean: math" in msg
-    assert "built-in rewards: exact, judge, math, math_after_think, math_think_format, model, process" in msg  # the verifiers and the rewards from models
+    assert "built-in rewards: exact, judge, math, math_after_think, math_format, math_think_format, model, process" in msg  # the verifiers and the rewards from models
     assert "my_pkg.rewards:my_reward" in msg  # explains the dotted-path form
 
 

@@ -35,10 +35,11 @@ def ppo_clip(
     clip_low: float = 0.2,
     clip_high: float = 0.2,
     dual_clip_c: float | None = None,
+    clip: bool = True,
 ) -> PolicyLossOutput:
     """PPO clipped surrogate (PPO / GRPO; the RL term of CHORD, LUFFY; DAPO clip-higher).
 
-    Formula: ``l_t = max(-A r_t, -A clip(r_t, 1 - {clip_low}, 1 + {clip_high}))``; dual clip
+    Formula: ``l_t = max(-A r_t, -A clip(r_t, 1 - {clip_low}, 1 + {clip_high}))`` (clip = {clip}; false: ``l_t = -A r_t``); dual clip
     c = {dual_clip_c|inf (off)}: ``l_t = min(l_t, -c A)`` where A < 0
 
     The dual clip (CHORD's code, c = 3) bounds the loss of negative-advantage tokens when r
@@ -47,12 +48,15 @@ def ppo_clip(
     Paper: "Proximal Policy Optimization Algorithms" (Schulman et al. 2017); GRPO
     ("DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models");
     dual clip: "Mastering Complex Control in MOBA Games with Deep Reinforcement Learning"
-    (Ye et al. 2020), as shipped in CHORD.
+    (Ye et al. 2020), as shipped in CHORD. ``clip: false`` is the unclipped surrogate
+    ``-A r`` (the Critique-GRPO authors' ``loss_remove_clip=True``: zhangxy-2019/critique-GRPO
+    @ e8f03a2, verl/verl/critique_grpo/critique_core_algos.py:592-599).
 
     Parameters:
         clip_low (0.2): epsilon below 1 (ratio lower bound 1 - clip_low).
         clip_high (0.2): epsilon above 1 (ratio upper bound 1 + clip_high; DAPO uses 0.28).
         dual_clip_c (None): dual-clip constant c > 1 for A < 0; None disables it.
+        clip (True): false drops the clip: l = -A r (no token is clipped; the dual clip still applies if set).
     """
     logp, old_logp, advantages = masked_inputs(logp, old_logp, advantages, mask)
     if dual_clip_c is not None and dual_clip_c <= 1.0:
@@ -60,9 +64,12 @@ def ppo_clip(
     ratio = torch.exp(log_ratio(logp, old_logp))
     adv = token_advantages(advantages, logp)
     loss1 = -adv * ratio
-    loss2 = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    loss = torch.maximum(loss1, loss2)
-    clipped = loss2 > loss1
+    if clip:
+        loss2 = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+        loss = torch.maximum(loss1, loss2)
+        clipped = loss2 > loss1
+    else:
+        loss, clipped = loss1, torch.zeros_like(loss1, dtype=torch.bool)
     metrics = _ratio_metrics(ratio, mask)
     if dual_clip_c is not None:
         loss3 = -adv * dual_clip_c

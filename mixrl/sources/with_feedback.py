@@ -18,8 +18,9 @@ responses plus refinements). Tokens of a refinement have provenance ``refined`` 
 restarts from the attempt's failure point ``p``: the retry keeps ``attempt[:p]`` and the policy
 samples only what follows, in the feedback context; the shared ``attempt[:p]`` is labelled
 ``prefix`` in BOTH the retry and the attempt, so no term takes a gradient on it (R³L's Pivotal
-Credit: only the diverging suffixes are trained). ``pivot`` chooses ``p``: ``start`` (0, R³L's
-math workflow restarts from the beginning), ``divergence`` (the first token where the attempt
+Credit: only the diverging suffixes are trained; with ``p = 0`` nothing is shared, so nothing is
+left untrained). ``pivot`` chooses ``p``: ``start`` (0, R³L's math workflow restarts from the
+beginning; its credit is per attempt of a multi-attempt rollout, and mixrl's are one attempt), ``divergence`` (the first token where the attempt
 departs from the source's reference solution) or ``feedback`` (the builder's ``Feedback.pivot``).
 """
 

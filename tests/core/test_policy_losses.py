@@ -288,3 +288,25 @@ def test_nan_or_inf_in_padding_never_reaches_loss_or_gradient(name, poison):
     for key, value in out.metrics.items():
         assert torch.isfinite(value), key
         assert torch.allclose(value, clean.metrics[key]), key
+
+
+def test_ppo_clip_without_the_clip_is_the_critique_grpo_authors_loss_remove_clip():
+    """zhangxy-2019/critique-GRPO @ e8f03a2, critique_core_algos.py:587-599: with
+    loss_remove_clip=True the on-policy loss is -A * ratio, unclipped. Ratios 1.5 and 0.5 with
+    A = +1 and -1: unclipped [-1.5, 0.5]; clipped at 0.2: [max(-1.5, -1.2), max(0.5, 0.8)] = [-1.2, 0.8]."""
+    import math
+
+    from mixrl.core.clip_losses import ppo_clip
+
+    logp = torch.tensor([[math.log(1.5), math.log(0.5)]], requires_grad=True)
+    old = torch.zeros(1, 2)
+    adv = torch.tensor([[1.0, -1.0]])
+    mask = torch.ones(1, 2)
+    free = ppo_clip(logp, old, adv, mask, clip=False)
+    assert free.per_token_loss.tolist()[0] == pytest.approx([-1.5, 0.5])
+    assert not free.clipped.any()
+    free.per_token_loss.sum().backward()
+    assert logp.grad.tolist()[0] == pytest.approx([-1.5, 0.5])  # d(-A r)/dlogp = -A r: both tokens get a gradient
+    clipped = ppo_clip(logp, old, adv, mask)
+    assert clipped.per_token_loss.tolist()[0] == pytest.approx([-1.2, 0.8])
+    assert clipped.clipped.tolist() == [[True, True]]

@@ -281,6 +281,9 @@ MORE_TRAINER_CASES = {
     "algo=remax": ["algo=remax"],
     # feedback regeneration: the templates keep to the task's characters (the pin model's vocabulary)
     "algo=critique_grpo": ["algo=critique_grpo", *TOY_FEEDBACK],
+    # mixrl's earlier Critique-GRPO preset (clip 0.2, token-mean, no entropy bonus): the case made at 452baff
+    "algo=critique_grpo|old reading": ["algo=critique_grpo", *TOY_FEEDBACK, "algo.loss.clip=true",
+                                       "algo.aggregation.name=token-mean", "algo.entropy_coef=0.0"],
     "algo=r3l": ["algo=r3l", *TOY_FEEDBACK, "algo.inject.pivot=divergence"],  # retries keep the attempt's prefix
 }
 #: the rollouts of each case (a function of tests/pins/rollouts.py): tolerant_completion, except

@@ -683,10 +683,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown:
         p.error(f"--only names no path {', '.join(unknown)}; the paths are {', '.join(BY_NAME)}")
     opts.paths = [BY_NAME[n] for n in names] if names else list(PATHS)
-    if opts.timeout <= 0 or opts.budget <= 0:
-        p.error("--timeout and --budget must be > 0 seconds")
     if opts.out is not None and opts.out.suffix != ".md":
         p.error(f"--out {opts.out}: give a .md file (the .json goes beside it), e.g. --out docs/results/gpu-check.md")
+    from mixrl.errors import ConfigError  # the standard library only: a Python without mixrl's dependencies still gets here
+    from mixrl.options import check_number, check_out_file
+
+    try:  # the same rules as the mixrl commands' options (mixrl.options): finite numbers, a destination write-tested now
+        check_number(opts.timeout, "--timeout", low=0, low_open=True)
+        check_number(opts.budget, "--budget", low=0, low_open=True)
+        if opts.out is not None:  # not after the whole check has run: the table would be lost
+            check_out_file(opts.out, "--out", example="gpu-check.md")
+            check_out_file(opts.out.with_suffix(".json"), "--out")
+    except ConfigError as e:
+        p.error(str(e))
     return opts
 
 
@@ -719,13 +728,17 @@ def main(argv: list[str] | None = None) -> int:
     budget = Budget(opts.budget, opts.timeout)
     work = Path(tempfile.mkdtemp(prefix="mixrl-gpu-check-"))
     results: list[Result] = []
+    unwritten: list[str] = []  # a failed write of --out: said once at the end, the check goes on
 
     def record(res: Result) -> None:
         results.append(res)
         print(f"[gpu-check] {res.path}: {res.status}" + (f" ({res.note})" if res.note else "")
               + (f" in {res.seconds:.0f}s" if res.seconds is not None else ""), flush=True)
-        if opts.out is not None and not opts.dry_run:
-            write_out(opts.out, results, meta)
+        if opts.out is not None and not opts.dry_run and not unwritten:
+            try:
+                write_out(opts.out, results, meta)
+            except OSError as exc:  # written before (write-tested in parse_args): the disk filled up or the folder went away
+                unwritten.append(f"could not write {opts.out} ({exc.strerror or exc}); the table is printed below only")
 
     try:
         todo, would_skip = [], {}
@@ -776,6 +789,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shutil.rmtree(work, ignore_errors=True)
     print_table(results, meta)
+    if unwritten:
+        print(f"error: {unwritten[0]}", file=sys.stderr)
+        return 2
     if opts.out is not None and not opts.dry_run:
         print(f"[gpu-check] wrote {opts.out} and {opts.out.with_suffix('.json')}")
     return 1 if any(r.status == "failed" for r in results) else 0

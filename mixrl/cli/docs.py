@@ -11,6 +11,7 @@ import typer
 from mixrl.cli.console import out
 from mixrl.cli.errors import user_errors
 from mixrl.errors import ConfigError
+from mixrl.options import check_out_file, write_out_file
 
 docs_app = typer.Typer(help="Generated reference documentation.", no_args_is_help=True)
 
@@ -21,9 +22,16 @@ def docs_components(
     out_path: Path = typer.Option(Path("docs/components.md"), "--out", help="Where to write the page ('-' for stdout)."),
 ):
     """Regenerate the reference page of every registered component from the code."""
+    _check_page(out_path)
     from mixrl.sources.docs import render_components_markdown  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
 
     _write_page(render_components_markdown(), out_path)
+
+
+def _check_page(out_path: Path) -> None:
+    """A page's ``--out``, checked before the page is made (:func:`mixrl.options.check_out_file`)."""
+    if str(out_path) != "-":
+        check_out_file(out_path, "--out", example="page.md")
 
 
 def _write_page(text: str, out_path: Path) -> None:
@@ -31,8 +39,7 @@ def _write_page(text: str, out_path: Path) -> None:
     if str(out_path) == "-":
         sys.stdout.write(text)
         return
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(text)
+    write_out_file(out_path, text, "--out")
     out.print(f"wrote {out_path}")
 
 
@@ -43,6 +50,7 @@ def docs_methods(
     results: Path = typer.Option(Path("docs/results"), "--results", help="Folder of suite results (<suite>/compare.json)."),
 ):
     """Regenerate docs/methods.md: every shipped method, its recipes, paper, claims and latest verdicts."""
+    _check_page(out_path)
     from mixrl.experiments.methods import render_methods  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
 
     _write_page(render_methods(results), out_path)
@@ -57,6 +65,7 @@ def docs_peers(
     """Regenerate docs/peers.md from docs/peers.yaml: every verl, TRL, Trinity-RFT and LUFFY option, its mixrl overrides and how far they agree."""
     from mixrl.experiments.peers import load_peers, render_peers  # deferred: `mixrl --help` must stay fast
 
+    _check_page(out_path)
     if not data.is_file():
         raise ConfigError(f"--data {data}: no such file; run from the repository root or pass --data path/to/peers.yaml")
     try:

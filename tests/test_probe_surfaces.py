@@ -571,3 +571,49 @@ def test_probe_feedback_builder_right_results(tmp_path):
     assert r.guided == [0, 0, 0, 0]
     r = _refine_with("def critique(attempt):\n    return ''\n", tmp_path)
     assert r.guided == [0, 0, 0, 2]
+
+
+# ----------------------------------------------------------------------------- inside training (slow)
+REWARD_AND_BUILDER = '''
+from pathlib import Path
+
+MARK = Path(__file__).with_name("step1.flag")
+
+
+def reward(prompts, completions, trainer_state=None, **kw):
+    """Every completion fails (so every group is refined); from step 1 on, the builder's trouble starts."""
+    if trainer_state is not None and trainer_state.global_step >= 1:
+        MARK.touch()
+    return [0.0] * len(completions)
+
+
+def critique(attempt):
+    if MARK.exists():
+        return {BAD}
+    return "#### " + str(attempt.answer)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bad, needles", [
+    ("1 / 0", ("critique", "ZeroDivisionError")),
+    ("3", ("critique", "returned int 3")),
+    ("'7 ' * 2500", ("critique", "5000 characters", "64 positions")),  # the tiny model's context: 64 positions (x is not in its vocabulary)
+], ids=["raises", "returns a number", "returns 5000 characters"])
+def test_probe_feedback_failure_during_training_stops_with_the_checkpoint_saved(bad, needles, fast_overrides, tmp_path):
+    """A feedback builder that fails at step 2 of a run: one line naming it and what it did, the
+    checkpoint of step 1 saved (as a reward that stops the run, or a non-finite loss), the run marked
+    FAILED, exit 2; ``resume=`` continues from that checkpoint."""
+    code = tmp_path / "user.py"
+    code.write_text(REWARD_AND_BUILDER.replace("{BAD}", bad))
+    run = tmp_path / "run"
+    res = runner.invoke(app, ["train", *fast_overrides, "algo=critique_grpo", "trainer.max_steps=3", "trainer.save_steps=0",
+                              f"reward.name={code}:reward", f"algo.inject.feedback={code}:critique",
+                              "algo.inject.template='{feedback} {prompt}'"])
+    lines = [ln for ln in res.output.strip().splitlines() if ln.strip()]
+    assert res.exit_code == 2, res.output[-3000:]
+    assert lines[-1].startswith("error:") and sum(ln.startswith("error:") for ln in lines) == 1 and TRACEBACK not in res.output, res.output[-3000:]
+    for n in (*needles, "stopped at step 2", "checkpoint of step 1 saved in", f"resume={run}"):
+        assert n in lines[-1], lines[-1]
+    assert (run / "trainer" / "checkpoint-1" / "trainer_state.json").is_file() or any(run.rglob("checkpoint-1/trainer_state.json"))
+    assert (run / "FAILED").is_file()

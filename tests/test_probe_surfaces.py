@@ -454,6 +454,15 @@ CASES = [
     Case("gpu_check --out under a read-only folder", _gpu_out_read_only, needles=("--out",)),
     Case("gpu_check --out onto a directory", _gpu_out_dir, needles=("--out",)),
     Case("gpu_check --out a .txt file", _gpu("--out", "check.txt", "--dry-run"), needles=("--out",)),
+    # what the command line itself refuses: a value of the wrong type, a misspelt option, a missing argument
+    Case("model build-tiny --steps abc", _build_tiny("--steps", "abc"), needles=("--steps",)),
+    Case("reproduce --seeds 1.5", _reproduce_suite(SUITE.encode(), "--seeds", "1.5"), needles=("--seeds",)),
+    Case("compare --target high", _compare_target("high"), needles=("--target",)),
+    Case("plan --sbtach (misspelt)", lambda tmp: (_cli("plan", *PLAN, "--sbtach", tmp / "job.sh"), []), needles=("--sbtach",)),
+    Case("eval without a model folder", lambda tmp: (_cli("eval"), []), needles=("Missing argument",)),
+    Case("explain --steps 0", lambda tmp: (_cli("explain", "--steps", "0"), []), needles=("--steps",)),
+    Case("explain --plot onto a directory", lambda tmp: (_cli("explain", "--plot", tmp), []), needles=("--plot",)),
+    Case("samples --width -1", lambda tmp: (_cli("samples", tmp, "--width", "-1"), []), needles=("--width",)),
     # env= and tools, reward models and judges, feedback builders: their keys
     Case("env=tools env.max_tool_calls=-1", _explain("env=tools", "env.max_tool_calls=-1"), needles=("max_tool_calls",)),
     Case("env=tools env.tools=[nonexistent]", _explain("env=tools", "env.tools=[nonexistent]"), needles=("nonexistent",)),

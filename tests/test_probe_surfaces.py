@@ -391,6 +391,17 @@ def _gpu_out_dir(tmp):
     return _gpu_check("--device", "cpu", "--only", "vllm-colocate", "--out", d), [d]
 
 
+def _samples(*argv):
+    def setup(tmp):
+        run = tmp / "run"
+        run.mkdir()
+        (run / "config.yaml").write_text("seed: 0\n")
+        (run / "samples.jsonl").write_text(json.dumps({"split": "train", "step": 1, "source": "on_policy", "prompt": "1+1=",
+                                                       "completion": "2", "reward": 1.0, "advantage": 0.5}) + "\n")
+        return _cli("samples", run, *argv), [run]
+    return setup
+
+
 def _explain(*overrides):
     return lambda tmp: (_cli("explain", *overrides), [])
 
@@ -462,7 +473,8 @@ CASES = [
     Case("eval without a model folder", lambda tmp: (_cli("eval"), []), needles=("Missing argument",)),
     Case("explain --steps 0", lambda tmp: (_cli("explain", "--steps", "0"), []), needles=("--steps",)),
     Case("explain --plot onto a directory", lambda tmp: (_cli("explain", "--plot", tmp), []), needles=("--plot",)),
-    Case("samples --width -1", lambda tmp: (_cli("samples", tmp, "--width", "-1"), []), needles=("--width",)),
+    Case("samples --width -1", _samples("--width", "-1"), needles=("--width",)),
+    Case("samples --last -2", _samples("--last", "-2"), needles=("--last",)),
     # env= and tools, reward models and judges, feedback builders: their keys
     Case("env=tools env.max_tool_calls=-1", _explain("env=tools", "env.max_tool_calls=-1"), needles=("max_tool_calls",)),
     Case("env=tools env.tools=[nonexistent]", _explain("env=tools", "env.tools=[nonexistent]"), needles=("nonexistent",)),
@@ -626,3 +638,20 @@ def test_probe_feedback_failure_during_training_stops_with_the_checkpoint_saved(
         assert n in lines[-1], lines[-1]
     assert (run / "trainer" / "checkpoint-1" / "trainer_state.json").is_file() or any(run.rglob("checkpoint-1/trainer_state.json"))
     assert (run / "FAILED").is_file()
+
+
+def test_probe_docs_site_removes_only_the_recipe_pages_it_wrote(tmp_path):
+    """``mixrl docs site`` clears docs/reference/recipes/ before writing (a removed recipe's page goes):
+    only the pages it wrote (they carry its note); a page of the user's own there stays (it removed the
+    whole folder)."""
+    from mixrl.cli.reference import GENERATED_NOTE, remove_generated
+
+    recipes = tmp_path / "docs" / "reference" / "recipes"
+    (recipes / "gone").mkdir(parents=True)
+    (recipes / "gone" / "arith-tiny.md").write_text(f"# `gone/arith-tiny`\n\n{GENERATED_NOTE}\n\ntext\n")
+    (recipes / "index.md").write_text(f"# Recipes\n\n{GENERATED_NOTE}\n")
+    (recipes / "mine").mkdir()
+    (recipes / "mine" / "notes.md").write_text("# my notes on the recipes\n")
+    (recipes / "odd.md").write_bytes(b"\xff\xfe not UTF-8\n")
+    remove_generated(recipes)
+    assert sorted(str(p.relative_to(recipes)) for p in recipes.rglob("*")) == ["mine", "mine/notes.md", "odd.md"]

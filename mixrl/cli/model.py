@@ -24,9 +24,9 @@ def model_build_tiny(overrides: Optional[List[str]] = typer.Argument(
                                     "data.prompt_column=question: warm-start the tiny model on its training rows."),
                      force: bool = typer.Option(False, "--force", help="Rebuild even if cached."),
                      bpe: bool = typer.Option(False, "--bpe", help="Build the BPE chat model (model=tiny-bpe) instead."),
-                     steps: Optional[int] = typer.Option(None, "--steps", help="Warm-start steps (default: the recipe's; with data.source, the most it runs)."),
+                     steps: Optional[int] = typer.Option(None, "--steps", min=1, help="Warm-start steps (default: the recipe's; with data.source, the most it runs)."),
                      target_accuracy: Optional[float] = typer.Option(
-                         None, "--target-accuracy",
+                         None, "--target-accuracy", min=0.0, max=1.0,
                          help="With data.source: stop the warm start once this fraction of the training rows is answered "
                               "exactly (greedy), checked every 10 steps; 1 runs every step (default 0.5: RL keeps something to learn)."),
                      quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar.")):
@@ -34,7 +34,7 @@ def model_build_tiny(overrides: Optional[List[str]] = typer.Argument(
     warm-start it on your own training rows (held-out rows excluded, by the rule `mixrl train` uses)."""
     from mixrl.models import tiny, tiny_bpe  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
 
-    check_number(steps, "--steps", low=1, integer=True)  # before anything loads, one line as a config key's (never Typer's usage box)
+    check_number(steps, "--steps", low=1, integer=True)  # Typer's range lets NaN through: checked again, one line
     check_number(target_accuracy, "--target-accuracy", low=0, high=1)
     overrides = list(overrides or [])
     if overrides:

@@ -100,14 +100,19 @@ def _writable_ancestor(path: Path) -> tuple[Path, bool]:
     return where, can_write_in(where)
 
 
-def check_out_file(path: str | Path, option: str = "--out", *, example: str = "results.json") -> Path:
+def check_out_file(path: str | Path, option: str = "--out", *, example: str = "results.json",
+                   written_by: Callable[[Path], bool] | None = None, command: str = "mixrl") -> Path:
     """A file the command writes once its work is done: refused now (ConfigError, one line) when it
     is a directory, a file that cannot be written, or under no writable folder, so the work is
-    not lost at its end. Reads only; missing parent folders are fine (:func:`write_out_file`
-    creates them)."""
+    not lost at its end; and, given ``written_by`` (does this existing file carry ``command``'s
+    mark?), an existing file ``command`` did not write. Reads only; missing parent folders are fine
+    (:func:`write_out_file` creates them)."""
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"{option} {path} is a directory; give a file to write to, e.g. {option} {path / example}")
+    if written_by is not None and path.is_file() and not written_by(path):
+        raise ConfigError(f"{option} {path} exists and {command} did not write it; choose another path, or move that file "
+                          "away (mixrl never overwrites a file it did not write)")
     if path.exists() and not _can_append(path):
         raise ConfigError(f"{option} {path} cannot be written (the file is read-only); choose another path or chmod u+w it")
     where, ok = _writable_ancestor(path)
@@ -117,10 +122,11 @@ def check_out_file(path: str | Path, option: str = "--out", *, example: str = "r
     return path
 
 
-def write_out_file(path: str | Path, text: str, option: str = "--out", *, mode: int | None = None) -> Path:
-    """Write ``text`` to ``path`` (checked first, its folders created); a failure of the machine
-    (disk full, read-only) is one line naming the option."""
-    path = check_out_file(path, option)
+def write_out_file(path: str | Path, text: str, option: str = "--out", *, mode: int | None = None,
+                   written_by: Callable[[Path], bool] | None = None, command: str = "mixrl") -> Path:
+    """Write ``text`` to ``path`` (checked first by :func:`check_out_file`, its folders created); a
+    failure of the machine (disk full, read-only) is one line naming the option."""
+    path = check_out_file(path, option, written_by=written_by, command=command)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
@@ -164,6 +170,18 @@ def check_out_folder(path: str | Path, option: str, *, command: str, writes: Ite
         raise ConfigError(f"{option} {path} holds '{first}'{more}, which {command} did not write (no {marker} there) "
                           "and would overwrite or mix with; choose a new or empty folder, or move those files out")
     return path
+
+
+def text_with(mark: str, within: int = 4000) -> Callable[[Path], bool]:
+    """A mark check: ``mark`` is in the file's first ``within`` characters (a generated page's note, a
+    script's "written by" line)."""
+    def check(p: Path) -> bool:
+        try:
+            with open(p, "rb") as f:
+                return mark in f.read(within * 4).decode("utf-8", "replace")[:within]
+        except OSError:
+            return False
+    return check
 
 
 def json_object_with(*keys: str) -> Callable[[Path], bool]:

@@ -686,14 +686,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if opts.out is not None and opts.out.suffix != ".md":
         p.error(f"--out {opts.out}: give a .md file (the .json goes beside it), e.g. --out docs/results/gpu-check.md")
     from mixrl.errors import ConfigError  # the standard library only: a Python without mixrl's dependencies still gets here
-    from mixrl.options import check_number, check_out_file
+    from mixrl.options import check_number, check_out_file, json_object_with, text_with
 
     try:  # the same rules as the mixrl commands' options (mixrl.options): finite numbers, a destination write-tested now
         check_number(opts.timeout, "--timeout", low=0, low_open=True)
         check_number(opts.budget, "--budget", low=0, low_open=True)
         if opts.out is not None:  # not after the whole check has run: the table would be lost
-            check_out_file(opts.out, "--out", example="gpu-check.md")
-            check_out_file(opts.out.with_suffix(".json"), "--out")
+            check_out_file(opts.out, "--out", example="gpu-check.md", written_by=text_with("# GPU check (`make gpu-check`)"),
+                           command="scripts/gpu_check.py")  # an earlier check's table is rewritten, a file of someone else's refused
+            check_out_file(opts.out.with_suffix(".json"), "--out", written_by=json_object_with("meta", "results"),
+                           command="scripts/gpu_check.py")
     except ConfigError as e:
         p.error(str(e))
     return opts

@@ -337,6 +337,44 @@ def _plan_sbatch_read_only(tmp):
     return _cli("plan", *PLAN, f"run_dir={tmp / 'run'}", "--sbatch", _read_only(tmp / "ro") / "job.sh"), []
 
 
+def _plan_sbatch_users_file(tmp):
+    job = tmp / "job.sh"
+    job.write_text("#!/bin/bash\n# my own job script\nsrun python my_training.py\n")
+    return _cli("plan", *PLAN, f"run_dir={tmp / 'run'}", "--sbatch", job), [job]
+
+
+def _plan_sbatch_again(tmp):
+    job = tmp / "job.sh"
+    res = runner.invoke(app, ["plan", *PLAN, f"run_dir={tmp / 'run'}", "--sbatch", str(job)])
+    assert res.exit_code == 0, res.output
+    job.write_text(job.read_text().replace("#SBATCH --nodes=1", "#SBATCH --nodes=99"))
+    return _cli("plan", *PLAN, f"run_dir={tmp / 'run'}", "--sbatch", job), []
+
+
+def _plan_sbatch_again_check(tmp):
+    text = (tmp / "job.sh").read_text()
+    return None if "--nodes=1" in text and "--nodes=99" not in text else "the earlier script was not rewritten"
+
+
+def _eval_out_users_file(tmp):
+    d = _model_without_weights(tmp)
+    f = tmp / "results.json"
+    f.write_text('{"my": "results"}\n')
+    return _cli("eval", d, "--out", f), [d, f]
+
+
+def _docs_users_page(tmp):
+    f = tmp / "peers.md"
+    f.write_text("# My comparison of RL frameworks\n")
+    return _cli("docs", "peers", "--data", ROOT / "docs" / "peers.yaml", "--out", f), [f]
+
+
+def _gpu_out_users_file(tmp):
+    f = tmp / "notes.md"
+    f.write_text("# my notes\n")
+    return _gpu_check("--device", "cpu", "--only", "vllm-colocate", "--out", f), [f]
+
+
 def _plan_prompt_tokens(value):
     return lambda tmp: (_cli("plan", *PLAN, "--prompt-tokens", value), [])
 
@@ -444,6 +482,11 @@ CASES = [
     Case("plan --sbatch under a read-only folder", _plan_sbatch_read_only, needles=("--sbatch",)),
     Case("plan --prompt-tokens 0", _plan_prompt_tokens("0"), needles=("--prompt-tokens",)),
     Case("plan --prompt-tokens -5", _plan_prompt_tokens("-5"), needles=("--prompt-tokens",)),
+    Case("plan --sbatch onto the user's own script", _plan_sbatch_users_file, needles=("--sbatch", "did not write")),
+    Case("plan --sbatch onto an earlier plan's script is rewritten", _plan_sbatch_again, expect="ok", check=_plan_sbatch_again_check),
+    Case("eval --out onto the user's own file", _eval_out_users_file, needles=("--out", "did not write")),
+    Case("docs peers --out onto the user's own page", _docs_users_page, needles=("--out", "did not write")),
+    Case("gpu_check --out onto the user's own notes", _gpu_out_users_file, needles=("--out", "did not write")),
     # docs
     Case("docs peers --out onto a directory", _docs_page_onto_dir, needles=("--out",)),
     Case("docs peers --out under a read-only folder", _docs_page_read_only, needles=("--out",)),

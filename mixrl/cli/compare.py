@@ -26,7 +26,7 @@ from mixrl.experiments.report import table_cells, table_header
 from mixrl.benchmarks.spec import is_benchmark_override
 from mixrl.errors import ConfigError
 from mixrl.evaluation.saved import resolve_model_dir
-from mixrl.options import check_number, check_out_file, check_out_folder, json_object_with
+from mixrl.options import check_number, check_out_file, check_out_folder, json_object_with, write_out_file
 from mixrl.progress import progress_bar
 
 __all__ = ["check_out_file", "compare", "eval_model", "rejudge"]  # check_out_file lives in mixrl.options; importable here too
@@ -128,7 +128,7 @@ def eval_model(
 
     out, err = _consoles()
     if out_file is not None:
-        check_out_file(out_file, example="eval.json")  # before the evaluation: its results are not lost to an unwritable --out
+        check_out_file(out_file, example="eval.json", written_by=json_object_with("model_dir"), command="mixrl eval")  # before the evaluation: its results are not lost to an unwritable --out
     benchmarks = any(is_benchmark_override(o) for o in overrides or [])
     if plot_file is not None:
         if not benchmarks:
@@ -162,8 +162,7 @@ def eval_model(
     )
     out.print(table)
     if out_file is not None:
-        out_file.parent.mkdir(parents=True, exist_ok=True)
-        out_file.write_text(json.dumps(result, indent=2) + "\n")
+        write_out_file(out_file, json.dumps(result, indent=2) + "\n", written_by=json_object_with("model_dir"), command="mixrl eval")
         out.print(f"wrote [bold]{escape(str(out_file))}[/]")
 
 

@@ -18,8 +18,9 @@ new process); the GPU check script through its ``main(argv)``; feedback builders
 ``refine`` injection's own hook with a stand-in trainer context. Cases that need training are in
 ``test_probe_feedback_failure_during_training_*`` (marked ``slow``).
 
-Counts (``pytest tests/test_probe_surfaces.py -m 'not slow'``): before the fixes of issue 50,
-see the closing note of the issue; after them every case passes.
+Counts: before the fixes of issue 50, 45 of the 80 fast cases went wrong (6 data lost, 12 silently
+wrong, 27 raw failures) and the 3 slow ones (2 raw failures, 1 silently wrong); after them, none.
+The fast cases take about 16 CPU seconds (docs/guides/testing.md).
 """
 
 from __future__ import annotations

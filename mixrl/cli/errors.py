@@ -10,6 +10,12 @@ import sys
 import typer
 from rich.console import Console
 from typer.core import TyperGroup
+from typer.exceptions import Abort
+
+try:  # Click's exception classes as Typer raises them: Typer >= 0.20 carries its own copy of Click
+    from typer._click import exceptions as click_exceptions
+except ImportError:  # an older Typer: the click package's
+    from click import exceptions as click_exceptions
 from rich.markup import escape
 
 from mixrl.errors import MixrlUserError, RunInterrupted, storage_error
@@ -100,30 +106,21 @@ class OneLineUsageErrors(TyperGroup):
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        exceptions = _click_exceptions()
         try:
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        except exceptions.NoArgsIsHelpError as e:  # `mixrl config`: its help, as Typer shows it
+        except click_exceptions.NoArgsIsHelpError as e:  # `mixrl config`: its help, as Typer shows it
             from typer import rich_utils  # deferred: only a bare command group needs it
 
             rich_utils.rich_format_error(e)
             sys.exit(e.exit_code)
-        except exceptions.ClickException as e:
+        except click_exceptions.ClickException as e:
             ctx = getattr(e, "ctx", None)
-            hint = f"; see `{ctx.command_path} --help`" if ctx is not None and isinstance(e, exceptions.UsageError) else ""
+            hint = f"; see `{ctx.command_path} --help`" if ctx is not None and isinstance(e, click_exceptions.UsageError) else ""
             Console(stderr=True).print(f"[bold red]error:[/] {escape(e.format_message().rstrip('.'))}{escape(hint)}",
                                        highlight=False, soft_wrap=True)
             sys.exit(e.exit_code)
-        except exceptions.Abort:
+        except Abort:
             Console(stderr=True).print("Aborted.")
             sys.exit(1)
         sys.exit(rv if isinstance(rv, int) else 0)
 
-
-def _click_exceptions():
-    """Click's exception classes as Typer raises them (Typer >= 0.20 carries its own copy of Click)."""
-    try:
-        from typer._click import exceptions
-    except ImportError:  # an older Typer: the click package's
-        from click import exceptions
-    return exceptions

@@ -129,13 +129,34 @@ def write_out_file(path: str | Path, text: str, option: str = "--out", *, mode: 
     path = check_out_file(path, option, written_by=written_by, command=command)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        if mode is not None:
-            path.chmod(mode)
+        replace_text(path, text, mode=mode)
     except OSError as e:
         err = storage_error(e)
         raise ConfigError(f"{option} {path} could not be written ({err or e.strerror or e})") from None
     return path
+
+
+def replace_text(path: str | Path, text: str, *, mode: int | None = None) -> None:
+    """Write ``text`` to ``path`` whole or not at all: into a hidden file beside it, then renamed over
+    it, so a kill or a full disk mid-write leaves the earlier file (or none), never half of one."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        if mode is not None:
+            os.chmod(tmp, mode)
+        elif path.exists():
+            os.chmod(tmp, path.stat().st_mode & 0o7777)
+        else:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 # ----------------------------------------------------------------------------- one output folder
@@ -160,10 +181,10 @@ def check_out_folder(path: str | Path, option: str, *, command: str, writes: Ite
     mark = path / marker
     if not entries or (mark.is_file() and (is_marker is None or is_marker(mark))):
         return path
-    partial = tuple(partial)
+    writes = tuple(writes)
+    partial = (*partial, *(f".{pat}.*.tmp" for pat in writes))  # a write of replace_text cut short by a kill
     foreign = [n for n in entries if not any(fnmatch.fnmatch(n, pat) for pat in partial)]
     if foreign:
-        writes = tuple(writes)
         ours = [n for n in foreign if any(fnmatch.fnmatch(n, pat) for pat in writes)]
         first = (ours or foreign)[0]
         more = f" (and {len(foreign) - 1} more)" if len(foreign) > 1 else ""

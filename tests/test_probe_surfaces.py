@@ -699,3 +699,33 @@ def test_probe_docs_site_removes_only_the_recipe_pages_it_wrote(tmp_path):
     (recipes / "odd.md").write_bytes(b"\xff\xfe not UTF-8\n")
     remove_generated(recipes)
     assert sorted(str(p.relative_to(recipes)) for p in recipes.rglob("*")) == ["mine", "mine/notes.md", "odd.md"]
+
+
+def test_probe_a_write_cut_short_leaves_the_earlier_file(tmp_path, monkeypatch):
+    """Every --out file is written whole or not at all (mixrl.options.replace_text): a failure
+    mid-write (a kill, a full disk) leaves the earlier file as it was and no stray temporary file
+    that a later run would refuse as foreign."""
+    from mixrl import options
+
+    out = tmp_path / "cmp"
+    out.mkdir()
+    (out / "compare.json").write_text('{"metric": "accuracy", "methods": []}')
+    real_fdopen = os.fdopen
+
+    class Cut(Exception):
+        pass
+
+    def cut_fdopen(fd, *a, **k):
+        f = real_fdopen(fd, *a, **k)
+        f.write = lambda text: (_ for _ in ()).throw(Cut("killed mid-write"))
+        return f
+
+    monkeypatch.setattr(options.os, "fdopen", cut_fdopen)
+    with pytest.raises(Cut):
+        options.replace_text(out / "compare.json", '{"metric": "pass@4"}')
+    monkeypatch.undo()
+    assert (out / "compare.json").read_text() == '{"metric": "accuracy", "methods": []}'
+    assert sorted(p.name for p in out.iterdir()) == ["compare.json"]
+    (out / ".compare.md.x1.tmp").write_text("")  # left by a SIGKILL (no cleanup runs): still an earlier compare's folder
+    (out / "compare.json").unlink()
+    options.check_out_folder(out, "--out", command="mixrl compare", writes=("compare.json", "compare.md"), marker="compare.json")

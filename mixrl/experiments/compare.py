@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mixrl.errors import did_you_mean
+from mixrl.options import replace_text
 from mixrl.experiments.claims import judge_claims
 from mixrl.experiments.plots import curve_source, make_plots, require_matplotlib
 from mixrl.experiments.report import render_markdown
@@ -130,8 +131,7 @@ def compare(paths: Sequence[str | Path], out_dir: str | Path, *, metric: str = "
         "aggregate": aggregate,
         "plots": written,
     }
-    (out / COMPARE_MARKER).write_text(json.dumps(data, indent=2))  # before compare.md: a folder with compare.md has its marker
+    replace_text(out / COMPARE_MARKER, json.dumps(data, indent=2))  # before compare.md: a folder with compare.md has its marker
     md = out / "compare.md"
-    md.write_text(render_markdown(rows, metric, target, written, desc, [str(p) for p in paths], judged,
-                                 aggregate))
+    replace_text(md, render_markdown(rows, metric, target, written, desc, [str(p) for p in paths], judged, aggregate))  # whole or not at all
     return CompareResult(rows, out, md, written, desc, judged, aggregate)

@@ -18,8 +18,8 @@ new process); the GPU check script through its ``main(argv)``; feedback builders
 ``refine`` injection's own hook with a stand-in trainer context. Cases that need training are in
 ``test_probe_feedback_failure_during_training_*`` (marked ``slow``).
 
-Counts: before the fixes of issue 50, 45 of the 80 fast cases went wrong (6 data lost, 12 silently
-wrong, 27 raw failures) and the 3 slow ones (2 raw failures, 1 silently wrong); after them, none.
+Counts: before the fixes of issue 50, 47 of the 82 fast cases went wrong (6 data lost, 12 silently
+wrong, 29 raw failures) and the 3 slow ones (2 raw failures, 1 silently wrong); after them, none.
 The fast cases take about 16 CPU seconds (docs/guides/testing.md).
 """
 
@@ -276,6 +276,24 @@ def _eval_no_weights(tmp):
     return _cli("eval", d), [d]
 
 
+def _eval_adapter_no_weights(tmp):
+    base = _model_without_weights(tmp)
+    d = tmp / "adapter"
+    d.mkdir()
+    (d / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(base), "peft_type": "LORA"}))
+    return _cli("eval", d), [d]
+
+
+def _eval_missing_shard(tmp):
+    from safetensors.torch import save_file
+
+    d = _model_without_weights(tmp)
+    save_file({"w": torch.zeros(2)}, str(d / "model-00001-of-00002.safetensors"))
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": {
+        "w": "model-00001-of-00002.safetensors", "v": "model-00002-of-00002.safetensors"}}))
+    return _cli("eval", d), [d]
+
+
 def _eval_model_file(tmp):
     f = tmp / "model.safetensors"
     f.write_bytes(b"\x00" * 16)
@@ -460,6 +478,8 @@ CASES = [
     # eval: the model folder and --out
     Case("eval a model folder without weights", _eval_no_weights, needles=("weights",)),
     Case("eval a weights file instead of its folder", _eval_model_file),
+    Case("eval a LoRA adapter folder without its weights", _eval_adapter_no_weights, needles=("LoRA adapter weights",)),
+    Case("eval a sharded model missing a shard", _eval_missing_shard, needles=("model-00002-of-00002.safetensors",)),
     Case("eval a model whose config.json is not UTF-8", _eval_config_not_utf8, needles=("config.json",)),
     Case("eval a model whose weights file is empty", _eval_empty_weights, needles=("model.safetensors",)),
     Case("eval --out under a read-only folder", _eval_out_read_only, needles=("--out",)),

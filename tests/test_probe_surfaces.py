@@ -18,8 +18,8 @@ new process); the GPU check script through its ``main(argv)``; feedback builders
 ``refine`` injection's own hook with a stand-in trainer context. Cases that need training are in
 ``test_probe_feedback_failure_during_training_*`` (marked ``slow``).
 
-Counts: before the fixes of issue 50, 47 of the 82 fast cases went wrong (6 data lost, 12 silently
-wrong, 29 raw failures) and the 3 slow ones (2 raw failures, 1 silently wrong); after them, none.
+Counts: before the fixes of issue 50, 50 of the 87 fast cases went wrong (6 data lost, 12 silently
+wrong, 32 raw failures) and the 3 slow ones (2 raw failures, 1 silently wrong); after them, none.
 The fast cases take about 16 CPU seconds (docs/guides/testing.md).
 """
 
@@ -271,6 +271,34 @@ def _compare_summary(data: bytes):
     return setup
 
 
+def _compare_config(data: bytes):
+    def setup(tmp):
+        runs = _runs(tmp)
+        (runs / "grpo-s1" / "config.yaml").write_bytes(data)
+        return _cli("compare", runs, "--out", tmp / "cmp", "--no-plots"), [runs]
+    return setup
+
+
+def _rejudge(data: bytes):
+    def setup(tmp):
+        d = tmp / "results"
+        d.mkdir()
+        (d / "compare.json").write_bytes(data)
+        (d / "compare.md").write_text("# results\n")
+        return _cli("rejudge", d), [d]
+    return setup
+
+
+def _eval_run_config(data: bytes):
+    def setup(tmp):
+        run = tmp / "run"
+        run.mkdir()
+        (run / "config.yaml").write_bytes(data)
+        _model_without_weights(run)
+        return _cli("eval", run), [run]
+    return setup
+
+
 def _eval_no_weights(tmp):
     d = _model_without_weights(tmp)
     return _cli("eval", d), [d]
@@ -475,6 +503,11 @@ CASES = [
     Case("compare a run whose summary.json is not UTF-8", _compare_summary(b'{"algo": "\xff"}'), needles=("summary.json",)),
     Case("compare a run whose summary.json is cut short", _compare_summary(b'{"algo": "grpo", "seed'), needles=("summary.json",)),
     Case("compare a run whose summary.json is empty", _compare_summary(b""), needles=("summary.json",)),
+    Case("compare a run whose config.yaml is not UTF-8", _compare_config(b"algo:\n  name: gr\xffpo\n"), needles=("config.yaml",)),
+    Case("compare a run whose config.yaml is not a mapping", _compare_config(b"- 1\n- 2\n"), needles=("config.yaml",)),
+    Case("rejudge a compare.json that is not UTF-8", _rejudge(b'{"metric": "\xff"}'), needles=("compare.json",)),
+    Case("rejudge a compare.json cut short", _rejudge(b'{"metric": "accuracy", "meth'), needles=("compare.json",)),
+    Case("eval a run whose config.yaml is not UTF-8", _eval_run_config(b"seed: 0\ndata: \xff\n"), needles=("config.yaml",)),
     # eval: the model folder and --out
     Case("eval a model folder without weights", _eval_no_weights, needles=("weights",)),
     Case("eval a weights file instead of its folder", _eval_model_file),

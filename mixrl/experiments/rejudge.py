@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mixrl.errors import ConfigError
+from mixrl.options import read_user_text
 from mixrl.experiments.claims import rejudge
 from mixrl.experiments.report import render_claims_section
 
@@ -42,9 +43,12 @@ def check_folder(folder: Path) -> list[dict]:
     if not path.is_file():
         raise ConfigError(f"{folder} has no compare.json; give a folder written by mixrl reproduce or mixrl compare")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_user_text(path, "the results file"))
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path} is not valid JSON ({e}); restore it from git or run mixrl compare again") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} holds a JSON {type(data).__name__}, not the object mixrl compare writes; "
+                          "restore it from git or run mixrl compare again")
     claims = data.get("claims") or []
     for i, c in enumerate(claims):
         if not isinstance(c, dict) or "method_values" not in c or "baseline_values" not in c:

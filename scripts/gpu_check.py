@@ -186,10 +186,12 @@ def print_table(results: list[Result], meta: dict) -> None:
 
 def write_out(out: Path, results: list[Result], meta: dict) -> None:
     """``out`` (Markdown) and ``out`` with suffix .json; rewritten whole each time."""
+    from mixrl.options import replace_text  # whole or not at all: a kill mid-write leaves the earlier table
+
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(markdown(results, meta))
+    replace_text(out, markdown(results, meta))
     rows = [{**asdict(r), "plan_ratio": r.plan_ratio} for r in results]
-    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": rows}, indent=2) + "\n")
+    replace_text(out.with_suffix(".json"), json.dumps({"meta": meta, "results": rows}, indent=2) + "\n")
 
 
 # --------------------------------------------------------------------------- reading a run

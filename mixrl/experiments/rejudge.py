@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mixrl.errors import ConfigError
-from mixrl.options import read_user_text
+from mixrl.options import read_user_text, replace_text
 from mixrl.experiments.claims import rejudge
 from mixrl.experiments.report import render_claims_section
 
@@ -76,7 +76,7 @@ def rejudge_folder(folder: Path, *, write: bool = True) -> tuple[list[dict], lis
         path = folder / "compare.json"
         data = json.loads(path.read_text())
         data["claims"] = new
-        path.write_text(json.dumps(data, indent=2))
+        replace_text(path, json.dumps(data, indent=2))  # whole or not at all
         section = render_claims_section(new) + "\n\n"
         for page in PAGES:
             p = folder / page
@@ -84,5 +84,5 @@ def rejudge_folder(folder: Path, *, write: bool = True) -> tuple[list[dict], lis
                 text = p.read_text()
                 if _SECTION.search(text):
                     text = _SECTION.sub(lambda _: section, text, count=1)
-                    p.write_text(text.rstrip("\n") + "\n")
+                    replace_text(p, text.rstrip("\n") + "\n")
     return new, changes

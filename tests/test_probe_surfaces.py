@@ -782,3 +782,21 @@ def test_probe_a_write_cut_short_leaves_the_earlier_file(tmp_path, monkeypatch):
     (out / ".compare.md.x1.tmp").write_text("")  # left by a SIGKILL (no cleanup runs): still an earlier compare's folder
     (out / "compare.json").unlink()
     options.check_out_folder(out, "--out", command="mixrl compare", writes=("compare.json", "compare.md"), marker="compare.json")
+
+
+def test_check_number_bounds_by_hand():
+    """mixrl.options.check_number: inclusive and open bounds, whole numbers, NaN and infinities, one line each."""
+    from mixrl.errors import ConfigError
+    from mixrl.options import check_number
+
+    assert check_number(None, "--x", low=1) is None and check_number(1, "--x", low=1, integer=True) == 1
+    assert check_number(0.5, "--x", low=0, high=1) == 0.5 and check_number(1.0, "--x", low=0, high=1) == 1.0
+    for value, kw, words in [(0, {"low": 0, "low_open": True}, "--x=0 is out of range: it must be > 0"),
+                             (1.5, {"low": 1, "integer": True}, "--x must be a whole number, got 1.5"),
+                             (float("nan"), {"low": 0}, "--x must be a finite number, got nan; it must be >= 0"),
+                             (float("-inf"), {}, "--x must be a finite number, got -inf"),
+                             (2, {"low": 0, "high": 1}, "--x=2 is out of range: it must be >= 0 and <= 1"),
+                             ("abc", {}, "--x must be a number, got 'abc'")]:
+        with pytest.raises(ConfigError) as e:
+            check_number(value, "--x", **kw)
+        assert words in str(e.value) and "\n" not in str(e.value), str(e.value)

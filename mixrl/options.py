@@ -8,8 +8,11 @@ uses the same rules as the ``mixrl`` commands.
 that same command (its marker file, e.g. ``compare.json``); otherwise it is refused, naming the
 first file the command did not write: mixrl never overwrites, or mixes its files with, files it
 did not write (``run_dir`` follows the same rule: :func:`mixrl.trainer.state.rundir.check_new_run_dir`).
-A single file (``--out FILE``, ``--sbatch FILE``) is refused when it is a directory or when no
-writable folder would hold it; missing parent folders are created when it is written.
+A single file (``--out FILE``, ``--sbatch FILE``) is refused when it is a directory, when no
+writable folder would hold it (write-tested, not guessed from the mode bits), or when it exists and
+the command did not write it (its mark: a generated page's note, the job script's "written by" line,
+the JSON's keys); missing parent folders are created. Every file is written whole or not at all
+(:func:`replace_text`), so a kill mid-write leaves the earlier file.
 
 **Numbers** (:func:`check_number`) are refused like config keys (:mod:`mixrl.config.components`):
 one line naming the option, the value and the range; NaN and infinities are never accepted.
@@ -30,7 +33,7 @@ import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from mixrl.errors import ConfigError, storage_error
+from mixrl.errors import ConfigError
 
 
 # ----------------------------------------------------------------------------- numbers
@@ -130,9 +133,9 @@ def write_out_file(path: str | Path, text: str, option: str = "--out", *, mode: 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         replace_text(path, text, mode=mode)
-    except OSError as e:
-        err = storage_error(e)
-        raise ConfigError(f"{option} {path} could not be written ({err or e.strerror or e})") from None
+    except OSError as e:  # the machine's (a disk that filled up, a folder made read-only meanwhile): one line
+        raise ConfigError(f"{option} {path} could not be written ({e.strerror or e}); choose a writable path "
+                          "on a disk with free space") from None
     return path
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import difflib
 import errno
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 
 class MixrlUserError(Exception):
@@ -29,6 +30,11 @@ class DataError(MixrlUserError):
 
 class RewardError(MixrlUserError):
     """A reward function raised, or returned something other than one finite number per completion."""
+
+
+class UserFunctionError(MixrlUserError):
+    """A function the user supplied (a feedback builder, ...) raised, or returned what it must not;
+    the message names the function and what it returned (:func:`call_user_function`)."""
 
 
 class RunStopped(MixrlUserError):
@@ -113,3 +119,48 @@ def did_you_mean(word: str, choices: Iterable[str], n: int = 3) -> str:
     if not close:
         close = difflib.get_close_matches(word, choices, n=n, cutoff=0.5)
     return f" (did you mean: {', '.join(close)}?)" if close else ""
+
+
+# ----------------------------------------------------------------------------- the user's functions
+def describe_value(value: Any) -> str:
+    """A returned value in a few words: ``int 3``, ``str of 5000 characters``, ``list of 2 items``."""
+    if value is None:
+        return "None"
+    kind = type(value).__name__
+    if isinstance(value, str):
+        return f"str of {len(value)} characters" if len(value) > 40 else f"str {value!r}"
+    if isinstance(value, (bool, int, float)):
+        return f"{kind} {value!r}"
+    if hasattr(value, "__len__"):
+        try:
+            return f"{kind} of {len(value)} items"
+        except TypeError:
+            pass
+    return kind
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:200] if text else "(no message)"
+
+
+def call_user_function(fn: Callable, name: str, *args: Any, expects: str,
+                       accept: Callable[[Any], str | None] | None = None,
+                       error: type[MixrlUserError] = UserFunctionError, **kwargs: Any) -> Any:
+    """Call ``fn`` (a function the user supplied; ``name`` says where it was configured, e.g.
+    ``algo.inject.feedback='judge.py:critique'``) and return what it returned. A raise becomes
+    ``error`` with one line naming the function, the exception and ``expects`` (what it should
+    return); so does a returned value that ``accept`` refuses (``accept(value)``: None when fine,
+    else why not). A :class:`MixrlUserError`, ``KeyboardInterrupt`` and ``SystemExit`` pass through
+    unchanged (a stop, not the function's fault). The reward functions have their own guard with
+    the same message (:class:`mixrl.rewards.registry.CheckedReward`: it also finds the failing row)."""
+    try:
+        out = fn(*args, **kwargs)
+    except MixrlUserError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's function: one line naming it
+        raise error(f"{name} raised {type(e).__name__}: {_first_line(e)}; fix the function (it must return {expects})") from e
+    why = accept(out) if accept is not None else None
+    if why:
+        raise error(f"{name} returned {describe_value(out)}: {why}; it must return {expects}")
+    return out

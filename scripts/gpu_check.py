@@ -186,10 +186,12 @@ def print_table(results: list[Result], meta: dict) -> None:
 
 def write_out(out: Path, results: list[Result], meta: dict) -> None:
     """``out`` (Markdown) and ``out`` with suffix .json; rewritten whole each time."""
+    from mixrl.options import replace_text  # whole or not at all: a kill mid-write leaves the earlier table
+
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(markdown(results, meta))
+    replace_text(out, markdown(results, meta))
     rows = [{**asdict(r), "plan_ratio": r.plan_ratio} for r in results]
-    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": rows}, indent=2) + "\n")
+    replace_text(out.with_suffix(".json"), json.dumps({"meta": meta, "results": rows}, indent=2) + "\n")
 
 
 # --------------------------------------------------------------------------- reading a run
@@ -683,10 +685,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown:
         p.error(f"--only names no path {', '.join(unknown)}; the paths are {', '.join(BY_NAME)}")
     opts.paths = [BY_NAME[n] for n in names] if names else list(PATHS)
-    if opts.timeout <= 0 or opts.budget <= 0:
-        p.error("--timeout and --budget must be > 0 seconds")
     if opts.out is not None and opts.out.suffix != ".md":
         p.error(f"--out {opts.out}: give a .md file (the .json goes beside it), e.g. --out docs/results/gpu-check.md")
+    from mixrl.errors import ConfigError  # the standard library only: a Python without mixrl's dependencies still gets here
+    from mixrl.options import check_number, check_out_file, json_object_with, text_with
+
+    try:  # the same rules as the mixrl commands' options (mixrl.options): finite numbers, a destination write-tested now
+        check_number(opts.timeout, "--timeout", low=0, low_open=True)
+        check_number(opts.budget, "--budget", low=0, low_open=True)
+        if opts.out is not None:  # not after the whole check has run: the table would be lost
+            check_out_file(opts.out, "--out", example="gpu-check.md", written_by=text_with("# GPU check (`make gpu-check`)"),
+                           command="scripts/gpu_check.py")  # an earlier check's table is rewritten, a file of someone else's refused
+            check_out_file(opts.out.with_suffix(".json"), "--out", written_by=json_object_with("meta", "results"),
+                           command="scripts/gpu_check.py")
+    except ConfigError as e:
+        p.error(str(e))
     return opts
 
 
@@ -719,13 +732,17 @@ def main(argv: list[str] | None = None) -> int:
     budget = Budget(opts.budget, opts.timeout)
     work = Path(tempfile.mkdtemp(prefix="mixrl-gpu-check-"))
     results: list[Result] = []
+    unwritten: list[str] = []  # a failed write of --out: said once at the end, the check goes on
 
     def record(res: Result) -> None:
         results.append(res)
         print(f"[gpu-check] {res.path}: {res.status}" + (f" ({res.note})" if res.note else "")
               + (f" in {res.seconds:.0f}s" if res.seconds is not None else ""), flush=True)
-        if opts.out is not None and not opts.dry_run:
-            write_out(opts.out, results, meta)
+        if opts.out is not None and not opts.dry_run and not unwritten:
+            try:
+                write_out(opts.out, results, meta)
+            except OSError as exc:  # written before (write-tested in parse_args): the disk filled up or the folder went away
+                unwritten.append(f"could not write {opts.out} ({exc.strerror or exc}); the table is printed below only")
 
     try:
         todo, would_skip = [], {}
@@ -776,6 +793,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shutil.rmtree(work, ignore_errors=True)
     print_table(results, meta)
+    if unwritten:
+        print(f"error: {unwritten[0]}", file=sys.stderr)
+        return 2
     if opts.out is not None and not opts.dry_run:
         print(f"[gpu-check] wrote {opts.out} and {opts.out.with_suffix('.json')}")
     return 1 if any(r.status == "failed" for r in results) else 0

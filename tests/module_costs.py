@@ -45,6 +45,7 @@ SECONDS = {
     "test_algo_presets.py": (1, 29),
     "pins/test_trainer_pins.py": (29, 0),
     "test_compare.py": (13, 16),
+    "test_probe_surfaces.py": (16, 45),
     "test_token_budget.py": (29, 0),
     "test_ampo.py": (0, 29),
     "test_critic.py": (23, 0),

@@ -10,7 +10,6 @@ Registered in ``mixrl.cli.main`` with ``app.command("compare")(compare)``,
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -27,24 +26,14 @@ from mixrl.experiments.report import table_cells, table_header
 from mixrl.benchmarks.spec import is_benchmark_override
 from mixrl.errors import ConfigError
 from mixrl.evaluation.saved import resolve_model_dir
+from mixrl.options import check_number, check_out_file, check_out_folder, json_object_with, write_out_file
 from mixrl.progress import progress_bar
+
+__all__ = ["check_out_file", "compare", "eval_model", "rejudge"]  # check_out_file lives in mixrl.options; importable here too
 
 
 def _consoles() -> tuple[Console, Console]:
     return Console(width=None if sys.stdout.isatty() else 160), Console(stderr=True)
-
-
-def check_out_file(path: Path, option: str = "--out") -> None:
-    """A results file the command will write once its work is done: refused now (ConfigError,
-    one line) when it is a directory or its folder cannot be written, so a long evaluation is
-    not lost at its end. Reads only."""
-    if path.is_dir():
-        raise ConfigError(f"{option} {path} is a directory; give a file to write the results to, e.g. {option} {path / 'eval.json'}")
-    where = path.absolute().parent
-    while not where.exists():
-        where = where.parent
-    if not where.is_dir() or not os.access(where, os.W_OK | os.X_OK):
-        raise ConfigError(f"{option} {path} cannot be written ({where} is not a writable directory); choose a writable path")
 
 
 # --------------------------------------------------------------------------- compare
@@ -64,7 +53,12 @@ def compare(
     plots: bool = typer.Option(True, "--plots/--no-plots", help="Write PNG plots (needs matplotlib)."),
 ):
     """Compare runs by method: held-out accuracy (mean ± std over seeds), rollouts to a target, plots."""
+    from mixrl.experiments.compare import COMPARE_MARKER, COMPARE_PARTIAL, COMPARE_WRITES  # deferred: only compare needs them
+
     out, _ = _consoles()
+    check_number(target, "--target")
+    check_out_folder(out_dir, "--out", command="mixrl compare", writes=COMPARE_WRITES, marker=COMPARE_MARKER,
+                     partial=COMPARE_PARTIAL, is_marker=json_object_with("metric", "methods"))  # the user's own compare.md is never overwritten
     result = run_compare(run_dirs, out_dir, metric=metric, target=target, by=list(by or []), band=band, plots=plots)
     table = Table(title=f"mixrl compare: held-out {metric}")
     for i, col in enumerate(table_header(metric, target)):
@@ -134,12 +128,12 @@ def eval_model(
 
     out, err = _consoles()
     if out_file is not None:
-        check_out_file(out_file)  # before the evaluation: its results are not lost to an unwritable --out
+        check_out_file(out_file, example="eval.json", written_by=json_object_with("model_dir"), command="mixrl eval")  # before the evaluation: its results are not lost to an unwritable --out
     benchmarks = any(is_benchmark_override(o) for o in overrides or [])
     if plot_file is not None:
         if not benchmarks:
             raise ConfigError("--plot draws the benchmark table: add benchmarks=SUITE (e.g. benchmarks=math6), or drop --plot")
-        check_out_file(plot_file, "--plot")
+        check_out_file(plot_file, "--plot", example="table.png")
         from mixrl.explain.schedules import require_matplotlib  # deferred: matplotlib is optional (the plot extra)
 
         require_matplotlib()  # before the evaluation: a missing matplotlib is one line, not a lost table
@@ -168,8 +162,7 @@ def eval_model(
     )
     out.print(table)
     if out_file is not None:
-        out_file.parent.mkdir(parents=True, exist_ok=True)
-        out_file.write_text(json.dumps(result, indent=2) + "\n")
+        write_out_file(out_file, json.dumps(result, indent=2) + "\n", written_by=json_object_with("model_dir"), command="mixrl eval")
         out.print(f"wrote [bold]{escape(str(out_file))}[/]")
 
 

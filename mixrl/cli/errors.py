@@ -9,6 +9,13 @@ import sys
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
+from typer.exceptions import Abort
+
+try:  # Click's exception classes as Typer raises them: Typer >= 0.20 carries its own copy of Click
+    from typer._click import exceptions as click_exceptions
+except ImportError:  # an older Typer: the click package's
+    from click import exceptions as click_exceptions
 from rich.markup import escape
 
 from mixrl.errors import MixrlUserError, RunInterrupted, storage_error
@@ -88,3 +95,32 @@ def user_errors(fn):
             raise _end(err.exit_code) from None
 
     return wrapper
+
+
+class OneLineUsageErrors(TyperGroup):
+    """The ``mixrl`` app's command group: a usage error Typer would draw as a box with the usage
+    (an unknown option, a value of the wrong type such as ``--steps abc``, a missing argument) is
+    one line on stderr instead, ``error: ...; see `mixrl CMD --help```, exit 2, like every other user
+    error (:func:`user_errors`). A command group called without a command still prints its help."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click_exceptions.NoArgsIsHelpError as e:  # `mixrl config`: its help, as Typer shows it
+            from typer import rich_utils  # deferred: only a bare command group needs it
+
+            rich_utils.rich_format_error(e)
+            sys.exit(e.exit_code)
+        except click_exceptions.ClickException as e:
+            ctx = getattr(e, "ctx", None)
+            hint = f"; see `{ctx.command_path} --help`" if ctx is not None and isinstance(e, click_exceptions.UsageError) else ""
+            Console(stderr=True).print(f"[bold red]error:[/] {escape(e.format_message().rstrip('.'))}{escape(hint)}",
+                                       highlight=False, soft_wrap=True)
+            sys.exit(e.exit_code)
+        except Abort:
+            Console(stderr=True).print("Aborted.")
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
+

@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from mixrl.errors import MixrlUserError
+from mixrl.options import check_number, check_out_file
 
 
 def explain(
@@ -31,6 +32,7 @@ def explain(
     out = Console(width=None if sys.stdout.isatty() else 160)
     err = Console(stderr=True)
     try:
+        check_number(steps, "--steps", low=1, integer=True)
         _explain(list(overrides or []), plot, steps, out)
     except MixrlUserError as e:
         err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
@@ -43,6 +45,7 @@ def _explain(overrides: list[str], plot: Optional[Path], steps: int, out: Consol
     from mixrl.explain import explain_text, plot_schedules, require_matplotlib, schedule_rows  # deferred: imports torch; `mixrl --help` must not load it
 
     if plot is not None:
+        check_out_file(plot, "--plot", example="schedules.png")
         require_matplotlib()
     cfg = compose_config(overrides)
     stages = compose_stages(cfg, overrides)

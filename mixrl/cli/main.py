@@ -17,7 +17,7 @@ from mixrl.cli.config import config_app
 from mixrl.cli.data import data_app
 from mixrl.cli.console import out  # noqa: F401  (mixrl.cli.main.out: tests/test_cli.py sets its width)
 from mixrl.cli.docs import docs_app
-from mixrl.cli.errors import freeze_at_exit
+from mixrl.cli.errors import OneLineUsageErrors, freeze_at_exit
 from mixrl.cli.model import model_app
 from mixrl.cli.recipes import recipes_app
 
@@ -35,6 +35,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=OneLineUsageErrors,  # a usage error (an unknown option, --steps abc) is one line, exit 2
 )
 app.add_typer(config_app, name="config")
 app.add_typer(recipes_app, name="recipes")

@@ -12,6 +12,7 @@ import typer
 from mixrl.cli.console import err, out
 from mixrl.cli.errors import user_errors
 from mixrl.errors import ConfigError
+from mixrl.options import check_number
 
 model_app = typer.Typer(help="Built-in model utilities.", no_args_is_help=True)
 
@@ -33,6 +34,8 @@ def model_build_tiny(overrides: Optional[List[str]] = typer.Argument(
     warm-start it on your own training rows (held-out rows excluded, by the rule `mixrl train` uses)."""
     from mixrl.models import tiny, tiny_bpe  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
 
+    check_number(steps, "--steps", low=1, integer=True)  # Typer's range lets NaN through: checked again, one line
+    check_number(target_accuracy, "--target-accuracy", low=0, high=1)
     overrides = list(overrides or [])
     if overrides:
         if bpe:

@@ -12,6 +12,10 @@ import typer
 from mixrl.cli.console import OVERRIDES, err
 from mixrl.cli.errors import user_errors
 from mixrl.config.recipe_index import list_recipe_names
+from mixrl.options import check_number, check_out_file, text_with, write_out_file
+
+#: the mark of a job script `mixrl plan --sbatch` wrote (its second line, mixrl/slurm.py): such a file is rewritten, any other refused
+SBATCH_MARK = text_with("# written by `mixrl plan --sbatch`")
 
 
 @user_errors
@@ -30,6 +34,9 @@ def plan(
     from mixrl.config.compose import compose_config  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
     from mixrl.planning.render import render_plan  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
 
+    check_number(prompt_tokens, "--prompt-tokens", low=1, integer=True)
+    if sbatch is not None:
+        check_out_file(sbatch, "--sbatch", example="job.sh", written_by=SBATCH_MARK, command="mixrl plan --sbatch")  # a directory or an unwritable folder: refused before composing
     overrides = [f"recipe={o}" if "=" not in o and o in list_recipe_names() else o for o in (overrides or [])]
     composed = overrides
     if sbatch is not None and not any(o.startswith("hardware.main_process_ip=") for o in overrides):
@@ -39,7 +46,6 @@ def plan(
         from mixrl.slurm import sbatch_script  # deferred: keeps `mixrl --help` light
 
         text = sbatch_script(cfg, overrides)  # checked (run_dir) before anything is written
-        sbatch.write_text(text)
-        sbatch.chmod(0o755)
+        write_out_file(sbatch, text, "--sbatch", mode=0o755, written_by=SBATCH_MARK, command="mixrl plan --sbatch")  # missing folders are made
         err.print(f"wrote {sbatch}: sbatch {sbatch}", highlight=False, soft_wrap=True)
     sys.stdout.write(render_plan(cfg, overrides, prompt_tokens=prompt_tokens))

@@ -24,7 +24,6 @@ import dataclasses
 import difflib
 import inspect
 import re
-import shutil
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -283,6 +282,21 @@ def stale_pages(pages: dict[str, str], root: Path = Path(".")) -> list[str]:
     return stale + extra
 
 
+def remove_generated(folder: Path) -> None:
+    """Remove the pages under ``folder`` that ``mixrl docs site`` wrote (they carry :data:`GENERATED_NOTE`
+    near their top), then the folders left empty; any other file, and its folder, stays."""
+    if not folder.is_dir():
+        return
+    for page in folder.rglob("*.md"):
+        with open(page, "rb") as f:
+            head = f.read(1000).decode("utf-8", "replace")
+        if GENERATED_NOTE in head:
+            page.unlink()
+    for d in sorted((p for p in folder.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        if not any(d.iterdir()):
+            d.rmdir()
+
+
 @user_errors
 def docs_site(ctx: typer.Context,
               check: bool = typer.Option(False, "--check", help="Write nothing; exit 1 naming every committed page that differs from what the code makes now.")):
@@ -304,9 +318,7 @@ def docs_site(ctx: typer.Context,
             raise typer.Exit(1)
         out.print(f"all {len(pages)} generated pages match the code", highlight=False)
         return
-    recipes = Path("docs/reference/recipes")
-    if recipes.is_dir():
-        shutil.rmtree(recipes)  # a removed recipe's page goes with it
+    remove_generated(Path("docs/reference/recipes"))  # a removed recipe's page goes with it; a page of someone's own stays
     for path, text in pages.items():
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(text)

@@ -10,7 +10,7 @@ import typer
 
 from mixrl.cli.console import err, out
 from mixrl.cli.errors import user_errors
-from mixrl.errors import ConfigError
+from mixrl.options import check_number
 from mixrl.progress import progress_bar
 
 
@@ -30,9 +30,9 @@ def reproduce(
     from mixrl.experiments import reproduce as experiments_reproduce  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
     from mixrl.experiments.suites import load_suite  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
 
+    check_number(seeds, "--seeds", low=1, integer=True)
+    check_number(jobs, "--jobs", low=1, integer=True)
     s = load_suite(suite)
-    if seeds is not None and seeds < 1:
-        raise ConfigError("--seeds must be >= 1 (use --seeds N with N >= 1)")
     out_dir = out_dir or experiments_reproduce.default_out_dir(s.name)
     experiments_reproduce.check_out_dir(out_dir)  # a folder of the user's own (its README.md, compare.md) is refused before any run
     err.print(f"writing to [bold]{out_dir}[/]")

@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from mixrl.cli.errors import user_errors
-from mixrl.errors import ConfigError
+from mixrl.options import check_number
 
 
 @user_errors
@@ -33,8 +33,8 @@ def samples(
     """Show what the model writes: a few prompts and completions per logged step, with their
     source (on-policy, expert, prefix, replay, teacher, hinted, ...), reward and advantage,
     from RUN_DIR/samples.jsonl (logger.samples_per_step rows per step)."""
-    if last < 0:
-        raise ConfigError(f"--last {last} is negative: give a number of steps >= 0 (0: all)")
+    check_number(last, "--last", low=0, integer=True)  # 0: all
+    check_number(width, "--width", low=0, integer=True)  # 0: all
     from mixrl.trainer.sample_log import COLUMNS, cells, read_samples, select, sources_in  # deferred: imports torch (mixrl.core); `mixrl --help` must not load it
 
     rows = read_samples(run_dir, warn=lambda text: Console(stderr=True).print(f"note: {escape(text)}", highlight=False, soft_wrap=True))

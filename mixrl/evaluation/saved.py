@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from mixrl.errors import ConfigError
-from mixrl.models.files import check_model_folder
+from mixrl.models.files import check_model_files
 
 
 def resolve_model_dir(path: str | Path) -> Path:
@@ -28,7 +28,7 @@ def resolve_model_dir(path: str | Path) -> Path:
             f"'{p}' is not a saved model folder (no config.json, nor a LoRA adapter_config.json); "
             "give a run's model/ folder or the run directory"
         )
-    check_model_folder(p, f"model directory '{p}'")  # a weights file cut short: refused before anything loads
+    check_model_files(p, f"model directory '{p}'")  # no weights, or a weights file cut short: refused before anything loads
     adapter_base(p)  # a LoRA adapter's base model must still be there
     return p
 

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mixrl.errors import did_you_mean
+from mixrl.options import replace_text
 from mixrl.experiments.claims import judge_claims
 from mixrl.experiments.plots import curve_source, make_plots, require_matplotlib
 from mixrl.experiments.report import render_markdown
@@ -85,6 +86,13 @@ def aggregate_over_levels(rows: Sequence[MethodRow], claims: Sequence = (), meas
             "methods": suite_estimates(mats, baseline=baseline)}
 
 
+#: what ``mixrl compare`` writes into its ``--out`` folder (the PNGs first, then compare.json, then compare.md);
+#: ``compare.json`` marks a folder as an earlier compare's (:func:`mixrl.options.check_out_folder`)
+COMPARE_MARKER = "compare.json"
+COMPARE_PARTIAL = ("learning_curve.png", "reward.png", "entropy.png", "mu.png")
+COMPARE_WRITES = (COMPARE_MARKER, "compare.md", *COMPARE_PARTIAL)
+
+
 def compare(paths: Sequence[str | Path], out_dir: str | Path, *, metric: str = "accuracy", target: float = 0.6,
             by: Sequence[str] = (), band: str = "minmax", plots: bool = True, claims: Sequence = ()) -> CompareResult:
     """Read the runs under ``paths``, write ``compare.md``, ``compare.json`` and the PNGs into ``out_dir``."""
@@ -108,9 +116,6 @@ def compare(paths: Sequence[str | Path], out_dir: str | Path, *, metric: str = "
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written, desc = (make_plots(rows, out, metric, band) if plots else ({}, curve_source(runs, metric)))
-    md = out / "compare.md"
-    md.write_text(render_markdown(rows, metric, target, written, desc, [str(p) for p in paths], judged,
-                                 aggregate))
     data = {
         "metric": metric, "target": target,
         "methods": [{
@@ -126,5 +131,7 @@ def compare(paths: Sequence[str | Path], out_dir: str | Path, *, metric: str = "
         "aggregate": aggregate,
         "plots": written,
     }
-    (out / "compare.json").write_text(json.dumps(data, indent=2))
+    replace_text(out / COMPARE_MARKER, json.dumps(data, indent=2))  # before compare.md: a folder with compare.md has its marker
+    md = out / "compare.md"
+    replace_text(md, render_markdown(rows, metric, target, written, desc, [str(p) for p in paths], judged, aggregate))  # whole or not at all
     return CompareResult(rows, out, md, written, desc, judged, aggregate)

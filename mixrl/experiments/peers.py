@@ -21,6 +21,8 @@ from typing import Any
 
 import yaml
 
+from mixrl.options import read_user_text
+
 #: status -> what it means (the page's legend)
 STATUSES: dict[str, str] = {
     "exact": "the same per-token loss and gradient (or the same advantage, the same update) on the same "
@@ -42,7 +44,13 @@ def load_peers(path: str | Path) -> dict[str, Any]:
     """The data file, checked: every row has its keys, a known peer and status, tests where
     its status claims a check, and overrides exactly when it has a counterpart (ValueError,
     one line, otherwise)."""
-    data = yaml.safe_load(Path(path).read_text())
+    try:
+        data = yaml.safe_load(read_user_text(path, "the peers table"))
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("sections"), list):
+        raise ValueError(f"{path}: expected a mapping with a list 'sections' (each with a title and rows), "
+                         f"got {type(data).__name__ if data is not None else 'an empty file'}")
     for section in data["sections"]:
         for row in section["rows"]:
             where = f"{path}: {section['title']!r}, {row.get('peer')} {row.get('option')}"

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mixrl.errors import ConfigError
+from mixrl.options import read_user_text, replace_text
 from mixrl.experiments.claims import rejudge
 from mixrl.experiments.report import render_claims_section
 
@@ -42,9 +43,12 @@ def check_folder(folder: Path) -> list[dict]:
     if not path.is_file():
         raise ConfigError(f"{folder} has no compare.json; give a folder written by mixrl reproduce or mixrl compare")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_user_text(path, "the results file"))
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path} is not valid JSON ({e}); restore it from git or run mixrl compare again") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} holds a JSON {type(data).__name__}, not the object mixrl compare writes; "
+                          "restore it from git or run mixrl compare again")
     claims = data.get("claims") or []
     for i, c in enumerate(claims):
         if not isinstance(c, dict) or "method_values" not in c or "baseline_values" not in c:
@@ -72,7 +76,7 @@ def rejudge_folder(folder: Path, *, write: bool = True) -> tuple[list[dict], lis
         path = folder / "compare.json"
         data = json.loads(path.read_text())
         data["claims"] = new
-        path.write_text(json.dumps(data, indent=2))
+        replace_text(path, json.dumps(data, indent=2))  # whole or not at all
         section = render_claims_section(new) + "\n\n"
         for page in PAGES:
             p = folder / page
@@ -80,5 +84,5 @@ def rejudge_folder(folder: Path, *, write: bool = True) -> tuple[list[dict], lis
                 text = p.read_text()
                 if _SECTION.search(text):
                     text = _SECTION.sub(lambda _: section, text, count=1)
-                    p.write_text(text.rstrip("\n") + "\n")
+                    replace_text(p, text.rstrip("\n") + "\n")
     return new, changes

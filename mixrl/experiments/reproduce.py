@@ -36,6 +36,7 @@ from mixrl.errors import ConfigError, did_you_mean
 from mixrl.experiments.compare import compare
 from mixrl.experiments.runs import find_runs
 from mixrl.experiments.suites import Suite, load_suite
+from mixrl.options import check_out_folder
 from mixrl.progress import NoProgress
 
 #: The toy suite's recipes (conf/suites/toy.yaml), kept for callers of reproduce_toy.
@@ -87,21 +88,8 @@ def check_out_dir(out_dir: Path) -> None:
     stopped). Otherwise ConfigError naming the first file it did not write (a README.md or
     compare.md of the user's own would be overwritten), as ``run_dir`` is refused
     (:func:`mixrl.trainer.state.rundir.check_new_run_dir`): mixrl never overwrites what it did not write."""
-    out_dir = Path(out_dir)
-    if not out_dir.exists():
-        return
-    if not out_dir.is_dir():
-        raise ConfigError(f"--out {out_dir} is a file, not a folder; choose a new folder (or an earlier mixrl reproduce's)")
-    entries = sorted(out_dir.iterdir())
-    if not entries or (out_dir / "reproduce.json").is_file():
-        return
-    foreign = [p.name for p in entries if p.name != "runs"]
-    if foreign:
-        ours = [n for n in foreign if n in REPRODUCE_ENTRIES or n.endswith(".png")]
-        first = (ours or foreign)[0]
-        more = f" (and {len(foreign) - 1} more)" if len(foreign) > 1 else ""
-        raise ConfigError(f"--out {out_dir} holds '{first}'{more}, which mixrl reproduce did not write (no reproduce.json there) "
-                          "and would overwrite or mix with; choose a new or empty folder, or move those files out")
+    check_out_folder(out_dir, "--out", command="mixrl reproduce", writes=(*REPRODUCE_ENTRIES, "*.png"),
+                     marker="reproduce.json", partial=("runs",))
 
 
 @dataclass

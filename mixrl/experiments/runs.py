@@ -22,6 +22,7 @@ import yaml
 
 from mixrl.errors import MixrlUserError
 from mixrl.jsonl import read_jsonl, step_row
+from mixrl.options import read_user_text
 
 SUMMARY = "summary.json"
 METRICS = "metrics.jsonl"
@@ -172,13 +173,25 @@ class Run:
         _, ys = self.series(key)
         return sum(ys) / len(ys) if ys else None
 
+    def load_config(self) -> dict:
+        """The run's ``config.yaml`` as a dict (``{}`` without one), read once; CompareError (one line
+        naming the file) when it is not UTF-8, not YAML, or not a mapping."""
+        if self.config is None:
+            p = self.path / CONFIG
+            try:
+                data = yaml.safe_load(read_user_text(p, "the run's config")) if p.is_file() else {}
+            except yaml.YAMLError as e:
+                raise CompareError(f"{p} is not valid YAML ({str(e).splitlines()[0]}); restore it or drop the run") from None
+            if not isinstance(data, dict):
+                raise CompareError(f"{p} holds a YAML {type(data).__name__}, not the mapping `mixrl train` writes; "
+                                   "restore it or drop the run")
+            self.config = data
+        return self.config
+
     def config_value(self, key: str) -> Any:
         if key in ("seed", "algo", "recipe"):
             return self.summary.get(key)
-        if self.config is None:
-            p = self.path / CONFIG
-            self.config = yaml.safe_load(p.read_text()) if p.is_file() else {}
-        node: Any = self.config
+        node: Any = self.load_config()
         for part in key.split("."):
             if not isinstance(node, dict) or part not in node:
                 raise CompareError(f"--by {key}: run {self.path} has no config value '{key}' (see its config.yaml)")

@@ -26,6 +26,7 @@ import yaml
 from mixrl.config.compose import conf_dir, list_recipe_names
 from mixrl.errors import ConfigError, did_you_mean
 from mixrl.experiments.claims import Claim, parse_claim
+from mixrl.options import read_user_text
 
 _KEYS = {"name", "title", "seeds", "jobs", "methods", "overrides", "compare", "claims", "notes"}
 
@@ -71,7 +72,7 @@ def load_suite(name_or_path: str | Path) -> Suite:
             raise ConfigError(f"unknown suite '{name_or_path}'{did_you_mean(str(name_or_path), names)}; "
                               f"suites: {', '.join(names) or 'none'} (or a path to a suite .yaml)")
     try:
-        raw = yaml.safe_load(p.read_text()) or {}
+        raw = yaml.safe_load(read_user_text(p, "suite")) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"suite {p}: not valid YAML ({str(e).splitlines()[0]})") from None
     where = f"suite {p.name}"

@@ -16,9 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 import hashlib
 
-import yaml
-
-from mixrl.experiments.runs import CONFIG, Run, _num
+from mixrl.experiments.runs import Run, _num
 from mixrl.experiments.stats import mean_ci
 
 # --------------------------------------------------------------------------- statistics
@@ -77,10 +75,7 @@ def config_differences(runs: Sequence[Run]) -> list[str]:
     """Config keys whose values differ between ``runs``, other than seed-like keys (:data:`SEED_ONLY`)."""
     flats = []
     for run in runs:
-        if run.config is None:
-            p = run.path / CONFIG
-            run.config = yaml.safe_load(p.read_text()) if p.is_file() else {}
-        flats.append(_flat(run.config or {}))
+        flats.append(_flat(run.load_config()))
     keys = sorted(set().union(*flats)) if flats else []
     return [k for k in keys
             if not any(k == s or k.startswith(s + ".") for s in SEED_ONLY)

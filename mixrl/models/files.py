@@ -9,7 +9,8 @@ which turns every prompt into no tokens and fails at generation (``IndexError``)
 ``resume`` (:func:`mixrl.trainer.state.rundir.resume_checkpoint`), ``mixrl eval`` / ``mixrl publish``
 (:func:`mixrl.evaluation.saved.resolve_model_dir`) and ``mixrl train model.path=FOLDER``
 (:func:`mixrl.trainer.build.resolve_model_path`) refuse such a folder in one line before any
-model loads; :func:`empty_tokenizer_note` is the tokenizer's check once it is loaded.
+model loads; :func:`check_model_files` also refuses a folder without its weights (a copy that left
+them out) or without its ``config.json``; :func:`empty_tokenizer_note` is the tokenizer's check once it is loaded.
 """
 
 from __future__ import annotations
@@ -58,6 +59,46 @@ def check_model_folder(folder: str | Path, what: str) -> None:
         name, reason = bad
         raise ConfigError(f"{what}: {Path(folder) / name} is unreadable ({reason}); the model folder is damaged "
                           "(a save or copy cut short): save or copy it again")
+
+
+#: the weights of a full model folder (one file, or an index of shards) and of a LoRA adapter, as transformers and PEFT save them
+MODEL_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+
+
+def check_model_files(path: str | Path, what: str) -> Path:
+    """The model folder ``path``, checked before anything loads it (ConfigError, one line that starts
+    with ``what``, e.g. ``model directory 'runs/x/model'``, and names the fix): it is a folder, holds
+    ``config.json`` (a full model) or ``adapter_config.json`` (a LoRA adapter), holds that model's
+    weights (a weights file, or an index whose every shard is there), and every top-level file
+    can be read (:func:`check_model_folder`: a save cut short). Without this, transformers fails
+    deep inside loading with an ``OSError`` of its own (no weights) or a library's message."""
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"{what}: '{p}' does not exist; give a saved model folder")
+    if not p.is_dir():
+        raise ConfigError(f"{what}: '{p}' is a file, not a model folder; give the folder that holds it ({p.parent})")
+    full, adapter = (p / "config.json").is_file(), (p / "adapter_config.json").is_file()
+    if not full and not adapter:
+        raise ConfigError(f"{what}: '{p}' holds no config.json (nor a LoRA adapter_config.json), so it is not a saved model "
+                          "folder; give the folder save_pretrained wrote")
+    check_model_folder(p, what)  # every top-level file readable (JSON parses, weights' headers fit)
+    names = MODEL_WEIGHTS if full else ADAPTER_WEIGHTS
+    found = [n for n in names if (p / n).is_file()]
+    if not found:
+        kind = "model" if full else "LoRA adapter"
+        raise ConfigError(f"{what}: '{p}' holds no {kind} weights (none of {', '.join(names)}); the save or copy left them out: "
+                          "copy the weights file(s) into the folder, or save the model again")
+    for index in (n for n in found if n.endswith(".index.json")):
+        try:
+            shards = sorted(set(json.loads((p / index).read_text()).get("weight_map", {}).values()))
+        except (OSError, ValueError, AttributeError):
+            shards = []
+        missing = [s for s in shards if not (p / s).is_file()]
+        if missing:
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            raise ConfigError(f"{what}: '{p}' lacks the weights shard {missing[0]}{more} that {index} lists; copy it into the folder")
+    return p
 
 
 def empty_tokenizer_note(tokenizer, model_path: str) -> str | None:

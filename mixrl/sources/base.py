@@ -97,6 +97,9 @@ class InjectContext:
     #: ``prompt_hard(row) -> bool``: the sampler's per-prompt history marks the row's prompt hard
     #: (seen, accuracy estimate below ``sampler.hard_below``); None without a sampler
     prompt_hard: Callable[[dict], bool] | None = None
+    #: the policy's context length in tokens (``max_position_embeddings``): a context an injection
+    #: builds must leave room for ``max_completion_length`` new tokens within it; None: unknown
+    max_positions: int | None = None
 
     def completion_ids(self, text: str) -> list[int]:
         """Token ids of a written completion, ended by eos and cut to max_completion_length."""

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from mixrl.errors import ConfigError
+from mixrl.errors import ConfigError, call_user_function
 from mixrl.rewards.extract import extract_after_marker
 from mixrl.rewards.registry import _import_object
 from mixrl.sources.base import check_template, template_text
@@ -154,6 +154,32 @@ def build_feedback(name: str, params: dict) -> FeedbackBuilder:
     if not callable(fn):
         raise ConfigError(f"algo.inject.feedback={name!r} is not callable; give a function Attempt -> Feedback | str | None")
     return fn
+
+
+#: what a builder must return, as its error says
+RETURNS = "Feedback, str or None (a function Attempt -> Feedback | str | None)"
+
+
+def feedback_problem(value: Any) -> str | None:
+    """Why ``value`` is not what a builder may return (None when it is)."""
+    if value is None or isinstance(value, str):
+        return None
+    if not isinstance(value, Feedback):
+        return "not feedback"
+    if not isinstance(value.text, str):
+        return f"Feedback.text is {type(value.text).__name__}, not str"
+    p = value.pivot
+    if p is not None and (isinstance(p, bool) or not isinstance(p, int) or p < 0):
+        return f"Feedback.pivot is {p!r}, not a token index >= 0 (or None)"
+    return None
+
+
+def call_builder(builder: FeedbackBuilder, name: str, attempt: Attempt) -> Feedback | None:
+    """``builder(attempt)`` through the guard of every user function (:func:`mixrl.errors.call_user_function`):
+    a raise, or a value other than Feedback / str / None, is a one-line UserFunctionError naming
+    ``algo.inject.feedback`` and what it returned."""
+    out = call_user_function(builder, f"algo.inject.feedback={name!r}", attempt, expects=RETURNS, accept=feedback_problem)
+    return as_feedback(out)
 
 
 def as_feedback(value: Any) -> Feedback | None:

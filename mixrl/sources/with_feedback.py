@@ -31,7 +31,8 @@ import torch
 from mixrl.core import provenance as prov
 from mixrl.errors import ConfigError
 from mixrl.sources.base import INJECTIONS, InjectContext, Injection, Rollouts, check_template, template_text
-from mixrl.sources.feedback import BUILDER_PARAMS, Attempt, as_feedback, build_feedback, divergence
+from mixrl.errors import UserFunctionError
+from mixrl.sources.feedback import BUILDER_PARAMS, Attempt, build_feedback, call_builder, divergence
 from mixrl.sources.prefix import PREFIX, solution_ids
 
 REFINED = prov.register_provenance(
@@ -172,6 +173,19 @@ class RefineFromFeedback(Injection):
             p = 0
         return max(0, min(int(p), len(attempt.completion_ids) - 1, ctx.max_completion_length - 1))
 
+    def check_room(self, ctx: InjectContext, fb, context_tokens: int) -> None:
+        """The regeneration context must leave ``max_completion_length`` positions of the model free
+        (it would otherwise be cut, or run past the positions the model was trained on, silently):
+        UserFunctionError naming the builder and the feedback's length when it does not."""
+        if not ctx.max_positions or context_tokens + ctx.max_completion_length <= ctx.max_positions:
+            return
+        room = ctx.max_positions - ctx.max_completion_length
+        raise UserFunctionError(
+            f"algo.inject.feedback={self.feedback_name!r} returned feedback of {len(fb.text)} characters: the regeneration "
+            f"context is {context_tokens} tokens, and with trainer.max_completion_length={ctx.max_completion_length} it "
+            f"exceeds the model's {ctx.max_positions} positions (room for {room} context tokens); return shorter feedback, "
+            "shorten algo.inject.template, or lower trainer.max_completion_length")
+
     # ----------------------------------------------------------------- the hook
     def after_generation(self, ctx: InjectContext, inputs: list[dict], rollouts: Rollouts) -> Rollouts:
         n, G = len(rollouts.completion_ids), ctx.num_generations
@@ -197,12 +211,14 @@ class RefineFromFeedback(Injection):
             answer = row.get("answer")
             att = Attempt(prompt=row["prompt"], completion=text, completion_ids=ids, reward=float(local[a]),
                           answer=None if answer is None else str(answer), reference=self.reference(row), row=row)
-            fb = as_feedback(self.builder(att))
+            fb = call_builder(self.builder, self.feedback_name, att)  # a raise or a wrong value: one line naming the builder
             if fb is None:
                 continue
             p = self.failure_point(ctx, att, fb.pivot)
             context = refine_context(row["prompt"], text, fb.text, self.template)
-            jobs.append((a, b, ctx.tokenize_prompts([context])[0], ids[:p]))
+            gen = ctx.tokenize_prompts([context])[0]
+            self.check_room(ctx, fb, len(gen))
+            jobs.append((a, b, gen, ids[:p]))
         new_ids, _ = ctx.generate([gen + kept for _, _, gen, kept in jobs])  # every process calls it, even with no job
         for (a, b, gen, kept), cont in zip(jobs, new_ids):
             rollouts.discarded_tokens.append(len(rollouts.completion_ids[b]))

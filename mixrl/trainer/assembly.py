@@ -161,6 +161,7 @@ def build_parts(trainer, *, objective, advantage: tuple[str, dict, bool], inject
         gathers_prompts=trainer.use_vllm and getattr(args, "vllm_mode", "") == "server",
         forwards=forwards, scoring=scoring, teachers=teachers, sampler=sampler_part,
         ref_logps=ref_logps if trainer.beta != 0.0 else None,
+        max_positions=getattr(getattr(acc.unwrap_model(trainer.model), "config", None), "max_position_embeddings", None),
     )
 
     # 6. asynchronous generation: TRL's vLLM client, wrapped

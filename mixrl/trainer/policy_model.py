@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 
 from mixrl.errors import ConfigError
 from mixrl.models import builtin
-from mixrl.models.files import check_model_folder, empty_tokenizer_note
+from mixrl.models.files import check_model_files, empty_tokenizer_note
 
 
 def resolve_model_path(cfg: DictConfig, *, progress: bool = True) -> str:
@@ -27,7 +27,7 @@ def resolve_model_path(cfg: DictConfig, *, progress: bool = True) -> str:
         if not Path(path).is_dir():
             raise ConfigError(f"model.path '{path}' is not a directory; give a local model folder or a Hugging Face id")
     if Path(path).is_dir():
-        check_model_folder(path, f"model.path={path}")  # a weights file cut short: refused before the run directory
+        check_model_files(path, f"model.path={path}")  # no weights, or a weights file cut short: refused before the run directory
     return path
 
 

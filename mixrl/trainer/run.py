@@ -22,7 +22,8 @@ import torch
 
 from mixrl.config.geometry import geometry
 from mixrl.progress import progress_bar
-from mixrl.errors import PREEMPTED_EXIT, MixrlUserError, RewardError, RunInterrupted, RunPreempted, TrainingDiverged, storage_error
+from mixrl.errors import (PREEMPTED_EXIT, MixrlUserError, RewardError, RunInterrupted, RunPreempted, TrainingDiverged, UserFunctionError,
+                          storage_error)
 from mixrl.trainer import build
 from mixrl.trainer.build import RunInputs, prepare_inputs
 from mixrl.trainer.magnitude import MagnitudeExceeded
@@ -300,6 +301,11 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
         where = (f"checkpoint of step {trainer.state.global_step} saved in {saved}; continue with: mixrl train resume={run_dir} "
                  "and the raised bound" if saved else last_checkpoint_note(run_dir))
         raise TrainingDiverged(f"{e}; {where}") from None
+    except UserFunctionError as e:  # a feedback builder raised or returned what it must not, before this step's backward
+        saved = save_now() if trainer.state.global_step > 0 else None
+        where = (f"checkpoint of step {trainer.state.global_step} saved in {saved}; continue with: mixrl train resume={run_dir} "
+                 "once the function is fixed" if saved else last_checkpoint_note(run_dir))
+        raise UserFunctionError(f"{e}; stopped at step {trainer.state.global_step + 1}, {where}") from None
     except RewardError as e:
         if isinstance(e, RewardTooSlow) and trainer.state.global_step > 0:
             save_now()  # the weights of the last finished step, to continue from once the reward is fixed

@@ -14,18 +14,19 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from transformers import set_seed
 
 from mixrl.config.checks import check_chat_template
 from mixrl.config.compose import _parse, compose_config, expand_aliases, import_plugins, validate
 from mixrl.config.schema import GROUPS
 from mixrl.config.trust import require_trust
-from mixrl.errors import ConfigError
+from mixrl.errors import ConfigError, MixrlUserError
 from mixrl.evaluation.accuracy import evaluate_accuracy
 from mixrl.evaluation.acting import acting_generator
 from mixrl.evaluation.saved import adapter_base, load_saved_model, resolve_model_dir
 from mixrl.models import tiny_bpe
+from mixrl.options import read_user_text
 from mixrl.rewards.components import heldout_reward
 from mixrl.trainer import build
 from mixrl.trainer.build import describe_heldout, heldout_rows
@@ -46,7 +47,15 @@ def eval_config(model_dir: str | Path, overrides: list[str], *, trust_run_code: 
         fresh = compose_config(list(overrides))  # a bad override fails here, before any model is loaded
     if saved_path is None:
         return fresh, None
-    saved = OmegaConf.load(saved_path)
+    try:
+        saved = OmegaConf.create(read_user_text(saved_path, "the run's config"))  # not UTF-8: one line naming the file
+    except Exception as e:  # noqa: BLE001 - any YAML error of a hand-edited or damaged file: one line
+        if isinstance(e, MixrlUserError):
+            raise
+        raise ConfigError(f"{saved_path} is not a config mixrl can read ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                          "restore it, or evaluate the model folder with your own overrides") from None
+    if not isinstance(saved, DictConfig):
+        raise ConfigError(f"{saved_path} holds a YAML list, not the mapping `mixrl train` writes; restore it")
     user_keys = []
     for ov in _parse(expand_aliases(list(overrides))):
         key = ov.key_or_group

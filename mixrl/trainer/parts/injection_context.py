@@ -30,7 +30,7 @@ class Injections:
     def __init__(self, injections: list, *, tokenizer, process_index: int, num_processes: int, num_generations: int,
                  max_completion_length: int, device, tokenize_prompts: Callable, gather: Callable,
                  generate_one: Callable, gathers_prompts: bool, forwards, scoring, teachers=None, sampler=None,
-                 ref_logps: Callable | None = None):
+                 ref_logps: Callable | None = None, max_positions: int | None = None):
         self.injections = list(injections)
         self.tokenizer = tokenizer
         self.process_index, self.num_processes = int(process_index), int(num_processes)
@@ -41,6 +41,7 @@ class Injections:
         self.gathers_prompts = bool(gathers_prompts)  # vLLM server mode gathers prompts over processes
         self.forwards, self.scoring, self.teachers, self.sampler = forwards, scoring, teachers, sampler
         self.ref_logps = ref_logps  # (policy, prompt_ids, completion_ids) -> log-probs; None: no reference model
+        self.max_positions = max_positions  # the policy's context length (InjectContext.max_positions)
         self.turn_marks = None  # env=tools: the template's turn marks (set by the trainer), InjectContext.turn_marks
 
     def use_turn_marks(self, turn_marks: tuple[int, list[int]] | None) -> None:
@@ -81,6 +82,7 @@ class Injections:
             score_tokens=lambda model, p, c: self.forwards.score_token_lists(model, p, c, is_policy=model is policy),
             prompt_hard=self.sampler.hard if self.sampler is not None else None,
             turn_marks=self.turn_marks,
+            max_positions=self.max_positions,
         )
 
     def generate(self, prompt_ids: list[list[int]]):

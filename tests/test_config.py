@@ -85,7 +85,7 @@ GROUP_OPTIONS = [(g, o) for g in GROUPS for o in group_options(g)]
 @pytest.mark.parametrize("group,option", GROUP_OPTIONS, ids=[f"{g}={o}" for g, o in GROUP_OPTIONS])
 def test_each_group_option_composes(group, option):
     # an off-policy source needs an algo that injects its rows (alone it is rejected)
-    algo_for = {"replay": "algo=remix", "pairs": "algo=simplemix"}  # the algo that injects the source's rows (default: chord's expert rows)
+    algo_for = {"replay": "algo=remix", "experience": "algo=exgrpo", "pairs": "algo=simplemix"}  # the algo that injects the source's rows (default: chord's expert rows)
     cfg = compose_config([f"{group}={option}"] + ([algo_for.get(option, "algo=chord")] if group == "offpolicy" and option != "none" else [])
                          + (["algo=opd"] if group == "teacher" and option != "none" else []))  # a teacher needs a term that reads it
     assert cfg[group].name == option

@@ -124,8 +124,8 @@ def _validate_token_credit(cfg: DictConfig) -> None:
     injection that adds rows after the advantages (both read or write one advantage per row)."""
     if cfg.algo.advantage.name != "capo":
         return
-    from mixrl.config.sampler import sampler_active
-    from mixrl.sources import INJECTIONS
+    from mixrl.config.sampler import sampler_active  # deferred: read only for algo.advantage.name=capo (the sampler config imports torch)
+    from mixrl.sources import INJECTIONS  # deferred: read only for algo.advantage.name=capo (the sources import torch)
 
     if sampler_active(cfg):
         raise ConfigError("algo.advantage.name=capo with a sampler: its row filters read one advantage per row, capo gives one "

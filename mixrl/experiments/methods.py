@@ -17,8 +17,10 @@ from __future__ import annotations
 import json
 import re
 from functools import lru_cache
-from pathlib import Path
 import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf
 
 from mixrl.config.compose import compose_config, conf_dir, group_options, list_recipe_names
 from mixrl.config.ledger import Ledger, ledger_of
@@ -107,8 +109,6 @@ def _show(value) -> str:
 
 def recipe_ledger(name: str) -> Ledger | None:
     """The fidelity ledger of a shipped recipe (``recipe_info.ledger``, read from its file), or None."""
-    from omegaconf import OmegaConf
-
     info = OmegaConf.load(recipes_dir() / f"{name}.yaml").get("recipe_info") or {}
     return ledger_of(info, f"recipe {name}: recipe_info.ledger") if info.get("ledger") is not None else None
 

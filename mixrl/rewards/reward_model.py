@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mixrl.models.files import check_model_files
 from mixrl.errors import ConfigError
 from mixrl.rewards.components import local_device, register_model_reward
 from mixrl.rewards.extract import completion_text, extract_after_marker
@@ -163,6 +164,8 @@ class RewardModelReward:
             return
         path = self.resolved_path()
         where = f"reward.params.path={self.path}"
+        if Path(path).is_dir():  # a local folder: the files any model needs first (mixrl.models.files)
+            check_model_files(path, where)
         try:
             from transformers import AutoConfig  # deferred: transformers, 1 s
 

@@ -89,6 +89,21 @@ def luffy(ps: list[dict]) -> list[dict]:
     } for p in ps]
 
 
+def critique_grpo(ps: list[dict]) -> list[dict]:
+    """data=critique-grpo-openr1-4k: verl rows as the authors' openr1_math_4k_train_qwenformat/ parquet
+    files hold them (zhangxy-2019/critique-GRPO @ e8f03a20): the chat prompt with their system message
+    and instruction, the gold answer in reward_model.ground_truth; no expert trace."""
+    return [{
+        "data_source": "openr1",
+        "prompt": [{"content": "You are a helpful assistant.", "role": "system"},
+                   {"content": f"{p['problem']}\nPlease reason step by step, and put your final answer within \\boxed{{}}.",
+                    "role": "user"}],
+        "ability": "math",
+        "reward_model": {"ground_truth": p["answer"], "style": "rule"},
+        "extra_info": {"index": p["i"], "split": "default"},
+    } for p in ps]
+
+
 def ghpo(ps: list[dict]) -> list[dict]:
     return [{
         "problem": p["problem"],
@@ -146,6 +161,7 @@ def main() -> None:
     write("openr1-math", openr1(ps))
     write("chord-openr1", chord_openr1(openr1(ps)))
     write("luffy-openr1-46k", luffy(ps))
+    write("critique-grpo-openr1-4k", critique_grpo(ps))
     write("ghpo-math3to5", ghpo(ps))
     write("gsm8k", gsm8k(ps))
     write("ultrafeedback-binarized", ultrafeedback(ps))

@@ -456,8 +456,11 @@ def test_in_group_replay_fills_a_group_with_the_stored_ids_and_logps(bpe, tmp_pa
 def test_teacher_written_rows_keep_the_teachers_ids_and_its_logps(bpe, tmp_path, monkeypatch):
     """AMPO: every group fails, the teacher's correct candidates (one spelled as the tokenizer
     would, one not) replace the last two slots: the row is the candidate's ids under the chat
-    prompt's ids, its behaviour log-probs the teacher's forward of exactly those ids."""
-    trainer = _trainer(bpe, ["algo=ampo", f"teacher.source.models=[{bpe.teacher}]"], tmp_path)
+    prompt's ids, its behaviour log-probs the teacher's forward of exactly those ids. (The preset's
+    adaptive k would replace at most one slot per teacher; the fixed count of 2 tests the splicing of
+    two candidates of one teacher.)"""
+    trainer = _trainer(bpe, ["algo=ampo", f"teacher.source.models=[{bpe.teacher}]", "algo.inject.guide_below=null",
+                             "algo.inject.adaptive_k=false"], tmp_path)
     tok = trainer.processing_class
     _script(monkeypatch, tok, right=lambda i, guided: False)
     asked = []

@@ -196,6 +196,10 @@ def drift(cfg: Any, ledger: Ledger) -> list[str]:
 
 
 def _show(value: Any) -> str:
+    if value is None:
+        return "null"  # as the recipe's YAML spells it
+    if isinstance(value, bool):
+        return str(value).lower()
     if isinstance(value, dict):
         return ", ".join(f"{k}={_show(v)}" for k, v in value.items())
     if isinstance(value, (list, tuple)):

@@ -125,3 +125,13 @@ def test_the_recorder_writes_each_kind_of_assertion_and_the_test_cost(tmp_path):
     assert approx["actual"] == [1.0000005] and approx["atol"] == 1e-3
     assert isclose["atol"] == 1e-4 and allclose["actual"] == [1.0, 2.0] and allclose["expected"][1] == pytest.approx(2.0)
     assert np_close["atol"] == 1e-9 and cost["cpu_s"] >= 0
+
+
+def test_a_passing_comparison_is_read_from_pytests_explanation():
+    from tolerance_record import _comparison
+
+    assert _comparison("1.79e-06 < (20 * 5e-05)") == (1.79e-06, "<", 20 * 5e-05, True)   # arithmetic of numbers
+    assert _comparison("tensor(1.2e-06, grad_fn=<AbsBackward0>) < 1e-05") == (1.2e-06, "<", 1e-05, True)
+    assert _comparison("np.float64(0.25) >= -1.0") == (0.25, ">=", -1.0, True)
+    assert _comparison("3 == 3") == (3.0, "==", 3.0, False)                               # integers: not recorded
+    assert _comparison("'a' == 'a'") is None and _comparison("[1.0] == [1.0]") is None

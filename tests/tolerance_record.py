@@ -15,7 +15,8 @@ call at that site within the test:
   ``numpy.isclose`` / ``allclose`` / ``testing.assert_allclose`` called from a test file: the
   elements (the first ``MAX_ELEMENTS``), the expected ones and each element's tolerance;
 - ``compare``: every *passing* plain ``assert a < b`` (``<=``, ``>``, ``>=``, ``==``) whose two
-  sides print as numbers, at least one a float (pytest's ``pytest_assertion_pass`` hook: the
+  sides print as numbers or arithmetic of numbers, at least one a float (of a chained comparison,
+  the last pair: what pytest explains) (pytest's ``pytest_assertion_pass`` hook: the
   finder turns on ``enable_assertion_pass_hook``); a failing one fails its test, which the
   finder reports as such;
 - ``cost``: each test's CPU seconds (this process and the children it waited for), setup and
@@ -27,6 +28,7 @@ scripts/tolerances.py lists them from the source instead.
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import numbers
@@ -42,10 +44,65 @@ import pytest
 #: elements of one tensor/array comparison kept (the first ones, flattened)
 MAX_ELEMENTS = 4096
 TESTS_DIR = Path(__file__).resolve().parent
-_NUMBER = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|inf|nan)"
-#: a side of a comparison as pytest prints it: 0.5, np.float32(0.5), tensor(0.5[, grad_fn=...])
-_SIDE = rf"(?:np\.float(?:16|32|64)\(|tensor\()?({_NUMBER})(?:,[^()]*(?:\([^()]*\))?[^()]*)?\)?"
-_COMPARE = re.compile(rf"^{_SIDE} (<=|>=|==|<|>) {_SIDE}$")
+_WRAPPED = re.compile(r"(?:np\.float(?:16|32|64)|tensor)\(([^(),]+)(?:,[^()]*(?:\([^()]*\))?[^()]*)?\)")
+_OPS = ("<=", ">=", "==", "<", ">")
+
+
+def _number(text: str) -> float | None:
+    """A side of a comparison as pytest prints it, as a number: ``0.5``, ``np.float32(0.5)``,
+    ``tensor(0.5, grad_fn=...)``, or arithmetic of those (``(20 * 5e-05)``); None for anything else."""
+    text = _WRAPPED.sub(r"\1", text.strip())
+    try:
+        tree = ast.parse(text, mode="eval").body
+    except SyntaxError:
+        return None
+
+    def value(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+            return float(node.value)
+        if isinstance(node, ast.Name) and node.id in ("inf", "nan"):
+            return float(node.id)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+            inner = value(node.operand)
+            return None if inner is None else (-inner if isinstance(node.op, ast.USub) else inner)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div)):
+            a, b = value(node.left), value(node.right)
+            if a is None or b is None:
+                return None
+            try:
+                return {ast.Add: a + b, ast.Sub: a - b, ast.Mult: a * b}.get(type(node.op)) if not isinstance(node.op, ast.Div) else a / b
+            except ZeroDivisionError:
+                return None
+        return None
+
+    return value(tree)
+
+
+def _comparison(line: str) -> tuple[float, str, float, bool] | None:
+    """``(left, op, right, floats)`` of an explanation's first line ``<left> <op> <right>`` (one
+    operator outside brackets), or None."""
+    depth, found = 0, []
+    i = 0
+    while i < len(line):
+        c = line[i]
+        depth += c in "([{"
+        depth -= c in ")]}"
+        if depth == 0 and c in "<>=" and line[i - 1:i] == " ":
+            op = next((o for o in _OPS if line.startswith(o + " ", i)), None)
+            if op:
+                found.append((i, op))
+                i += len(op)
+                continue
+        i += 1
+    if len(found) != 1:
+        return None
+    at, op = found[0]
+    left_text, right_text = line[:at], line[at + len(op):]
+    left, right = _number(left_text), _number(right_text)
+    if left is None or right is None:
+        return None
+    floats = any(ch in t for t in (left_text, right_text) for ch in ".eEin")
+    return left, op, right, floats
 
 
 class Recorder:
@@ -95,17 +152,15 @@ class Recorder:
             self.test = None
 
     def pytest_assertion_pass(self, item, lineno, orig, expl):
-        match = _COMPARE.match(expl.split("\n", 1)[0].strip())
-        if not match or "approx" in orig:
+        parsed = _comparison(expl.split("\n", 1)[0].strip())
+        if parsed is None or not parsed[3] or "approx" in orig:  # not two numbers, two integers, or approx's own
             return
-        left, op, right = match.group(1), match.group(2), match.group(3)
-        if not any(c in s for s in (left, right) for c in ".ein"):  # two integers
-            return
+        left, op, right, _ = parsed
         site = self.site(immediate=False)  # the frame that asserted (a helper module of tests/ or the test's own)
         if not site:
             return
         site = f"{site.rsplit(':', 1)[0]}:{lineno}"
-        self.write("compare", site, op=op, left=float(left), right=float(right), expr=orig)
+        self.write("compare", site, op=op, left=left, right=right, expr=orig)
 
 
 def _cpu() -> float:

@@ -125,6 +125,35 @@ def tiny_bpe_model_path(tmp_path_factory) -> str:
         return str(tiny_bpe.warm_start(folder, steps=10, progress=False))
 
 
+#: a warm start of at least this many steps is a built-in model's full recipe (the student 300 steps,
+#: the teachers 600: 60-130 CPU-s), trained when the machine's cache lacks it, as on a fresh CI machine
+FULL_WARM_START_STEPS = 100
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _warn_on_full_warm_starts():
+    """Warn, naming the test, when a test trains a built-in model at its full recipe (``teacher=tiny``,
+    ``model.path=builtin:tiny``, ...): on a machine with a warm cache it costs nothing, on a fresh one
+    minutes of `make test`. A test that needs a model uses conftest's (10 steps, 8 for the teacher)."""
+    from mixrl.models import supervised
+
+    original = supervised.train_supervised
+
+    def train_supervised(*args, **kwargs):
+        steps = kwargs.get("steps", 0)
+        if steps >= FULL_WARM_START_STEPS:
+            import warnings
+
+            test = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" (", 1)[0]
+            warnings.warn(f"{test} warm-starts a built-in model for {steps} steps (its full recipe): "
+                          "name a small one (conftest's tiny_model_path, tiny_teacher_path, ...)", stacklevel=2)
+        return original(*args, **kwargs)
+
+    supervised.train_supervised = train_supervised
+    yield
+    supervised.train_supervised = original
+
+
 @pytest.fixture(scope="session")
 def tiny_teacher_path(tmp_path_factory) -> str:
     """A tiny teacher warm-started for 8 steps (seconds): the test student's tokenizer, other weights. A

@@ -134,6 +134,7 @@ def _stop_after_checkpoint(monkeypatch, step: int):
     return Stop
 
 
+@pytest.mark.slow  # kill-and-resume, three runs of 4 steps each (4-6 CPU-s): make test-slow
 @pytest.mark.parametrize("sampler", ["dynamic", "curriculum"])
 def test_resume_with_sampler_state_is_exact(sampler, fast_overrides, tmp_path, monkeypatch):
     """Interrupted right after the step-2 checkpoint and resumed: the same weights, losses,

@@ -12,7 +12,8 @@ and numpy closeness call and passing plain numeric ``assert a < b`` writes its v
 ``compare`` joins the runs assertion by assertion (test id, file and line, n-th call) and flags
 every one whose margin (the part of the tolerance the value leaves unused: ``tol - |a - e|``, or
 ``bound - value`` for a one-sided bound, the smallest over the runs) is under ``FACTOR`` times the
-difference measured between the kernel sets. Tests marked ``exact`` are left to
+difference measured between the kernel sets (of the bounded quantity: ``actual - expected``, or
+``bound - value``). Tests marked ``exact`` are left to
 `make test-other-cpu`, and an assertion whose line carries ``# not kernel-bound: <why>`` (a clock
 reading, which differs between any two runs) is counted apart. It also lists the numeric comparisons that no hook sees (inside a
 comprehension: ``all(x < 1e-6 for x in xs)``) and the tests that failed under some kernel set.
@@ -117,12 +118,14 @@ def _load(folder: Path) -> tuple[dict, dict, set]:
 
 
 def _margins(rec: dict) -> tuple[list[float], list[float]]:
-    """(margin per element: the unused tolerance, the compared quantities a difference is measured on)."""
+    """(margin per element: the unused tolerance; the bounded quantity per element, whose movement
+    between kernel sets is the spread: ``actual - expected``, or ``right - left`` of a comparison. Two
+    computed values that move together, as two implementations on the same kernels, do not spread)."""
     if rec["kind"] == "compare":
         left, right, op = rec["left"], rec["right"], rec["op"]
         margin = {"<": right - left, "<=": right - left, ">": left - right, ">=": left - right,
                   "==": 0.0 if left == right else -abs(left - right)}[op]
-        return [margin], [left, right]
+        return [margin], [right - left]
     actual, expected = rec["actual"], rec["expected"]
     rtol, atol = float(rec["rtol"]), float(rec["atol"])
     margins = []
@@ -134,7 +137,7 @@ def _margins(rec: dict) -> tuple[list[float], list[float]]:
         else:
             tol = atol + rtol * abs(e)
         margins.append(tol - abs(a - e) if math.isfinite(a) and math.isfinite(e) else (0.0 if a == e else -math.inf))
-    return margins, [*actual, *expected]
+    return margins, [a - e if math.isfinite(a) and math.isfinite(e) else 0.0 for a, e in zip(actual, expected)]
 
 
 def compare(out: Path, factor: float) -> int:
@@ -163,16 +166,10 @@ def compare(out: Path, factor: float) -> int:
             flagged.append((key, recs, math.nan, math.nan, "shapes differ between kernel sets"))
             continue
         values = list(zip(*(v for _, v in per_set)))
-        n_values = len(per_set[0][1])
         spreads = [max(v) - min(v) if all(map(math.isfinite, v)) else 0.0 for v in values]
-        # element i: its own quantities (compare: both sides; close: actual i and expected i)
         worst = None
         for i, margin in enumerate(zip(*(m for m, _ in per_set))):
-            if recs[0]["kind"] == "compare":
-                spread = spreads[0] + spreads[1]
-            else:
-                half = n_values // 2
-                spread = spreads[i] + spreads[half + i]
+            spread = spreads[i]
             low = min(margin)
             if spread > 0 and (worst is None or low - factor * spread < worst[0] - factor * worst[1]):
                 worst = (low, spread)

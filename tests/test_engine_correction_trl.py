@@ -174,7 +174,7 @@ def test_mixrl_grpo_equals_trl_with_engine_logprobs(tiny_model_path, tmp_path, m
     assert mix_loss == pytest.approx(trl_loss, abs=1e-5)
     scale = float(trl_grad.abs().max())
     assert scale > 1e-4  # a real gradient
-    assert float((mix_grad - trl_grad).abs().max()) <= 1e-6 * max(1.0, scale)
+    assert float((mix_grad - trl_grad).abs().max()) <= 1e-5 * max(1.0, scale)  # measured up to 1.5e-7, moving 9e-8
 
     # the batch really is corrected: some rows (tokens) are outside [C_min, C_max]
     frac = _last(mix_log, "engine/masked_frac" if mode.endswith("mask") else "engine/truncated_frac")

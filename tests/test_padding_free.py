@@ -170,7 +170,8 @@ def test_critic_values_packed_equal_padded(model):
     v0 = vm(ids, att, C)
     v1 = Packing("true").values(vm.backbone, vm.head, ids, att, C)
     mask = att[:, -C:].bool()
-    assert torch.allclose(v1[mask], v0[mask], atol=TOL, rtol=0) and (v1[~mask] == 0).all()
+    # the values of a random-normal head are about 10 (12 at most here): relative, not absolute, float error
+    assert torch.allclose(v1[mask], v0[mask], atol=TOL, rtol=TOL) and (v1[~mask] == 0).all()
     g0 = _grads(vm, (v0[mask] ** 2).sum())
     v1 = Packing("true").values(vm.backbone, vm.head, ids, att, C)
     g1 = _grads(vm, (v1[mask] ** 2).sum())

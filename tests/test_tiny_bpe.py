@@ -219,7 +219,7 @@ def test_every_family_trains_two_steps_on_chat_prompts(algo, tiny_bpe_model_path
         # default, 3.4e-6 avx512), bounded here by 20 x the learning rate (1e-3, 290x the largest).
         first, second = rows[0]["loss/distill"], rows[1]["loss/distill"]
         assert abs(first) < 1e-10, first
-        assert second >= 0, second
+        assert second >= 0, second  # not kernel-bound: a mean of squares, never negative in float arithmetic
         assert second < 20 * rows[0]["learning_rate"], second
     assert tiny_bpe.is_tiny_bpe(result.run_dir / "model")  # a later stage or `mixrl eval` gives it chat prompts too
     saved_tok = AutoTokenizer.from_pretrained(result.run_dir / "model")

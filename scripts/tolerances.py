@@ -30,6 +30,7 @@ import functools
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -58,6 +59,10 @@ def kernel_sets() -> list[str]:
 
 def run(paths: list[str], out: Path, sets: list[str], marker: str, workers: str) -> int:
     rc = 0
+    if out.is_dir():  # a kernel set of an earlier run that this one does not redo would be compared too
+        for old in out.iterdir():
+            if old.is_dir() and old.name not in (*sets, "pycache"):
+                shutil.rmtree(old)
     for cap in sets:
         folder = out / cap
         if folder.exists():

@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test test-fast test-slow rehearse test-other-cpu tiny docs docs-serve docs-check docs-commands clean
+.PHONY: install demo test test-fast test-slow rehearse test-other-cpu tolerances tiny docs docs-serve docs-check docs-commands clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,17 @@ test-other-cpu: install
 	if [ "$$got" != "$$cap" ]; then echo "test-other-cpu: torch ignored ATEN_CPU_CAPABILITY=$$cap (runs $$got)"; exit 1; fi; \
 	echo "test-other-cpu: exact-value tests under ATEN_CPU_CAPABILITY=$$cap"; \
 	ATEN_CPU_CAPABILITY=$$cap $(BIN)/python -m pytest $(EXACT_PATHS) -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder -m exact
+
+# every numeric assertion's values (pytest.approx, isclose/allclose/assert_close, a passing `assert a < b`)
+# recorded under each CPU kernel set this machine has (ATEN_CPU_CAPABILITY: its best and each narrower one),
+# then compared: flags each tolerance whose margin is under 10x the difference measured between the sets, the
+# numeric comparisons no hook sees (inside a comprehension) and the tests failing under a set
+# (scripts/tolerances.py, tests/tolerance_record.py; docs/guides/testing.md says when to run it). The tests
+# marked exact are make test-other-cpu's. One module:  make tolerances TOLERANCE_TESTS=tests/test_tiny_bpe.py
+TOLERANCE_TESTS ?= tests
+tolerances: install
+	$(BIN)/python scripts/tolerances.py run $(TOLERANCE_TESTS) -n $(TEST_WORKERS); \
+	$(BIN)/python scripts/tolerances.py compare
 
 tiny: install
 	$(BIN)/mixrl model build-tiny

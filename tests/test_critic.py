@@ -112,6 +112,7 @@ def test_bad_critic_configs_exit_2_with_one_line(overrides, message):
     assert message in res.output and len(res.output.strip().splitlines()) == 1, res.output
 
 
+@pytest.mark.slow  # kill-and-resume, two runs (5 CPU-s): make test-slow
 def test_ppo_interrupted_after_a_checkpoint_then_resumed_ends_with_identical_weights_and_critic(fast_overrides, tmp_path, monkeypatch):
     extra = ["algo=ppo", "trainer.save_steps=2", "algo.critic.lr=1e-3"]
     _critic_starts_at(monkeypatch, 0.5)

@@ -169,17 +169,19 @@ def test_mixrl_grpo_equals_trl_with_engine_logprobs(tiny_model_path, tmp_path, m
     (mix_loss, mix_grad, mix_log), mix_trainer = _run("mixrl", cfg, tmp_path / "mixrl")
     assert trl_trainer.vllm_importance_sampling_mode == mode and mix_trainer.objective.engine_correction.mode == mode
 
-    assert mix_loss == pytest.approx(trl_loss, abs=1e-6)
+    # mixrl's and TRL's computations of one batch: they differ by up to 9e-7 on one CPU, and the difference
+    # moves by up to 4e-7 between kernel sets (`make tolerances`, avx2 vs default), where 1e-6 left a margin under 2x
+    assert mix_loss == pytest.approx(trl_loss, abs=1e-5)
     scale = float(trl_grad.abs().max())
     assert scale > 1e-4  # a real gradient
-    assert float((mix_grad - trl_grad).abs().max()) <= 1e-6 * max(1.0, scale)
+    assert float((mix_grad - trl_grad).abs().max()) <= 1e-5 * max(1.0, scale)  # measured up to 1.5e-7, moving 9e-8
 
     # the batch really is corrected: some rows (tokens) are outside [C_min, C_max]
     frac = _last(mix_log, "engine/masked_frac" if mode.endswith("mask") else "engine/truncated_frac")
     assert 0.0 < frac < 1.0
     # mixrl's mismatch metrics agree with TRL's own on the same batch
-    assert _last(mix_log, "engine/logp_diff/mean") == pytest.approx(_last(trl_log, "sampling/sampling_logp_difference/mean"), abs=1e-6)
-    assert _last(mix_log, "engine/logp_diff/max") == pytest.approx(_last(trl_log, "sampling/sampling_logp_difference/max"), abs=1e-6)
+    assert _last(mix_log, "engine/logp_diff/mean") == pytest.approx(_last(trl_log, "sampling/sampling_logp_difference/mean"), abs=1e-5)
+    assert _last(mix_log, "engine/logp_diff/max") == pytest.approx(_last(trl_log, "sampling/sampling_logp_difference/max"), abs=1e-5)
     assert _last(mix_log, "engine/ratio/min") <= _last(mix_log, "engine/ratio/median") <= _last(mix_log, "engine/ratio/max")
     # ... and reach metrics.jsonl (the trackers get the same log dict)
     import json

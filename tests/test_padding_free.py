@@ -30,7 +30,10 @@ from mixrl.trainer.parts.packing import Packing, pack, unpack
 
 HERE = Path(__file__).resolve().parent
 PIN_MODEL = HERE / "fixtures" / "pin-model"
-TOL = 1e-5
+#: packed vs padded forwards of the same weights. Their difference moves between CPU kernel sets by up to
+#: 3e-6 (log-probs) and 9e-6 (critic values; `make tolerances`, avx2 vs default), where 1e-5 left margins of
+#: 3x and none: 1e-4 leaves over 30x on the log-probs (the values: relative as well, below).
+TOL = 1e-4
 
 
 # --------------------------------------------------------------------------- pack / unpack by hand
@@ -167,7 +170,8 @@ def test_critic_values_packed_equal_padded(model):
     v0 = vm(ids, att, C)
     v1 = Packing("true").values(vm.backbone, vm.head, ids, att, C)
     mask = att[:, -C:].bool()
-    assert torch.allclose(v1[mask], v0[mask], atol=TOL, rtol=0) and (v1[~mask] == 0).all()
+    # the values of a random-normal head are about 10 (12 at most here): relative, not absolute, float error
+    assert torch.allclose(v1[mask], v0[mask], atol=TOL, rtol=TOL) and (v1[~mask] == 0).all()
     g0 = _grads(vm, (v0[mask] ** 2).sum())
     v1 = Packing("true").values(vm.backbone, vm.head, ids, att, C)
     g1 = _grads(vm, (v1[mask] ** 2).sum())
@@ -326,7 +330,9 @@ def test_every_family_trains_the_same_padding_free(case, tmp_path, monkeypatch):
     padded_share = [m["batch/padding_fraction"] for m in runs["false"]["metrics"] if "batch/padding_fraction" in m]
     packed_share = [m["batch/padding_fraction"] for m in runs["true"]["metrics"] if "batch/padding_fraction" in m]
     assert packed_share and all(f == 0.0 for f in packed_share), f"packed rows logged padding: {packed_share}"
-    assert len(padded_share) == len(packed_share) and all(f >= 0.0 for f in padded_share)
+    assert len(padded_share) == len(packed_share)
+    for share in padded_share:  # one assert per value: `make tolerances` records each
+        assert share >= 0.0
     bad = differences(runs["false"], runs["true"])
     assert not bad, f"{case}: " + "; ".join(bad[:8]) + (f" (+{len(bad) - 8} more)" if len(bad) > 8 else "")
 

@@ -324,7 +324,8 @@ def test_ppo_trains_on_process_rewards_from_a_step_judge(tiny_model_path, stand_
             f"reward.params.scorer_params.url={url}", f"run_dir={run}"])
     rows = [r for r in _metrics(run) if "rewards/process/mean" in r]
     assert len(rows) == 2 and all(r["process/unparsable"] == 0 for r in rows)
-    assert all(r["rewards/process/mean"] <= 1.0 for r in rows)  # at most the outcome: steps only ever subtract
+    for row in rows:  # at most the outcome: steps only ever subtract (one assert per value: `make tolerances` records each)
+        assert row["rewards/process/mean"] <= 1.0
     assert any(k.startswith("critic/") or k.startswith("loss/value") for k in rows[-1]), sorted(rows[-1])
 
 

@@ -84,10 +84,11 @@ def test_no_sampler_is_todays_trainer(fast_overrides, tmp_path):
 @pytest.mark.parametrize("extra", [
     ["algo=chord"],                                  # expert rows
     ["algo=remix"],                                  # replay
-    ["algo=kdrl"],                                   # a teacher (the built-in tiny one)
+    ["algo=kdrl", "TEACHER"],                        # a teacher (conftest's 8-step one: the built-in is 600 steps)
 ], ids=["expert", "replay", "teacher"])
-def test_every_source_sees_the_picked_prompts(extra, fast_overrides, tmp_path, monkeypatch):
+def test_every_source_sees_the_picked_prompts(extra, fast_overrides, tiny_teacher_path, tmp_path, monkeypatch):
     """The picker's prompts are the ones the injections see before generation."""
+    extra = [f"teacher.source.models=[{tiny_teacher_path}]" if e == "TEACHER" else e for e in extra]
     from mixrl.trainer.parts.injection_context import Injections
     from mixrl.trainer.parts.sampler_rounds import SamplerRounds
 
@@ -133,6 +134,7 @@ def _stop_after_checkpoint(monkeypatch, step: int):
     return Stop
 
 
+@pytest.mark.slow  # kill-and-resume, three runs of 4 steps each (4-6 CPU-s): make test-slow
 @pytest.mark.parametrize("sampler", ["dynamic", "curriculum"])
 def test_resume_with_sampler_state_is_exact(sampler, fast_overrides, tmp_path, monkeypatch):
     """Interrupted right after the step-2 checkpoint and resumed: the same weights, losses,

@@ -19,12 +19,10 @@ ONE = ["hardware.torch_threads=1", "logger.progress=false"]
 
 
 @pytest.fixture(scope="session")
-def throwaway_teacher(tmp_path_factory) -> str:
-    """A tiny teacher warm-started for 8 steps (seconds): same tokenizer as the test student,
+def throwaway_teacher(tiny_teacher_path) -> str:
+    """A tiny teacher warm-started for 8 steps (seconds, conftest): same tokenizer as the test student,
     other weights."""
-    from mixrl.models import tiny
-
-    return str(tiny.teacher_warm_start(tmp_path_factory.mktemp("teacher-cache"), steps=8, progress=False))
+    return tiny_teacher_path
 
 
 # --------------------------------------------------------------------------- source

@@ -209,8 +209,18 @@ def test_every_family_trains_two_steps_on_chat_prompts(algo, tiny_bpe_model_path
     assert len(rows) == 2 and all(math.isfinite(r["loss"]) for r in rows)
     for key in active:
         assert rows[-1].get(key, 0) > 0, (key, {k: v for k, v in rows[-1].items() if "/" in k})
-    if algo == "opd":  # the teacher is the student's own weights: it scores the same tokens at the same positions
-        assert all(abs(r["loss/distill"]) < 1e-6 for r in rows), [r["loss/distill"] for r in rows]
+    if algo == "opd":
+        # The teacher is a copy of the student's starting weights. Step 1: the same weights score the same
+        # tokens, so the k2 loss (half the squared log-prob difference) is zero within float error: the
+        # two forwards differ only in batching (|difference| < 1e-5 gives < 5e-11; measured 3e-15 avx2,
+        # 7e-15 default, 1.3e-14 avx512). Its gradient is that float noise, which Adam's first step turns
+        # into an update of up to the learning rate per weight, so at step 2 the student is one such
+        # update away from the teacher: a loss that float noise decides (measured 9.5e-7 avx2, 1.8e-6
+        # default, 3.4e-6 avx512), bounded here by 20 x the learning rate (1e-3, 290x the largest).
+        first, second = rows[0]["loss/distill"], rows[1]["loss/distill"]
+        assert abs(first) < 1e-10, first
+        assert second >= 0, second  # not kernel-bound: a mean of squares, never negative in float arithmetic
+        assert second < 20 * rows[0]["learning_rate"], second
     assert tiny_bpe.is_tiny_bpe(result.run_dir / "model")  # a later stage or `mixrl eval` gives it chat prompts too
     saved_tok = AutoTokenizer.from_pretrained(result.run_dir / "model")
     assert saved_tok.chat_template == tiny_bpe.CHAT_TEMPLATE

@@ -186,7 +186,7 @@ def test_budget_step_gradient_equals_the_fixed_micro_batch_step(tmp_path, aggreg
         rows = [json.loads(line) for line in (tmp_path / "budget" / "metrics.jsonl").read_text().splitlines()]
         fixed_rows = [json.loads(line) for line in (tmp_path / "fixed" / "metrics.jsonl").read_text().splitlines()]
         assert rows[0]["batch/padding_fraction"] < fixed_rows[0]["batch/padding_fraction"]
-        assert rows[0]["batch/trained_tokens_per_second"] > 0
+        assert rows[0]["batch/trained_tokens_per_second"] > 0  # not kernel-bound: a clock reading
 
 
 def test_budget_step_gradient_on_packed_rows_equals_the_fixed_micro_batch_step(tmp_path):

@@ -92,7 +92,8 @@ def _check_run_dir(run_dir: Path, *, steps: int, seed: int, kl: bool) -> dict:
         assert 0.0 <= row["accuracy"] <= 1.0 and 0.0 <= row["clip_frac"] <= 1.0
         assert row["completion_length"] > 0 and row["tokens"] > 0 and row["step_time"] > 0
     if kl:
-        assert all(r["kl"] >= -1e-6 for r in rows)
+        for row in rows:  # k3 >= 0 up to float error (one assert per value: `make tolerances` records each)
+            assert row["kl"] >= -1e-6
 
     summary = json.loads((run_dir / "summary.json").read_text())
     for key in ("accuracy_before", "accuracy_after"):

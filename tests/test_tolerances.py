@@ -110,7 +110,9 @@ def test_the_recorder_writes_each_kind_of_assertion_and_the_test_cost(tmp_path):
         "from pathlib import Path\nimport tolerance_record\ntolerance_record.TESTS_DIR = Path(__file__).parent\n"
         "def pytest_configure(config):\n    tolerance_record.configure(config)\n")
     record = tmp_path / "default"
-    env = {**os.environ, "ATEN_CPU_CAPABILITY": "default", "MIXRL_TOLERANCE_RECORD": str(record),
+    # the inner pytest runs as one process: an xdist worker's own PYTEST_XDIST_* variables (this test under
+    # `make test`) would name its record file after the worker instead of main.jsonl
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}, "ATEN_CPU_CAPABILITY": "default", "MIXRL_TOLERANCE_RECORD": str(record),
            "PYTHONPATH": str(ROOT / "tests"), "PYTHONPYCACHEPREFIX": str(tmp_path / "pycache")}
     done = subprocess.run([sys.executable, "-m", "pytest", str(tests), "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
                            "-o", "enable_assertion_pass_hook=true", "--rootdir", str(tmp_path)],

@@ -76,17 +76,22 @@ def _first_line(e: BaseException) -> str:
     return (text.splitlines()[0] if text else type(e).__name__)[:300]
 
 
+def _source_key(config_prefix: str) -> str:
+    """The key a user fixes: ``data.source`` for a config section, the option itself for a command's ``--source``."""
+    return config_prefix if config_prefix.startswith("--") else f"{config_prefix}.source"
+
+
 def _load_raw(source: str, *, split: str, subset: str | None, config_prefix: str) -> tuple[Any, str]:
     """Return (Dataset, description for messages)."""
     if not isinstance(source, str) or not source.strip():
         raise ConfigError(
-            f"{config_prefix}.source is empty; set it to a {_EXT_TEXT} file or folder, or a Hugging Face dataset id"
+            f"{_source_key(config_prefix)} is empty; set it to a {_EXT_TEXT} file or folder, or a Hugging Face dataset id"
         )
     src = source.strip()
     if src.startswith("builtin:"):
         raise DataError(
             f"{src!r} is a built-in task, not a file or dataset id; load it through mixrl.tasks, "
-            f"or set {config_prefix}.source to a {_EXT_TEXT} file"
+            f"or set {_source_key(config_prefix)} to a {_EXT_TEXT} file"
         )
     split = split or "train"
     path = Path(src).expanduser()
@@ -94,7 +99,7 @@ def _load_raw(source: str, *, split: str, subset: str | None, config_prefix: str
     if any(ch in src for ch in "*?["):
         files = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
         if not files:
-            raise DataError(f"no files match {src!r}; fix {config_prefix}.source")
+            raise DataError(f"no files match {src!r}; fix {_source_key(config_prefix)}")
         return _read_files(files, src, split, config_prefix, slice_only=True), src
     if path.is_file():
         return _read_files([path], src, split, config_prefix, slice_only=True), src
@@ -102,7 +107,7 @@ def _load_raw(source: str, *, split: str, subset: str | None, config_prefix: str
         return _load_dir(path, src, split, config_prefix), src
     if _looks_like_path(src):
         where = "" if path.is_absolute() else f" (relative to {os.getcwd()})"
-        raise DataError(f"data file not found: {src}{where}; fix the path in {config_prefix}.source")
+        raise DataError(f"data file not found: {src}{where}; fix the path in {_source_key(config_prefix)}")
     return _load_hub(src, split, subset, config_prefix), f"dataset {src!r}"
 
 
@@ -112,11 +117,11 @@ def _builder_for(files: list[Path], src: str, config_prefix: str) -> str:
         ext = "".join(f.suffixes[-1:]).lower()
         if ext not in SUPPORTED_EXTENSIONS:
             raise DataError(
-                f"unsupported data file type {ext or '(no extension)'!r} for {f}; use a {_EXT_TEXT} file in {config_prefix}.source"
+                f"unsupported data file type {ext or '(no extension)'!r} for {f}; use a {_EXT_TEXT} file in {_source_key(config_prefix)}"
             )
         builders.add(SUPPORTED_EXTENSIONS[ext])
     if len(builders) > 1:
-        raise DataError(f"{src} mixes file types ({', '.join(sorted(builders))}); keep one type per {config_prefix}.source")
+        raise DataError(f"{src} mixes file types ({', '.join(sorted(builders))}); keep one type per {_source_key(config_prefix)}")
     return builders.pop()
 
 
@@ -126,7 +131,7 @@ def _read_files(files: list[Path], src: str, split: str, config_prefix: str, *, 
     blank = [f for f in files if _is_blank(f)]
     if len(blank) == len(files):
         what = f"data file {files[0]} is empty" if len(files) == 1 else f"the {len(files)} data files of {src} are empty"
-        raise DataError(f"{what}; put the training rows in it or point {config_prefix}.source at a file with rows")
+        raise DataError(f"{what}; put the training rows in it or point {_source_key(config_prefix)} at a file with rows")
     if blank:
         logger.warning("skipping %d empty file(s) of %s: %s", len(blank), src, ", ".join(map(str, blank)))
         files = [f for f in files if f not in blank]
@@ -139,7 +144,7 @@ def _read_files(files: list[Path], src: str, split: str, config_prefix: str, *, 
         if "corresponds to no data" in _first_line(e):  # a csv header alone, a json "[]"
             raise DataError(
                 f"{src} has no rows (only a header or an empty list); put the training rows in it or point "
-                f"{config_prefix}.source at a file with rows"
+                f"{_source_key(config_prefix)} at a file with rows"
             ) from None
         raise DataError(
             f"could not read {src} as {builder}: {_first_line(e)}; check that the file is valid {builder}"
@@ -166,7 +171,7 @@ def _check_utf8(path: Path, config_prefix: str) -> None:
             except UnicodeDecodeError as e:
                 raise DataError(
                     f"data file {path}, line {lineno}: byte {raw[e.start:e.start + 1]!r} at column {e.start + 1} is not UTF-8 "
-                    f"text; re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8) or fix that row of {config_prefix}.source"
+                    f"text; re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8) or fix that row of {_source_key(config_prefix)}"
                 ) from None
 
 
@@ -198,7 +203,7 @@ def _load_dir(path: Path, src: str, split: str, config_prefix: str) -> Any:
         )
     )
     if not files:
-        raise DataError(f"no {_EXT_TEXT} files in folder {src}; fix {config_prefix}.source")
+        raise DataError(f"no {_EXT_TEXT} files in folder {src}; fix {_source_key(config_prefix)}")
     by_split: dict[str | None, list[Path]] = {}
     for f in files:
         by_split.setdefault(_file_split(f.relative_to(path)), []).append(f)
@@ -225,13 +230,13 @@ def _load_hub(src: str, split: str, subset: str | None, config_prefix: str) -> A
     except ConnectionError as e:
         raise DataError(
             f"dataset {src!r} could not be found offline (not a local path, and not in the local Hugging Face cache); "
-            f"set {config_prefix}.source to a local {_EXT_TEXT} file or folder, or pre-download it once with "
+            f"set {_source_key(config_prefix)} to a local {_EXT_TEXT} file or folder, or pre-download it once with "
             f"HF_HUB_OFFLINE unset (python -c \"import datasets; datasets.load_dataset({args})\")"
         ) from e
     except FileNotFoundError as e:
         where = "in the local cache (offline mode)" if _offline() else "on the Hugging Face Hub"
         raise DataError(
-            f"dataset {src!r} not found as a local path nor {where}; fix {config_prefix}.source "
+            f"dataset {src!r} not found as a local path nor {where}; fix {_source_key(config_prefix)} "
             f"(a {_EXT_TEXT} file or folder, or a dataset id like openai/gsm8k)"
         ) from e
     except ValueError as e:
@@ -241,4 +246,4 @@ def _load_hub(src: str, split: str, subset: str | None, config_prefix: str) -> A
             raise DataError(f"dataset {src!r}: {msg}; set {config_prefix}.split") from e
         if "config" in low:
             raise DataError(f"dataset {src!r}: {msg}; set {config_prefix}.subset") from e
-        raise DataError(f"could not load dataset {src!r}: {msg}; check {config_prefix}.source / {config_prefix}.subset") from e
+        raise DataError(f"could not load dataset {src!r}: {msg}; check {_source_key(config_prefix)} / {config_prefix}.subset") from e

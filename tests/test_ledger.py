@@ -39,6 +39,7 @@ def test_a_complete_ledger_is_read_and_counted():
     (lambda l: l["rows"][0].update(verdict="differs"), "say why"),
     (lambda l: l["rows"][0].update(source="elsewhere train.sh:1"), "must start with a name from the ledger's sources"),
     (lambda l: l["sources"].update(authors="someone/somerepo"), "owner/repo@COMMIT"),
+    (lambda l: l["sources"].update(authors="pypi:transformers"), "pypi:PACKAGE==VERSION"),
     (lambda l: l["rows"][0].pop("authors"), "must have keys field, authors"),
 ])
 def test_a_malformed_ledger_is_refused_in_one_line(mutate, message):

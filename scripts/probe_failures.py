@@ -37,6 +37,7 @@ import argparse
 import hashlib
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -48,6 +49,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
+
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from conftest import FAST  # noqa: E402  the overrides that make a training run take seconds (the tests' own)
@@ -184,7 +187,7 @@ def _digest(path: Path) -> str | None:
 
 
 def _weights(model_dir: Path) -> dict:
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file  # deferred: imports torch
 
     return load_file(str(model_dir / "model.safetensors"))
 
@@ -303,8 +306,6 @@ def _ro_parent(ctx):
 @case("disk-full-while-saving", "machine", after_start=True)
 def _disk_full(ctx):
     """RLIMIT_FSIZE of 1 MB (SIGXFSZ ignored): writes past it fail as on a full disk; the model (2.6 MB) cannot be saved."""
-    import resource
-
     def limit():
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (1_000_000, 1_000_000))
@@ -558,8 +559,6 @@ def _evil_reward(ctx: Ctx, run: Path, marker: Path) -> Path:
 
 
 def _set_config(run: Path, edit: Callable[[dict], None]) -> None:
-    import yaml
-
     cfg = yaml.safe_load((run / "config.yaml").read_text())
     edit(cfg)
     (run / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -694,7 +693,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch_threads = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = "1"
-    from mixrl.models import tiny
+    from mixrl.models import tiny  # deferred: imports torch
 
     model = str(tiny.warm_start(work / "tiny", steps=10, progress=False))
     if torch_threads is not None:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
@@ -103,12 +105,13 @@ def test_every_function_level_import_in_mixrl_says_why_it_is_deferred():
     assert import_graph.undeferred_imports(REPO / "mixrl") == []
 
 
-def test_every_function_level_import_in_bench_says_why_it_is_deferred():
-    """The same rule for the benchmarks (``bench/``): light imports (the standard library, rich,
-    numpy, mixrl's config and error modules) at module level, heavy ones deferred with their reason.
-    (``scripts/`` follows next: its scripts run from a bare checkout, so its rule needs a reason of
-    its own for imports made after ``sys.path`` is set.)"""
-    assert import_graph.undeferred_imports(REPO / "bench") == []
+@pytest.mark.parametrize("folder", ["bench", "scripts"])
+def test_every_function_level_import_in_bench_and_scripts_says_why_it_is_deferred(folder):
+    """The same rule for the benchmarks (``bench/``) and the scripts (``scripts/``): light imports (the
+    standard library, rich, numpy, yaml, mixrl's config and error modules) at module level, heavy or
+    optional ones deferred with their reason (``scripts/gpu_check.py`` starts on a bare Python: mixrl,
+    rich and omegaconf load inside the checks that need them, each saying so)."""
+    assert import_graph.undeferred_imports(REPO / folder) == []
 
 
 def test_the_deferral_check_finds_an_unexplained_import(tmp_path):

@@ -10,6 +10,10 @@
   (experience_start_sratio, run_exgrpo.sh:34), from the next batch on;
 * mixing (experience/experience_collate_fn.py:131-165 with n_prefix=1, prefix ratio 1.0): every
   revisited question's group carries one stored success; fresh questions none;
+* the trajectory replayed (experience/experience_helpers.py:143-147, 153-168): the lowest-entropy
+  stored success (mixrl: lowest mean -log pi_b of the stored tokens);
+* mastered questions (mix_trainer_experience.py:385-388, experience_trainer_ops.py:102-108): a
+  question its whole group solves leaves the pool;
 * the replayed tokens' loss (mix_core_alg.py:133-143, 189): -A f(w), w = exp(logp - recorded
   logp), f(w) = w / (w + 0.1), no clip.
 """
@@ -178,6 +182,10 @@ def test_the_preset_is_the_authors_run_and_each_old_behaviour_is_one_override():
     assert (a.inject.fill, a.inject.revisit, a.inject.start_solve_rate) == ("revisited", 0.5, 0.35)
     assert a.terms.experience.name == "shaped_ratio" and a.terms.experience.gamma == 0.1
     assert list(cfg.offpolicy.source.admit) == [1, 7] and cfg.offpolicy.source.store == "successes"
+    assert (cfg.offpolicy.source.trajectory, cfg.offpolicy.source.drop_mastered) == ("lowest_nll", True)
+    newest = compose_config(["algo=exgrpo", "offpolicy.source.trajectory=sampling", "offpolicy.source.drop_mastered=false"])
+    src = ReplaySource(**{k: v for k, v in newest.offpolicy.source.items() if k != "name"})
+    assert (src.trajectory, src.drop_mastered, src.buffer.sampling) == ("sampling", False, "recent")
     old = compose_config(["algo=exgrpo", "offpolicy.source.admit=null", "algo.inject.fill=failed",
                           "algo.inject.start_solve_rate=null", "algo.advantage.name=grpo", "algo.loss.name=ppo_clip",
                           "algo.aggregation.name=token-mean", "algo.entropy_coef=0",

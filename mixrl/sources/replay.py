@@ -33,7 +33,10 @@ failure is left) or ``age`` (``fifo`` plus dropping every entry older than ``max
 steps); ``store``: ``all`` or ``successes`` (reward >= ``success_threshold``);
 ``sampling``: ``uniform``, ``recent`` (newest first), ``variance`` (weight = group reward
 std + eps: rows of groups that carried a signal) or ``failure`` (weight = 1 - group mean
-reward + eps: prompts the policy failed). Draws use the source's own seeded generator;
+reward + eps: prompts the policy failed); ``trajectory``: which stored rollouts of a prompt
+fill its group, ``sampling`` (the sampling rule) or ``lowest_nll`` (lowest mean -log pi_b of
+the stored tokens); ``drop_mastered``: a prompt solved by its whole group leaves the buffer for
+good. Draws use the source's own seeded generator;
 ``state_dict`` holds contents and generator state, saved with each checkpoint
 (``torch.save``, one file per process: see the trainer).
 

@@ -10,6 +10,10 @@
   (experience_start_sratio, run_exgrpo.sh:34), from the next batch on;
 * mixing (experience/experience_collate_fn.py:131-165 with n_prefix=1, prefix ratio 1.0): every
   revisited question's group carries one stored success; fresh questions none;
+* the trajectory replayed (experience/experience_helpers.py:143-147, 153-168): the lowest-entropy
+  stored success (mixrl: lowest mean -log pi_b of the stored tokens);
+* mastered questions (mix_trainer_experience.py:385-388, experience_trainer_ops.py:102-108): a
+  question its whole group solves leaves the pool;
 * the replayed tokens' loss (mix_core_alg.py:133-143, 189): -A f(w), w = exp(logp - recorded
   logp), f(w) = w / (w + 0.1), no clip.
 """
@@ -178,9 +182,85 @@ def test_the_preset_is_the_authors_run_and_each_old_behaviour_is_one_override():
     assert (a.inject.fill, a.inject.revisit, a.inject.start_solve_rate) == ("revisited", 0.5, 0.35)
     assert a.terms.experience.name == "shaped_ratio" and a.terms.experience.gamma == 0.1
     assert list(cfg.offpolicy.source.admit) == [1, 7] and cfg.offpolicy.source.store == "successes"
+    assert (cfg.offpolicy.source.trajectory, cfg.offpolicy.source.drop_mastered) == ("lowest_nll", True)
+    newest = compose_config(["algo=exgrpo", "offpolicy.source.trajectory=sampling", "offpolicy.source.drop_mastered=false"])
+    src = ReplaySource(**{k: v for k, v in newest.offpolicy.source.items() if k != "name"})
+    assert (src.trajectory, src.drop_mastered, src.buffer.sampling) == ("sampling", False, "recent")
     old = compose_config(["algo=exgrpo", "offpolicy.source.admit=null", "algo.inject.fill=failed",
                           "algo.inject.start_solve_rate=null", "algo.advantage.name=grpo", "algo.loss.name=ppo_clip",
                           "algo.aggregation.name=token-mean", "algo.entropy_coef=0",
                           "algo.terms.experience.name=policy", "~algo.terms.experience.gamma"])
     assert old.offpolicy.source.admit is None and old.algo.inject.start_solve_rate is None
     assert old.algo.terms.experience.name == "policy"
+
+
+def _scored(prompt, logp, step):
+    return Entry(list(prompt), [9] * len(logp), list(logp), 1.0, 0.0, 0.5, 0.5, step)
+
+
+def test_a_revisited_question_replays_its_lowest_entropy_success():
+    """The authors replay, of a revisited question's stored successes, the one of lowest mean token
+    entropy (exp_metric=ent, exp_select_mode=argmin: experience_helpers.py:143-147, 162-163 at
+    01f4ae06); mixrl estimates it by the mean of -log pi_b(y_t) over the stored tokens. Three
+    successes of prompt 7 7: A (step 1) -(-0.1 - 0.5 - 0.3)/3 = 0.3, B (step 2) 0.05, C (step 3,
+    the newest) 0.2: B is replayed (the old choice, trajectory=sampling with sampling=recent: C)."""
+    rewards = torch.tensor([0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0])
+    replayed = {}
+    for trajectory in ("lowest_nll", "sampling"):
+        src = ReplaySource(store="successes", sampling="recent", trajectory=trajectory)
+        for i, (lp, step) in enumerate((([-0.1, -0.5, -0.3], 1), ([-0.05, -0.05], 2), ([-0.2] * 4, 3))):
+            e = _scored((7, 7), lp, step)
+            e.completion = [20 + i] * len(lp)
+            src.buffer.add(e)
+        src.rows = {(7, 7): {"prompt": "p77"}}
+        inj = ReplayFill(fill="revisited", revisit=0.5, source=src)
+        new = inj.before_generation(_ctx(5, G=4), [{"prompt": "a"}] * 4 + [{"prompt": "b"}] * 4)
+        batch = _batch([(5, 5), (7, 7)], 4, rewards, width=4)
+        inj.after_rewards(_ctx(5, G=4, batch=batch), new, rewards)
+        assert batch["row_source"][7] == REPLAY
+        n = int(batch["completion_mask"][7].sum())
+        replayed[trajectory] = (batch["completion_ids"][7][:n].tolist(), batch["behaviour_logp"][7][:n].tolist())
+    assert replayed["lowest_nll"] == ([21, 21], pytest.approx([-0.05, -0.05]))
+    assert replayed["sampling"] == ([22] * 4, pytest.approx([-0.2] * 4))
+    # ties: np.argmin takes the first stored, the oldest
+    src = ReplaySource(trajectory="lowest_nll")
+    for step in (1, 2):
+        src.buffer.add(_scored((7, 7), [-0.4, -0.2], step))
+    assert [e.step for e in src.pick(1, src.buffer.entries)] == [1]
+    with pytest.raises(ConfigError, match="offpolicy.source.trajectory"):
+        ReplaySource(trajectory="entropy")
+
+
+def test_a_question_solved_by_its_whole_group_leaves_the_pool():
+    """The authors: a question whose 8 rollouts all succeed joins the skip set (every step,
+    mix_trainer_experience.py:385-388, the off-policy row in its uid group), its experience is
+    deleted (experience_trainer_ops.py:102-108) and it is never sampled again
+    (experience_collate_fn.py:117). Groups of 4: fresh 5 5 solved [1, 1, 1, 1] -> mastered; revisited
+    7 7 solved [1, 1, 1, 0] whose last slot takes its stored success -> 4 of 4 -> mastered; fresh 6 6
+    [1, 0, 0, 0] stays. Each mastered prompt's stored successes go (2 entries); later rollouts of
+    it are not stored; with drop_mastered=false all stay."""
+    for drop in (True, False):
+        src = ReplaySource(store="successes", sampling="recent", drop_mastered=drop)
+        for p in ((5, 5), (7, 7), (6, 6)):
+            src.buffer.add(_scored(p, [-0.3, -0.3], 1))
+        src.rows = {(7, 7): {"prompt": "p77"}}
+        inj = ReplayFill(fill="revisited", revisit=1 / 3, source=src)
+        new = inj.before_generation(_ctx(5, G=4), [{"prompt": "x"}] * 12)
+        assert [r["prompt"] for r in new[8:]] == ["p77"] * 4
+        rewards = torch.tensor([1.0] * 4 + [1.0, 0.0, 0.0, 0.0] + [1.0, 1.0, 1.0, 0.0])
+        batch = _batch([(5, 5), (6, 6), (7, 7)], 4, rewards)
+        out = inj.after_rewards(_ctx(5, G=4, batch=batch), new, rewards)
+        assert out.tolist() == [1.0] * 4 + [1.0, 0.0, 0.0, 0.0] + [1.0] * 4
+        kept = sorted(tuple(e.prompt) for e in src.buffer.entries)
+        if drop:
+            assert kept == [(6, 6)] and src.mastered == {(5, 5), (7, 7)}
+            assert inj.metrics["replay/dropped_mastered"] == 2.0
+            # a later rollout of a mastered prompt is not stored; of another prompt it is
+            later = _batch([(5, 5), (6, 6)], 4, torch.tensor([1.0, 0.0, 0.0, 0.0] * 2))
+            src.group_successes = None
+            assert src.record(_ctx(6, G=4), later, later["old_per_token_logps"]) == 1
+            restored = ReplaySource(drop_mastered=True)
+            restored.load_state_dict(src.state_dict())
+            assert restored.mastered == {(5, 5), (7, 7)}
+        else:
+            assert kept == [(5, 5), (6, 6), (7, 7)] and src.mastered == set()

@@ -33,7 +33,10 @@ failure is left) or ``age`` (``fifo`` plus dropping every entry older than ``max
 steps); ``store``: ``all`` or ``successes`` (reward >= ``success_threshold``);
 ``sampling``: ``uniform``, ``recent`` (newest first), ``variance`` (weight = group reward
 std + eps: rows of groups that carried a signal) or ``failure`` (weight = 1 - group mean
-reward + eps: prompts the policy failed). Draws use the source's own seeded generator;
+reward + eps: prompts the policy failed); ``trajectory``: which stored rollouts of a prompt
+fill its group, ``sampling`` (the sampling rule) or ``lowest_nll`` (lowest mean -log pi_b of
+the stored tokens); ``drop_mastered``: a prompt solved by its whole group leaves the buffer for
+good. Draws use the source's own seeded generator;
 ``state_dict`` holds contents and generator state, saved with each checkpoint
 (``torch.save``, one file per process: see the trainer).
 
@@ -49,6 +52,9 @@ from mixrl.core import provenance as prov
 from mixrl.errors import ConfigError
 from mixrl.sources.base import SOURCES, InjectContext, Source
 from mixrl.sources.replay_buffer import Entry, ReplayBuffer
+
+#: how the rollouts that fill a prompt's group are chosen among its stored ones
+TRAJECTORIES = ("sampling", "lowest_nll")
 
 REPLAY = prov.register_provenance(
     "replay", behaviour="stored",
@@ -74,14 +80,27 @@ class ReplaySource(Source):
         admit (None): [lo, hi]: a rollout is stored only when its group had between lo and hi successes
             (inclusive, reward >= success_threshold, the replayed row counted) at the step it was scored;
             ExGRPO's experience_lbound=0 / experience_rbound=7 of 8 is [1, 7]. None: any group.
+        trajectory (sampling): which stored rollouts of a prompt fill its group: sampling (the sampling rule's
+            order) | lowest_nll (the lowest mean negative stored log-prob, -1/n sum_t log pi_b(y_t), oldest first
+            on ties: a one-sample estimate of the sampling policy's mean token entropy along the rollout;
+            ExGRPO replays the lowest-entropy success, exp_metric=ent, exp_select_mode=argmin).
+        drop_mastered (False): a prompt whose group is solved G of G (the replayed row counted) is mastered:
+            its stored rollouts are deleted and it is never stored or revisited again (ExGRPO's skip set).
     """
 
     provenances = ("replay",)
 
     def __init__(self, *, capacity: int = 1024, eviction: str = "fifo", max_age: int | None = None, store: str = "all",
                  success_threshold: float = 1.0, sampling: str = "uniform", seed: int | None = None,
-                 admit: list | tuple | None = None):
+                 admit: list | tuple | None = None, trajectory: str = "sampling", drop_mastered: bool = False):
         self.seed = seed
+        if trajectory not in TRAJECTORIES:
+            raise ConfigError(f"offpolicy.source.trajectory={trajectory!r} is not one of {', '.join(TRAJECTORIES)}; "
+                              "fix offpolicy.source.trajectory")
+        self.trajectory = trajectory
+        self.drop_mastered = bool(drop_mastered)
+        #: prompts (token-id tuples) solved by a whole group (drop_mastered): never stored or revisited again
+        self.mastered: set[tuple] = set()
         self.admit = _admit_range(admit)
         #: (step, successes per global group) of the step last scored (set by the replay injections)
         self.group_successes: tuple[int, list[int]] | None = None
@@ -133,6 +152,8 @@ class ReplaySource(Source):
                 g = int(batch["group_id"][i])
                 if not 0 <= g < len(counts) or not self.admit[0] <= counts[g] <= self.admit[1]:
                     continue
+            if self.mastered and tuple(batch["prompt_ids"][i][pm[i]].tolist()) in self.mastered:
+                continue
             lp = old_logp[i, :n].detach().float()
             if not bool(torch.isfinite(lp).all()):
                 continue
@@ -149,6 +170,23 @@ class ReplaySource(Source):
             ))
         return stored
 
+    def pick(self, n: int, candidates: list[Entry]) -> list[Entry]:
+        """Up to ``n`` of one prompt's stored ``candidates`` to replay: by the buffer's sampling rule, or
+        (``trajectory=lowest_nll``) those of lowest :func:`mean_nll`, the oldest first on ties."""
+        if self.trajectory == "lowest_nll":
+            return sorted(candidates, key=lambda e: (mean_nll(e), e.uid))[:max(n, 0)]
+        return self.buffer.sample(n, candidates)
+
+    def note_mastered(self, prompts: list[list[int]]) -> int:
+        """With ``drop_mastered``: mark ``prompts`` (solved by their whole group) mastered and delete
+        their stored rollouts; returns how many entries were deleted."""
+        if not self.drop_mastered or not prompts:
+            return 0
+        self.mastered.update(tuple(p) for p in prompts)
+        before = len(self.buffer.entries)
+        self.buffer.entries = [e for e in self.buffer.entries if tuple(e.prompt) not in self.mastered]
+        return before - len(self.buffer.entries)
+
     def note_group_successes(self, step: int, rewards: torch.Tensor, num_generations: int) -> list[int]:
         """Count each global group's successes (reward >= success_threshold) of step ``step``'s
         final rewards [N_global], for ``admit``; returns the counts."""
@@ -160,12 +198,19 @@ class ReplaySource(Source):
     def state_dict(self) -> dict:
         kept = {tuple(e.prompt) for e in self.buffer.entries}
         rows = [[list(k), v] for k, v in self.rows.items() if k in kept]
-        return {"buffer": self.buffer.state_dict(), "recorded_step": self.recorded_step, "rows": rows}
+        return {"buffer": self.buffer.state_dict(), "recorded_step": self.recorded_step, "rows": rows,
+                "mastered": [list(k) for k in sorted(self.mastered)]}
 
     def load_state_dict(self, state: dict) -> None:
         self.buffer.load_state_dict(state["buffer"])
         self.recorded_step = int(state.get("recorded_step", -1))
         self.rows = {tuple(k): dict(v) for k, v in state.get("rows", [])}
+        self.mastered = {tuple(k) for k in state.get("mastered", [])}
+
+
+def mean_nll(entry: Entry) -> float:
+    """-1/n sum_t log pi_b(y_t) over a stored rollout's n tokens (its behaviour log-probs)."""
+    return -sum(entry.logp) / max(len(entry.logp), 1)
 
 
 def _admit_range(admit) -> tuple[int, int] | None:

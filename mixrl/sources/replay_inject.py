@@ -240,7 +240,14 @@ class ReplayFill(_ReplayInjection):
                 self.started_at = ctx.global_step + 1
         self.metrics["replay/on"] = float(self.active(ctx.global_step + 1))
         if isinstance(self.source, ReplaySource):
-            self.source.note_group_successes(ctx.global_step, rewards, G)
+            counts = self.source.note_group_successes(ctx.global_step, rewards, G)
+            if self.source.drop_mastered:  # ExGRPO's skip set, every step (mix_trainer_experience.py:385-388)
+                n_local = out["prompt_ids"].shape[0]
+                start = ctx.process_index * n_local
+                pm = out["prompt_mask"].bool()
+                solved = [out["prompt_ids"][i][pm[i]].tolist() for i in range(n_local)
+                          if 0 <= (start + i) // G < len(counts) and counts[(start + i) // G] >= G]
+                self.metrics["replay/dropped_mastered"] = float(self.source.note_mastered(solved))
         return rewards
 
     def _fill(self, ctx: InjectContext, out: dict, rewards: torch.Tensor) -> torch.Tensor:
@@ -275,7 +282,7 @@ class ReplayFill(_ReplayInjection):
             candidates = [e for e in buf.for_prompt(out["prompt_ids"][i0][pm[i0]].tolist())
                           if keep(e) and ctx.global_step - e.step >= self.min_age]
             # a group straddling two processes is filled slot by slot, each process from its own buffer
-            picks = buf.sample(self.per_group, candidates) if candidates else []
+            picks = self.source.pick(self.per_group, candidates) if candidates else []
             for j, r in enumerate(reversed(range(last - self.per_group, last))):  # the last slots first
                 if j >= len(picks) or not start <= r < start + n_local:
                     continue

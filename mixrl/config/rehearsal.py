@@ -42,6 +42,7 @@ evaluation) is the recipe's; the chat template too when the real model's is in t
 
 from __future__ import annotations
 
+import string
 import hashlib
 import importlib.util
 import json
@@ -419,6 +420,10 @@ def _batch(ctx: Context) -> list[Swap]:
     return out
 
 
+#: a regeneration template longer than this (characters) is shortened to its fields for the rehearsal
+TEMPLATE_CHARS = 120
+
+
 def _lengths(ctx: Context) -> list[Swap]:
     t, algo = ctx.cfg.trainer, ctx.cfg.algo
     L = int(t.max_completion_length)
@@ -431,6 +436,14 @@ def _lengths(ctx: Context) -> list[Swap]:
             new = max(COMPLETION, round(int(agg.max_len) * COMPLETION / L))
             out.append(_set("algo.aggregation.max_len", int(agg.max_len), new,
                             "a length in tokens, scaled with max_completion_length (their ratio kept)"))
+    template = algo.inject.get("template") if isinstance(algo.inject, Mapping) else None
+    if isinstance(template, str) and len(template) > TEMPLATE_CHARS:
+        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f]
+        short = " ".join("{" + f + "}" for f in dict.fromkeys(fields))
+        out.append(Swap("algo.inject.template", f"{len(template)} characters", short,
+                        "the built-in model's context cannot hold the recipe's instructions around the prompt, attempt and "
+                        "feedback; the same fields in the same order, without the words",
+                        f"algo.inject.template='{short}'"))
     length = ctx.cfg.sampler.get("length")
     if length is not None:
         raise ConfigError("--rehearse: sampler.length (a completion-length schedule) has no rehearsal rule yet; add one to mixrl/config/rehearsal.py")

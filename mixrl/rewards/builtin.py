@@ -18,7 +18,7 @@ from mixrl.errors import ConfigError, DataError, did_you_mean
 from mixrl.rewards.extract import completion_text, extract_after_marker
 from mixrl.rewards.registry import register_reward
 
-__all__ = ["AnswerReward", "MathVerifier", "exact_reward", "math_reward", "math_think_format_format_reward", "think_format_ok",
+__all__ = ["AnswerReward", "MathVerifier", "exact_reward", "math_reward", "math_think_format_reward", "think_format_ok",
            "extract_gold", "MATH_EXTRACTORS"]
 
 
@@ -180,6 +180,19 @@ class MathVerifier:
                              timeout_seconds=self._timeout()) else 0.0
 
 
+def check_verifier_settings(name: str, float_rounding: Any, numeric_precision: Any, timeout_seconds: Any) -> None:
+    """The math-verify settings every verifier reward shares (``math``, ``math_after_think``), checked
+    in one line naming reward ``name``; and math-verify itself installed."""
+    for key, value in (("float_rounding", float_rounding), ("numeric_precision", numeric_precision)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"reward '{name}': {key} must be an integer >= 1, got {value!r}; fix reward.params.{key}")
+    if timeout_seconds is not None and (isinstance(timeout_seconds, bool) or not isinstance(timeout_seconds, int) or timeout_seconds < 1):
+        raise ConfigError(f"reward '{name}': timeout_seconds must be an integer >= 1 or null, got {timeout_seconds!r}; "
+                          "fix reward.params.timeout_seconds")
+    if importlib.util.find_spec("math_verify") is None:
+        raise ConfigError(f"reward '{name}' needs the 'math-verify' package, which is not installed; pip install math-verify")
+
+
 @register_reward("math")
 def math_reward(
     *,
@@ -221,15 +234,9 @@ def math_reward(
         raise ConfigError(
             f"reward 'math': extract is empty; list at least one of {', '.join(MATH_EXTRACTORS)} in reward.params.extract"
         )
-    for key, value in (("float_rounding", float_rounding), ("numeric_precision", numeric_precision)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"reward 'math': {key} must be an integer >= 1, got {value!r}; fix reward.params.{key}")
-    if timeout_seconds is not None and (isinstance(timeout_seconds, bool) or not isinstance(timeout_seconds, int) or timeout_seconds < 1):
-        raise ConfigError(f"reward 'math': timeout_seconds must be an integer >= 1 or null, got {timeout_seconds!r}; fix reward.params.timeout_seconds")
     if not isinstance(marker, str) or not marker:
         raise ConfigError(f"reward 'math': marker must be a non-empty string, got {marker!r}; fix reward.params.marker")
-    if importlib.util.find_spec("math_verify") is None:
-        raise ConfigError("reward 'math' needs the 'math-verify' package, which is not installed; pip install math-verify")
+    check_verifier_settings("math", float_rounding, numeric_precision, timeout_seconds)
     score = MathVerifier(extract, marker, int(float_rounding), int(numeric_precision), bool(strict), timeout_seconds)
     return AnswerReward("math", score, answer_column)
 
@@ -258,7 +265,7 @@ class ThinkFormatScore:
 
 
 @register_reward("math_think_format")
-def math_think_format_format_reward(
+def math_think_format_reward(
     *,
     format_penalty: float = 0.1,
     extract: Sequence[str] = MATH_EXTRACTORS,

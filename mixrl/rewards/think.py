@@ -20,10 +20,8 @@ library's priority, then plain expressions), as the authors' ``parse(answer)``; 
 
 from __future__ import annotations
 
-import importlib.util
-
 from mixrl.errors import ConfigError
-from mixrl.rewards.builtin import AnswerReward, MathVerifier
+from mixrl.rewards.builtin import AnswerReward, MathVerifier, check_verifier_settings
 from mixrl.rewards.registry import register_reward
 
 __all__ = ["ThinkMathVerifier", "math_after_think_reward", "answer_after_reasoning"]
@@ -88,13 +86,6 @@ def math_after_think_reward(
     """
     if not isinstance(delimiter, str) or not delimiter:
         raise ConfigError(f"reward 'math_after_think': delimiter must be a non-empty string, got {delimiter!r}; fix reward.params.delimiter")
-    for key, value in (("float_rounding", float_rounding), ("numeric_precision", numeric_precision)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"reward 'math_after_think': {key} must be an integer >= 1, got {value!r}; fix reward.params.{key}")
-    if timeout_seconds is not None and (isinstance(timeout_seconds, bool) or not isinstance(timeout_seconds, int) or timeout_seconds < 1):
-        raise ConfigError(f"reward 'math_after_think': timeout_seconds must be an integer >= 1 or null, got {timeout_seconds!r}; "
-                          "fix reward.params.timeout_seconds")
-    if importlib.util.find_spec("math_verify") is None:
-        raise ConfigError("reward 'math_after_think' needs the 'math-verify' package, which is not installed; pip install math-verify")
+    check_verifier_settings("math_after_think", float_rounding, numeric_precision, timeout_seconds)
     score = ThinkMathVerifier(delimiter, int(float_rounding), int(numeric_precision), bool(strict), timeout_seconds)
     return AnswerReward("math_after_think", score, answer_column)

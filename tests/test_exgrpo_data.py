@@ -77,3 +77,16 @@ def test_the_preset_drops_mastered_questions_and_sampler_none_keeps_them():
     assert compose_config(["algo=exgrpo", "sampler.pick.drop_mastered=false"]).sampler.pick.drop_mastered is False
     # the 8-process recipe cannot run a sampler: it keeps them (its ledger says so)
     assert compose_config(["recipe=exgrpo/qwen2.5-math-7b-openr1"]).sampler.pick.name == "data"
+
+
+def test_a_revisited_group_counts_for_the_question_it_revisits():
+    """The revisit injection puts a stored question in the last group after the picker chose: the
+    group's history (and its mastery) belongs to that question, not to the one it replaced; a prompt
+    outside the training set (a hint added) keeps the picked index."""
+    from mixrl.trainer.parts.sampler_rounds import SamplerRounds
+
+    rounds = SamplerRounds(Sampler(pick={"name": "epochs"}), dataset=[{"prompt": p} for p in "abc"],
+                           num_generations=2, pad_token_id=0, weigh=lambda t: t[:, 0])
+    inputs = [{"prompt": "a"}] * 2 + [{"prompt": "c"}] * 2  # picked [0, 1]; group 1 revisits "c"
+    assert rounds.as_generated(inputs, [0, 1]) == [0, 2]
+    assert rounds.as_generated([{"prompt": "a"}] * 2 + [{"prompt": "b + hint"}] * 2, [0, 1]) == [0, 1]

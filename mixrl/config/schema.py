@@ -251,7 +251,7 @@ class AlgoConfig:
     ``terms`` maps a label to a term ``{name, tokens, normalise_over, weight, aggregation,
     <term parameters>}`` (see ``mixrl.core.terms``); ``coefs`` names coefficients (numbers
     or schedules) that term weights refer to (``weight: 1-mu``). ``kl`` and ``entropy_coef``
-    add the KL and entropy terms on on-policy tokens."""
+    add the KL and entropy terms on on-policy tokens (the entropy bonus on ``entropy_tokens``)."""
 
     name: str = "grpo"  # the algorithm's label (algo=NAME), in run names and tables
     num_generations: int = 8  # completions sampled per prompt (the group size)
@@ -261,6 +261,7 @@ class AlgoConfig:
     advantage_include_offpolicy: bool = True  # off-policy rows count in their group's reward statistics
     kl: dict = field(default_factory=lambda: {"coef": 0.0, "estimator": "k3"})  # KL penalty to the reference model: coef (0: off) and estimator k1 | k2 | k3 | k3_clamped
     entropy_coef: Any = 0.0  # a number or a schedule {name, ...}
+    entropy_tokens: list = field(default_factory=lambda: ["on_policy"])  # the tokens the entropy bonus averages over (ExGRPO: [on_policy, replay])
     inject: dict = field(default_factory=lambda: {"name": "none"})  # where off-policy rows enter (mixrl.sources)
     coefs: dict = field(default_factory=dict)  # named coefficients: {mu: 0.1 | schedule}
     terms: dict = field(default_factory=dict)  # label -> term; every algo lists its own

@@ -252,7 +252,7 @@ MORE_TRAINER_CASES = {
     # exgrpo: replay from the start (its 0.35 solve-rate switch would leave two steps without replay; tests/test_exgrpo.py checks it)
     "algo=exgrpo|max_steps=2": ["algo=exgrpo", "trainer.max_steps=2", "algo.inject.start_solve_rate=null"],
     # the preset before it followed the authors' code, by overrides: its pin (commit c8099dd) must hold
-    "algo=exgrpo|old reading|max_steps=2": ["algo=exgrpo", "trainer.max_steps=2", "offpolicy=replay", "algo.inject.fill=failed",
+    "algo=exgrpo|old reading|max_steps=2": ["algo=exgrpo", "trainer.max_steps=2", "offpolicy=replay", "sampler=none", "algo.inject.fill=failed",
                                             "algo.inject.start_solve_rate=null", "algo.advantage.name=grpo",
                                             "algo.loss.name=ppo_clip", "algo.aggregation.name=token-mean", "algo.entropy_coef=0",
                                             "algo.terms.experience.name=policy", "~algo.terms.experience.gamma"],

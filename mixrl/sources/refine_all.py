@@ -68,8 +68,9 @@ def refine_every_rollout(inj, ctx: InjectContext, inputs: list[dict], rollouts: 
     context: list[list[int] | None] = [None] * n
     for (a, gen), cont in zip(jobs, new_ids):
         refined[a], context[a] = list(cont)[:L], gen
-    # the refinements' scores, on every process (rows without one are scored empty and not read)
-    scores = torch.nan_to_num(ctx.score(inputs, [r if r is not None else [] for r in refined])[:, 0], nan=-float("inf"))
+    # the refinements' scores, on every process (a row without one scores its own rollout again, not read)
+    scored = [r if r is not None else rollouts.completion_ids[a] for a, r in enumerate(refined)]
+    scores = torch.nan_to_num(ctx.score(inputs, scored)[:, 0], nan=-float("inf"))
     has = ctx.gather(torch.tensor([r is not None for r in refined], dtype=torch.bool, device=dev)).tolist()
     eligible = ctx.gather(torch.tensor(mine, dtype=torch.bool, device=dev)).tolist()
     plan = keep_best(has, scores.tolist(), eligible, G, inj.per_group, inj.success)

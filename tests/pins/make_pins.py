@@ -280,9 +280,11 @@ MORE_TRAINER_CASES = {
     "algo=rloo": ["algo=rloo"],
     "algo=remax": ["algo=remax"],
     # feedback regeneration: the templates keep to the task's characters (the pin model's vocabulary)
-    "algo=critique_grpo": ["algo=critique_grpo", *TOY_FEEDBACK],
+    # (algo.inject.refine=failed: the refinement rule these cases were made with; the preset's
+    # refine=all, the authors' every-rollout refinement, is tested by hand in tests/test_feedback_regen.py)
+    "algo=critique_grpo": ["algo=critique_grpo", *TOY_FEEDBACK, "algo.inject.refine=failed"],
     # mixrl's earlier Critique-GRPO preset (clip 0.2, token-mean, no entropy bonus): the case made at 452baff
-    "algo=critique_grpo|old reading": ["algo=critique_grpo", *TOY_FEEDBACK, "algo.loss.clip=true",
+    "algo=critique_grpo|old reading": ["algo=critique_grpo", *TOY_FEEDBACK, "algo.inject.refine=failed", "algo.loss.clip=true",
                                        "algo.aggregation.name=token-mean", "algo.entropy_coef=0.0"],
     "algo=r3l": ["algo=r3l", *TOY_FEEDBACK, "algo.inject.pivot=divergence"],  # retries keep the attempt's prefix
 }

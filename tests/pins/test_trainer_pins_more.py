@@ -19,10 +19,12 @@ AMPO's teacher refill (no group fails, and the teacher's candidates would be sam
 generate, which is not patched); that case pins the rest of AMPO's step (its on-policy term,
 Dr. GRPO advantages, normalisers over rollout and teacher tokens, entropy bonus).
 ``algo=critique_grpo|old reading`` is the case made at 452baff for mixrl's earlier Critique-GRPO
-preset, with the overrides that restore it (``algo.loss.clip=true algo.aggregation.name=token-mean
-algo.entropy_coef=0.0``), its values unchanged; ``algo=critique_grpo`` pins the preset that follows
-the authors' script (unclipped, token sums over the maximum length, entropy 0.001; issue 49, by hand
-in ``tests/test_feedback_presets.py``), made with ``--missing`` at the commit it records.
+preset, with the overrides that restore it (``algo.inject.refine=failed algo.loss.clip=true
+algo.aggregation.name=token-mean algo.entropy_coef=0.0``), its values unchanged; ``algo=critique_grpo``
+pins the preset's loss that follows the authors' script (unclipped, token sums over the maximum length,
+entropy 0.001; issue 49, by hand in ``tests/test_feedback_presets.py``), made with ``--missing`` at the
+commit it records, with the refinement rule it was made with (``algo.inject.refine=failed``, added to
+its stored overrides when the preset moved to the authors' ``refine=all``, values unchanged).
 
 Measured on one avx512 machine (``-s`` prints each case's largest fraction of tolerance): under
 ``ATEN_CPU_CAPABILITY=avx2`` (the kernels the pins were made with) 0 (bit for bit); under

@@ -300,6 +300,8 @@ def _check_policy_loss(cfg: DictConfig) -> None:
         raise ConfigError(f"algo.loss.reshape must be one of {', '.join(ON_POLICY_RESHAPES)}, got {lp['reshape']}")
     if name == "topr" and lp.get("taper", "token") not in ("token", "trajectory"):
         raise ConfigError(f"algo.loss.taper must be token or trajectory, got {lp['taper']}")
+    if name == "minpro" and (lp.get("clip_low") is None) != (lp.get("clip_high") is None):
+        raise ConfigError("algo.loss.clip_low and algo.loss.clip_high of minpro go together: set both (a token clip) or neither")
     for param, choices in LOSS_CHOICES.get(name, {}).items():
         if param in lp and lp[param] not in choices:
             raise ConfigError(f"algo.loss.{param} must be one of {', '.join(choices)}, got {lp[param]}")
@@ -332,7 +334,8 @@ def _check_controller(cfg: DictConfig, name: str, controller, objective: Objecti
 
 RATIO_WHAT = {
     "ppo_clip": "clip", "reshaped_ppo": "clip", "gspo": "clip", "cispo": "IS-weight clip", "sapo": "gate", "m2po": "M2 mask",
-    "topr": "IS taper", "rec": "token clip", "sppo": "clip", "vespo": "kernel",
+    "topr": "IS taper", "rec": "token clip", "sppo": "clip", "vespo": "kernel", "minpro": "prefix weight",
+    "etr": "elastic clip", "r2vpo": "ratio-variance penalty",
 }
 
 

@@ -121,6 +121,9 @@ def check_objective(cfg: DictConfig) -> list[str]:
 
     # --- policy loss parameters and the controller
     _check_policy_loss(cfg)
+    extra = set(cfg.algo.get("reposition") or {}) - {"alpha"}
+    if extra:
+        raise ConfigError(f"algo.reposition takes only alpha, got {', '.join(sorted(extra))}; the fast steps are trainer.num_iterations - 1")
     ctrl_name, ctrl_params = component(algo.get("controller"))
     if ctrl_name is not None:
         try:
@@ -349,6 +352,9 @@ def _notes(cfg: DictConfig, objective: Objective) -> list[str]:
                 f"trainer.num_iterations=1: rollouts are scored by the policy that generated them, so r_t = 1 and the "
                 f"{RATIO_WHAT[loss]} never acts on them (it does from trainer.num_iterations=2)"
             )
+    if cfg.algo.get("reposition") is not None and int(cfg.trainer.num_iterations) < 2:
+        notes.append("algo.reposition with trainer.num_iterations=1: no fast steps to reposition (plain GRPO); "
+                     "SFPO takes K fast steps and one slow one per batch: set trainer.num_iterations=K+1")
     name, params = component(cfg.algo.aggregation)
     if name == "seq-mean-token-sum-norm":
         # without max_len it divides by trainer.max_completion_length (mixrl.config.builders._aggregation)

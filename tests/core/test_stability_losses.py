@@ -219,3 +219,33 @@ def test_controller_steps_scales_the_learning_rate_for_one_step():
     assert opt.param_groups[0]["lr"] == pytest.approx(0.1)
     part.scale_lr(0.25)
     assert opt.param_groups[0]["lr"] == pytest.approx(0.025)
+
+
+# ---------------------------------------------------------------- SFPO's reposition
+def test_reposition_interpolates_back_before_the_slow_step():
+    from mixrl.trainer.reposition import Reposition
+
+    model = torch.nn.Linear(2, 1, bias=False)
+    frozen = torch.nn.Parameter(torch.ones(1), requires_grad=False)
+    model.register_parameter("frozen", frozen)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[1.0, 2.0]]))
+    rep = Reposition(alpha=0.25, cycle=4)  # 3 fast steps, reposition before step 3, slow step 3
+    assert not rep.step_begin(model, 0)  # snapshot theta_0 = (1, 2)
+    for step, new in ((1, [3.0, 2.0]), (2, [5.0, 6.0])):
+        with torch.no_grad():
+            model.weight.copy_(torch.tensor([new]))  # what the fast optimizer steps did
+        assert not rep.step_begin(model, step)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[9.0, 10.0]]))  # theta_3 after the third fast step
+    assert rep.step_begin(model, 3)
+    # theta_0 + 0.25 (theta_3 - theta_0) = (1 + 0.25 * 8, 2 + 0.25 * 8) = (3, 4)
+    assert model.weight.tolist() == [[3.0, 4.0]]
+    assert rep.last_shift == pytest.approx(math.sqrt(64 + 64))
+    assert model.frozen.item() == 1.0
+    # the next batch: a fresh snapshot at step 4; no snapshot (resumed mid-batch) -> no move
+    late = Reposition(alpha=0.5, cycle=4)
+    assert not late.step_begin(model, 7) and model.weight.tolist() == [[3.0, 4.0]]
+    assert not Reposition(alpha=0.5, cycle=1).step_begin(model, 0)
+    with pytest.raises(ValueError, match="alpha"):
+        Reposition(alpha=1.5, cycle=4)

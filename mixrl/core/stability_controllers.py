@@ -69,9 +69,9 @@ class VcpoEssController:
 
     def __init__(self, *, base_ess_ratio: float = 1.0, scaling_rule: str = "sqrt"):
         if scaling_rule not in SCALING_RULES:
-            raise ValueError(f"vcpo_ess: scaling_rule must be one of {', '.join(SCALING_RULES)}, got {scaling_rule!r}")
+            raise ValueError(f"scaling_rule must be one of {', '.join(SCALING_RULES)}, got {scaling_rule!r}")
         if not base_ess_ratio > 0:
-            raise ValueError(f"vcpo_ess: base_ess_ratio must be > 0, got {base_ess_ratio}")
+            raise ValueError(f"base_ess_ratio must be > 0, got {base_ess_ratio}")
         self.base_ess_ratio, self.scaling_rule = float(base_ess_ratio), scaling_rule
         self.ess_ratio = 1.0
         self.lr_scale = 1.0
@@ -149,7 +149,7 @@ class R2vpoDualController:
 
     def __init__(self, *, delta: float = 0.05, dual_lr: float = 1.0, coef_init: float = 1.0, coef_max: float = 100.0):
         if delta < 0 or not dual_lr > 0 or coef_init < 0 or not coef_max > 0:
-            raise ValueError("r2vpo_dual: need delta >= 0, dual_lr > 0, coef_init >= 0 and coef_max > 0")
+            raise ValueError("need delta >= 0, dual_lr > 0, coef_init >= 0 and coef_max > 0")
         self.delta, self.dual_lr, self.coef_max = float(delta), float(dual_lr), float(coef_max)
         self.coef = min(float(coef_init), self.coef_max)
         self.variance = 0.0

@@ -124,6 +124,7 @@ def check_objective(cfg: DictConfig) -> list[str]:
     extra = set(cfg.algo.get("reposition") or {}) - {"alpha"}
     if extra:
         raise ConfigError(f"algo.reposition takes only alpha, got {', '.join(sorted(extra))}; the fast steps are trainer.num_iterations - 1")
+    _check_perturbation(cfg)
     ctrl_name, ctrl_params = component(algo.get("controller"))
     if ctrl_name is not None:
         try:
@@ -313,6 +314,19 @@ def _check_policy_loss(cfg: DictConfig) -> None:
             f"algo.loss.name=sft with algo.kl.coef={_g(float(cfg.algo.kl.coef))}: a supervised loss has no reference "
             "policy to stay close to; set algo.kl.coef=0"
         )
+
+
+def _check_perturbation(cfg: DictConfig) -> None:
+    """ALP's noise (algo.perturbation): only sigma; no gradient checkpointing (it would redraw the noise in the backward)."""
+    spec = cfg.algo.get("perturbation")
+    if spec is None:
+        return
+    extra = set(spec) - {"sigma"}
+    if extra:
+        raise ConfigError(f"algo.perturbation takes only sigma, got {', '.join(sorted(extra))}")
+    if cfg.hardware.get("gradient_checkpointing", False):
+        raise ConfigError("algo.perturbation with hardware.gradient_checkpointing=true: the recomputed forward would draw "
+                          "other noise than the loss saw; set hardware.gradient_checkpointing=false")
 
 
 def _check_controller(cfg: DictConfig, name: str, controller, objective: Objective) -> None:

@@ -249,3 +249,56 @@ def test_reposition_interpolates_back_before_the_slow_step():
     assert not Reposition(alpha=0.5, cycle=1).step_begin(model, 0)
     with pytest.raises(ValueError, match="alpha"):
         Reposition(alpha=1.5, cycle=4)
+
+
+# ---------------------------------------------------------------- ALP's layer perturbation
+class FooLayer(torch.nn.Module):
+    def forward(self, hidden_states, scale=1.0):
+        return hidden_states * scale
+
+
+class Foo(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([FooLayer(), FooLayer()])
+
+    def forward(self, h, by_keyword=False):
+        for layer in self.layers:
+            h = layer(hidden_states=h) if by_keyword else layer(h)
+        return h
+
+
+def test_layer_perturbation_adds_scaled_noise_only_in_gradient_forwards():
+    from mixrl.trainer.perturbation import LayerPerturbation
+
+    model = Foo()
+    h = torch.tensor([[[3.0, 4.0], [1.0, -1.0]]])  # rms per token: sqrt(12.5), 1
+    sigma = 0.1
+    gen = torch.Generator().manual_seed(7)
+    alp = LayerPerturbation(sigma=sigma, generator=gen)
+    assert alp.attach(model) == 2
+    with torch.no_grad():  # behaviour / old / reference log-probs: unperturbed
+        assert torch.equal(model(h), h)
+    model.eval()
+    assert torch.equal(model(h), h)
+    model.train()
+    for by_keyword in (False, True):
+        gen.manual_seed(7)
+        out = model(h.clone().requires_grad_(True), by_keyword=by_keyword)
+        # by hand: two layers, each adds sigma * rms(its input) * eps, eps drawn in order
+        ref = torch.Generator().manual_seed(7)
+        x = h.clone()
+        for _ in range(2):
+            eps = torch.randn(x.shape, generator=ref)
+            rms = x.pow(2).mean(-1, keepdim=True).sqrt()
+            x = x + sigma * rms * eps
+        assert torch.allclose(out, x, atol=1e-6), by_keyword
+    # the gradient flows through h as the identity plus the noise's rms factor held constant
+    gen.manual_seed(7)
+    leaf = h.clone().requires_grad_(True)
+    model(leaf).sum().backward()
+    assert torch.allclose(leaf.grad, torch.ones_like(h))
+    alp.detach()
+    assert torch.equal(model(h), h)
+    with pytest.raises(ValueError, match="sigma"):
+        LayerPerturbation(sigma=0.0)

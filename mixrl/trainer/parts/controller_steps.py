@@ -102,7 +102,10 @@ class ControllerSteps:
         return self.controller.knobs()
 
     def metrics(self) -> dict:
-        return self.controller.metrics()
+        out = dict(self.controller.metrics())
+        if self.lr_set:  # the learning rate this step trains with (TRL's learning_rate is the scheduler's)
+            out["optimizer/scaled_lr"] = self.lr_set[0][1]
+        return out
 
     # ------------------------------------------------------------------ checkpoints (shared, JSON)
     def state_dict(self) -> dict:

@@ -54,7 +54,7 @@ class VcpoEssController:
     weighted by each row's squared gradient norm times w_i^2), needs one backward per row and is
     not here.
 
-    Formula: w_i = exp(sum_t log r_it), ess_ratio = (sum w)^2 / (N sum w^2); lr = lr_sched * min(1, ess_ratio / {base_ess_ratio})^({scaling_rule}: 1/2 sqrt, 1 linear)
+    Formula: w_i = exp(sum_t log r_it), ess_ratio = (sum w)^2 / (N sum w^2); lr = lr_sched * s, s = min(1, ess_ratio / {base_ess_ratio})^e, e = 1/2 (sqrt) or 1 (linear): {scaling_rule}
 
     Paper: "Stable Asynchrony: Variance-Controlled Off-Policy RL for LLMs" (VCPO, arXiv 2602.17616).
 

@@ -44,7 +44,7 @@ def minpro(
 ) -> PolicyLossOutput:
     """MinPRO: the token's ratio times the minimum ratio of its preceding prefix (instead of the prefix's product).
 
-    Formula: ``l_t = -sg(m_t) A r_t``, ``m_t = min(min_{j<t} r_j, {weight_max|inf})`` over the row's earlier tokens (``m_1 = 1``); token clip (1 - {clip_low|none}, 1 + {clip_high|none}): ``-sg(m_t) max(A r_t, ...)`` PPO-style when set
+    Formula: ``l_t = -sg(m_t) A r_t``, ``m_t = min(min_{j<t} r_j, {weight_max|inf})`` over the row's earlier tokens (``m_1 = 1``); token clip [1 - {clip_low|none}, 1 + {clip_high|none}] when set: ``l_t = sg(m_t) max(-A r_t, -A clip(r_t))``
 
     The exact off-policy correction of token t is the prefix ratio ``prod_{j<t} r_j`` times
     ``r_t``; the usual token-level surrogate drops the prefix and the product explodes or

@@ -269,6 +269,8 @@ class AlgoConfig:
     stages: list = field(default_factory=list)  # sequential stages (sft_then_rl)
     engine_correction: EngineCorrectionConfig = field(default_factory=EngineCorrectionConfig)  # when vLLM generates
     critic: Optional[dict] = None  # {lr, value_clip, max_grad_norm, weight_decay}: a learned critic for advantage gae (mixrl.config.critic)
+    reposition: Optional[dict] = None  # SFPO {alpha}: before a batch's last step, weights = theta_0 + alpha (theta - theta_0) (mixrl.trainer.reposition)
+    perturbation: Optional[dict] = None  # ALP {sigma}: noise sigma * rms(h) * N(0, I) on every decoder layer's input in the loss forward (mixrl.trainer.perturbation)
 
 
 @dataclass

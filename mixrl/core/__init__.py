@@ -9,14 +9,15 @@ registry                 kind                              module
 ``POLICY_LOSSES``        policy loss                       ``policy_base`` (the registry), ``clip_losses``,
                                                            ``reinforce_losses``, ``sequence_losses``,
                                                            ``cov_losses``, ``gmpo``, ``offpolicy_reinforce``,
-                                                           ``vespo`` (all re-exported by ``policy_losses``)
+                                                           ``vespo``, ``stability_losses`` (all but the last
+                                                           re-exported by ``policy_losses``)
 ``TOKEN_WEIGHTS``        token weight                      ``token_weights``
 ``AGGREGATIONS``         aggregation                       ``aggregation``
 ``ADVANTAGES``           advantage                         ``advantages``, ``gae``, ``turn_advantages``,
                                                            ``process_advantages``
 ``KL_ESTIMATORS``        KL estimator                      ``regularizers``
 ``SCHEDULES``            schedule                          ``schedules``
-``CONTROLLERS``          controller                        ``controllers``
+``CONTROLLERS``          controller                        ``controllers``, ``stability_controllers``
 ``VALUE_LOSSES``         value loss (the critic's)         ``gae``
 ======================  ================================  ===================
 """
@@ -44,6 +45,8 @@ from mixrl.core import (  # noqa: F401  (import = registration)
     schedules,
     sequence_losses,
     srpo,
+    stability_controllers,
+    stability_losses,
     turn_advantages,
     turns,
     terms,

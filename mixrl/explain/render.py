@@ -24,6 +24,7 @@ from mixrl.core.policy_losses import POLICY_LOSSES
 from mixrl.core.registry import format_value
 from mixrl.errors import ConfigError
 from mixrl.explain.sampler import sampler_rows
+from mixrl.explain.update_hooks import update_rows
 from mixrl.explain.schedules import component, constant_value, controller_knobs, objective
 from mixrl.config.components import component_kind, registry_for
 from mixrl.config.critic import critic_description
@@ -223,7 +224,8 @@ def _controller_row(cfg: DictConfig) -> str:
     if name is None:
         return "none"
     _, knobs = controller_knobs(cfg)
-    sets = [f"algo.{k}" if "." in k else f"coefficient {k}" for k in knobs]
+    sets = ["the optimizer's learning rate for the step (x lr_scale)" if k == "optimizer.lr_scale"
+            else f"algo.{k}" if "." in k else f"coefficient {k}" for k in knobs]
     if getattr(CONTROLLERS.get(name), "when", None) == "after_rewards":  # PALU
         sets.append("the rollouts' rewards, before the advantages")
     return f"{name}: {CONTROLLERS.formula(name, params)}; sets {', '.join(sets) or 'nothing'}"
@@ -325,6 +327,7 @@ def explain_lines(cfg: DictConfig) -> list[tuple[str, str]]:
     if teacher is not None:
         rows.append(("teacher.source", teacher))
     rows.append(("controller", _controller_row(cfg)))
+    rows += [("update", text) for text in update_rows(cfg)]  # SFPO's reposition, ALP's noise (mixrl.explain.update_hooks)
     rows += _reward_rows(cfg)
     engine = _engine_row(cfg)
     if engine is not None:

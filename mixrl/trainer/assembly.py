@@ -134,6 +134,7 @@ def build_parts(trainer, *, objective, advantage: tuple[str, dict, bool], inject
             controller, policy_tokens=next((t.tokens for t in objective.terms if t.kind == "policy"), ("on_policy",)),
             reduce_sum=sum_over_processes if acc.num_processes > 1 else None,  # torch.distributed all-reduce
             reduce_mean=lambda t: acc.reduce(t, "mean"), gather=acc.gather, device=device,
+            param_groups=lambda: trainer.optimizer.param_groups if trainer.optimizer is not None else None,
         )
     lag = LaggedWeights(staleness) if int(staleness) > 0 else None
     remax = None

@@ -264,6 +264,7 @@ class AlgoConfig:
     inject: dict = field(default_factory=lambda: {"name": "none"})  # where off-policy rows enter (mixrl.sources)
     coefs: dict = field(default_factory=dict)  # named coefficients: {mu: 0.1 | schedule}
     terms: dict = field(default_factory=dict)  # label -> term; every algo lists its own
+    shaping: Optional[dict] = None  # {name, offpolicy, ...}: the advantages re-weighted after the estimator (mixrl.core.advantage_shaping); null: none
     controller: Optional[dict] = None  # {name: bapo|entropic|palu, ...}: sets clip bounds / entropy coef each step, or reshapes rewards (palu)
     stages: list = field(default_factory=list)  # sequential stages (sft_then_rl)
     engine_correction: EngineCorrectionConfig = field(default_factory=EngineCorrectionConfig)  # when vLLM generates

@@ -23,6 +23,7 @@ The runtime inputs a shaping reads are listed in its ``needs`` attribute; the tr
 ``prompt_mask``         [N, P] the prompt tokens that are predicted (1), padding and the first token (0)
 ``primary_rewards``     [N] the first reward function's reward (the task's; DGPO's difficulty)
 ``lengths``             [N] completion tokens per row
+``row_values``          [N] each row's value of a data column (``column``: a per-problem weight)
 =====================  ==========================================================================
 
 ``include`` (bool [N]) marks the rows that count in group statistics, as for the estimators.
@@ -38,7 +39,7 @@ from torch import Tensor
 from mixrl.core.registry import Registry
 
 #: the runtime inputs (not config parameters) a shaping may read; see the module docstring
-SHAPING_INPUTS = ("token_logp", "ref_logp", "mask", "prompt_logp", "prompt_mask", "primary_rewards", "lengths")
+SHAPING_INPUTS = ("token_logp", "ref_logp", "mask", "prompt_logp", "prompt_mask", "primary_rewards", "lengths", "row_values")
 SHAPINGS = Registry("advantage shaping", runtime=("rewards", "group_ids", "include", *SHAPING_INPUTS))
 #: ``psr_nsr``'s modes (the authors' ``advantage`` setting)
 PSR_NSR_MODES = ("positive", "negative", "weighted")
@@ -315,3 +316,35 @@ def dgpo(advantages: Tensor, *, rewards: Tensor, group_ids: Tensor, include: Ten
 
 
 dgpo.needs = ("primary_rewards", "lengths")
+
+
+@SHAPINGS.register("row_weight")
+def row_weight(advantages: Tensor, *, rewards: Tensor | None = None, group_ids: Tensor | None = None,
+               include: Tensor | None = None, row_values: Tensor | None = None, column: str = "rate") -> Tensor:
+    """A per-problem weight from the data: ``A' = w A``, w the row's value of the data column ``column``.
+
+    GUI-G1's difficulty-aware scaling: each training sample carries a weight (the authors' ``rate``
+    column, precomputed in their data from the target box's size: smaller boxes are harder) that
+    multiplies the row's loss (Yuqi-Zhou/GUI-G1 @ e581fe98fe902d7903207686351d6d30c2ca4acd,
+    ``src/open-r1-multimodal/src/open_r1/trainer/grpo_trainer.py`` line 739, ``(per_token_loss *
+    completion_mask).sum(dim=1) * rates / 64``; the ``/ 64`` is the ``seq-mean-token-sum-norm``
+    aggregation). How their ``rate`` is computed is data preparation, not in their code; a weight
+    below 0 would invert the row's gradient and is refused at run time.
+
+    Formula: ``A'_i = w_i A_i``, w_i = the row's {column} column
+
+    Paper: GUI-G1, "GUI-G1: Understanding R1-Zero-Like Training for Visual Grounding in GUI Agents"
+    (arXiv 2505.15810).
+
+    Parameters:
+        column (rate): the data column holding each problem's weight (>= 0).
+    """
+    if row_values is None:
+        raise ValueError(f"row_weight needs each row's {column!r} value (the trainer passes it)")
+    w = _float(row_values).to(advantages.device)
+    if bool((w < 0).any()) or not bool(torch.isfinite(w).all()):
+        raise ValueError(f"row_weight: the {column!r} column holds a negative or non-finite weight; a weight must be >= 0")
+    return _float(advantages) * w
+
+
+row_weight.needs = ("row_values",)

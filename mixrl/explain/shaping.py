@@ -14,6 +14,7 @@ _READS = {
     "prompt_logp": "the policy's log-probs of the prompts (one no-grad forward per batch)",
     "primary_rewards": "the first reward function's rewards",
     "lengths": "the completion lengths",
+    "row_values": "each row's value of a data column",
 }
 
 

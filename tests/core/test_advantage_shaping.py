@@ -113,6 +113,27 @@ def test_dgpo_matches_mathforges_mad_normalised_and_difficulty_weighted_advantag
     assert out_std.tolist() == pytest.approx(out.tolist(), rel=1e-3)
 
 
+# ----------------------------------------------------------------------------- row_weight (GUI-G1)
+def test_row_weight_multiplies_each_rows_advantage_by_its_data_weight():
+    a = torch.tensor([0.5, -0.5, 0.25])
+    out = SHAPINGS.get("row_weight")(a, row_values=torch.tensor([2.0, 0.5, 0.0]), column="rate")
+    assert out.tolist() == pytest.approx([1.0, -0.25, 0.0])
+    with pytest.raises(ValueError, match="negative"):
+        SHAPINGS.get("row_weight")(a, row_values=torch.tensor([1.0, -1.0, 1.0]))
+
+
+def test_the_part_reads_the_data_column_of_each_row():
+    out, _, _ = _mixed_batch()
+    part = AdvantageShaping("row_weight", {"column": "level"}, offpolicy=True, forwards=_Forwards(None), gather=lambda t: t)
+    rows = [{"level": 1}, {"level": 2}, {"level": 3}, {"level": 4}]
+    shaped, _ = part.shape(None, out, advantages=torch.ones(4), rewards=torch.zeros(4), group_ids=torch.zeros(4, dtype=torch.long),
+                           sources=out["row_source"], include=None, rewards_per_func=None, rows=rows)
+    assert shaped.tolist() == pytest.approx([1.0, 2.0, 3.0, 4.0])
+    with pytest.raises(ValueError, match="no column 'level'"):
+        part.shape(None, out, advantages=torch.ones(4), rewards=torch.zeros(4), group_ids=torch.zeros(4, dtype=torch.long),
+                   sources=out["row_source"], include=None, rewards_per_func=None, rows=[{"rate": 1}] * 4)
+
+
 # ----------------------------------------------------------------------------- gradients
 def test_a_shaped_advantage_is_the_weight_of_the_policy_gradient():
     """PPO-clip at ratio 1, token-mean: dL/dlogp_t = -A'_i / N_tokens (ACE's shaped advantages)."""

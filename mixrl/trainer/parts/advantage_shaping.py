@@ -51,24 +51,25 @@ class AdvantageShaping:
         self.forwards, self.gather, self.pad = forwards, gather, pad
 
     def shape(self, model, out: dict, *, advantages: torch.Tensor, rewards: torch.Tensor, group_ids: torch.Tensor,
-              sources: torch.Tensor, include: torch.Tensor | None, rewards_per_func: torch.Tensor | None) -> tuple[torch.Tensor, dict]:
+              sources: torch.Tensor, include: torch.Tensor | None, rewards_per_func: torch.Tensor | None,
+              rows: list | None = None) -> tuple[torch.Tensor, dict]:
         """The shaped advantages [N_global] and ``shaping/*`` metrics. ``out``: this process's batch;
-        ``sources``: the global rows' ``row_source``."""
+        ``sources``: the global rows' ``row_source``; ``rows``: this process's data rows (dicts), one per batch row."""
         if advantages.dim() != 1:
             raise ValueError(f"advantage shaping {self.name} re-weights one advantage per row, got per-token advantages {tuple(advantages.shape)}")
-        runtime = self.inputs(model, out, rewards_per_func)
+        runtime = self.inputs(model, out, rewards_per_func, rows)
         shaped = self.fn(advantages, rewards=rewards, group_ids=group_ids, include=include, **runtime, **self.params)
         shaped = torch.nan_to_num(shaped.to(advantages.dtype), nan=0.0)
-        rows = torch.ones_like(sources, dtype=torch.bool) if self.offpolicy else behaviour_is_policy(sources)
-        result = torch.where(rows, shaped, advantages)
-        changed = rows & (advantages != 0)
+        shaped_rows = torch.ones_like(sources, dtype=torch.bool) if self.offpolicy else behaviour_is_policy(sources)
+        result = torch.where(shaped_rows, shaped, advantages)
+        changed = shaped_rows & (advantages != 0)
         ratio = (result[changed] / advantages[changed]).abs() if bool(changed.any()) else None
-        metrics = {"shaping/rows": float(rows.float().mean())}
+        metrics = {"shaping/rows": float(shaped_rows.float().mean())}
         if ratio is not None:
             metrics["shaping/scale_mean"] = float(ratio.mean())
         return result, metrics
 
-    def inputs(self, model, out: dict, rewards_per_func: torch.Tensor | None) -> dict:
+    def inputs(self, model, out: dict, rewards_per_func: torch.Tensor | None, rows: list | None = None) -> dict:
         """The runtime inputs the shaping needs, over all processes."""
         needs, runtime = self.needs, {}
         mask = out["completion_mask"]
@@ -88,7 +89,21 @@ class AdvantageShaping:
             runtime["primary_rewards"] = rewards_per_func[:, 0].nan_to_num(0.0)  # already gathered by TRL
         if "lengths" in needs:
             runtime["lengths"] = self.gather(mask.sum(dim=1).float())
+        if "row_values" in needs:
+            runtime["row_values"] = self.gather(self.column_values(rows, mask.shape[0], mask.device))
         return runtime
+
+    def column_values(self, rows: list | None, n: int, device) -> torch.Tensor:
+        """This process's rows' values of the data column ``params['column']`` (GUI-G1's per-problem weight)."""
+        column = self.params.get("column", "rate")
+        if rows is None or len(rows) != n:
+            raise ValueError(f"advantage shaping {self.name} reads the data column {column!r} of each row, "
+                             f"but the batch has {n} rows and {0 if rows is None else len(rows)} data rows")
+        missing = [i for i, row in enumerate(rows) if column not in row]
+        if missing:
+            raise ValueError(f"advantage shaping {self.name}: the data has no column {column!r} (row {missing[0]}); "
+                             "set algo.shaping.column to a numeric column of the training data")
+        return torch.tensor([float(row[column]) for row in rows], dtype=torch.float32, device=device)
 
     def prompt_logps(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The policy's log-prob of each prompt token but the first [B, P - 1] and which count (1: a

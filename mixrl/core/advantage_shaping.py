@@ -100,6 +100,11 @@ def none(advantages: Tensor, *, rewards: Tensor | None = None, group_ids: Tensor
     """No shaping: ``A' = A``.
 
     Formula: ``A'_i = A_i``
+
+    Paper: none (the estimator's advantage as it is).
+
+    Parameters:
+        (none)
     """
     return _float(advantages)
 

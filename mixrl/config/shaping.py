@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 
 from mixrl.config.builders import component
 from mixrl.config.components import SHAPING_KEYS  # noqa: F401  (offpolicy: the key every shaping section shares)
+from mixrl.core import CONTROLLERS
 from mixrl.core.advantage_shaping import ACE_GATES, PSR_NSR_MODES, SHAPINGS, shaping_needs
 from mixrl.errors import ConfigError
 
@@ -40,6 +41,11 @@ def shaping_reads_ref(cfg: DictConfig) -> bool:
 def check_shaping(cfg: DictConfig) -> None:
     """One-line ConfigErrors for a shaping that cannot run with the rest of the config."""
     spec = shaping_spec(cfg)
+    ctrl, _ = component(cfg.algo.get("controller"))
+    sets = [k for k in (getattr(CONTROLLERS.get(ctrl), "knob_names", ()) if ctrl else ()) if k.startswith("shaping.")]
+    if sets and (spec is None or sets[0].split(".", 1)[1] not in SHAPINGS.params(spec[0])):
+        raise ConfigError(f"algo.controller={ctrl} sets algo.{sets[0]}, but algo.shaping is "
+                          f"{spec[0] if spec else 'null'}; set algo.shaping.name=sign_weight")
     if spec is None:
         return
     name, params, _ = spec

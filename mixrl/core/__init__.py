@@ -31,6 +31,7 @@ from mixrl.core import (  # noqa: F401  (import = registration)
     controllers,
     cov_losses,
     distill,
+    entropic_shaping,
     gae,
     gmpo,
     offpolicy_reinforce,

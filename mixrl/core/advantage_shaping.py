@@ -126,7 +126,7 @@ def sign_weight(advantages: Tensor, *, rewards: Tensor | None = None, group_ids:
     top of the ``dr_grpo`` advantage, ``positive: 3, negative: 1, success: 1, success_advantage: 1``
     is R3L's Positive Amplification (the ``positive_amplified`` estimator, tested equal).
 
-    Formula: ``A'_i = {positive} A_i`` if A_i >= 0, ``{negative} A_i`` if A_i < 0; then A'_i = {success_advantage|A'_i} where R_i >= {success|(no success rule)}
+    Formula: ``A'_i = {positive} A_i`` if A_i >= 0, ``{negative} A_i`` if A_i < 0; a row with R_i >= {success|(unset: no such row)} gets A'_i = {success_advantage|(unset)}
 
     Paper: "The Surprising Effectiveness of Negative Reinforcement in LLM Reasoning" (arXiv
     2506.01347), PSR / NSR; R3L (arXiv 2601.03715), Positive Amplification.

@@ -401,7 +401,8 @@ class MixrlGRPOTrainer(GRPOTrainer):
         advantages = torch.nan_to_num(advantages, nan=0.0)
         if training and p.shaping is not None:  # algo.shaping: the advantages re-weighted (mixrl.trainer.parts.advantage_shaping)
             advantages, metrics = p.shaping.shape(self.model, out, advantages=advantages, rewards=rewards, group_ids=group_ids, sources=sources,
-                                                  include=include, rewards_per_func=self._mixrl_rewards_per_func, rows=inputs)
+                                                  include=include, rewards_per_func=self._mixrl_rewards_per_func, rows=inputs,
+                                                  knobs=p.controller.knobs() if p.controller is not None else None)
             self._log(mode, metrics)
         if "turn_rewards" in runtime:
             self._log(mode, turn_metrics(rewards, group_ids, runtime, self.advantage_params, include))

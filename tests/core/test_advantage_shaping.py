@@ -291,3 +291,39 @@ def test_ace_asks_trl_for_the_reference_log_probs():
 
     assert _needs_ref_logp(_cfg(["algo=ace"])) and not _needs_ref_logp(_cfg(["algo=dgpo"]))
     assert OmegaConf.select(_cfg(["algo=grpo"]), "algo.shaping") is None
+
+
+# ----------------------------------------------------------------------------- EntroPIC
+def test_entropic_sign_sets_the_positive_coefficient_by_its_pi_law():
+    from mixrl.core import CONTROLLERS
+
+    c = CONTROLLERS.get("entropic_sign")(target=0.5, kp=2.0, ki=0.5, alpha_min=-1.0, alpha_max=1.0)
+    assert c.knobs() == {}  # before the first step: the config's coefficient
+    c.step({"entropy": 0.3})  # e = 0.2, I = 0.2: alpha = 0.4 + 0.1 = 0.5
+    assert c.knobs() == pytest.approx({"shaping.positive": 0.5})
+    c.step({"entropy": 0.6})  # e = -0.1, I = 0.1: alpha = -0.2 + 0.05 = -0.15
+    assert c.knobs() == pytest.approx({"shaping.positive": 1.15})
+    c.step({"entropy": -5.0})  # e = 5.5: alpha clamped at 1, the positive rows' coefficient at 0 (never below)
+    assert c.knobs() == pytest.approx({"shaping.positive": 0.0})
+
+
+def test_the_part_applies_the_controllers_coefficient():
+    out, _, _ = _mixed_batch()
+    part = AdvantageShaping("sign_weight", {"positive": 1.0, "negative": 1.0}, offpolicy=False, forwards=_Forwards(None),
+                            gather=lambda t: t)
+    shaped, metrics = part.shape(None, out, advantages=torch.tensor([1.0, -1.0, 2.0, 1.0]), rewards=torch.zeros(4),
+                                 group_ids=torch.zeros(4, dtype=torch.long), sources=out["row_source"], include=None,
+                                 rewards_per_func=None, knobs={"shaping.positive": 0.25, "entropy_coef": 9.0})
+    assert shaped.tolist() == pytest.approx([0.25, -1.0, 0.5, 1.0])  # the expert row (offpolicy: false) keeps its A
+    assert metrics["shaping/positive"] == pytest.approx(0.25)
+
+
+def test_entropic_refuses_a_gain_or_bound_that_inverts_the_gradient_and_needs_sign_weight():
+    from mixrl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="kp"):
+        _cfg(["algo=entropic", "algo.controller.kp=-1"])
+    with pytest.raises(ConfigError, match="alpha_max"):
+        _cfg(["algo=entropic", "algo.controller.alpha_max=1.5"])
+    with pytest.raises(ConfigError, match="sign_weight"):
+        _cfg(["algo=entropic", "algo.shaping=null"])

@@ -52,19 +52,21 @@ class AdvantageShaping:
 
     def shape(self, model, out: dict, *, advantages: torch.Tensor, rewards: torch.Tensor, group_ids: torch.Tensor,
               sources: torch.Tensor, include: torch.Tensor | None, rewards_per_func: torch.Tensor | None,
-              rows: list | None = None) -> tuple[torch.Tensor, dict]:
+              rows: list | None = None, knobs: dict | None = None) -> tuple[torch.Tensor, dict]:
         """The shaped advantages [N_global] and ``shaping/*`` metrics. ``out``: this process's batch;
-        ``sources``: the global rows' ``row_source``; ``rows``: this process's data rows (dicts), one per batch row."""
+        ``sources``: the global rows' ``row_source``; ``rows``: this process's data rows (dicts), one per batch row;
+        ``knobs``: a controller's values for this batch, ``shaping.<param>`` overriding the config's (EntroPIC)."""
         if advantages.dim() != 1:
             raise ValueError(f"advantage shaping {self.name} re-weights one advantage per row, got per-token advantages {tuple(advantages.shape)}")
         runtime = self.inputs(model, out, rewards_per_func, rows)
-        shaped = self.fn(advantages, rewards=rewards, group_ids=group_ids, include=include, **runtime, **self.params)
+        set_now = {k.split(".", 1)[1]: float(v) for k, v in (knobs or {}).items() if k.startswith("shaping.")}
+        shaped = self.fn(advantages, rewards=rewards, group_ids=group_ids, include=include, **runtime, **{**self.params, **set_now})
         shaped = torch.nan_to_num(shaped.to(advantages.dtype), nan=0.0)
         shaped_rows = torch.ones_like(sources, dtype=torch.bool) if self.offpolicy else behaviour_is_policy(sources)
         result = torch.where(shaped_rows, shaped, advantages)
         changed = shaped_rows & (advantages != 0)
         ratio = (result[changed] / advantages[changed]).abs() if bool(changed.any()) else None
-        metrics = {"shaping/rows": float(shaped_rows.float().mean())}
+        metrics = {"shaping/rows": float(shaped_rows.float().mean()), **{f"shaping/{k}": v for k, v in set_now.items()}}
         if ratio is not None:
             metrics["shaping/scale_mean"] = float(ratio.mean())
         return result, metrics

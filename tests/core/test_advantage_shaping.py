@@ -327,3 +327,11 @@ def test_entropic_refuses_a_gain_or_bound_that_inverts_the_gradient_and_needs_si
         _cfg(["algo=entropic", "algo.controller.alpha_max=1.5"])
     with pytest.raises(ConfigError, match="sign_weight"):
         _cfg(["algo=entropic", "algo.shaping=null"])
+
+
+def test_explain_shows_the_shaping_row_only_when_there_is_one():
+    from mixrl.explain.render import explain_lines
+
+    rows = dict(explain_lines(_cfg(["algo=ace"])))
+    assert rows["shaping"].startswith("ace: A'_i = A_i (1 + 1 g(c_i))") and "reference model's log-probs" in rows["shaping"]
+    assert "shaping" not in dict(explain_lines(_cfg(["algo=grpo"])))

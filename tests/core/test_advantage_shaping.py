@@ -129,7 +129,9 @@ def test_the_part_reads_the_data_column_of_each_row():
     shaped, _ = part.shape(None, out, advantages=torch.ones(4), rewards=torch.zeros(4), group_ids=torch.zeros(4, dtype=torch.long),
                            sources=out["row_source"], include=None, rewards_per_func=None, rows=rows)
     assert shaped.tolist() == pytest.approx([1.0, 2.0, 3.0, 4.0])
-    with pytest.raises(ValueError, match="no column 'level'"):
+    from mixrl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="column 'level', which the training data does not have"):
         part.shape(None, out, advantages=torch.ones(4), rewards=torch.zeros(4), group_ids=torch.zeros(4, dtype=torch.long),
                    sources=out["row_source"], include=None, rewards_per_func=None, rows=[{"rate": 1}] * 4)
 

@@ -27,6 +27,7 @@ from collections.abc import Callable
 import torch
 
 from mixrl.core.advantage_shaping import SHAPINGS, shaping_needs
+from mixrl.errors import ConfigError
 from mixrl.trainer.parts.batch_fields import behaviour_is_policy
 from mixrl.trainer.parts.forwards import Forwards
 
@@ -103,8 +104,8 @@ class AdvantageShaping:
                              f"but the batch has {n} rows and {0 if rows is None else len(rows)} data rows")
         missing = [i for i, row in enumerate(rows) if column not in row]
         if missing:
-            raise ValueError(f"advantage shaping {self.name}: the data has no column {column!r} (row {missing[0]}); "
-                             "set algo.shaping.column to a numeric column of the training data")
+            raise ConfigError(f"algo.shaping={self.name} reads the data column {column!r}, which the training data does not have "
+                              f"(its columns: {', '.join(sorted(rows[missing[0]]))}); set algo.shaping.column to a numeric column")
         return torch.tensor([float(row[column]) for row in rows], dtype=torch.float32, device=device)
 
     def prompt_logps(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -265,7 +265,8 @@ class AlgoConfig:
     inject: dict = field(default_factory=lambda: {"name": "none"})  # where off-policy rows enter (mixrl.sources)
     coefs: dict = field(default_factory=dict)  # named coefficients: {mu: 0.1 | schedule}
     terms: dict = field(default_factory=dict)  # label -> term; every algo lists its own
-    controller: Optional[dict] = None  # {name: bapo|entropic|palu, ...}: sets clip bounds / entropy coef each step, or reshapes rewards (palu)
+    shaping: Optional[dict] = None  # {name, offpolicy, ...}: the advantages re-weighted after the estimator (mixrl.core.advantage_shaping); null: none
+    controller: Optional[dict] = None  # {name: bapo|entropic|entropic_sign|palu, ...}: sets clip bounds / entropy coef / the shaping's positive coefficient each step, or reshapes rewards (palu)
     stages: list = field(default_factory=list)  # sequential stages (sft_then_rl)
     engine_correction: EngineCorrectionConfig = field(default_factory=EngineCorrectionConfig)  # when vLLM generates
     critic: Optional[dict] = None  # {lr, value_clip, max_grad_norm, weight_decay}: a learned critic for advantage gae (mixrl.config.critic)

@@ -15,6 +15,7 @@ registry                 kind                              module
 ``AGGREGATIONS``         aggregation                       ``aggregation``
 ``ADVANTAGES``           advantage                         ``advantages``, ``gae``, ``turn_advantages``,
                                                            ``process_advantages``
+``SHAPINGS``             advantage shaping                 ``advantage_shaping``
 ``KL_ESTIMATORS``        KL estimator                      ``regularizers``
 ``SCHEDULES``            schedule                          ``schedules``
 ``CONTROLLERS``          controller                        ``controllers``, ``stability_controllers``
@@ -23,6 +24,7 @@ registry                 kind                              module
 """
 
 from mixrl.core import (  # noqa: F401  (import = registration)
+    advantage_shaping,
     advantages,
     aggregation,
     alol,
@@ -30,6 +32,7 @@ from mixrl.core import (  # noqa: F401  (import = registration)
     controllers,
     cov_losses,
     distill,
+    entropic_shaping,
     gae,
     gmpo,
     offpolicy_reinforce,
@@ -53,6 +56,7 @@ from mixrl.core import (  # noqa: F401  (import = registration)
     token_weights,
     vespo,
 )
+from mixrl.core.advantage_shaping import SHAPINGS
 from mixrl.core.advantages import ADVANTAGES
 from mixrl.core.aggregation import AGGREGATIONS, aggregate
 from mixrl.core.controllers import CONTROLLERS, BapoClipController, EntropicController
@@ -75,6 +79,7 @@ REGISTRIES: dict[str, Registry] = {
     "token_weight": TOKEN_WEIGHTS,
     "aggregation": AGGREGATIONS,
     "advantage": ADVANTAGES,
+    "advantage_shaping": SHAPINGS,
     "kl_estimator": KL_ESTIMATORS,
     "schedule": SCHEDULES,
     "controller": CONTROLLERS,
@@ -90,6 +95,7 @@ __all__ = [
     "POLICY_LOSSES",
     "REGISTRIES",
     "SCHEDULES",
+    "SHAPINGS",
     "TERMS",
     "TOKEN_WEIGHTS",
     "VALUE_LOSSES",

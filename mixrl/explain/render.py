@@ -32,6 +32,7 @@ from mixrl.config.objective import check_objective
 from mixrl.config.geometry import geometry
 from mixrl.core import ADVANTAGES, AGGREGATIONS, CONTROLLERS, SCHEDULES, TERMS, provenance as prov
 from mixrl.core.advantages import advantage_needs
+from mixrl.explain.shaping import shaping_row
 from mixrl.core.objective import parse_weight_ref, uses_rows
 from mixrl.core.schedules import describe_schedule, split_spec
 from mixrl.rewards.components import REWARD_MODELS
@@ -318,6 +319,9 @@ def explain_lines(cfg: DictConfig) -> list[tuple[str, str]]:
     rows += _coefficient_rows(cfg)
     inject, _ = component(cfg.algo.inject)
     rows.append(("advantage", _advantage_row(cfg, inject)))
+    shaping = shaping_row(cfg)
+    if shaping is not None:
+        rows.append(("shaping", shaping))
     critic = critic_description(cfg)
     if critic is not None:
         rows.append(("critic", critic))

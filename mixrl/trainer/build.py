@@ -28,6 +28,7 @@ from mixrl.trainer import fsdp
 from mixrl.trainer.env_rollout import env_trainer_kwargs
 from mixrl.config.checks import check_train_size, check_training_data, row_texts
 from mixrl.config.builders import build_controller, build_injection, build_objective, build_source, build_teacher
+from mixrl.config.shaping import shaping_reads_ref, shaping_spec
 from mixrl.core.terms import term_needs
 from mixrl.rewards.components import heldout_reward
 from mixrl.trainer.generation.engine_sync import default_tolerance
@@ -125,7 +126,7 @@ def _engine_correction_args(cfg: DictConfig) -> dict:
 def _needs_ref_logp(cfg: DictConfig) -> bool:
     """Does a term other than the KL term (e.g. kl_convex) read reference log-probs? mixrl
     computes its own loss, so TRL's beta only decides whether they are computed."""
-    return any("ref_logp" in term_needs(t.kind) for t in build_objective(cfg).terms)
+    return any("ref_logp" in term_needs(t.kind) for t in build_objective(cfg).terms) or shaping_reads_ref(cfg)
 
 
 def peft_config(cfg: DictConfig):
@@ -334,6 +335,7 @@ def trainer_from_config(cfg: DictConfig, *, inputs: RunInputs | None = None, cal
             callbacks=list(callbacks or []),
             objective=build_objective(cfg),
             advantage=advantage_spec(cfg),
+            shaping=shaping_spec(cfg),
             injections=[injection],
             controller=build_controller(cfg),
             teacher=teacher,

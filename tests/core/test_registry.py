@@ -68,7 +68,8 @@ def test_expected_names_are_registered():
                                              "reinforce_pp", "reinforce_pp_baseline", "opo", "remax", "gae", "mt_grpo",
                                              "positive_amplified", "capo"}
     assert set(core.KL_ESTIMATORS.names()) == {"k1", "k2", "k3", "k3_clamped"}
-    assert set(core.CONTROLLERS.names()) == {"bapo", "entropic", "palu", "vcpo_ess", "r2vpo_dual"}
+    assert set(core.CONTROLLERS.names()) == {"bapo", "entropic", "entropic_sign", "palu", "vcpo_ess", "r2vpo_dual"}
+    assert set(core.SHAPINGS.names()) == {"none", "sign_weight", "psr_nsr", "ace", "arm", "dgpo", "row_weight"}
 
 
 def test_declaration_parses_summary_formula_paper():

@@ -36,6 +36,9 @@ def pair_rewards(x: TermInputs, v: PairView) -> tuple[Tensor, Tensor]:
     dt = x.logp.dtype
     own = torch.where(v.active, rows["pair_reward"].to(x.logp.device, dt), torch.zeros_like(v.own))
     partner = torch.where(v.active, rows["pair_partner_reward"].to(x.logp.device, dt), torch.zeros_like(v.own))
+    if not bool(torch.isfinite(own).all() and torch.isfinite(partner).all()):
+        raise ValueError("this pair term needs both sides' rewards, but a pair has a side nobody scored (an off-policy "
+                         "pair from offpolicy=pairs); train it on on-policy pairs (tokens: [pair_on_policy])")
     return v.chosen_rejected(own.detach(), partner.detach())
 
 

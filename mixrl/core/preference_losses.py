@@ -141,6 +141,7 @@ def copg(x: TermInputs, *, beta: float = 0.1) -> TermOutput:
 
 copg.needs = ("ref_logp",)
 copg.row_loss = True
+copg.reads_pair_rewards = True  # config validation: on-policy pairs only (both sides scored)
 
 
 @TERMS.register("osp", bounds={
@@ -175,3 +176,4 @@ def osp(x: TermInputs, *, beta: float = 0.1, temperature: float = 1.0) -> TermOu
 
 osp.needs = ("ref_logp",)
 osp.row_loss = True
+osp.reads_pair_rewards = True  # config validation: on-policy pairs only (both sides scored)

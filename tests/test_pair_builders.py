@@ -138,6 +138,11 @@ def test_reference_reset_is_trls_sync_with_alpha_one():
     assert ref_reset_args(compose_config(["algo=spin"])) == {
         "sync_ref_model": True, "ref_model_mixup_alpha": 1.0, "ref_model_sync_steps": 20}
     assert ref_reset_args(compose_config(["algo=simplemix"])) == {}
+    from mixrl.explain.render import explain_lines
+
+    rows = dict(explain_lines(compose_config(["algo=dno"])))
+    assert "every 20th optimizer step" in rows["reference"]
+    assert "reference" not in dict(explain_lines(compose_config(["algo=simplemix"])))
 
 
 # --------------------------------------------------------------------------- config refusals

@@ -48,6 +48,15 @@ def _reads_reference(cfg: DictConfig) -> bool:
     return any("ref_logp" in term_needs(t.kind) for t in build_objective(cfg).terms)
 
 
+def describe_ref_reset(cfg: DictConfig) -> str | None:
+    """The ``reference`` row of ``mixrl explain`` (None: a frozen reference)."""
+    n = reset_every(cfg)
+    if not n:
+        return None
+    return (f"pi_ref <- pi_theta after every {n}th optimizer step (algo.kl.reset_every={n}; TRL's sync_ref_model, alpha 1): "
+            "each iteration's reference is the policy at its start; frozen before the first reset")
+
+
 def ref_reset_args(cfg: DictConfig) -> dict:
     """TRL ``GRPOConfig`` arguments for the reset (none when the reference stays frozen)."""
     n = reset_every(cfg)

@@ -24,6 +24,7 @@ from mixrl.core.policy_losses import POLICY_LOSSES
 from mixrl.core.registry import format_value
 from mixrl.errors import ConfigError
 from mixrl.explain.sampler import sampler_rows
+from mixrl.config.ref_reset import describe_ref_reset
 from mixrl.explain.schedules import component, constant_value, controller_knobs, objective
 from mixrl.config.components import component_kind, registry_for
 from mixrl.config.critic import critic_description
@@ -325,6 +326,9 @@ def explain_lines(cfg: DictConfig) -> list[tuple[str, str]]:
     if teacher is not None:
         rows.append(("teacher.source", teacher))
     rows.append(("controller", _controller_row(cfg)))
+    reference = describe_ref_reset(cfg)
+    if reference is not None:
+        rows.append(("reference", reference))
     rows += _reward_rows(cfg)
     engine = _engine_row(cfg)
     if engine is not None:

@@ -19,10 +19,10 @@ from mixrl.core import provenance as prov
 from mixrl.errors import ConfigError
 from mixrl.sources import InjectContext
 from mixrl.sources.expert import ExpertSource
-from mixrl.sources.pair_builders import RsoPairs, SpinPairs, rejection_sample
-from mixrl.sources.pairs import PAIR_OFF_POLICY, PAIR_ON_POLICY
+from mixrl.sources.pair_builders import RsoPairs, SeraPairs, SpinPairs, rejection_sample
+from mixrl.sources.pairs import PAIR_OFF_POLICY, PAIR_ON_POLICY, PairSource
 
-PRESETS = ["rdpo", "slic", "spin", "rso", "copg", "osp", "dno"]
+PRESETS = ["rdpo", "slic", "spin", "rso", "copg", "osp", "dno", "sera"]
 
 
 class _Tok:
@@ -133,6 +133,30 @@ def test_spin_pairs_put_the_demonstration_over_a_rollout():
     assert new["pair_partner_logp"][6].item() == pytest.approx(-0.1 * len(rejected))
 
 
+# --------------------------------------------------------------------------- SeRA
+def test_sera_pairs_keep_the_largest_implicit_reward_margins_and_self_label_rollouts():
+    """Fake policy -0.1 per token; reference -0.3 per token (the reference model) or -0.5 (the rollouts'
+    own, from TRL). Implicit reward r_hat = beta (s - s_ref): 0.2 beta per token of a source side,
+    0.4 beta per token of a rollout. Source candidates: gaps of 1 and 3 characters (+1 eos each side):
+    the 3-character gap has the larger margin and is kept. Rollouts: group 0 lengths 2, 5, 3, 4 ->
+    chosen the 5-token one, rejected the 2-token one, whatever their task reward."""
+    beta = 0.5
+    src = PairSource()
+    src.pool = [("1+2=", "ab", "a"), ("2+2=", "abcd", "a")]
+    src.sample = lambda rng, n: list(src.pool)  # both candidates, in this order
+    out = _batch([1, 0, 1, 1, 0, 0, 0, 0], [2, 5, 3, 4, 2, 2, 2, 2])  # group 1: all lengths equal -> r_hat tie, no pair
+    inj = SeraPairs(pairs=2, pool=2, beta=beta, bootstrap=0.5, source=src)
+    new = inj.after_advantages(_ctx(), [], out)
+    assert inj.metrics["pairs/on_policy"] == 1.0 and inj.metrics["pairs/off_policy"] == 1.0
+    assert inj.metrics["pairs/sera_off_margin"] == pytest.approx(beta * 0.2 * 3)
+    assert new["completion_ids"][8, :5].tolist() == out["completion_ids"][1, :5].tolist()  # bootstrapped chosen: longest
+    assert new["completion_ids"][9, :2].tolist() == out["completion_ids"][0, :2].tolist()
+    assert new["pair_reward"][8:10].tolist() == [0.0, 1.0]  # labelled by the implicit reward, not the task reward
+    ctx = _ctx()
+    assert new["completion_ids"][10, :5].tolist() == ctx.completion_ids("abcd")  # kept source pair: the 3-character gap
+    assert new["row_source"][8:].tolist() == [PAIR_ON_POLICY] * 2 + [PAIR_OFF_POLICY] * 2
+
+
 # --------------------------------------------------------------------------- the reference reset
 def test_reference_reset_is_trls_sync_with_alpha_one():
     assert ref_reset_args(compose_config(["algo=spin"])) == {
@@ -159,6 +183,8 @@ def test_reference_reset_is_trls_sync_with_alpha_one():
     (["algo=spin", "model.lora.enabled=true"], "lora"),
     (["algo=grpo", "+algo.kl.reset_every=5"], "nothing reads the reference"),
     (["algo=spin", "offpolicy=none"], "offpolicy"),
+    (["algo=sera", "algo.inject.bootstrap=1.5"], "bootstrap"),
+    (["algo=sera", "algo.inject.pool=0"], "pool"),
 ])
 def test_out_of_range_pair_settings_are_refused_in_one_line(overrides, match):
     with pytest.raises(ConfigError, match=match) as e:
@@ -179,7 +205,7 @@ def test_pair_preset_trains_two_steps(algo, fast_overrides):
     assert res.exit_code == 0, (res.stdout[-1500:], res.exception)
     rows = [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if x.strip()]
     assert len(rows) == 2
-    term = {"rdpo": "rdpo", "slic": "slic", "spin": "spin", "rso": "rso", "copg": "copg", "osp": "osp", "dno": "dno"}[algo]
+    term = {"rdpo": "rdpo", "slic": "slic", "spin": "spin", "rso": "rso", "copg": "copg", "osp": "osp", "dno": "dno", "sera": "dpo"}[algo]
     assert all(math.isfinite(r[f"loss/{term}"]) for r in rows)
     if algo in ("spin", "dno"):
         # the reference is reset to the policy after every step: each step starts at margin 0

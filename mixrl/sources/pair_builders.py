@@ -1,5 +1,6 @@
-"""More pair constructors: SPIN's (demonstration, own rollout) pairs and RSO's pairs drawn by
-statistical rejection sampling from the estimated optimal policy.
+"""More pair constructors: SPIN's (demonstration, own rollout) pairs, RSO's pairs drawn by
+statistical rejection sampling from the estimated optimal policy, and SeRA's pairs kept by their
+implicit reward margin.
 
 Both append their pairs after advantages, as the pair injections of :mod:`mixrl.sources.pairs` do
 (the rows and links of :func:`mixrl.sources.pair_rows.append_sides`), and both read the policy's
@@ -13,6 +14,8 @@ rollouts of this step: groups held whole by this process, every row a rollout.
   sampling with the group's rewards keeps up to ``accept`` of them as draws from
   pi*(y|x) ~ pi(y|x) exp(r(x, y) / beta), and consecutive accepted draws are paired and labelled by
   the reward (ties give no pair).
+* ``sera_pairs``: off-policy pairs kept by the policy's implicit reward margin, plus rollout pairs
+  labelled by the implicit reward itself (no external reward).
 """
 
 from __future__ import annotations
@@ -163,3 +166,83 @@ class RsoPairs(GroupPairs):
         if not found:
             return out
         return append_sides(ctx, out, [row_side(out, i, PAIR_ON_POLICY) for pair in found for i in pair])
+
+
+def implicit_rewards(ctx: InjectContext, sides: list[Side], beta: float) -> list[float]:
+    """Per side, the implicit reward beta [s(y) - s_ref(y)] under the policy now (sequence sums);
+    fills each side's ``ref`` where it was unknown."""
+    if not sides:
+        return []
+    policy = ctx.behaviour_logps([s.prompt for s in sides], [s.completion for s in sides])
+    todo = [k for k, s in enumerate(sides) if s.ref is None]
+    scored = ctx.ref_logps([sides[k].prompt for k in todo], [sides[k].completion for k in todo]) if todo else []
+    for k, lp in zip(todo, scored):
+        sides[k].ref = list(lp)
+    return [beta * (sum(policy[k]) - sum(s.ref)) for k, s in enumerate(sides)]
+
+
+@INJECTIONS.register("sera_pairs", bounds={
+    "pairs": (">= 1", "pairs appended per step, all processes"),
+    "pool": (">= 1", "candidate pairs drawn per kept off-policy pair"),
+    "beta": ("> 0", "the scale of the implicit reward beta log(pi / pi_ref)"),
+    "bootstrap": ("[0, 1]", "the share of bootstrapped (self-labelled rollout) pairs among the appended pairs"),
+})
+class SeraPairs(GroupPairs):
+    """SeRA's self-reviewed pairs: off-policy pairs kept by their implicit reward margin (the largest
+    ``1 / pool`` of the drawn candidates), plus bootstrapped pairs from the policy's own rollouts,
+    labelled by the implicit reward (each group's highest vs lowest beta log(pi / pi_ref)), also kept by margin.
+
+    Formula: m(y_w, y_l) = {beta} [log(pi / pi_ref)(y_w) - log(pi / pi_ref)(y_l)] under the policy now; off-policy: keep the top 1/{pool} of {pool} x n_off source pairs by m; bootstrapped: per group y_w = argmax_i r_hat(y_i), y_l = argmin_i, keep the top n_on by m; n_on = round({bootstrap} x {pairs})
+    Paper: SeRA, "SeRA: Self-Reviewing and Alignment of Large Language Models using Implicit Reward Margins" (arXiv 2410.09362).
+    Keeping the LARGEST margins is our reading of "sample selection using implicit reward margins" (the abstract
+    does not say which end is kept); the paper's selection ratio and bootstrapping schedule are not reproduced.
+
+    Parameters:
+        pairs (8): pairs per optimizer step, all processes (a multiple of the processes).
+        pool (2): candidate off-policy pairs drawn per kept one.
+        beta (0.1): scale of the implicit reward (DPO's beta).
+        bootstrap (0.5): share of bootstrapped rollout pairs, in [0, 1].
+    """
+
+    needs_source = True
+    sources = ("pairs",)
+    provenances = ("pair_on_policy", "pair_off_policy")
+    may_leave_untrained = ()
+
+    def __init__(self, *, pairs: int = 8, pool: int = 2, beta: float = 0.1, bootstrap: float = 0.5, source=None,
+                 geometry=None, seed: int = 0):
+        super().__init__(pairs=pairs, source=source, geometry=geometry, seed=seed)
+        if int(pool) < 1 or not float(beta) > 0 or not 0.0 <= float(bootstrap) <= 1.0:
+            raise ConfigError(f"sera_pairs: pool={pool} must be >= 1, beta={beta} > 0 and bootstrap={bootstrap} in [0, 1]")
+        self.pool, self.beta, self.on_policy_share = int(pool), float(beta), float(bootstrap)
+
+    def after_advantages(self, ctx: InjectContext, inputs: list[dict], out: dict) -> dict:
+        rng = self._rng(ctx)
+        n_on, n_off = self._targets(ctx)
+        boot = []
+        if n_on:
+            for g, members in sorted(local_groups(ctx, out).items()):
+                sides = [row_side(out, i, PAIR_ON_POLICY) for i in members]
+                r_hat = implicit_rewards(ctx, sides, self.beta)
+                hi, lo = max(range(len(sides)), key=r_hat.__getitem__), min(range(len(sides)), key=r_hat.__getitem__)
+                if r_hat[hi] > r_hat[lo]:
+                    boot.append((r_hat[hi] - r_hat[lo], sides[hi], sides[lo]))
+        boot = sorted(boot, key=lambda t: -t[0])[:n_on]
+        off = []
+        if n_off and self.source is not None:
+            cand = self.source.sample(rng, self.pool * n_off)
+            prompts = ctx.tokenize_prompts([p for p, _, _ in cand])
+            sides = [Side(prompt=list(p), completion=ctx.completion_ids(t), code=PAIR_OFF_POLICY)
+                     for p, (_, c, r) in zip(prompts, cand) for t in (c, r)]
+            r_hat = implicit_rewards(ctx, sides, self.beta)
+            margins = [r_hat[2 * j] - r_hat[2 * j + 1] for j in range(len(cand))]
+            off = sorted(((m, sides[2 * j], sides[2 * j + 1]) for j, m in enumerate(margins)), key=lambda t: -t[0])[:n_off]
+        keep = whole_micro_batches(len(boot) + len(off), self.geometry)
+        boot = boot[: min(len(boot), keep)]
+        off = off[: keep - len(boot)]
+        self.metrics = {"pairs/on_policy": float(len(boot)), "pairs/off_policy": float(len(off))}
+        if off:
+            self.metrics["pairs/sera_off_margin"] = sum(m for m, _, _ in off) / len(off)
+        if not boot and not off:
+            return out
+        return append_sides(ctx, out, [s for _, w, l in (*boot, *off) for s in (w, l)])

@@ -225,7 +225,7 @@ class SeraPairs(GroupPairs):
                 sides = [row_side(out, i, PAIR_ON_POLICY) for i in members]
                 r_hat = implicit_rewards(ctx, sides, self.beta)
                 hi, lo = max(range(len(sides)), key=r_hat.__getitem__), min(range(len(sides)), key=r_hat.__getitem__)
-                if r_hat[hi] > r_hat[lo]:
+                if r_hat[hi] - r_hat[lo] > 1e-6:  # a smaller gap is a tie (float noise at the start, when pi = pi_ref)
                     boot.append((r_hat[hi] - r_hat[lo], sides[hi], sides[lo]))
         boot = sorted(boot, key=lambda t: -t[0])[:n_on]
         off = []

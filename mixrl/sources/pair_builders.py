@@ -56,6 +56,9 @@ class SpinPairs(GroupPairs):
     Paper: SPIN, "Self-Play Fine-Tuning Converts Weak Language Models to Strong Language Models" (arXiv 2401.01335): the main player
     learns to tell the SFT data (real) from the opponent's (the previous iteration's model's) generations; with
     algo.kl.reset_every the reference, which SPIN's loss uses as the opponent, is the policy of the previous iteration.
+    The authors' loss (uclaml/SPIN, spin/alignment/trainer.py, spin_loss, lines 416-450 at commit
+    a12ba808a51c23bb98c7cc892d261e9c2f71ff8e) is DPO's on (real, generated) with the opponent as reference
+    (loss_type sigmoid: the dpo term; hinge: the slic term with reference: true, delta 1).
 
     Parameters:
         pairs (8): pairs per optimizer step, all processes (a multiple of the processes).

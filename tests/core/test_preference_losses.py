@@ -185,3 +185,16 @@ def test_a_micro_batch_without_pairs_gives_zero_loss(kind):
                    behaviour_logp=logp.detach(), ref_logp=logp.detach())
     out = TERMS.get(kind)(x)
     assert float(out.per_token.detach().abs().sum()) == 0.0 and out.per_token.requires_grad
+
+
+def test_spin_authors_loss_is_dpo_and_hinge_norm_with_the_demonstration_chosen():
+    """uclaml/SPIN, spin/alignment/trainer.py, spin_loss (lines 416-450 at commit
+    a12ba808a51c23bb98c7cc892d261e9c2f71ff8e): logits = (pi_real - pi_generated) - (opp_real - opp_generated);
+    sigmoid: -logsigmoid(beta logits); hinge: relu(1 - beta logits). With real = the chosen side and
+    the opponent = the reference, these are the dpo term and the slic term (reference, delta 1)."""
+    beta = 0.5
+    logits = (S_W - S_L) - (R_W - R_L)
+    v_dpo, _, _ = _loss("dpo", {"beta": beta})
+    v_hinge, _, _ = _loss("slic", {"beta": beta, "delta": 1.0, "reference": True})
+    assert v_dpo == pytest.approx(_softplus(-beta * logits), abs=1e-12)
+    assert v_hinge == pytest.approx(max(0.0, 1 - beta * logits), abs=1e-12)

@@ -210,4 +210,5 @@ def test_pair_preset_trains_two_steps(algo, fast_overrides):
     if algo in ("spin", "dno"):
         # the reference is reset to the policy after every step: each step starts at margin 0
         margins = [r["dpo/margin"] for r in rows if "dpo/margin" in r]
-        assert margins and all(abs(m) < 1e-4 for m in margins)
+        assert all(abs(m) < 1e-4 for m in margins)
+        assert margins or algo == "dno"  # dno's pairs need a group whose rewards differ (4 small groups may all tie)

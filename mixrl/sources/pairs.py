@@ -6,7 +6,9 @@ A pair enters the batch as two appended rows (its chosen and its rejected comple
 prompt, in no group, advantage 0), linked by the per-row fields the preference terms read
 (:mod:`mixrl.core.preference`): ``pair_index``, ``pair_side`` (1 chosen, 0 rejected) and the
 partner's sequence log-probs under the policy (now: the policy that trains on the pair this step)
-and the reference model, with its length. Every pair row gets reference log-probs
+and the reference model, with its length, and both sides' rewards (``pair_reward``,
+``pair_partner_reward``; NaN for an off-policy side). The rows are written by
+:func:`mixrl.sources.pair_rows.append_sides`. Every pair row gets reference log-probs
 (``ref_per_token_logps``) from the reference model, which the run loads because the preference
 terms read ``ref_logp``.
 

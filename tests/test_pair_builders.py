@@ -157,6 +157,24 @@ def test_sera_pairs_keep_the_largest_implicit_reward_margins_and_self_label_roll
     assert new["row_source"][8:].tolist() == [PAIR_ON_POLICY] * 2 + [PAIR_OFF_POLICY] * 2
 
 
+# --------------------------------------------------------------------------- label noise (rDPO's setting)
+def test_pairs_source_flips_labels_at_the_stated_rate():
+    import random
+
+    src = PairSource(flip=0.3)
+    src.pool = [("1+2=", "3 #### 3", "1 #### 1")]
+    picks = src.sample(random.Random(0), 4000)
+    flipped = sum(c == "1 #### 1" for _, c, _ in picks) / len(picks)
+    assert flipped == pytest.approx(0.3, abs=0.03)
+    assert all({c, r} == {"3 #### 3", "1 #### 1"} for _, c, r in picks)
+    clean = PairSource()
+    clean.pool = [("a", "b", "c"), ("d", "e", "f")]
+    # flip 0: the draws are those of the pool alone (the same generator calls as before the option existed)
+    rng = random.Random(1)
+    expected = [clean.pool[rng.randrange(2)] for _ in range(6)]
+    assert clean.sample(random.Random(1), 6) == expected
+
+
 # --------------------------------------------------------------------------- the reference reset
 def test_reference_reset_is_trls_sync_with_alpha_one():
     assert ref_reset_args(compose_config(["algo=spin"])) == {
@@ -184,6 +202,7 @@ def test_reference_reset_is_trls_sync_with_alpha_one():
     (["algo=grpo", "+algo.kl.reset_every=5"], "nothing reads the reference"),
     (["algo=spin", "offpolicy=none"], "offpolicy"),
     (["algo=sera", "algo.inject.bootstrap=1.5"], "bootstrap"),
+    (["algo=rdpo", "offpolicy.source.flip=0.5"], "flip"),
     (["algo=sera", "algo.inject.pool=0"], "pool"),
 ])
 def test_out_of_range_pair_settings_are_refused_in_one_line(overrides, match):

@@ -52,7 +52,7 @@ PAIR_OFF_POLICY = prov.register_provenance(
 REJECTED_FROM = ("auto", "column", "arith_careless")
 
 
-@SOURCES.register("pairs")
+@SOURCES.register("pairs", bounds={"flip": ("[0, 0.5)", "a label-flip rate; at 0.5 or more the labels carry no preference or the reverse one")})
 class PairSource(Source):
     """Off-policy preference pairs (prompt, chosen, rejected): rows of a dataset with a column
     mapping (``dataset`` + ``prompt_column`` / ``chosen_column`` / ``rejected_column``), or, with
@@ -71,12 +71,13 @@ class PairSource(Source):
         chosen_column (chosen): the dataset's preferred completion (text, or a conversation whose last reply is used).
         rejected_column (rejected): the dispreferred completion (same forms); with dataset null, a column of the training data.
         rejected_from (auto): auto | column | arith_careless (dataset null only: the built-in task's careless solution; auto: that on data=arith, else column).
+        flip (0.0): each drawn pair's chosen and rejected sides swapped with this probability (synthetic label noise, for robust DPO's setting; 0: none).
     """
 
     provenances = ("pair_off_policy",)
 
     def __init__(self, *, dataset: str | None = None, prompt_column: str = "prompt", chosen_column: str = "chosen",
-                 rejected_column: str = "rejected", rejected_from: str = "auto"):
+                 rejected_column: str = "rejected", rejected_from: str = "auto", flip: float = 0.0):
         if rejected_from not in REJECTED_FROM:
             raise ValueError(f"rejected_from must be one of {', '.join(REJECTED_FROM)}, got {rejected_from!r}")
         if dataset and rejected_from == "arith_careless":
@@ -85,6 +86,7 @@ class PairSource(Source):
         self.dataset, self.rejected_from = dataset, rejected_from
         self.prompt_column, self.chosen_column, self.rejected_column = prompt_column, chosen_column, rejected_column
         self.pool: list[tuple] = []
+        self.flip = float(flip)
         self.reads_expert_column = not dataset
 
     def prepare(self, train_ds, data_cfg):
@@ -160,8 +162,12 @@ class PairSource(Source):
         return list(zip(ds["prompt"], chosen, rejected))
 
     def sample(self, rng: random.Random, n: int) -> list[tuple]:
-        """``n`` (prompt, chosen, rejected) drawn from the pool with ``rng``."""
-        return [self.pool[rng.randrange(len(self.pool))] for _ in range(n)]
+        """``n`` (prompt, chosen, rejected) drawn from the pool with ``rng``; with ``flip`` > 0, each one's
+        sides swapped with that probability (one more draw per pair, so flip 0 keeps the draws as they were)."""
+        picks = [self.pool[rng.randrange(len(self.pool))] for _ in range(n)]
+        if not self.flip:
+            return picks
+        return [(p, r, c) if rng.random() < self.flip else (p, c, r) for p, c, r in picks]
 
 
 def _completion(value, row: int, column: str, where: str, key: str, *, first: bool = False) -> str | None:

@@ -24,7 +24,6 @@ from mixrl.core.policy_losses import POLICY_LOSSES
 from mixrl.core.registry import format_value
 from mixrl.errors import ConfigError
 from mixrl.explain.sampler import sampler_rows
-from mixrl.config.ref_reset import describe_ref_reset
 from mixrl.explain.schedules import component, constant_value, controller_knobs, objective
 from mixrl.config.components import component_kind, registry_for
 from mixrl.config.critic import critic_description
@@ -36,6 +35,7 @@ from mixrl.core.objective import parse_weight_ref, uses_rows
 from mixrl.core.schedules import describe_schedule, split_spec
 from mixrl.rewards.components import REWARD_MODELS
 from mixrl.sources import INJECTIONS, SOURCES
+from mixrl.config.ref_reset import describe_ref_reset
 
 NOTATION = (
     "p_t = pi_theta(y_t|s_t); r_t = p_t / pi_b(y_t|s_t), the ratio to the behaviour probability "
@@ -326,14 +326,14 @@ def explain_lines(cfg: DictConfig) -> list[tuple[str, str]]:
     if teacher is not None:
         rows.append(("teacher.source", teacher))
     rows.append(("controller", _controller_row(cfg)))
-    reference = describe_ref_reset(cfg)
-    if reference is not None:
-        rows.append(("reference", reference))
     rows += _reward_rows(cfg)
     engine = _engine_row(cfg)
     if engine is not None:
         rows.append(("engine", engine))
     rows.append(("tokens", _provenance_row(cfg)))
+    reference = describe_ref_reset(cfg)  # algo.kl.reset_every (mixrl.config.ref_reset)
+    if reference is not None:
+        rows.append(("reference", reference))
     env = _env_row(cfg)
     if env is not None:
         rows.append(("env", env))

@@ -207,10 +207,10 @@ def validate_components(cfg: DictConfig) -> None:
     for section in sections(cfg):
         _validate_section(cfg, section)
     kl = cfg.algo.kl
-    unknown = set(kl.keys()) - {"coef", "estimator"}
+    unknown = set(kl.keys()) - {"coef", "estimator", "reset_every"}
     if unknown:
         key = sorted(unknown)[0]
-        raise ConfigError(f"unknown key 'algo.kl.{key}'{did_you_mean(key, ['coef', 'estimator'])}")
+        raise ConfigError(f"unknown key 'algo.kl.{key}'{did_you_mean(key, ['coef', 'estimator', 'reset_every'])}")
     adv = cfg.algo.get("advantage")
     if adv is not None and adv.get("name") == "grpo" and adv.get("scale", "group") not in GRPO_SCALES:
         raise ConfigError(f"algo.advantage.scale={adv.get('scale')!r} is not one of {', '.join(GRPO_SCALES)} (TRL's scale_rewards)")

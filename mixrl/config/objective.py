@@ -40,7 +40,7 @@ from mixrl.core.offpolicy_reinforce import LOSS_CHOICES
 from mixrl.core.objective import Objective, TermSpec, parse_weight_ref
 from mixrl.core.policy_losses import ON_POLICY_RESHAPES
 from mixrl.core.schedules import resolve_schedule
-from mixrl.core.terms import term_needs, term_needs_behaviour
+from mixrl.core.terms import TERMS, term_needs, term_needs_behaviour
 from mixrl.core.token_weights import OFF_POLICY_RESHAPES
 from mixrl.errors import ConfigError
 from mixrl.sources import INJECTIONS, SOURCES
@@ -212,6 +212,9 @@ def _check_term(t: TermSpec, where: str, available: set[str], cfg: DictConfig) -
             f"{where}: the {t.kind} term is set by algo.{'kl.coef' if t.kind == 'kl' else 'entropy_coef'}; "
             f"remove {where} and set that key instead"
         )
+    if getattr(TERMS.get(t.kind), "reads_pair_rewards", False) and "pair_off_policy" in t.tokens:
+        raise ConfigError(f"{where} ({t.kind}) needs both sides' rewards, which off-policy pair sides do not carry; "
+                          "set its tokens to [pair_on_policy] (algo.inject.name=group_pairs or rso_pairs)")
     if term_needs_behaviour(t.kind):
         unknown = [p for p in t.tokens if prov.provenance(p).behaviour == "unknown"]
         if unknown:

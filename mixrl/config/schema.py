@@ -259,7 +259,7 @@ class AlgoConfig:
     aggregation: dict = field(default_factory=lambda: {"name": "token-mean"})  # how token losses become one number: token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
     advantage: dict = field(default_factory=lambda: {"name": "grpo"})  # the advantage estimator {name, ...} (grpo, dr_grpo, gae, ...)
     advantage_include_offpolicy: bool = True  # off-policy rows count in their group's reward statistics
-    kl: dict = field(default_factory=lambda: {"coef": 0.0, "estimator": "k3"})  # KL penalty to the reference model: coef (0: off) and estimator k1 | k2 | k3 | k3_clamped
+    kl: dict = field(default_factory=lambda: {"coef": 0.0, "estimator": "k3"})  # KL penalty to the reference model: coef (0: off) and estimator k1 | k2 | k3 | k3_clamped; reset_every: N makes the reference a copy of the policy every N optimizer steps (0: frozen; mixrl.config.ref_reset)
     entropy_coef: Any = 0.0  # a number or a schedule {name, ...}
     entropy_tokens: list = field(default_factory=lambda: ["on_policy"])  # the tokens the entropy bonus averages over (ExGRPO: [on_policy, replay])
     inject: dict = field(default_factory=lambda: {"name": "none"})  # where off-policy rows enter (mixrl.sources)

@@ -40,6 +40,7 @@ from mixrl.core import (  # noqa: F401  (import = registration)
     policy_base,
     policy_losses,
     preference,
+    preference_losses,
     process_advantages,
     provenance,
     regularizers,

@@ -37,6 +37,7 @@ from mixrl.core.objective import parse_weight_ref, uses_rows
 from mixrl.core.schedules import describe_schedule, split_spec
 from mixrl.rewards.components import REWARD_MODELS
 from mixrl.sources import INJECTIONS, SOURCES
+from mixrl.config.ref_reset import describe_ref_reset
 
 NOTATION = (
     "p_t = pi_theta(y_t|s_t); r_t = p_t / pi_b(y_t|s_t), the ratio to the behaviour probability "
@@ -337,6 +338,9 @@ def explain_lines(cfg: DictConfig) -> list[tuple[str, str]]:
     if engine is not None:
         rows.append(("engine", engine))
     rows.append(("tokens", _provenance_row(cfg)))
+    reference = describe_ref_reset(cfg)  # algo.kl.reset_every (mixrl.config.ref_reset)
+    if reference is not None:
+        rows.append(("reference", reference))
     env = _env_row(cfg)
     if env is not None:
         rows.append(("env", env))

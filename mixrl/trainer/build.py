@@ -26,6 +26,7 @@ from mixrl.config.sampler import build_sampler
 from mixrl.errors import ConfigError
 from mixrl.trainer import fsdp
 from mixrl.trainer.env_rollout import env_trainer_kwargs
+from mixrl.config.ref_reset import ref_reset_args
 from mixrl.config.checks import check_train_size, check_training_data, row_texts
 from mixrl.config.builders import build_controller, build_injection, build_objective, build_source, build_teacher
 from mixrl.config.shaping import shaping_reads_ref, shaping_spec
@@ -101,6 +102,7 @@ def grpo_args(cfg: DictConfig, run_dir: Path, geom: Geometry | None = None):
         # mixrl applies the correction itself (algo.engine_correction, mixrl.core.engine_mismatch); TRL's
         # flag makes it compute the trainer's old log-probs of vLLM rollouts, which the weight needs
         **_engine_correction_args(cfg),
+        **ref_reset_args(cfg),  # algo.kl.reset_every: TRL's sync_ref_model with alpha 1 (mixrl.config.ref_reset)
         deepspeed=hw.deepspeed,
         disable_tqdm=True,
         model_init_kwargs={"dtype": dtype, "trust_remote_code": bool(cfg.model.trust_remote_code)}

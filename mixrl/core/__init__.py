@@ -54,6 +54,7 @@ from mixrl.core import (  # noqa: F401  (import = registration)
     turns,
     terms,
     token_weights,
+    unio4,
     vespo,
 )
 from mixrl.core.advantage_shaping import SHAPINGS

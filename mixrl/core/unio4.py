@@ -45,11 +45,11 @@ def unio4_offline(x: TermInputs, *, loss: dict | None = None) -> TermOutput:
     spec = dict(loss or {"name": "ppo_clip"})
     fn = POLICY_LOSSES.get(spec.pop("name"))
     out = fn(x.logp, x.ref_logp, x.advantages, x.mask, **spec)
-    metrics = {f"unio4/{k}": float(v) for k, v in out.metrics.items()}
-    stats = ratio_stats(x.logp, x.ref_logp, x.mask)
-    metrics.update({f"unio4/{k}": v for k, v in stats.items()})
-    if bool(x.mask.any()):
-        metrics["unio4/clip_frac"] = float(out.clipped[x.mask.bool()].float().mean())
+    if not bool(x.mask.any()):  # a micro-batch without offline rows: no metrics (a 0 would drag their means down)
+        return TermOutput(out.per_token_loss, {})
+    metrics = {f"unio4/{k}": float(v) for k, v in out.metrics.items() if k != "ratio_mean"}
+    metrics.update({f"unio4/{k}": v for k, v in ratio_stats(x.logp, x.ref_logp, x.mask).items()})
+    metrics["unio4/clip_frac"] = float(out.clipped[x.mask.bool()].float().mean())
     return TermOutput(out.per_token_loss, metrics)
 
 

@@ -91,3 +91,11 @@ def test_bad_setting_is_one_line(overrides, start):
         compose_config(overrides)
     assert str(e.value).startswith(start), str(e.value)
     assert "\n" not in str(e.value).strip()
+
+
+def test_a_micro_batch_without_offline_tokens_reports_no_metrics():
+    ref = torch.tensor(REF, dtype=torch.float64)
+    x = TermInputs(logp=ref.clone(), mask=torch.zeros(2, 3, dtype=torch.bool), advantages=torch.tensor(ADV, dtype=torch.float64),
+                   behaviour_logp=ref, ref_logp=ref)
+    out = TERMS.get("unio4_offline")(x)
+    assert out.metrics == {} and out.per_token.abs().sum() == 0

@@ -55,6 +55,7 @@ from mixrl.core import (  # noqa: F401  (import = registration)
     turns,
     terms,
     token_weights,
+    unio4,
     vespo,
 )
 from mixrl.core.advantage_shaping import SHAPINGS

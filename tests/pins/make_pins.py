@@ -287,6 +287,28 @@ MORE_TRAINER_CASES = {
     "algo=critique_grpo|old reading": ["algo=critique_grpo", *TOY_FEEDBACK, "algo.inject.refine=failed", "algo.loss.clip=true",
                                        "algo.aggregation.name=token-mean", "algo.entropy_coef=0.0"],
     "algo=r3l": ["algo=r3l", *TOY_FEEDBACK, "algo.inject.pivot=divergence"],  # retries keep the attempt's prefix
+    # issue 53: advantage shaping, stability controls, pair constructors and losses (added with --missing)
+    "algo=nsr": ["algo=nsr"],
+    "algo=ace": ["algo=ace"],
+    "algo=progrpo": ["algo=progrpo"],
+    "algo=dgpo": ["algo=dgpo"],
+    "algo=gui_g1": ["algo=gui_g1", "algo.shaping.column=level"],  # the task has no rate column: its level is the weight
+    "algo=entropic": ["algo=entropic"],
+    "algo=minpro": ["algo=minpro"],
+    "algo=etr": ["algo=etr"],
+    "algo=r2vpo": ["algo=r2vpo"],
+    "algo=vcpo": ["algo=vcpo"],
+    "algo=sfpo|num_iterations=2": ["algo=sfpo", "trainer.num_iterations=2"],  # one fast step, then the reposition
+    "algo=alp": ["algo=alp"],
+    "algo=unio4_offline": ["algo=unio4_offline"],
+    "algo=rdpo": ["algo=rdpo"],
+    "algo=slic": ["algo=slic"],
+    "algo=spin": ["algo=spin"],
+    "algo=rso": ["algo=rso"],
+    "algo=copg": ["algo=copg"],
+    "algo=osp": ["algo=osp"],
+    "algo=dno": ["algo=dno"],
+    "algo=sera": ["algo=sera"],
 }
 #: the rollouts of each case (a function of tests/pins/rollouts.py): tolerant_completion, except
 #: where the second step's groups must all fail for the replay fill to act

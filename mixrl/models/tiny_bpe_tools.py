@@ -35,7 +35,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from mixrl.models import supervised, tiny_arch, tiny_bpe, tiny_spec
+from mixrl.models import shipped, supervised, tiny_arch, tiny_bpe, tiny_spec
 from mixrl.tasks import arith_tools
 
 BUILTIN = "builtin:tiny-bpe-tools"
@@ -229,13 +229,24 @@ def call_accuracy(model: Any, tokenizer: Any, problems: list[dict[str, Any]]) ->
     return sum(t.startswith(b) for t, (_, b) in zip(texts, pairs, strict=True)) / len(pairs)
 
 
+#: CPU-seconds of a build at the full recipe on one idle core (it stops at step 200 of 400: 164 s
+#: measured at load 2 on 2 cores; 1,464 s on a loaded machine), for the build's note.
+BUILD_SECONDS = 150
+
+
 def warm_start(cache_dir: Path | str | None = None, *, force: bool = False, progress: bool = True,
-               steps: int | None = None) -> Path:
-    """Path of the warm-started tool model (built and cached on first use, like :func:`mixrl.models.tiny_bpe.warm_start`)."""
+               steps: int | None = None, use_shipped: bool = True, why: str | None = None) -> Path:
+    """Path of the warm-started tool model: cached, else the copy shipped in the package when it was
+    built with this recipe (:mod:`mixrl.models.shipped`; ``use_shipped=False`` never uses it), else
+    built and cached, like :func:`mixrl.models.tiny_bpe.warm_start` (``why``: what needs it, for the note)."""
     final = default_path(cache_dir, steps=steps)
     if (final / _META_FILE).is_file() and not force:
         return final
+    if use_shipped and not force and shipped.install("tiny-bpe-tools", final, meta_file=_META_FILE):
+        return final
     rec = recipe(steps)
+    supervised.announce_build("the tool model (builtin:tiny-bpe-tools)", why,
+                              BUILD_SECONDS * min(rec["warm_start"]["steps"], 200) / 200, final, progress=progress)
     ws = rec["warm_start"]
     tokenizer = set_templates(tiny_bpe.build_tokenizer(corpus_texts(), vocab_size=VOCAB_SIZE))
     rng = random.Random(f"tools-warm-start-{ws['seed']}")
@@ -254,6 +265,6 @@ def warm_start(cache_dir: Path | str | None = None, *, force: bool = False, prog
         return seen["call_accuracy"] >= ws["target_call_accuracy"]
 
     return supervised.train_and_save(final, rec, lambda **size: (model_for(tokenizer, **size), tokenizer), encode=_encode,
-                                     meta_file=_META_FILE, progress=progress, description="warm-starting tiny BPE tool model",
+                                     meta_file=_META_FILE, progress=progress, description="building the tool model",
                                      extra_meta=lambda model, tok: {"vocab": len(tok), **seen}, examples=(problems, completions),
                                      stop=stop)

@@ -7,9 +7,9 @@ model, the first ``model=tiny-bpe algo=kdrl`` run 315-3,167 s for the BPE studen
 float16 (``model.safetensors``, 1.4 MB instead of 2.8); :data:`MANIFEST_FILE` lists, per model, the
 cache key of the recipe it was built with and the sha256 of every file. On first use
 (:func:`install`) the folder is copied into the cache under that key, the weights widened back
-to float32, so the cache holds what a build writes, in the same format (a float16 rounding of
-those weights: the largest change is below 1e-3 of a weight; held-out accuracy is unchanged, see
-:data:`MANIFEST_FILE`'s ``eval``). A model whose recipe no longer hashes to the shipped key (a
+to float32, so the cache holds what a build writes, in the same format: the build's weights
+rounded to float16 (no weight moves by more than 1e-3, ``max_abs_rounding``; held-out accuracy of
+the build and of the shipped copy is in :data:`MANIFEST_FILE`'s ``eval``). A model whose recipe no longer hashes to the shipped key (a
 recipe changed without rebuilding, or ``steps=`` given) is trained as before.
 
 Build them again (deterministic: seeded, one CPU thread; on another CPU the float32 weights may
@@ -143,7 +143,7 @@ def _accuracy(name: str, path: Path, n: int) -> float:
         tok = tiny_bpe_tools.set_templates(AutoTokenizer.from_pretrained(path))
         model = AutoModelForCausalLM.from_pretrained(path)
         return tiny_bpe_tools.call_accuracy(model, tok, arith_tools.heldout_split(n, levels=tiny_bpe_tools.WARM_START["levels"]))
-    return tiny_bpe.heldout_accuracy(path, n)["accuracy"]
+    return tiny_bpe.heldout_accuracy(path, n)["all"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -171,7 +171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 from safetensors.torch import load_file, save_file
 
                 save_file({k: v.float() for k, v in load_file(copy / WEIGHTS).items()}, copy / WEIGHTS, metadata={"format": "pt"})
-                entry["eval"] = {"n": args.eval, "build_float32": _accuracy(name, built, args.eval),
+                metric = "tool-call accuracy" if name == "tiny-bpe-tools" else "greedy accuracy, levels 1-4"
+                entry["eval"] = {"n": args.eval, "metric": metric, "build_float32": _accuracy(name, built, args.eval),
                                  "shipped": _accuracy(name, copy, args.eval)}
             print(f"{name}: held-out {entry['eval']}", file=sys.stderr)
         entries[name] = entry

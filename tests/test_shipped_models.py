@@ -98,3 +98,17 @@ def test_shipped_teacher_is_accurate_and_the_student_leaves_room(installed):
     # here 64 problems, so bounds with a margin
     assert tiny_bpe.heldout_accuracy(installed["tiny-bpe-teacher"], 64)["all"] >= 0.8
     assert 0.05 <= tiny_bpe.heldout_accuracy(installed["tiny-bpe"], 64)["all"] <= 0.45
+
+
+def test_a_build_says_what_it_builds_for_what_and_how_long(tmp_path, capsys):
+    """A model that is not shipped for its recipe (here: 2 steps) is built, after one line saying what,
+    for what, that it happens once per machine, and about how long (the recipe's time, scaled by steps)."""
+    path = tiny_bpe.teacher_warm_start(tmp_path, steps=2, why="the teacher of algo=kdrl")
+    err = capsys.readouterr().err
+    seconds = round(tiny_bpe.BUILD_SECONDS["teacher"] * 2 / tiny_bpe.TEACHER_WARM_START["steps"])
+    assert (f"building the BPE teacher (builtin:tiny-bpe-teacher) for the teacher of algo=kdrl, once per machine "
+            f"(about {seconds} CPU-s on an idle core") in err
+    assert json.loads((path / tiny_bpe._META_FILE).read_text())["steps_run"] == 2 and "shipped" not in json.loads(
+        (path / tiny_bpe._META_FILE).read_text())
+    supervised.announce_build("x", "y", 1.0, tmp_path, progress=False)  # --quiet, logger.progress=false: nothing
+    assert capsys.readouterr().err == ""

@@ -24,8 +24,9 @@ turns) over this tokenizer, warm-started the same way (:func:`mixrl.models.super
 the careless-demonstrator mixture on the easy levels) on chat-formatted examples: the prompt is
 the chat template around the ``arith`` problem (system message :data:`SYSTEM_PROMPT`), the loss
 covers the completion's tokens and ``<|im_end|>``. :func:`warm_start` caches it under
-``<cache>/tiny-bpe/<key>/`` with ``mixrl_tiny_bpe.json``; ``python -m mixrl.models.tiny_bpe``
-(or ``mixrl model build-tiny --bpe``) builds it.
+``<cache>/tiny-bpe/<key>/`` with ``mixrl_tiny_bpe.json``, copying the weights shipped in the package
+(:mod:`mixrl.models.shipped`) when they were built with this recipe; ``python -m mixrl.models.tiny_bpe --force``
+(or ``mixrl model build-tiny --bpe --force``) builds it.
 """
 
 from __future__ import annotations

@@ -202,9 +202,10 @@ def build(**size: Any):
     return model, tokenizer
 
 
-#: CPU-seconds of a build at the full recipe on one idle core (measured: the student 86-93 s for 300
-#: steps, the teacher ~180 s for 600; a busy machine takes several times longer), for the build's note.
-BUILD_SECONDS = {"student": 90, "teacher": 180}
+#: CPU-seconds of a build at the full recipe on one idle core, for the build's note: the student 86-93 s
+#: measured (300 steps); the teacher estimated (600 steps on every level: issue 51's whole first KDRL run,
+#: student and teacher, took 315 s on 2 quiet cores). A busy machine takes several times longer.
+BUILD_SECONDS = {"student": 90, "teacher": 220}
 
 
 def warm_start(cache_dir: Path | str | None = None, *, force: bool = False, progress: bool = True,

@@ -95,13 +95,13 @@ class TeacherSource(Source):
         return self.models == [SELF]
 
     # ----------------------------------------------------------------- setup
-    def resolve(self, progress: bool = True) -> list[str]:
-        """Local folders / hub ids of the teacher models (``builtin:tiny-teacher`` built on first use)."""
+    def resolve(self, progress: bool = True, why: str = "the teacher") -> list[str]:
+        """Local folders / hub ids of the teacher models (``builtin:tiny-teacher`` built on first use; ``why`` says for what)."""
         out = []
         for m in self.models:
             if builtin.is_builtin(m):  # builtin:tiny-teacher, or a built-in policy model used as a frozen teacher
                 try:
-                    out.append(builtin.resolve(m, progress=progress))
+                    out.append(builtin.resolve(m, progress=progress, why=why))
                 except ValueError as e:
                     raise ConfigError(f"teacher.source.models: {e}") from None
             elif m != SELF and (m.startswith((".", "/", "~"))) and not Path(m).expanduser().is_dir():

@@ -240,7 +240,7 @@ def prepare_inputs(cfg: DictConfig, console: Console, *, check: bool = True) -> 
         check_padding_free(cfg, model_path)  # trainer.padding_free=true with a model that cannot take packed rows
     if check and teacher is not None:  # a missing teacher folder or another vocabulary fails here, not after the run directory exists
         teacher.check_builtin_teacher(tokenizer)  # before building it
-        teacher.resolve(progress=bool(cfg.logger.progress))
+        teacher.resolve(progress=bool(cfg.logger.progress), why=f"the teacher of algo={cfg.algo.name}")
         teacher.check_tokenizer(tokenizer)  # unchecked: the assembly checks the teacher as it builds it
     if int(os.environ.get("RANK", "0")) == 0:
         console.print(describe_heldout(heldout), soft_wrap=True, highlight=False)
@@ -318,7 +318,7 @@ def trainer_from_config(cfg: DictConfig, *, inputs: RunInputs | None = None, cal
     teacher = build_teacher(cfg)
     if teacher is not None:  # built (builtin:tiny-teacher), tokenizers compared, before the policy loads
         teacher.check_builtin_teacher(tokenizer)  # before building it
-        teacher.resolve(progress=bool(cfg.logger.progress))
+        teacher.resolve(progress=bool(cfg.logger.progress), why=f"the teacher of algo={cfg.algo.name}")
         teacher.check_tokenizer(tokenizer)
         train_ds = teacher.prepare(train_ds, cfg.data)
 

@@ -40,7 +40,7 @@ from mixrl.core.offpolicy_reinforce import LOSS_CHOICES
 from mixrl.core.objective import Objective, TermSpec, parse_weight_ref
 from mixrl.core.policy_losses import ON_POLICY_RESHAPES
 from mixrl.core.schedules import resolve_schedule
-from mixrl.core.terms import term_needs, term_needs_behaviour
+from mixrl.core.terms import TERMS, term_needs, term_needs_behaviour
 from mixrl.core.token_weights import OFF_POLICY_RESHAPES
 from mixrl.errors import ConfigError
 from mixrl.sources import INJECTIONS, SOURCES
@@ -104,7 +104,7 @@ def check_objective(cfg: DictConfig) -> list[str]:
             f"offpolicy={cfg.offpolicy.name} loads off-policy rows but algo.inject is '{inject_name}', which places "
             "none, so they never enter a batch; use an algo that injects them (algo=chord, luffy, sft, mix) or offpolicy=none"
         )
-    trained = {p for t in objective.terms for p in t.tokens}
+    trained = {p for t in objective.terms for p in (*t.tokens, *getattr(TERMS.get(t.kind), "reads_rows", ()))}  # CalibRL reads the expert rows
     for p in sorted(injected - trained - optional):
         raise ConfigError(
             f"algo.inject={inject_name} adds '{p}' tokens but no term trains on them; add a term with tokens: [{p}] "

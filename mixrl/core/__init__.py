@@ -28,6 +28,7 @@ from mixrl.core import (  # noqa: F401  (import = registration)
     advantages,
     aggregation,
     alol,
+    calibrl,
     clip_losses,
     controllers,
     cov_losses,

@@ -112,7 +112,8 @@ def check_objective(cfg: DictConfig) -> list[str]:
         )
     if inject_name == "group_replace":
         adv_name = algo.advantage.name
-        if adv_name in ("grpo", "batch_norm") and not bool(algo.advantage_include_offpolicy):
+        expert_trained = any("expert" in t.tokens for t in objective.terms)  # CalibRL reads its expert rows, never trains them
+        if adv_name in ("grpo", "batch_norm") and not bool(algo.advantage_include_offpolicy) and expert_trained:
             notes.append(
                 f"advantage {adv_name} with algo.advantage_include_offpolicy=false: an expert row in a group whose "
                 "rollouts all got the same reward gets (r - mean) / eps, a huge advantage; LUFFY's script uses dr_grpo"

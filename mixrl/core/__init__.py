@@ -33,6 +33,7 @@ from mixrl.core import (  # noqa: F401  (import = registration)
     controllers,
     cov_losses,
     distill,
+    egpo,
     entropic_shaping,
     gae,
     gmpo,

@@ -10,7 +10,8 @@ gathers what the shaping lists in its ``needs``, from this process's batch, over
   when a shaping needs them, :func:`mixrl.trainer.build._needs_ref_logp`);
 * ``prompt_logp`` / ``prompt_mask``: the policy's log-prob of each prompt token, one no-grad forward
   over the prompts (left-padded: a token whose predecessor is padding is left out);
-* ``primary_rewards``: the first reward function's rewards; ``lengths``: completion tokens per row.
+* ``primary_rewards``: the first reward function's rewards; ``lengths``: completion tokens per row;
+* ``token_entropy``: the policy's next-token entropies over each completion, one no-grad forward.
 
 Which rows are shaped: ``offpolicy: false`` (default) only the rows the policy sampled
 (provenance behaviour ``policy``), ``true`` every row, expert, replayed and teacher rows
@@ -97,6 +98,8 @@ class AdvantageShaping:
             runtime["primary_rewards"] = rewards_per_func[:, 0].nan_to_num(0.0)  # already gathered by TRL
         if "lengths" in needs:
             runtime["lengths"] = self.gather(mask.sum(dim=1).float())
+        if "token_entropy" in needs:
+            runtime["token_entropy"] = self._rows(self.entropies(model, out) * mask)
         if "row_values" in needs:
             runtime["row_values"] = self.gather(self.column_values(rows, mask.shape[0], mask.device))
         return runtime
@@ -109,6 +112,15 @@ class AdvantageShaping:
         for key, value in fields.items():
             local = value[start : start + n_local]
             out[key] = local[:, :width] if local.dim() == 2 else local
+
+    def entropies(self, model, out: dict) -> torch.Tensor:
+        """The policy's next-token entropy [B, T] at each completion position (one no-grad forward; FunRL / EGPO)."""
+        ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
+        att = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
+        with torch.no_grad(), self.forwards.no_checkpointing(model):
+            _, ent, _ = self.forwards.logps(model, ids, att, out["completion_ids"].size(1), batch_size=self.forwards.batch_size,
+                                            compute_entropy=True)
+        return ent.float()
 
     def column_values(self, rows: list | None, n: int, device) -> torch.Tensor:
         """This process's rows' values of the data column ``params['column']`` (GUI-G1's per-problem weight)."""

@@ -104,7 +104,7 @@ def check_objective(cfg: DictConfig) -> list[str]:
             f"offpolicy={cfg.offpolicy.name} loads off-policy rows but algo.inject is '{inject_name}', which places "
             "none, so they never enter a batch; use an algo that injects them (algo=chord, luffy, sft, mix) or offpolicy=none"
         )
-    trained = {p for t in objective.terms for p in t.tokens}
+    trained = {p for t in objective.terms for p in (*t.tokens, *getattr(TERMS.get(t.kind), "reads_rows", ()))}  # CalibRL reads the expert rows
     for p in sorted(injected - trained - optional):
         raise ConfigError(
             f"algo.inject={inject_name} adds '{p}' tokens but no term trains on them; add a term with tokens: [{p}] "
@@ -112,7 +112,8 @@ def check_objective(cfg: DictConfig) -> list[str]:
         )
     if inject_name == "group_replace":
         adv_name = algo.advantage.name
-        if adv_name in ("grpo", "batch_norm") and not bool(algo.advantage_include_offpolicy):
+        expert_trained = any("expert" in t.tokens for t in objective.terms)  # CalibRL reads its expert rows, never trains them
+        if adv_name in ("grpo", "batch_norm") and not bool(algo.advantage_include_offpolicy) and expert_trained:
             notes.append(
                 f"advantage {adv_name} with algo.advantage_include_offpolicy=false: an expert row in a group whose "
                 "rollouts all got the same reward gets (r - mean) / eps, a huge advantage; LUFFY's script uses dr_grpo"

@@ -46,6 +46,7 @@ def check_shaping(cfg: DictConfig) -> None:
     if sets and (spec is None or sets[0].split(".", 1)[1] not in SHAPINGS.params(spec[0])):
         raise ConfigError(f"algo.controller={ctrl} sets algo.{sets[0]}, but algo.shaping is "
                           f"{spec[0] if spec else 'null'}; set algo.shaping.name=sign_weight")
+    _check_calibrl(cfg, spec[0] if spec else None)
     if spec is None:
         return
     name, params, _ = spec
@@ -60,3 +61,15 @@ def check_shaping(cfg: DictConfig) -> None:
     if adv in _PER_TOKEN or cfg.algo.get("critic") is not None:
         raise ConfigError(f"algo.shaping={name} re-weights one advantage per row, but advantage {adv} gives one per token; "
                           "use a per-row advantage (grpo, dr_grpo, rloo, ...) or algo.shaping=null")
+
+
+def _check_calibrl(cfg: DictConfig, name: str | None) -> None:
+    """CalibRL's term reads the baseline the calibrl shaping writes, from an expert row in each group."""
+    terms = [k for k, t in (cfg.algo.get("terms") or {}).items() if t is not None and t.get("name") == "calibrl"]
+    if terms and name != "calibrl":
+        raise ConfigError(f"algo.terms.{terms[0]} (calibrl) reads the expert baseline that algo.shaping.name=calibrl writes, "
+                          f"but algo.shaping is {name or 'null'}; set algo.shaping.name=calibrl")
+    inject, _ = component(cfg.algo.get("inject"))
+    if name == "calibrl" and inject != "group_replace":
+        raise ConfigError(f"algo.shaping=calibrl takes each group's expert row as the baseline, but algo.inject is {inject or 'null'}; "
+                          "set algo.inject.name=group_replace with offpolicy=expert (algo=calibrl does)")

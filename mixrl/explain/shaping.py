@@ -15,6 +15,7 @@ _READS = {
     "primary_rewards": "the first reward function's rewards",
     "lengths": "the completion lengths",
     "row_values": "each row's value of a data column",
+    "token_entropy": "the policy's next-token entropies over the rollouts (one no-grad forward per batch)",
 }
 
 

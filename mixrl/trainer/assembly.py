@@ -195,7 +195,7 @@ def build_parts(trainer, *, objective, advantage: tuple[str, dict, bool], inject
     shaping_part = None
     if shaping is not None:
         shaping_part = AdvantageShaping(shaping[0], shaping[1], offpolicy=shaping[2], forwards=forwards, gather=acc.gather,
-                                        pad=lambda t: acc.pad_across_processes(t, dim=1, pad_index=0))
+                                        pad=lambda t: acc.pad_across_processes(t, dim=1, pad_index=0), process_index=acc.process_index)
 
     return Parts(forwards=forwards, scoring=scoring, injections=inject, teachers=teachers, critic=critic_part,
                  remax=remax, sampler=sampler_part, controller=controller_part, lag=lag, async_gen=async_gen,

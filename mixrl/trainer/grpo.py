@@ -615,7 +615,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
             step=self.state.global_step,
             normalisers=self._mixrl_normalisers if mode == "train" else None,
             knobs=knobs,
-            row_fields={k: v for k, v in inputs.items() if k.startswith("pair_")} or None,  # pair links (mixrl.core.preference)
+            row_fields={k: v for k, v in inputs.items() if k.startswith(("pair_", "calib_"))} or None,  # pair links, CalibRL's baseline
             turn_ids=inputs.get("turn_id"),  # multi-turn rows: the policy's turns (turn-level losses)
         )
         if mode == "train":

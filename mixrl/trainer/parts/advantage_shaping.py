@@ -10,7 +10,8 @@ gathers what the shaping lists in its ``needs``, from this process's batch, over
   when a shaping needs them, :func:`mixrl.trainer.build._needs_ref_logp`);
 * ``prompt_logp`` / ``prompt_mask``: the policy's log-prob of each prompt token, one no-grad forward
   over the prompts (left-padded: a token whose predecessor is padding is left out);
-* ``primary_rewards``: the first reward function's rewards; ``lengths``: completion tokens per row.
+* ``primary_rewards``: the first reward function's rewards; ``lengths``: completion tokens per row;
+* ``token_entropy``: the policy's next-token entropies over each completion, one no-grad forward.
 
 Which rows are shaped: ``offpolicy: false`` (default) only the rows the policy sampled
 (provenance behaviour ``policy``), ``true`` every row, expert, replayed and teacher rows
@@ -42,14 +43,16 @@ class AdvantageShaping:
         forwards: the run's :class:`Forwards` (rollout and prompt log-probs).
         gather: concatenates a tensor over processes (dim 0; tensors of equal shape).
         pad: pads a tensor along dim 1 to the widest process's width (``accelerate``'s ``pad_across_processes``).
+        process_index: this process's rank (its rows are the global rows ``rank * B ... (rank + 1) * B``).
     """
 
     def __init__(self, name: str, params: dict, *, offpolicy: bool, forwards: Forwards,
-                 gather: Callable[[torch.Tensor], torch.Tensor], pad: Callable[[torch.Tensor], torch.Tensor] = lambda t: t):
+                 gather: Callable[[torch.Tensor], torch.Tensor], pad: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
+                 process_index: int = 0):
         self.name, self.params, self.offpolicy = name, dict(params), bool(offpolicy)
         self.fn = SHAPINGS.get(name)
         self.needs = shaping_needs(self.fn)
-        self.forwards, self.gather, self.pad = forwards, gather, pad
+        self.forwards, self.gather, self.pad, self.process_index = forwards, gather, pad, process_index
 
     def shape(self, model, out: dict, *, advantages: torch.Tensor, rewards: torch.Tensor, group_ids: torch.Tensor,
               sources: torch.Tensor, include: torch.Tensor | None, rewards_per_func: torch.Tensor | None,
@@ -63,6 +66,9 @@ class AdvantageShaping:
         set_now = {k.split(".", 1)[1]: float(v) for k, v in (knobs or {}).items() if k.startswith("shaping.")}
         shaped = self.fn(advantages, rewards=rewards, group_ids=group_ids, include=include, **runtime, **{**self.params, **set_now})
         shaped = torch.nan_to_num(shaped.to(advantages.dtype), nan=0.0)
+        fields = getattr(self.fn, "fields", None)  # row fields a term reads (CalibRL's expert baseline)
+        if fields is not None:
+            self.write_fields(out, fields(runtime, rewards=rewards, group_ids=group_ids, sources=sources, params=self.params))
         shaped_rows = torch.ones_like(sources, dtype=torch.bool) if self.offpolicy else behaviour_is_policy(sources)
         result = torch.where(shaped_rows, shaped, advantages)
         changed = shaped_rows & (advantages != 0)
@@ -92,9 +98,29 @@ class AdvantageShaping:
             runtime["primary_rewards"] = rewards_per_func[:, 0].nan_to_num(0.0)  # already gathered by TRL
         if "lengths" in needs:
             runtime["lengths"] = self.gather(mask.sum(dim=1).float())
+        if "token_entropy" in needs:
+            runtime["token_entropy"] = self._rows(self.entropies(model, out) * mask)
         if "row_values" in needs:
             runtime["row_values"] = self.gather(self.column_values(rows, mask.shape[0], mask.device))
         return runtime
+
+    def write_fields(self, out: dict, fields: dict) -> None:
+        """This process's rows of global row fields [N_global, ...] into the batch (``out``), per-token
+        ones cut to this batch's completion width; the objective hands them to the terms."""
+        n_local, width = out["completion_mask"].shape
+        start = self.process_index * n_local
+        for key, value in fields.items():
+            local = value[start : start + n_local]
+            out[key] = local[:, :width] if local.dim() == 2 else local
+
+    def entropies(self, model, out: dict) -> torch.Tensor:
+        """The policy's next-token entropy [B, T] at each completion position (one no-grad forward; FunRL / EGPO)."""
+        ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
+        att = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
+        with torch.no_grad(), self.forwards.no_checkpointing(model):
+            _, ent, _ = self.forwards.logps(model, ids, att, out["completion_ids"].size(1), batch_size=self.forwards.batch_size,
+                                            compute_entropy=True)
+        return ent.float()
 
     def column_values(self, rows: list | None, n: int, device) -> torch.Tensor:
         """This process's rows' values of the data column ``params['column']`` (GUI-G1's per-problem weight)."""

@@ -309,6 +309,8 @@ MORE_TRAINER_CASES = {
     "algo=osp": ["algo=osp"],
     "algo=dno": ["algo=dno"],
     "algo=sera": ["algo=sera"],
+    "algo=calibrl": ["algo=calibrl"],
+    "algo=egpo": ["algo=egpo"],
 }
 #: the rollouts of each case (a function of tests/pins/rollouts.py): tolerant_completion, except
 #: where the second step's groups must all fail for the replay fill to act

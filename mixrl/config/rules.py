@@ -99,6 +99,9 @@ def validate_rules(cfg: DictConfig) -> None:
         raise ConfigError(
             f"algo.advantage.name={algo.advantage.name} compares completions within a group; set algo.num_generations >= 2"
         )
+    if algo.advantage.name == "polychromic" and int(algo.advantage.get("set_size", 4)) > algo.num_generations:
+        raise ConfigError(f"algo.advantage.set_size={int(algo.advantage.get('set_size', 4))} > algo.num_generations={algo.num_generations}: "
+                          "a polychromic set is drawn from one prompt's group; set set_size <= num_generations")
     if cfg.hardware.device not in ("cpu", "cuda"):
         raise ConfigError(f"hardware.device must be 'cpu' or 'cuda', got '{cfg.hardware.device}'")
     if cfg.model.dtype not in ("float32", "bfloat16", "float16", "auto"):

@@ -39,6 +39,7 @@ from mixrl.core import (  # noqa: F401  (import = registration)
     gmpo,
     offpolicy_reinforce,
     palu,
+    polychromic,
     policy_base,
     policy_losses,
     preference,

@@ -74,6 +74,7 @@ from mixrl.trainer.assembly import build_parts
 from mixrl.trainer.generation import engine_sync
 from mixrl.trainer.generation.lagged_weights import swapped, trainable
 from mixrl.trainer.magnitude import check_step
+from mixrl.trainer.parts.answer_ids import answer_ids
 from mixrl.trainer.parts.packing import Packing
 from mixrl.trainer.parts.batch_fields import (
     assistant_turn_marks,
@@ -392,6 +393,8 @@ class MixrlGRPOTrainer(GRPOTrainer):
         runtime = turn_inputs(out, inputs, self.accelerator) if "turn_rewards" in needs else {}  # MT-GRPO: each turn's reward
         if "token_credit" in needs:  # CAPO-style per-token credit of the dense rewards (reward=process)
             runtime |= token_credit_inputs(out, self.reward_funcs, self.reward_weights, self.accelerator)
+        if "answer_ids" in needs:  # polychromic: each row's final-answer class (mixrl.trainer.parts.answer_ids)
+            runtime["answer_ids"] = answer_ids(out, self.processing_class, self.accelerator)
         if "lengths" in needs:  # completion tokens per row (OPO's baseline, REINFORCE++'s token weights)
             runtime["lengths"] = self.accelerator.gather(out["completion_mask"].sum(dim=1).float())
         if "baseline_rewards" in needs:  # ReMax: the reward of each prompt's greedy completion

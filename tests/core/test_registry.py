@@ -66,7 +66,7 @@ def test_expected_names_are_registered():
         "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"}
     assert set(core.ADVANTAGES.names()) == {"grpo", "dr_grpo", "rloo", "reinforce", "batch_norm",
                                              "reinforce_pp", "reinforce_pp_baseline", "opo", "remax", "gae", "mt_grpo",
-                                             "positive_amplified", "capo"}
+                                             "positive_amplified", "capo", "polychromic"}
     assert set(core.KL_ESTIMATORS.names()) == {"k1", "k2", "k3", "k3_clamped"}
     assert set(core.CONTROLLERS.names()) == {"bapo", "entropic", "entropic_sign", "palu", "vcpo_ess", "r2vpo_dual"}
     assert set(core.SHAPINGS.names()) == {"none", "sign_weight", "psr_nsr", "ace", "arm", "dgpo", "row_weight", "calibrl", "egpo"}

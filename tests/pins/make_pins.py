@@ -311,6 +311,7 @@ MORE_TRAINER_CASES = {
     "algo=sera": ["algo=sera"],
     "algo=calibrl": ["algo=calibrl"],
     "algo=egpo": ["algo=egpo"],
+    "algo=polychromic": ["algo=polychromic"],
 }
 #: the rollouts of each case (a function of tests/pins/rollouts.py): tolerant_completion, except
 #: where the second step's groups must all fail for the replay fill to act

@@ -313,7 +313,7 @@ MORE_TRAINER_CASES = {
     # flips tokens across it (1% of the gradient measured); the kink itself is tested by hand in tests/core/test_calibrl.py
     "algo=calibrl": ["algo=calibrl", "algo.terms.guided.negative_slope=1.0"],
     "algo=egpo": ["algo=egpo"],
-    "algo=polychromic": ["algo=polychromic"],
+    "algo=polychromic": ["algo=polychromic", "algo.advantage.set_size=2"],  # the pin's groups of 4: sets of 4 would be one set, A = 0
 }
 #: the rollouts of each case (a function of tests/pins/rollouts.py): tolerant_completion, except
 #: where the second step's groups must all fail for the replay fill to act

@@ -97,7 +97,7 @@ class RefineFromFeedback(Injection):
 
     Parameters:
         mode (refine): refine (regenerate the whole completion, Critique-GRPO) | retry (from the failure point, R³L).
-        feedback (verifier): verifier | indicative | hint | module:function (Attempt -> Feedback | str | None; a judge's critique).
+        feedback (verifier): verifier | indicative | hint | self (the policy critiques its own attempt) | module:function (Attempt -> Feedback | str | None; a judge's critique; it may call attempt.policy).
         template (TEMPLATE): the regeneration context ({prompt}, {attempt}, {feedback}); the default: the prompt, "Previous attempt:" and the attempt, "Critique:" and the feedback, "Revised solution:", one per line.
         pivot (divergence): retry's failure point: start (0) | divergence (first token off the reference solution) | feedback (the builder's pivot).
         per_group (1): refinements per group (each needs two failed rollouts: the attempt and the slot it fills); null = half the group.
@@ -108,6 +108,8 @@ class RefineFromFeedback(Injection):
         text (None): indicative feedback's sentence; null: the built-in one.
         fraction (None): hint feedback: share of the reference solution's characters (null: 0.5).
         hint_template (None): hint feedback's sentence ({hint}); null: the built-in one.
+        request (None): self feedback: what the policy is asked ({prompt}, {attempt}, {expected}); null: the built-in request (the problem, "Attempt:" and the attempt, the expected answer, a request for the first error and its fix, "Critique:").
+        critique_tokens (None): self feedback: the longest critique the policy writes (null: 64 tokens).
     """
 
     may_generate_more = True
@@ -119,8 +121,8 @@ class RefineFromFeedback(Injection):
     def __init__(self, *, mode: str = "refine", feedback: str = "verifier", template: str = TEMPLATE,
                  pivot: str = "divergence", per_group: int | None = 1, success: float = 1.0, marker: str = "####",
                  wrong: str | None = None, missing: str | None = None, text: str | None = None,
-                 fraction: float | None = None, hint_template: str | None = None,
-                 source=None, geometry=None, seed: int = 0):
+                 fraction: float | None = None, hint_template: str | None = None, request: str | None = None,
+                 critique_tokens: int | None = None, source=None, geometry=None, seed: int = 0):
         super().__init__(source=source, geometry=geometry, seed=seed)
         if mode not in MODES:
             raise ConfigError(f"algo.inject.mode must be refine or retry, got {mode!r}")
@@ -137,7 +139,7 @@ class RefineFromFeedback(Injection):
             raise ConfigError(f"algo.inject.per_group={per_group} must be between 1 and num_generations/2={G // 2 if G else '?'} "
                               "(each refinement fills the slot of another failed rollout of its group)")
         params = {"marker": marker, "wrong": wrong, "missing": missing, "text": text, "fraction": fraction,
-                  "hint_template": hint_template}
+                  "hint_template": hint_template, "request": request, "critique_tokens": critique_tokens}
         self.builder = build_feedback(feedback, params)
         self.feedback_name = feedback
         self.mode, self.template, self.pivot = mode, template, pivot
@@ -204,13 +206,16 @@ class RefineFromFeedback(Injection):
         pairs = [(a - start, b - start) for group in chunks.values() for a, b in plan_group(group, self.per_group)
                  if start <= a < start + n]
         jobs = []  # (attempt row, target row, generation prompt ids, kept prefix ids)
+        who = f"algo.inject.feedback={self.feedback_name!r}"
+        calls = ctx.policy_calls(who) if ctx.policy_calls is not None else None  # a builder's handle on the policy
         for a, b in pairs:
             ids = list(rollouts.completion_ids[a])
             text = ctx.tokenizer.decode(ids, skip_special_tokens=True)
             row = inputs[a]
             answer = row.get("answer")
             att = Attempt(prompt=row["prompt"], completion=text, completion_ids=ids, reward=float(local[a]),
-                          answer=None if answer is None else str(answer), reference=self.reference(row), row=row)
+                          answer=None if answer is None else str(answer), reference=self.reference(row), row=row,
+                          policy=calls)
             fb = call_builder(self.builder, self.feedback_name, att)  # a raise or a wrong value: one line naming the builder
             if fb is None:
                 continue
@@ -219,6 +224,8 @@ class RefineFromFeedback(Injection):
             gen = ctx.tokenize_prompts([context])[0]
             self.check_room(ctx, fb, len(gen))
             jobs.append((a, b, gen, ids[:p]))
+        if calls is not None:  # every process joins the others' builder calls of the policy
+            calls.sync(ctx.gather, device=ctx.device)
         new_ids, _ = ctx.generate([gen + kept for _, _, gen, kept in jobs])  # every process calls it, even with no job
         for (a, b, gen, kept), cont in zip(jobs, new_ids):
             rollouts.discarded_tokens.append(len(rollouts.completion_ids[b]))
@@ -244,6 +251,9 @@ class RefineFromFeedback(Injection):
                                               float(sum(len(k) for *_, k in jobs))]], device=dev)).sum(dim=0)
             ctx.log("refine/rows", float(stats[0]))
             ctx.log("refine/first_pass_success", float((primary >= self.success - 1e-6).float().mean()))
+            if calls is not None and self.feedback_name == "self":  # tokens the policy wrote as critiques (all processes)
+                written = float(sum(len(w.ids) for w in calls.written))
+                ctx.log("refine/self_written_tokens", float(ctx.gather(torch.tensor([written], device=dev)).sum()))
             if float(stats[0]) > 0:
                 ctx.log("refine/success", float(stats[1] / stats[0]))  # the refinements' success rate
                 ctx.log("refine/mean_pivot", float(stats[2] / stats[0]))  # tokens kept from the attempt (retry)

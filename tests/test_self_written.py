@@ -1,0 +1,210 @@
+"""The policy writes its own context inside the step (issue 52): the builders' handle on the
+policy (:mod:`mixrl.trainer.parts.policy_calls`), SAGE's self-hints (``hint: self``) and the
+self-critique of a failed attempt (``feedback: self``), on a stand-in context with values by hand.
+
+SAGE (BaohaoLiao/SAGE @ 8722c1a3aa5bfe5578df8aaf302741a9715a56a2, recipe/hint/hint_trainer.py): only
+groups with no correct rollout are hinted (lines 690-719), the hint is sampled by the policy from the
+problem and its solution and decoded to text (196-265: it never enters the training batch, so its
+tokens are not trained), levels 1..3 are tried while the group fails (763-819), and the regenerated
+group is trained under the hinted prompt (run_rollout re-tokenises it, 608-678).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from mixrl.config.builders import build_injection
+from mixrl.config.compose import compose_config
+from mixrl.core import ADVANTAGES
+from mixrl.errors import ConfigError, UserFunctionError
+from mixrl.sources import InjectContext, Rollouts
+from mixrl.core import provenance as prov
+from mixrl.sources.feedback import Attempt, SelfCritique, call_builder
+from mixrl.sources.hint import HintOnFailure
+from mixrl.sources.self_hint import in_last_user
+from mixrl.sources.with_feedback import REFINED, RefineFromFeedback
+from mixrl.trainer.parts.policy_calls import PolicyCalls
+
+
+class _Tok:
+    eos_token_id, pad_token_id = 0, 0
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [ord(c) for c in text]}
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(i) for i in ids if i)
+
+
+def _ids(s):
+    return [ord(c) for c in s]
+
+
+def _text(ids):
+    return "".join(chr(i) for i in ids if i)
+
+
+def _lp(prompts, comps):
+    """A stand-in behaviour forward: -0.01 x (context length) per token."""
+    return [[-0.01 * len(p)] * len(c) for p, c in zip(prompts, comps)]
+
+
+class _Source:
+    def __init__(self, sols):
+        self.sols = sols
+
+    def for_prompt(self, row):
+        return self.sols
+
+
+def _ctx(answer, *, G=4, max_positions=None, log=None):
+    """A stand-in context on one process: ``answer(prompt_text) -> completion text`` is what the
+    policy samples; every generation and behaviour forward is recorded."""
+    seen = {"generate": [], "forward": []}
+
+    def generate(prompts):
+        seen["generate"].append([_text(p) for p in prompts])
+        return [_ids(answer(_text(p))) for p in prompts], None
+
+    def behaviour(prompts, comps):
+        seen["forward"].append((list(prompts), list(comps)))
+        return _lp(prompts, comps)
+
+    tok = _Tok()
+    tokenize = lambda ps: [_ids(p if isinstance(p, str) else "".join(m["content"] for m in p)) for p in ps]  # noqa: E731
+    ctx = InjectContext(tokenizer=tok, process_index=0, num_processes=1, num_generations=G, max_completion_length=8,
+                        global_step=0, micro_step=0, device=torch.device("cpu"), tokenize_prompts=tokenize,
+                        gather=lambda t: t, generate=generate, behaviour_logps=behaviour, max_positions=max_positions,
+                        score=lambda inputs, comps: torch.tensor([[1.0 if _text(c) == "#19" else 0.0] for c in comps]),
+                        log=(lambda k, v: log.__setitem__(k, v)) if log is not None else None)
+    ctx.policy_calls = lambda who: PolicyCalls(who=who, tokenizer=tok, tokenize_prompts=tokenize, generate=generate,
+                                               behaviour_logps=behaviour, max_new_tokens=8, max_positions=max_positions)
+    return ctx, seen
+
+
+def _rollouts(comps):
+    return Rollouts([_ids(c) for c in comps], None, [prov.ON_POLICY] * len(comps), prompt_ids=[_ids("9+10=")] * len(comps))
+
+
+ROW = {"prompt": "9+10=", "answer": "19"}
+
+
+# ----------------------------------------------------------------------------- the handle
+def test_policy_calls_write_record_behaviour_and_sync_with_the_process_that_called_most():
+    ctx, seen = _ctx(lambda p: "abcdefghijk")
+    calls = PolicyCalls(who="algo.inject.feedback='x'", tokenizer=_Tok(), tokenize_prompts=ctx.tokenize_prompts,
+                        generate=ctx.generate, behaviour_logps=ctx.behaviour_logps, max_new_tokens=8, max_positions=20,
+                        limit=lambda n: contextlib.nullcontext(seen.setdefault("limit", n)))
+    w = calls.write("req?", max_new_tokens=5)
+    assert (w.text, w.context_ids, w.ids) == ("abcde", _ids("req?"), _ids("abcde"))  # cut to 5 tokens
+    assert seen["limit"] == 5 and w.behaviour_logp == pytest.approx([-0.04] * 5)  # recorded under the request (4 tokens)
+    assert seen["forward"] == [([_ids("req?")], [_ids("abcde")])]
+    assert calls.metrics("x") == {"x/self_written_calls": 1.0, "x/self_written_tokens": 5.0}
+    # another process called the policy 3 times: this one joins 2 empty generations and forwards
+    calls.sync(lambda t: torch.tensor([1, 3]))
+    assert seen["generate"][1:] == [[], []] and seen["forward"][1:] == [([], []), ([], [])]
+    with pytest.raises(UserFunctionError, match=r"^algo.inject.feedback='x' asked the policy to write 8 tokens after a request of 14 tokens.*20 positions") as e:
+        calls.write("a long request")
+    assert "\n" not in str(e.value)
+
+
+# ----------------------------------------------------------------------------- SAGE
+def test_sage_self_hint_regenerates_a_failed_group_under_the_hinted_prompt_levels_in_turn():
+    """Group of 4, all wrong. Level 1: the policy writes hint "h1" from the problem and its solution;
+    the 4 rows regenerate with "9+10= h1" and all still fail. Level 2: hint "h2", row 0 answers "#19".
+    The rows are ordinary rollouts of the hinted prompt: prompt_ids = "9+10= h2", every completion
+    token on_policy (the hint is not in the completion, not trained), no stored behaviour (pi_old is
+    the policy under the hinted prompt), GRPO advantage over the regenerated group by hand."""
+    state = {"solved": False}
+
+    def answer(p):
+        if p.endswith("hint:"):  # the hint request "... L<level> hint:"
+            return "h" + p[-7]
+        if p == "9+10= h2" and not state["solved"]:  # the first row regenerated with the level-2 hint
+            state["solved"] = True
+            return "#19"
+        return "#7"
+    logs = {}
+    ctx, seen = _ctx(answer, log=logs)
+    inj = HintOnFailure(hint="self", levels=3, request="{prompt} {solution} L{level} hint:", template="{prompt} {hint}",
+                        train_under="hinted", hint_tokens=4, source=_Source(["10+9=19"]))
+    r = inj.after_generation(ctx, [ROW] * 4, _rollouts(["#1", "#2", "#3", "#4"]))
+    gens = seen["generate"]
+    assert gens[0] == ["9+10= 10+9=19 L1 hint:"]  # one hint for the group, from the problem and its solution
+    assert gens[1] == ["9+10= h1"] * 4  # the whole group again, the hint after the problem
+    assert gens[2] == ["9+10= 10+9=19 L2 hint:"] and gens[3] == ["9+10= h2"] * 4
+    assert len(gens) == 4  # level 3 is not asked: the group has a correct rollout
+    assert [_text(c) for c in r.completion_ids] == ["#19", "#7", "#7", "#7"]
+    assert r.prompt_ids == [_ids("9+10= h2")] * 4 and r.token_source == [None] * 4 and r.behaviour_logp == [None] * 4
+    assert r.guided == [2] * 4 and r.discarded_tokens == [2] * 4 + [2] * 4
+    # the hint was recorded with its behaviour log-probs under the request (22 tokens)
+    assert seen["forward"][1] == ([_ids("9+10= 10+9=19 L2 hint:")], [_ids("h2")])
+    assert logs["hint/self_written_tokens"] == 4.0 and logs["hint/rounds"] == 2.0  # "h1" and "h2"; 2 levels
+    # advantage: GRPO over the regenerated group, A = (r - 1/4) / (std_unbiased + 1e-6), std = 0.5
+    A = ADVANTAGES.get("grpo")(torch.tensor([1.0, 0.0, 0.0, 0.0]), torch.tensor([0, 0, 0, 0]))
+    assert A.tolist() == pytest.approx([0.75 / (0.5 + 1e-6), -0.25 / (0.5 + 1e-6), -0.25 / (0.5 + 1e-6), -0.25 / (0.5 + 1e-6)])
+
+
+def test_sage_leaves_groups_with_a_correct_rollout_alone_and_refuses_bad_settings():
+    ctx, seen = _ctx(lambda p: "#7")
+    inj = HintOnFailure(hint="self", request="{prompt} {solution} hint:", template="{prompt} {hint}", source=_Source(["s"]))
+    r = inj.after_generation(ctx, [ROW] * 4, _rollouts(["#19", "#1", "#2", "#3"]))
+    # no group failed (read from the gathered rewards, the same on every process): no hint, no generation
+    assert seen["generate"] == [] and r.prompt_ids == [_ids("9+10=")] * 4 and r.guided == [0] * 4
+    with pytest.raises(ConfigError, match="placement=prompt"):
+        HintOnFailure(hint="self", placement="prefix")
+    with pytest.raises(ConfigError, match="unknown placeholder"):
+        HintOnFailure(hint="self", request="{prompt} {answer}")
+    with pytest.raises(ConfigError, match="levels"):
+        HintOnFailure(hint="self", levels=0)
+
+
+def test_sage_a_hinted_prompt_with_no_room_for_the_completion_is_one_line():
+    ctx, _ = _ctx(lambda p: "hhhh", max_positions=17)  # the request (10) + the hint (4) fit; "9+10= hhhh" (10) + 8 do not
+    inj = HintOnFailure(hint="self", request="{prompt}hint:", template="{prompt} {hint}", hint_tokens=4, source=_Source(["s"]))
+    with pytest.raises(UserFunctionError, match=r"^algo.inject.hint='self': the prompt with the policy's hint is 10 tokens.*17 positions"):
+        inj.after_generation(ctx, [ROW] * 4, _rollouts(["#1", "#2", "#3", "#4"]))
+
+
+def test_the_sage_preset_and_toy_recipe_compose_and_train_the_hinted_rows_as_rollouts():
+    cfg = compose_config(["algo=sage"])
+    inj = build_injection(cfg)
+    assert (inj.hint, inj.fractions, inj.train_under, inj.max_success, inj.per_group) == ("self", [1.0, 2.0, 3.0], "hinted", 0.0, None)
+    assert inj.provenances == () and list(cfg.algo.terms.policy.tokens) == ["on_policy"]
+    assert (cfg.algo.loss.clip_low, cfg.algo.loss.clip_high, cfg.algo.advantage.name) == (0.2, 0.28, "grpo")
+    toy = compose_config(["recipe=sage/arith-tiny"])
+    assert toy.model.name == "tiny-bpe" and toy.algo.inject.hint_tokens == 16
+
+
+# ----------------------------------------------------------------------------- self-critique
+def test_self_critique_is_written_by_the_policy_and_the_refinement_trains_under_the_original_prompt():
+    """feedback: self: the policy critiques the failed attempt (slot 1) from the request; the
+    refinement, sampled in the critique context, fills slot 3 under the original prompt, tokens refined,
+    behaviour recorded under the refinement context; the critique itself is context, not trained."""
+    ctx, seen = _ctx(lambda p: "bad" if p.endswith("?") else "#19")
+    inj = RefineFromFeedback(feedback="self", request="{prompt}|{attempt}|{expected}?", template="{prompt}|{feedback}|")
+    r = inj.after_generation(ctx, [ROW] * 4, _rollouts(["#19", "#18", "#1", "#2"]))
+    assert seen["generate"] == [["9+10=|#18|19?"], ["9+10=|bad|"]]
+    assert _text(r.completion_ids[3]) == "#19" and r.token_source[3] == [REFINED] * 3
+    assert r.prompt_ids[3] == _ids("9+10=") and r.behaviour_logp[3] == pytest.approx([-0.01 * len("9+10=|bad|")] * 3)
+    assert r.completion_ids[1] == _ids("#18") and r.token_source[1] is None  # the attempt stays
+
+
+def test_a_custom_builder_may_call_the_policy_and_its_errors_are_one_line():
+    ctx, seen = _ctx(lambda p: "crit")
+    calls = ctx.policy_calls("algo.inject.feedback='judge.py:fn'")
+    att = Attempt(prompt="9+10=", completion="#18", completion_ids=_ids("#18"), reward=0.0, answer="19", reference=None,
+                  row=ROW, policy=calls)
+    fb = call_builder(lambda a: a.policy.write("why " + a.completion).text.upper(), "x", att)
+    assert fb.text == "CRIT" and seen["generate"] == [["why #18"]]
+    with pytest.raises(UserFunctionError, match=r"returned .*not feedback; it must return Feedback"):
+        call_builder(lambda a: 3, "algo.inject.feedback='j.py:f'", att)
+    with pytest.raises(UserFunctionError, match=r"raised RuntimeError: feedback: self needs the policy"):
+        call_builder(SelfCritique(), "algo.inject.feedback='self'", Attempt("p", "c", [1], 0.0, "1", None, {}))
+    with pytest.raises(ConfigError, match=r"\{attempt\}"):
+        SelfCritique(request="{prompt} critique:")
+    assert in_last_user([{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}], "{prompt}!{x}", x=1)[1] == \
+        {"role": "user", "content": "Q!1"}

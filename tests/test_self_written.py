@@ -12,6 +12,7 @@ group is trained under the hinted prompt (run_rollout re-tokenises it, 608-678).
 from __future__ import annotations
 
 import contextlib
+import json
 
 import pytest
 import torch
@@ -208,3 +209,20 @@ def test_a_custom_builder_may_call_the_policy_and_its_errors_are_one_line():
         SelfCritique(request="{prompt} critique:")
     assert in_last_user([{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}], "{prompt}!{x}", x=1)[1] == \
         {"role": "user", "content": "Q!1"}
+
+
+# ----------------------------------------------------------------------------- end to end
+def test_sage_toy_recipe_trains_two_steps_with_the_policy_writing_hints(tiny_bpe_model_path, tmp_path):
+    """Level-4 problems (beyond the barely warm-started model): every group fails, the policy writes
+    a hint per group and level, the groups are generated again with it, and training goes on."""
+    from typer.testing import CliRunner
+
+    from mixrl.cli.main import app
+    from conftest import FAST
+
+    res = CliRunner().invoke(app, ["train", "recipe=sage/arith-tiny", *FAST, f"model.path={tiny_bpe_model_path}",
+                                   f"run_dir={tmp_path / 'run'}", "data.levels=[4]", "trainer.save_steps=0"])
+    assert res.exit_code == 0, res.stdout[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if "hint/rounds" in r]
+    assert len(train) == 2 and all(r["hint/groups"] > 0 and r["hint/self_written_tokens"] > 0 for r in train)

@@ -45,7 +45,7 @@ class Injections:
         self.forwards, self.scoring, self.teachers, self.sampler = forwards, scoring, teachers, sampler
         self.ref_logps = ref_logps  # (policy, prompt_ids, completion_ids) -> log-probs; None: no reference model
         self.max_positions = max_positions  # the policy's context length (InjectContext.max_positions)
-        self.max_new_tokens = max_new_tokens  # n -> context in which TRL's generation stops after n tokens (None: unlimited)
+        self.limit_new_tokens = max_new_tokens  # n -> context in which TRL's generation stops after n tokens (None: unlimited)
         self.turn_marks = None  # env=tools: the template's turn marks (set by the trainer), InjectContext.turn_marks
 
     def use_turn_marks(self, turn_marks: tuple[int, list[int]] | None) -> None:
@@ -91,7 +91,7 @@ class Injections:
             policy_calls=lambda who: PolicyCalls(
                 who=who, tokenizer=self.tokenizer, tokenize_prompts=self.tokenize_prompts, generate=self.generate,
                 behaviour_logps=behaviour, max_new_tokens=self.max_completion_length, max_positions=self.max_positions,
-                limit=self.max_new_tokens),
+                limit=self.limit_new_tokens),
         )
 
     def generate(self, prompt_ids: list[list[int]]):

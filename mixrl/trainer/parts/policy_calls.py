@@ -62,8 +62,8 @@ class PolicyCalls:
                  behaviour_logps: Callable, max_new_tokens: int, max_positions: int | None = None,
                  limit: Callable[[int], contextlib.AbstractContextManager] | None = None):
         self.who, self.tokenizer = who, tokenizer
-        self.tokenize_prompts, self.generate, self.behaviour_logps = tokenize_prompts, generate, behaviour_logps
-        self.max_new_tokens, self.max_positions = int(max_new_tokens), max_positions
+        self.tokenize_prompts, self.sample, self.behaviour_logps = tokenize_prompts, generate, behaviour_logps
+        self.default_tokens, self.max_positions = int(max_new_tokens), max_positions
         self.limit = limit or (lambda n: contextlib.nullcontext())
         self.written: list[Written] = []  # every call of this hook, in order
 
@@ -72,7 +72,7 @@ class PolicyCalls:
         applied as for prompts), at most ``max_new_tokens`` tokens, sampled as the rollouts are.
         A request that leaves no room for them in the model's context is a one-line
         UserFunctionError naming the builder."""
-        n = int(max_new_tokens or self.max_new_tokens)
+        n = int(max_new_tokens or self.default_tokens)
         context = self.tokenize_prompts([request])[0]
         if self.max_positions and len(context) + n > self.max_positions:
             raise UserFunctionError(
@@ -80,7 +80,7 @@ class PolicyCalls:
                 f"together they exceed the model's {self.max_positions} positions; shorten the request "
                 f"(its template) or the length asked for")
         with self.limit(n):
-            ids, _ = self.generate([context])
+            ids, _ = self.sample([context])
         out = list(ids[0])[:n]
         lp = self.behaviour_logps([context], [out])[0]
         w = Written(text=self.tokenizer.decode(out, skip_special_tokens=True), context_ids=list(context),
@@ -94,7 +94,7 @@ class PolicyCalls:
         every process, after the builders."""
         counts = gather(torch.tensor([len(self.written)], device=device))
         for _ in range(int(counts.max()) - len(self.written)):
-            self.generate([])
+            self.sample([])
             self.behaviour_logps([], [])
 
     def metrics(self, prefix: str) -> dict[str, float]:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
+import random
 
 import pytest
 import torch
@@ -27,6 +29,7 @@ from mixrl.sources.feedback import Attempt, SelfCritique, call_builder
 from mixrl.sources.hint import HintOnFailure
 from mixrl.sources.self_hint import in_last_user
 from mixrl.sources.with_feedback import REFINED, RefineFromFeedback
+from mixrl.sources.with_verification import VERIFICATION, SelfVerify, spread, verification_reward
 from mixrl.trainer.parts.policy_calls import PolicyCalls
 
 
@@ -226,3 +229,75 @@ def test_sage_toy_recipe_trains_two_steps_with_the_policy_writing_hints(tiny_bpe
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if "hint/rounds" in r]
     assert len(train) == 2 and all(r["hint/groups"] > 0 and r["hint/self_written_tokens"] > 0 for r in train)
+
+
+# ----------------------------------------------------------------------------- RISE
+def test_rise_verification_reward_and_the_authors_spread_by_hand():
+    vr = lambda t, s: verification_reward(t, s, "####", 1.0, -0.5, -1.0)  # noqa: E731
+    assert (vr("ok #### 1", 1.0), vr("#### 1.0", 1.0), vr("#### -0.5", 1.0), vr("#### 0", 0.0), vr("no rating", 0.0),
+            vr("#### x", 0.0)) == (1.0, 1.0, -0.5, 1.0, -1.0, -1.0)
+    rng = random.Random(0)
+    picks = spread([[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]], 4, rng)  # 4 // 3 = 1 each, the first group one more
+    assert len(picks) == 4 and sum(p < 4 for p in picks) == 2 and sum(4 <= p < 8 for p in picks) == 1
+
+
+def test_rise_appends_the_policys_verifications_with_their_reward_and_group_advantage():
+    """2 groups of 4: group 0's solutions are right (score 1), group 1's wrong (score 0);
+    solutions=2 -> one solution per group, verifications=3 -> the policy writes "#### 1",
+    "#### 0" and "none" for each. Rewards: group 0 [1, -0.5, -1], group 1 [-0.5, 1, -1];
+    A = (r - mean) / (std + 1e-6) per solution; rows appended under the request, provenance
+    verification, behaviour log-probs recorded under the request."""
+    ans = ["#### 1", "#### 0", "none"]
+    ctx, seen = _ctx(lambda p: "")
+    tok = _Tok()
+    tokenize = ctx.tokenize_prompts
+
+    def generate(prompts):
+        seen["generate"].append([_text(p) for p in prompts])
+        return [_ids(ans[j % 3]) for j in range(len(prompts))], None
+
+    ctx.generate = generate
+    ctx.policy_calls = lambda who: PolicyCalls(who=who, tokenizer=tok, tokenize_prompts=tokenize, generate=generate,
+                                               behaviour_logps=_lp, max_new_tokens=8)
+    comps = ["#19", "#19", "#19", "#19", "#7", "#8", "#9", "#6"]
+    rows = [{"prompt": "9+10="}] * 4 + [{"prompt": "1+2="}] * 4
+    inj = SelfVerify(solutions=2, verifications=3, request="{prompt}{solution}?")
+    ctx.primary_rewards = torch.tensor([1.0] * 4 + [0.0] * 4)
+    inj.after_rewards(ctx, rows, torch.zeros(8))
+    C = max(len(c) for c in comps)
+    out = {"prompt_ids": torch.ones(8, 2, dtype=torch.long), "prompt_mask": torch.ones(8, 2, dtype=torch.long),
+           "completion_ids": torch.tensor([_ids(c) + [0] * (C - len(c)) for c in comps]),
+           "completion_mask": torch.tensor([[1] * len(c) + [0] * (C - len(c)) for c in comps]),
+           "token_source": torch.zeros(8, C, dtype=torch.long), "advantages": torch.zeros(8),
+           "row_source": torch.full((8,), prov.ON_POLICY), "group_id": torch.tensor([0] * 4 + [1] * 4),
+           "behaviour_logp": torch.full((8, C), float("nan"))}
+    new = inj.after_advantages(ctx, rows, out)
+    req0 = seen["generate"][0]
+    assert len(req0) == 6 and req0[:3] == ["9+10=#19?"] * 3 and req0[3] in (["1+2=#7?", "1+2=#8?", "1+2=#9?", "1+2=#6?"])
+    assert new["row_source"][8:].tolist() == [VERIFICATION] * 6 and new["group_id"][8:].tolist() == [-1] * 6
+    r0, r1 = [1.0, -0.5, -1.0], [-0.5, 1.0, -1.0]
+
+    def grpo(r):
+        m = sum(r) / 3
+        s = math.sqrt(sum((x - m) ** 2 for x in r) / 2)
+        return [(x - m) / (s + 1e-6) for x in r]
+
+    assert new["advantages"][8:].tolist() == pytest.approx(grpo(r0) + grpo(r1))
+    assert new["advantages"][:8].tolist() == [0.0] * 8  # the solutions keep theirs
+    assert new["completion_ids"][8][:6].tolist() == _ids("#### 1") and new["prompt_ids"][8][-9:].tolist() == _ids("9+10=#19?")
+    assert new["behaviour_logp"][8][:6].tolist() == pytest.approx([-0.09] * 6)  # recorded under the 9-token request
+    assert new["behaviour_logp"][10][:4].tolist() == pytest.approx([-0.09] * 4) and math.isnan(new["behaviour_logp"][10][4])
+    assert inj.metrics["verify/right"] == pytest.approx(2 / 6) and inj.metrics["verify/missing"] == pytest.approx(2 / 6)
+
+
+def test_the_rise_preset_composes_and_refuses_bad_settings():
+    cfg = compose_config(["algo=rise"])
+    inj = build_injection(cfg)
+    assert (inj.solutions, inj.verifications, inj.right, inj.wrong, inj.missing) == (16, 8, 1.0, -0.5, -1.0)
+    assert list(cfg.algo.terms.policy.tokens) == ["on_policy", "verification"]
+    with pytest.raises(ConfigError, match="solutions=100000 is more than"):
+        compose_config(["algo=rise", "algo.inject.solutions=100000"])
+    with pytest.raises(ConfigError, match=r"must contain \{solution\}"):
+        compose_config(["algo=rise", "algo.inject.request='{prompt} rate:'"])
+    with pytest.raises(ConfigError, match="verification"):  # the verifications must be trained
+        compose_config(["algo=rise", "algo.terms.policy.tokens=[on_policy]"])

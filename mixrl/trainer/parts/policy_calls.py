@@ -65,41 +65,48 @@ class PolicyCalls:
         self.tokenize_prompts, self.sample, self.behaviour_logps = tokenize_prompts, generate, behaviour_logps
         self.default_tokens, self.max_positions = int(max_new_tokens), max_positions
         self.limit = limit or (lambda n: contextlib.nullcontext())
-        self.written: list[Written] = []  # every call of this hook, in order
+        self.written: list[Written] = []  # everything written in this hook, in order
+        self.calls = 0  # generations this process ran for builders in this hook
 
     def write(self, request, *, max_new_tokens: int | None = None) -> Written:
         """The policy's answer to ``request`` (a text, or chat messages: the chat template is
         applied as for prompts), at most ``max_new_tokens`` tokens, sampled as the rollouts are.
         A request that leaves no room for them in the model's context is a one-line
         UserFunctionError naming the builder."""
+        return self.write_all([request], max_new_tokens=max_new_tokens)[0]
+
+    def write_all(self, requests: list, *, max_new_tokens: int | None = None) -> list[Written]:
+        """:meth:`write` for several requests in one generation and one forward (one call)."""
         n = int(max_new_tokens or self.default_tokens)
-        context = self.tokenize_prompts([request])[0]
-        if self.max_positions and len(context) + n > self.max_positions:
-            raise UserFunctionError(
-                f"{self.who} asked the policy to write {n} tokens after a request of {len(context)} tokens: "
-                f"together they exceed the model's {self.max_positions} positions; shorten the request "
-                f"(its template) or the length asked for")
+        contexts = self.tokenize_prompts(list(requests)) if requests else []
+        for context in contexts:
+            if self.max_positions and len(context) + n > self.max_positions:
+                raise UserFunctionError(
+                    f"{self.who} asked the policy to write {n} tokens after a request of {len(context)} tokens: "
+                    f"together they exceed the model's {self.max_positions} positions; shorten the request "
+                    f"(its template) or the length asked for")
         with self.limit(n):
-            ids, _ = self.sample([context])
-        out = list(ids[0])[:n]
-        lp = self.behaviour_logps([context], [out])[0]
-        w = Written(text=self.tokenizer.decode(out, skip_special_tokens=True), context_ids=list(context),
-                    ids=out, behaviour_logp=[float(x) for x in lp])
-        self.written.append(w)
-        return w
+            ids, _ = self.sample([list(c) for c in contexts])
+        outs = [list(x)[:n] for x in ids]
+        lps = self.behaviour_logps([list(c) for c in contexts], outs)
+        written = [Written(text=self.tokenizer.decode(o, skip_special_tokens=True), context_ids=list(c), ids=o,
+                           behaviour_logp=[float(x) for x in lp]) for c, o, lp in zip(contexts, outs, lps)]
+        self.written += written
+        self.calls += 1
+        return written
 
     def sync(self, gather: Callable[[torch.Tensor], torch.Tensor], device=None) -> None:
         """Every process joins as many generations and forwards as the process that called the
         policy most in this hook (an empty call where this one has nothing to write). Call it on
         every process, after the builders."""
-        counts = gather(torch.tensor([len(self.written)], device=device))
-        for _ in range(int(counts.max()) - len(self.written)):
+        counts = gather(torch.tensor([self.calls], device=device))
+        for _ in range(int(counts.max()) - self.calls):
             self.sample([])
             self.behaviour_logps([], [])
 
     def metrics(self, prefix: str) -> dict[str, float]:
         """``{prefix}/self_written_calls`` and ``{prefix}/self_written_tokens`` of this process."""
-        return {f"{prefix}/self_written_calls": float(len(self.written)),
+        return {f"{prefix}/self_written_calls": float(self.calls),
                 f"{prefix}/self_written_tokens": float(sum(len(w.ids) for w in self.written))}
 
     def state_dict(self) -> dict:

@@ -301,3 +301,18 @@ def test_the_rise_preset_composes_and_refuses_bad_settings():
         compose_config(["algo=rise", "algo.inject.request='{prompt} rate:'"])
     with pytest.raises(ConfigError, match="verification"):  # the verifications must be trained
         compose_config(["algo=rise", "algo.terms.policy.tokens=[on_policy]"])
+
+
+def test_rise_toy_recipe_trains_two_steps_with_the_policys_verifications(tiny_bpe_model_path, tmp_path):
+    from typer.testing import CliRunner
+
+    from conftest import FAST
+    from mixrl.cli.main import app
+
+    res = CliRunner().invoke(app, ["train", "recipe=rise/arith-tiny", *FAST, f"model.path={tiny_bpe_model_path}",
+                                   f"run_dir={tmp_path / 'run'}", "trainer.save_steps=0", "trainer.eval_size=0"])
+    assert res.exit_code == 0, res.stdout[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if "verify/reward" in r]
+    # 4 solutions x 4 verifications appended each step, every reward one of 1 / -0.5 / -1
+    assert len(train) == 2 and all(r["verification/rows"] == 16 and -1.0 <= r["verify/reward"] <= 1.0 for r in train)

@@ -316,3 +316,67 @@ def test_rise_toy_recipe_trains_two_steps_with_the_policys_verifications(tiny_bp
     train = [r for r in rows if "verify/reward" in r]
     # 4 solutions x 4 verifications appended each step, every reward one of 1 / -0.5 / -1
     assert len(train) == 2 and all(r["verification/rows"] == 16 and -1.0 <= r["verify/reward"] <= 1.0 for r in train)
+
+
+# ----------------------------------------------------------------------------- R3L's trained reflections
+def _r3l(retry_answer):
+    def answer(p):
+        if p.endswith("?"):  # a reflection request "<prompt>|<attempt>?"
+            return "success" if p.endswith("#19?") else "fix"
+        return retry_answer if p == "9+10=|fix|" else "#7"
+    return answer
+
+
+def _out(comps):
+    C = max(len(c) for c in comps)
+    n = len(comps)
+    return {"prompt_ids": torch.ones(n, 2, dtype=torch.long), "prompt_mask": torch.ones(n, 2, dtype=torch.long),
+            "completion_ids": torch.tensor([_ids(c) + [0] * (C - len(c)) for c in comps]),
+            "completion_mask": torch.tensor([[1] * len(c) + [0] * (C - len(c)) for c in comps]),
+            "token_source": torch.zeros(n, C, dtype=torch.long), "advantages": torch.zeros(n),
+            "row_source": torch.full((n,), prov.ON_POLICY), "group_id": torch.zeros(n, dtype=torch.long),
+            "behaviour_logp": torch.full((n, C), float("nan"))}
+
+
+def test_r3l_reflections_that_rate_a_correct_attempt_perfect_or_guide_a_successful_retry_are_trained_with_a_1():
+    """Group of 4: "#19" right, "#18", "#1", "#2" wrong. The policy reflects on the correct attempt
+    ("9+10=|#19?" -> "success": rated perfect, kept) and on the failed attempt 1 ("9+10=|#18?" ->
+    "fix"), whose retry in the context "9+10=|fix|" answers "#19" (right, better than the attempt: kept).
+    Both reflections are appended as rows of their request with advantage 1, provenance reflection."""
+    ctx, seen = _ctx(_r3l("#19"))
+    inj = RefineFromFeedback(mode="retry", pivot="start", feedback="self", request="{prompt}|{attempt}?",
+                             template="{prompt}|{feedback}|", train_reflections=4, reflect_correct=True, perfect="success")
+    comps = ["#19", "#18", "#1", "#2"]
+    r = inj.after_generation(ctx, [ROW] * 4, _rollouts(comps))
+    assert seen["generate"][:2] == [["9+10=|#18?"], ["9+10=|#19?"]]  # the failed attempt's reflection, then the correct one's
+    assert seen["generate"][2] == ["9+10=|fix|"] and _text(r.completion_ids[3]) == "#19"  # the retry, guided by the reflection
+    new = inj.after_advantages(ctx, [ROW] * 4, _out([_text(c) for c in r.completion_ids]))
+    assert new["row_source"][4:].tolist() == [prov.code("reflection")] * 2
+    assert new["advantages"][4:].tolist() == [1.0, 1.0] and new["advantages"][:4].tolist() == [0.0] * 4
+    assert [_text(new["completion_ids"][i].tolist()) for i in (4, 5)] == ["success", "fix"]
+    assert new["prompt_ids"][4][-len("9+10=|#19?"):].tolist() == _ids("9+10=|#19?")
+    assert new["behaviour_logp"][5][:3].tolist() == pytest.approx([-0.1] * 3)  # recorded under the 10-token request
+    assert inj.metrics == {"refine/reflections_trained": 2.0}
+    assert inj.provenances == ("refined", "prefix", "reflection") and inj.extra_rows_per_step(16, 2) == 4
+
+
+def test_r3l_a_reflection_whose_retry_fails_is_not_trained_and_bad_settings_are_one_line():
+    ctx, _ = _ctx(_r3l("#7"))
+    inj = RefineFromFeedback(mode="retry", pivot="start", feedback="self", request="{prompt}|{attempt}?",
+                             template="{prompt}|{feedback}|", train_reflections=2)
+    r = inj.after_generation(ctx, [ROW] * 4, _rollouts(["#19", "#18", "#1", "#2"]))
+    new = inj.after_advantages(ctx, [ROW] * 4, _out([_text(c) for c in r.completion_ids]))
+    assert len(new["row_source"]) == 4 and inj.metrics == {"refine/reflections_trained": 0.0}
+    with pytest.raises(ConfigError, match="is not written by the policy"):
+        RefineFromFeedback(feedback="verifier", train_reflections=2)
+    with pytest.raises(ConfigError, match="set algo.inject.train_reflections > 0"):
+        RefineFromFeedback(feedback="self", reflect_correct=True)
+    with pytest.raises(ConfigError, match="must be a multiple of 4"):
+        inj.extra_rows_per_step(16, 4)
+    cfg = compose_config(["algo=r3l"])
+    r3 = build_injection(cfg)
+    assert (r3.feedback_name, r3.reflections.cap, r3.reflections.correct) == ("self", 8, True)
+    assert "reflection" in list(cfg.algo.terms.policy.tokens)
+    old = compose_config(["algo=r3l", "algo.inject.feedback=verifier", "algo.inject.train_reflections=0",
+                          "algo.inject.reflect_correct=false", "algo.terms.policy.tokens=[on_policy,refined]"])
+    assert build_injection(old).provenances == ("refined", "prefix")  # the earlier preset, by override

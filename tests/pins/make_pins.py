@@ -284,7 +284,11 @@ MORE_TRAINER_CASES = {
     # mixrl's earlier Critique-GRPO preset (clip 0.2, token-mean, no entropy bonus): the case made at 452baff
     "algo=critique_grpo|old reading": ["algo=critique_grpo", *TOY_FEEDBACK, "algo.loss.clip=true",
                                        "algo.aggregation.name=token-mean", "algo.entropy_coef=0.0"],
-    "algo=r3l": ["algo=r3l", *TOY_FEEDBACK, "algo.inject.pivot=divergence"],  # retries keep the attempt's prefix
+    # retries keep the attempt's prefix; the verifier's feedback (the preset before issue 52: the policy's own
+    # reflection needs a model that reads, and more than the pin model's 64 positions)
+    "algo=r3l": ["algo=r3l", *TOY_FEEDBACK, "algo.inject.pivot=divergence", "algo.inject.feedback=verifier",
+                 "algo.inject.train_reflections=0", "algo.inject.reflect_correct=false",
+                 "algo.terms.policy.tokens=[on_policy,refined]"],
 }
 #: the rollouts of each case (a function of tests/pins/rollouts.py): tolerant_completion, except
 #: where the second step's groups must all fail for the replay fill to act

@@ -180,7 +180,7 @@ def test_configs_compose_explain_their_tokens_and_refuse_bad_settings():
     cg = compose_config(["algo=critique_grpo"])
     assert build_injection(cg).provenances == ("refined",)
     r3 = compose_config(["algo=r3l"])
-    assert build_injection(r3).provenances == ("refined", "prefix") and r3.algo.advantage.name == "positive_amplified"
+    assert build_injection(r3).provenances == ("refined", "prefix", "reflection") and r3.algo.advantage.name == "positive_amplified"
     with pytest.raises(ConfigError, match="per_group"):
         compose_config(["algo=critique_grpo", "algo.inject.per_group=5"])
     with pytest.raises(ConfigError, match="refined"):  # refinements must be trained

@@ -345,7 +345,8 @@ def test_r3l_reflections_that_rate_a_correct_attempt_perfect_or_guide_a_successf
     Both reflections are appended as rows of their request with advantage 1, provenance reflection."""
     ctx, seen = _ctx(_r3l("#19"))
     inj = RefineFromFeedback(mode="retry", pivot="start", feedback="self", request="{prompt}|{attempt}?",
-                             template="{prompt}|{feedback}|", train_reflections=4, reflect_correct=True, perfect="success")
+                             template="{prompt}|{feedback}|", train_reflections=4, reflect_correct=True, perfect="success",
+                             critique_tokens=8)
     comps = ["#19", "#18", "#1", "#2"]
     r = inj.after_generation(ctx, [ROW] * 4, _rollouts(comps))
     assert seen["generate"][:2] == [["9+10=|#18?"], ["9+10=|#19?"]]  # the failed attempt's reflection, then the correct one's
@@ -363,7 +364,7 @@ def test_r3l_reflections_that_rate_a_correct_attempt_perfect_or_guide_a_successf
 def test_r3l_a_reflection_whose_retry_fails_is_not_trained_and_bad_settings_are_one_line():
     ctx, _ = _ctx(_r3l("#7"))
     inj = RefineFromFeedback(mode="retry", pivot="start", feedback="self", request="{prompt}|{attempt}?",
-                             template="{prompt}|{feedback}|", train_reflections=2)
+                             template="{prompt}|{feedback}|", train_reflections=2, critique_tokens=8)
     r = inj.after_generation(ctx, [ROW] * 4, _rollouts(["#19", "#18", "#1", "#2"]))
     new = inj.after_advantages(ctx, [ROW] * 4, _out([_text(c) for c in r.completion_ids]))
     assert len(new["row_source"]) == 4 and inj.metrics == {"refine/reflections_trained": 0.0}
@@ -380,3 +381,12 @@ def test_r3l_a_reflection_whose_retry_fails_is_not_trained_and_bad_settings_are_
     old = compose_config(["algo=r3l", "algo.inject.feedback=verifier", "algo.inject.train_reflections=0",
                           "algo.inject.reflect_correct=false", "algo.terms.policy.tokens=[on_policy,refined]"])
     assert build_injection(old).provenances == ("refined", "prefix")  # the earlier preset, by override
+
+
+def test_trained_self_written_rows_longer_than_the_completion_budget_are_one_line():
+    ctx, _ = _ctx(lambda p: "x")  # max_completion_length 8
+    inj = RefineFromFeedback(feedback="self", request="{prompt}{attempt}?", train_reflections=2, critique_tokens=9)
+    with pytest.raises(ConfigError, match=r"^algo.inject.critique_tokens=9 is more than trainer.max_completion_length=8"):
+        inj.after_generation(ctx, [ROW] * 4, _rollouts(["#1", "#2", "#3", "#4"]))
+    with pytest.raises(ConfigError, match=r"^algo.inject.verify_tokens=9 is more than trainer.max_completion_length=8"):
+        SelfVerify(solutions=1, verifications=1, request="{prompt}{solution}", verify_tokens=9).after_advantages(ctx, [ROW], {})

@@ -244,6 +244,11 @@ class RefineFromFeedback(Injection):
 
     # ----------------------------------------------------------------- the hook
     def after_generation(self, ctx: InjectContext, inputs: list[dict], rollouts: Rollouts) -> Rollouts:
+        tokens = getattr(self.builder, "tokens", 0)
+        if self.reflections.cap and tokens > ctx.max_completion_length:  # trained reflections are completions too
+            raise ConfigError(f"algo.inject.critique_tokens={tokens} is more than trainer.max_completion_length="
+                              f"{ctx.max_completion_length}: reflections trained as rows (algo.inject.train_reflections) must "
+                              "fit the completion budget; lower algo.inject.critique_tokens or raise trainer.max_completion_length")
         n, G = len(rollouts.completion_ids), ctx.num_generations
         primary = torch.nan_to_num(ctx.score(inputs, rollouts.completion_ids)[:, 0], nan=0.0)
         start = ctx.process_index * n

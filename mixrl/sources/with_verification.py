@@ -146,6 +146,10 @@ class SelfVerify(Injection):
         return rewards
 
     def after_advantages(self, ctx: InjectContext, inputs: list[dict], out: dict) -> dict:
+        if (self.verify_tokens or 0) > ctx.max_completion_length:  # the verifications are trained completions
+            raise ConfigError(f"algo.inject.verify_tokens={self.verify_tokens} is more than trainer.max_completion_length="
+                              f"{ctx.max_completion_length}: the verifications are trained rows and must fit the completion "
+                              "budget; lower algo.inject.verify_tokens or raise trainer.max_completion_length")
         n, G = len(inputs), ctx.num_generations
         start = ctx.process_index * n
         score = torch.nan_to_num(self._primary[start:start + n].float(), nan=0.0).tolist()

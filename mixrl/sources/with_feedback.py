@@ -243,12 +243,27 @@ class RefineFromFeedback(Injection):
                 self.reflections.keep(calls.written[-1])
 
     # ----------------------------------------------------------------- the hook
-    def after_generation(self, ctx: InjectContext, inputs: list[dict], rollouts: Rollouts) -> Rollouts:
+    def _check_reflection_budget(self, ctx: InjectContext) -> None:
+        """Reflections trained as rows are completions too: they must fit ``max_completion_length``."""
         tokens = getattr(self.builder, "tokens", 0)
-        if self.reflections.cap and tokens > ctx.max_completion_length:  # trained reflections are completions too
+        if self.reflections.cap and tokens > ctx.max_completion_length:
             raise ConfigError(f"algo.inject.critique_tokens={tokens} is more than trainer.max_completion_length="
                               f"{ctx.max_completion_length}: reflections trained as rows (algo.inject.train_reflections) must "
                               "fit the completion budget; lower algo.inject.critique_tokens or raise trainer.max_completion_length")
+
+    def _keep_helpful(self, ctx: InjectContext, inputs: list[dict], rollouts: Rollouts, jobs: list, wrote: dict,
+                      local: list, start: int) -> torch.Tensor:
+        """R³L: keep the reflections whose retry succeeded and beat its attempt. Returns the local
+        first rewards after the retries (every process joins the scoring)."""
+        n = len(rollouts.completion_ids)
+        again = torch.nan_to_num(ctx.score(inputs, rollouts.completion_ids)[:, 0], nan=0.0)[start:start + n]
+        for a, b, _, _ in jobs:
+            if b in wrote and float(again[b]) >= self.success - 1e-6 and float(again[b]) > local[a]:
+                self.reflections.keep(wrote[b])
+        return again
+
+    def after_generation(self, ctx: InjectContext, inputs: list[dict], rollouts: Rollouts) -> Rollouts:
+        self._check_reflection_budget(ctx)
         n, G = len(rollouts.completion_ids), ctx.num_generations
         primary = torch.nan_to_num(ctx.score(inputs, rollouts.completion_ids)[:, 0], nan=0.0)
         start = ctx.process_index * n
@@ -307,12 +322,7 @@ class RefineFromFeedback(Injection):
         behaviour = ctx.behaviour_logps([gen for _, _, gen, _ in jobs], [rollouts.completion_ids[b] for _, b, _, _ in jobs])
         for (_, b, _, _), lp in zip(jobs, behaviour):
             rollouts.behaviour_logp[b] = list(lp)
-        again = None
-        if self.reflections.cap:  # a reflection whose retry succeeds is trained (R3L); every process joins the scoring
-            again = torch.nan_to_num(ctx.score(inputs, rollouts.completion_ids)[:, 0], nan=0.0)[start:start + n]
-            for a, b, _, _ in jobs:
-                if b in wrote and float(again[b]) >= self.success - 1e-6 and float(again[b]) > local[a]:
-                    self.reflections.keep(wrote[b])
+        again = self._keep_helpful(ctx, inputs, rollouts, jobs, wrote, local, start) if self.reflections.cap else None
         if ctx.log is not None:  # every process joins the gathers and the scoring
             dev = primary.device
             if again is None:

@@ -105,6 +105,34 @@ def critique_grpo(ps: list[dict]) -> list[dict]:
     } for p in ps]
 
 
+#: AMPO's system prompt (EnigmaYYYY/AMPO @ 647e2e4, data/valid.parquet: every row's system message)
+AMPO_SYSTEM = ("You are a helpful assistant. Please reason step by step to solve the problem and put the final answer "
+               "within the <answer> </answer> tags.")
+
+
+def ampo(ps: list[dict]) -> list[dict]:
+    """data=ampo-openr1-4longcots (SII-Enigma/OpenR1-Math-4LongCoTs-8.5k): verl rows as the authors'
+    reader takes them (EnigmaYYYY/AMPO @ 647e2e4, ampo/verl/verl/adaptive_mix_src/rl_dataset_with_target.py:
+    83, 186-207): the chat prompt with their system message, the gold answer in reward_model.ground_truth,
+    and ``target_lst``: 4 teacher answers {content, source, quality_score}, one of them wrong (the authors
+    inject answers whether right or wrong); the teacher names are made up."""
+    rows = []
+    for p in ps:
+        right = f"<think>\n{p['work']}\n</think>\n<answer>$\\boxed{{{p['answer']}}}$</answer>"
+        wrong = f"<think>\n{p['work']}? Not sure.\n</think>\n<answer>$\\boxed{{{int(p['answer']) + 1}}}$</answer>"
+        answers = [right, f"Quickly: {right}", wrong, f"Checking again. {right}"]
+        rows.append({
+            "data_source": "openr1",
+            "prompt": [{"content": AMPO_SYSTEM, "role": "system"}, {"content": p["problem"], "role": "user"}],
+            "target_lst": [{"content": a, "source": f"teacher-{k + 1}", "quality_score": float(4 - k)}
+                           for k, a in enumerate(answers)],
+            "ability": "math",
+            "reward_model": {"ground_truth": p["answer"], "style": "rule"},
+            "extra_info": {"index": p["i"], "split": "default"},
+        })
+    return rows
+
+
 def ghpo(ps: list[dict]) -> list[dict]:
     return [{
         "problem": p["problem"],
@@ -161,6 +189,7 @@ def main() -> None:
     write("chord-openr1", chord_openr1(openr1(ps)))
     write("luffy-openr1-46k", luffy(ps))
     write("critique-grpo-openr1-4k", critique_grpo(ps))
+    write("ampo-openr1-4longcots", ampo(ps))
     write("ghpo-math3to5", ghpo(ps))
     write("gsm8k", gsm8k(ps))
     write("ultrafeedback-binarized", ultrafeedback(ps))

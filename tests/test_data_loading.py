@@ -223,6 +223,9 @@ def test_expert_completions_unit():
     assert expert_completions(conv) == ["r"]
     assert expert_completions([conv, conv[:2], conv]) == ["r", "r"]
     assert expert_completions([{"role": "assistant", "content": [{"type": "text", "text": "parts"}]}]) == ["parts"]
+    # records without a role (AMPO's target_lst: {content, source, quality_score}): one completion each, in order
+    records = [{"content": "t1", "source": "a", "quality_score": 2.0}, {"content": "", "source": "b"}, {"content": "t3"}]
+    assert expert_completions(records) == ["t1", "t3"]
 
 
 def test_answer_to_str_and_chat_prompt_units():

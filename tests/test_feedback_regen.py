@@ -18,6 +18,7 @@ from mixrl.errors import ConfigError
 from mixrl.sources import InjectContext, Rollouts
 from mixrl.sources.feedback import Attempt, Feedback, HintFeedback, IndicativeFeedback, VerifierFeedback, build_feedback, divergence
 from mixrl.sources.prefix import PREFIX
+from mixrl.sources.refine_all import keep_best
 from mixrl.sources.with_feedback import REFINED, RefineFromFeedback, plan_pairs, refine_context
 
 
@@ -181,8 +182,17 @@ def test_configs_compose_explain_their_tokens_and_refuse_bad_settings():
     assert build_injection(cg).provenances == ("refined",)
     r3 = compose_config(["algo=r3l"])
     assert build_injection(r3).provenances == ("refined", "prefix", "reflection") and r3.algo.advantage.name == "positive_amplified"
-    with pytest.raises(ConfigError, match="per_group"):
-        compose_config(["algo=critique_grpo", "algo.inject.per_group=5"])
+    assert cg.algo.inject.refine == "all"  # the authors' (tests below); failed: mixrl's earlier rule
+    with pytest.raises(ConfigError, match="per_group"):  # refine=all: the kept refinement's slots, below G = 8
+        compose_config(["algo=critique_grpo", "algo.inject.per_group=8"])
+    with pytest.raises(ConfigError, match="per_group"):  # refine=failed: each refinement needs 2 failed slots
+        compose_config(["algo=critique_grpo", "algo.inject.refine=failed", "algo.inject.per_group=5"])
+    with pytest.raises(ConfigError, match="refine=failed"):
+        compose_config(["algo=critique_grpo", "algo.inject.mode=retry"])
+    with pytest.raises(ConfigError, match="failed or all"):
+        compose_config(["algo=critique_grpo", "algo.inject.refine=some"])
+    with pytest.raises(ConfigError, match="feedback=self"):  # a self-critique asks for the error of a right attempt too
+        compose_config(["algo=critique_grpo", "algo.inject.feedback=self"])
     with pytest.raises(ConfigError, match="refined"):  # refinements must be trained
         compose_config(["algo=r3l", "algo.terms.policy.tokens=[on_policy]"])
     with pytest.raises(ConfigError, match="feedback"):
@@ -196,3 +206,133 @@ def test_a_group_split_across_processes_is_paired_within_each_process_up_to_per_
     assert plan_group([[0, 1, 2, 3], [4, 5, 6, 7]], 1) == [(0, 3)]  # one refinement per group, on the first process
     assert plan_group([[0, 1, 2, 3], [4, 5, 6, 7]], 4) == [(0, 3), (1, 2), (4, 7), (5, 6)]
     assert plan_group([[3], [4, 6]], 2) == [(4, 6)]  # a lone failure on a process pairs with nothing
+
+
+# ----------------------------------------------------------------------------- refine: all (the authors')
+# zhangxy-2019/critique-GRPO @ e8f03a20b49511e10e71f361c70e46aae3ae8753,
+# verl/verl/critique_grpo/critique_vllm_rollout_spmd.py: every response gets a critique, right ones
+# too (lines 350-387; critique_prompts.py:120-125), one refinement each (438-447); per question the
+# first refinement scored 1, else the highest-scored (process_refinement_groups, lines 61-97) fills
+# the first n_prefix slots (549-581, 599-605). Expected values below are worked out by hand.
+def _score_text(t):
+    return 1.0 if "#### 19" in t else (0.5 if "9" in t else 0.0)
+
+
+def _run_all(inj, comps, refinements, G=4):
+    """One process; the policy answers each regeneration context with refinements[attempt text]."""
+    seen, logs = {"prompts": []}, {}
+    text = lambda ids: "".join(chr(i) for i in ids if i)  # noqa: E731
+
+    def generate(prompts):
+        seen["prompts"] += [text(p) for p in prompts]
+        return [_ids(refinements[text(p).split("|")[1]]) for p in prompts], None
+
+    ctx = InjectContext(tokenizer=_Tok(), process_index=0, num_processes=1, num_generations=G, max_completion_length=32,
+                        global_step=0, micro_step=0, device=torch.device("cpu"),
+                        tokenize_prompts=lambda ps: [_ids(p) for p in ps], gather=lambda t: t, generate=generate,
+                        score=lambda inputs, cs: torch.tensor([[_score_text(text(c))] for c in cs]),
+                        log=lambda k, v: logs.setdefault(k, v),
+                        behaviour_logps=lambda p, c: [[-0.25 * len(pp)] * len(cc) for pp, cc in zip(p, c)])
+    r = Rollouts([_ids(c) for c in comps], None, [prov.ON_POLICY] * len(comps), prompt_ids=[[1]] * len(comps))
+    return inj.after_generation(ctx, [ROW] * len(comps), r), seen, logs
+
+
+COMPS = ["8 10 19 #### 19", "8 10 18 #### 18", "8 1", "7 #### 7"]  # slot 0 right (reward 1), the others 0
+
+
+def test_refine_all_critiques_every_rollout_and_keeps_the_first_right_refinement_in_slot_0():
+    """Every rollout, the right one too, is refined; the refinements score 0, 0, 1, 1 (attempts 0-3), so
+    the first scored 1 (attempt 2's) replaces slot 0's initial response; the other slots keep theirs."""
+    inj = RefineFromFeedback(refine="all", template="{prompt}|{attempt}|{feedback}|")
+    refs = {COMPS[0]: "#### 18", COMPS[1]: "#### 17", COMPS[2]: "#### 19", COMPS[3]: "x #### 19"}
+    r, seen, logs = _run_all(inj, COMPS, refs)
+    assert seen["prompts"] == [
+        "3+5+2+9=|8 10 19 #### 19|The answer 19 is right; the expected answer is 19.|",  # a right attempt: "right"
+        "3+5+2+9=|8 10 18 #### 18|The answer 18 is wrong; the expected answer is 19.|",
+        "3+5+2+9=|8 1|No final answer was found; the expected answer is 19.|",
+        "3+5+2+9=|7 #### 7|The answer 7 is wrong; the expected answer is 19.|"]
+    assert r.completion_ids[0] == _ids("#### 19") and r.completion_ids[1:] == [_ids(c) for c in COMPS[1:]]
+    assert r.token_source == [[REFINED] * 7, None, None, None] and r.guided == [2, 0, 0, 0]
+    assert r.behaviour_logp[0] == [-0.25 * len(seen["prompts"][2])] * 7  # under attempt 2's feedback context
+    assert r.prompt_ids == [[1]] * 4  # trained under the original prompt
+    # generated but not kept: refinements of attempts 0, 1, 3 (7, 7, 9 tokens) and slot 0's initial response (15)
+    assert sorted(r.discarded_tokens) == [7, 7, 9, 15]
+    assert logs["refine/rows"] == 1.0 and logs["refine/generated"] == 4.0 and logs["refine/success"] == 1.0
+    assert logs["refine/first_pass_success"] == 0.25
+
+
+def test_refine_all_keeps_the_best_refinement_when_none_is_right_the_first_of_equal_scores():
+    """Refinements scored 0, 0.5, 0.5, 0 (a '9' and no '#### 19': 0.5): none is right, so the
+    highest-scored is kept, the first of the two at 0.5 (attempt 1's, as Python's max); it is kept
+    although wrong. per_group=2: it fills slots 0 and 1 (the authors' n_prefix copies)."""
+    inj = RefineFromFeedback(refine="all", per_group=2, template="{prompt}|{attempt}|{feedback}|")
+    refs = {COMPS[0]: "#### 18", COMPS[1]: "9 #### 1", COMPS[2]: "99 #### 1", COMPS[3]: "#### 7"}
+    r, _, logs = _run_all(inj, COMPS, refs)
+    assert r.completion_ids[:2] == [_ids("9 #### 1")] * 2 and r.completion_ids[2:] == [_ids(c) for c in COMPS[2:]]
+    assert r.token_source[:2] == [[REFINED] * 8] * 2 and r.guided == [2, 2, 0, 0]
+    assert logs["refine/rows"] == 2.0 and logs["refine/success"] == 0.0
+
+
+def test_keep_best_by_hand():
+    # two groups of 4: group 0's scores [0, 1, 1, 0.5] -> row 1; group 1 has refinements only at 5 and 6
+    # ([., 0.2, 0.7, .]) -> row 6; slots: the first per_group eligible ones (row 4 is not eligible)
+    has = [True] * 4 + [False, True, True, False]
+    scores = [0.0, 1.0, 1.0, 0.5, -1, 0.2, 0.7, -1]
+    eligible = [True] * 4 + [False, True, True, True]
+    assert keep_best(has, scores, eligible, 4, 1, 1.0) == {0: (1, [0]), 1: (6, [5])}
+    assert keep_best(has, scores, eligible, 4, 2, 1.0) == {0: (1, [0, 1]), 1: (6, [5, 6])}
+    assert keep_best([False] * 4, [0.0] * 4, [True] * 4, 4, 1, 1.0) == {}  # no refinement: the group is left alone
+
+
+def test_refine_all_across_two_processes_moves_the_kept_refinement_to_the_group_s_first_slot():
+    """A group of 4 split over 2 processes (rows 0-1 on process 0, 2-3 on process 1): the only right
+    refinement is attempt 2's, made on process 1; it travels (tokens and behaviour log-probs) to slot 0
+    on process 0. Each process runs in a thread; gather concatenates the processes' tensors in order."""
+    import threading
+
+    barrier, box = threading.Barrier(2), {}
+    refs = {COMPS[0]: "#### 18", COMPS[1]: "#### 17", COMPS[2]: "#### 19", COMPS[3]: "#### 1"}
+    text = lambda ids: "".join(chr(i) for i in ids if i)  # noqa: E731
+    out, calls = {}, {0: 0, 1: 0}
+
+    def gather(rank, t):
+        key = (calls[rank], rank)
+        calls[rank] += 1
+        box[key] = t
+        barrier.wait()
+        both = torch.cat([box[(key[0], 0)], box[(key[0], 1)]])
+        barrier.wait()
+        return both
+
+    def run(rank):
+        ctx = InjectContext(tokenizer=_Tok(), process_index=rank, num_processes=2, num_generations=4, max_completion_length=32,
+                            global_step=0, micro_step=0, device=torch.device("cpu"),
+                            tokenize_prompts=lambda ps: [_ids(p) for p in ps], gather=lambda t: gather(rank, t),
+                            generate=lambda ps: ([_ids(refs[text(p).split("|")[1]]) for p in ps], None),
+                            score=lambda inputs, cs: gather(rank, torch.tensor([[_score_text(text(c))] for c in cs])),
+                            behaviour_logps=lambda p, c: [[-0.5] * len(cc) for cc in c])
+        mine = COMPS[2 * rank:2 * rank + 2]
+        r = Rollouts([_ids(c) for c in mine], None, [prov.ON_POLICY] * 2, prompt_ids=[[1]] * 2)
+        inj = RefineFromFeedback(refine="all", template="{prompt}|{attempt}|{feedback}|")
+        out[rank] = inj.after_generation(ctx, [ROW] * 2, r)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in (0, 1)]
+    [t.start() for t in threads]
+    [t.join(timeout=30) for t in threads]
+    assert out[0].completion_ids == [_ids("#### 19"), _ids(COMPS[1])]
+    assert out[0].token_source[0] == [REFINED] * 7 and out[0].behaviour_logp[0] == [-0.5] * 7
+    assert out[1].completion_ids == [_ids(c) for c in COMPS[2:]] and out[1].guided == [0, 0]
+    # not kept: process 0's two refinements (7, 7) and slot 0's initial response (15); process 1's "#### 1" (6);
+    # the kept "#### 19" is in the batch (slot 0), so no process counts it as discarded
+    assert sorted(out[0].discarded_tokens) == [7, 7, 15] and out[1].discarded_tokens == [6]
+
+
+def test_the_verifier_and_indicative_critiques_of_a_right_attempt():
+    right = _attempt("8 10 19 #### 19")
+    right.correct = True
+    assert VerifierFeedback()(right).text == "The answer 19 is right; the expected answer is 19."
+    assert VerifierFeedback(right="correct, the ground truth is {expected}.")(right).text == "correct, the ground truth is 19."
+    assert IndicativeFeedback()(right).text == "The answer is right."
+    # the right sentences enter texts() (the character check) only where right attempts are critiqued
+    assert not any("right" in t for t in RefineFromFeedback().texts())
+    assert any("right" in t for t in RefineFromFeedback(refine="all").texts())

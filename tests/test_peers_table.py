@@ -106,6 +106,8 @@ def test_edge_differences_are_one_line_and_shown_on_the_page(tmp_path):
     edged = {(r["peer"], r["option"]) for r in ROWS if r.get("edge")}
     assert {("verl", "`loss_mode=gspo`"), ("Trinity-RFT", "`asymre` (advantage, `baseline_shift`)"),
             ("TRL", "`PPOConfig` `cliprange_value=c`"), ("TRL", "`PPOConfig` `gamma=g lam=l`")} <= edged
+    # every exact-with row is exact only under a condition: it says in one line where it still differs
+    assert {(r["peer"], r["option"]) for r in ROWS if r["status"] == "exact-with"} <= edged
     page = render_peers(TABLE)
     assert page.count("**Differs at the edge:**") == len(edged)
     bad = tmp_path / "p.yaml"

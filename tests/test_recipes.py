@@ -26,6 +26,7 @@ HUB_FIXTURES = {
     "DigitalLearningGmbH/MATH-lighteval": ["math.jsonl"],
     "HuggingFaceH4/MATH-500": ["math.jsonl"],
     "Elliott/Openr1-Math-46k-8192": ["luffy_openr1.jsonl"],
+    "SII-Enigma/OpenR1-Math-4LongCoTs-8.5k": ["ampo_openr1_4longcots.jsonl"],
     "hkgc/math3to5_olympiads_aime": ["ghpo_math3to5.jsonl"],
     "HuggingFaceH4/ultrafeedback_binarized": ["ultrafeedback_binarized.jsonl"],
     "critique-GRPO/openr1_math_4k_train_qwenformat": ["critique_grpo_openr1_4k.jsonl"],  # a clone of their repository

@@ -39,6 +39,7 @@ FIXTURE_OF = {
     "openr1-math": "openr1_math.jsonl",
     "luffy-openr1-46k": "luffy_openr1.jsonl",
     "critique-grpo-openr1-4k": "critique_grpo_openr1_4k.jsonl",
+    "ampo-openr1-4longcots": "ampo_openr1_4longcots.jsonl",
     "ghpo-math3to5": "ghpo_math3to5.jsonl",
     "gsm8k": "gsm8k.jsonl",
     "ultrafeedback-binarized": "ultrafeedback_binarized.jsonl",

@@ -197,6 +197,27 @@ def test_self_critique_is_written_by_the_policy_and_the_refinement_trains_under_
     assert r.completion_ids[1] == _ids("#18") and r.token_source[1] is None  # the attempt stays
 
 
+def test_refine_all_offers_the_policy_to_a_custom_builder_and_refuses_the_self_critique():
+    """refine: all (Critique-GRPO's every-rollout refinement): a module:function builder gets the
+    policy's handle for every attempt, the right one too (attempt.correct); the four refinements
+    score 1, so the first (attempt 0's) fills slot 0. feedback: self asks for an attempt's error,
+    which a right attempt has not: refused at construction."""
+    ctx, seen = _ctx(lambda p: "bad" if p.endswith("?") else "#19")
+    inj = RefineFromFeedback(refine="all", template="{prompt}|{feedback}|")
+    told = []
+
+    def judge(a):
+        told.append(a.correct)
+        return a.policy.write(a.completion + "?").text
+
+    inj.builder, inj.feedback_name = judge, "j.py:f"
+    r = inj.after_generation(ctx, [ROW] * 4, _rollouts(["#19", "#18", "#1", "#2"]))
+    assert seen["generate"] == [["#19?"], ["#18?"], ["#1?"], ["#2?"], ["9+10=|bad|"] * 4] and told == [True, False, False, False]
+    assert _text(r.completion_ids[0]) == "#19" and r.token_source[0] == [REFINED] * 3 and r.guided == [2, 0, 0, 0]
+    with pytest.raises(ConfigError, match="refine=all .*feedback=self"):
+        RefineFromFeedback(refine="all", feedback="self")
+
+
 def test_a_custom_builder_may_call_the_policy_and_its_errors_are_one_line():
     ctx, seen = _ctx(lambda p: "crit")
     calls = ctx.policy_calls("algo.inject.feedback='judge.py:fn'")

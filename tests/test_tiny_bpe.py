@@ -127,7 +127,7 @@ def test_model_selection(tiny_bpe_model_path, monkeypatch):
 
     cfg = compose_config(["model=tiny-bpe"])
     assert (cfg.model.name, cfg.model.path, cfg.data.system_prompt) == ("tiny-bpe", "builtin:tiny-bpe", None)
-    monkeypatch.setattr(tiny_bpe, "warm_start", lambda progress=True: Path(tiny_bpe_model_path))
+    monkeypatch.setattr(tiny_bpe, "warm_start", lambda **kw: Path(tiny_bpe_model_path))
     assert build.resolve_model_path(cfg) == tiny_bpe_model_path
     with pytest.raises(ConfigError, match="builtin:tiny-bpe"):
         build.resolve_model_path(compose_config(["model.path=builtin:nope"]))

@@ -39,7 +39,7 @@ def component(node: Any) -> tuple[str | None, dict]:
 
 # --------------------------------------------------------------------------- building
 def build_objective(cfg: DictConfig) -> Objective:
-    """The :class:`Objective` of ``cfg.algo``: its terms, then KL and entropy on rollout tokens."""
+    """The :class:`Objective` of ``cfg.algo``: its terms, then KL on rollout tokens and entropy on ``algo.entropy_tokens``."""
     a = cfg.algo
     agg_name, agg_params = _aggregation(cfg, a.aggregation)
     coefs = dict(plain(a.get("coefs")) or {})
@@ -63,7 +63,8 @@ def build_objective(cfg: DictConfig) -> Objective:
                               {"estimator": str(a.kl.estimator)}))
     if _entropy_term_needed(cfg):
         coefs["entropy_coef"] = plain(a.entropy_coef)
-        terms.append(TermSpec("entropy_bonus", "entropy", ("on_policy",), None, "-entropy_coef", "token-mean", {}, {}))
+        tokens = tuple(plain(a.get("entropy_tokens")) or ("on_policy",))
+        terms.append(TermSpec("entropy_bonus", "entropy", tokens, None, "-entropy_coef", "token-mean", {}, {}))
     return Objective(terms, coefs, engine_correction=build_engine_correction(cfg))
 
 

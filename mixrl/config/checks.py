@@ -53,6 +53,8 @@ SETTING_BOUNDS: dict[str, tuple[str, str]] = {
     "trainer.adam_epsilon": ("> 0", "added to the denominator of every AdamW step"),
     "trainer.warmup_steps": (">= 0", "steps"),
     "trainer.num_iterations": (">= 1", "optimisation passes over each generation batch"),
+    "algo.perturbation.sigma": ("> 0", "ALP's noise scale, relative to each token's hidden-state RMS"),
+    "algo.reposition.alpha": ("[0, 1]", "SFPO pulls the weights back to theta_0 + alpha (theta - theta_0), between the start and the fast steps' end"),
     "trainer.temperature": ("> 0", "rollouts are sampled"),
     "trainer.top_p": ("(0, 1]", "a probability mass"),
     "trainer.top_k": (">= 0", "the most likely tokens kept when sampling; 0 keeps all"),

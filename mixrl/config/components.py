@@ -34,6 +34,7 @@ _SECTION_REGISTRY = {
     "algo.advantage": ("mixrl.core", "ADVANTAGES", "advantage"),
     "algo.entropy_coef": ("mixrl.core", "SCHEDULES", "schedule"),
     "algo.controller": ("mixrl.core", "CONTROLLERS", "controller"),
+    "algo.shaping": ("mixrl.core", "SHAPINGS", "advantage shaping"),
     "algo.inject": ("mixrl.sources", "INJECTIONS", "injection"),
     "offpolicy.source": ("mixrl.sources", "SOURCES", "off-policy source"),
     "teacher.source": ("mixrl.sources", "SOURCES", "teacher source"),
@@ -51,9 +52,11 @@ _SECTION_REGISTRY = {
 #: sections that may also be a plain number (a constant schedule) or a string (a term weight)
 _SCALAR_OK = ("algo.entropy_coef", "algo.coefs.*", "algo.terms.*.weight", "sampler.length")
 #: sections that may be null (the term inherits the algo-level component)
-_NULL_OK = ("algo.terms.*.token_weight", "algo.terms.*.loss", "algo.terms.*.aggregation", "algo.controller", "sampler.length")
+_NULL_OK = ("algo.terms.*.token_weight", "algo.terms.*.loss", "algo.terms.*.aggregation", "algo.controller", "algo.shaping", "sampler.length")
 #: keys every term has besides its own parameters
 TERM_KEYS = ("tokens", "normalise_over", "weight", "aggregation")
+#: keys every advantage shaping has besides its own parameters (mixrl.config.shaping.SHAPING_KEYS)
+SHAPING_KEYS = ("offpolicy",)
 # keyword-only arguments that the trainer passes at run time; not config parameters
 RUNTIME_ARGS = frozenset({"num_items", "include"})
 
@@ -145,7 +148,7 @@ def _validate_section(cfg: DictConfig, section: str) -> None:
             f"choices: {', '.join(reg.names())}"
         )
     params = _params(section, name)
-    shared = TERM_KEYS if pattern == "algo.terms.*" else ()
+    shared = TERM_KEYS if pattern == "algo.terms.*" else SHAPING_KEYS if pattern == "algo.shaping" else ()
     for key in list(node.keys()):
         if key == "name" or key in shared:
             continue
@@ -204,10 +207,10 @@ def validate_components(cfg: DictConfig) -> None:
     for section in sections(cfg):
         _validate_section(cfg, section)
     kl = cfg.algo.kl
-    unknown = set(kl.keys()) - {"coef", "estimator"}
+    unknown = set(kl.keys()) - {"coef", "estimator", "reset_every"}
     if unknown:
         key = sorted(unknown)[0]
-        raise ConfigError(f"unknown key 'algo.kl.{key}'{did_you_mean(key, ['coef', 'estimator'])}")
+        raise ConfigError(f"unknown key 'algo.kl.{key}'{did_you_mean(key, ['coef', 'estimator', 'reset_every'])}")
     adv = cfg.algo.get("advantage")
     if adv is not None and adv.get("name") == "grpo" and adv.get("scale", "group") not in GRPO_SCALES:
         raise ConfigError(f"algo.advantage.scale={adv.get('scale')!r} is not one of {', '.join(GRPO_SCALES)} (TRL's scale_rewards)")

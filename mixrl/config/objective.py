@@ -40,7 +40,7 @@ from mixrl.core.offpolicy_reinforce import LOSS_CHOICES
 from mixrl.core.objective import Objective, TermSpec, parse_weight_ref
 from mixrl.core.policy_losses import ON_POLICY_RESHAPES
 from mixrl.core.schedules import resolve_schedule
-from mixrl.core.terms import term_needs, term_needs_behaviour
+from mixrl.core.terms import TERMS, term_needs, term_needs_behaviour
 from mixrl.core.token_weights import OFF_POLICY_RESHAPES
 from mixrl.errors import ConfigError
 from mixrl.sources import INJECTIONS, SOURCES
@@ -121,6 +121,10 @@ def check_objective(cfg: DictConfig) -> list[str]:
 
     # --- policy loss parameters and the controller
     _check_policy_loss(cfg)
+    extra = set(cfg.algo.get("reposition") or {}) - {"alpha"}
+    if extra:
+        raise ConfigError(f"algo.reposition takes only alpha, got {', '.join(sorted(extra))}; the fast steps are trainer.num_iterations - 1")
+    _check_perturbation(cfg)
     ctrl_name, ctrl_params = component(algo.get("controller"))
     if ctrl_name is not None:
         try:
@@ -208,6 +212,9 @@ def _check_term(t: TermSpec, where: str, available: set[str], cfg: DictConfig) -
             f"{where}: the {t.kind} term is set by algo.{'kl.coef' if t.kind == 'kl' else 'entropy_coef'}; "
             f"remove {where} and set that key instead"
         )
+    if getattr(TERMS.get(t.kind), "reads_pair_rewards", False) and "pair_off_policy" in t.tokens:
+        raise ConfigError(f"{where} ({t.kind}) needs both sides' rewards, which off-policy pair sides do not carry; "
+                          "set its tokens to [pair_on_policy] (algo.inject.name=group_pairs or rso_pairs)")
     if term_needs_behaviour(t.kind):
         unknown = [p for p in t.tokens if prov.provenance(p).behaviour == "unknown"]
         if unknown:
@@ -300,6 +307,8 @@ def _check_policy_loss(cfg: DictConfig) -> None:
         raise ConfigError(f"algo.loss.reshape must be one of {', '.join(ON_POLICY_RESHAPES)}, got {lp['reshape']}")
     if name == "topr" and lp.get("taper", "token") not in ("token", "trajectory"):
         raise ConfigError(f"algo.loss.taper must be token or trajectory, got {lp['taper']}")
+    if name == "minpro" and (lp.get("clip_low") is None) != (lp.get("clip_high") is None):
+        raise ConfigError("algo.loss.clip_low and algo.loss.clip_high of minpro go together: set both (a token clip) or neither")
     for param, choices in LOSS_CHOICES.get(name, {}).items():
         if param in lp and lp[param] not in choices:
             raise ConfigError(f"algo.loss.{param} must be one of {', '.join(choices)}, got {lp[param]}")
@@ -308,6 +317,19 @@ def _check_policy_loss(cfg: DictConfig) -> None:
             f"algo.loss.name=sft with algo.kl.coef={_g(float(cfg.algo.kl.coef))}: a supervised loss has no reference "
             "policy to stay close to; set algo.kl.coef=0"
         )
+
+
+def _check_perturbation(cfg: DictConfig) -> None:
+    """ALP's noise (algo.perturbation): only sigma; no gradient checkpointing (it would redraw the noise in the backward)."""
+    spec = cfg.algo.get("perturbation")
+    if spec is None:
+        return
+    extra = set(spec) - {"sigma"}
+    if extra:
+        raise ConfigError(f"algo.perturbation takes only sigma, got {', '.join(sorted(extra))}")
+    if cfg.hardware.get("gradient_checkpointing", False):
+        raise ConfigError("algo.perturbation with hardware.gradient_checkpointing=true: the recomputed forward would draw "
+                          "other noise than the loss saw; set hardware.gradient_checkpointing=false")
 
 
 def _check_controller(cfg: DictConfig, name: str, controller, objective: Objective) -> None:
@@ -332,7 +354,8 @@ def _check_controller(cfg: DictConfig, name: str, controller, objective: Objecti
 
 RATIO_WHAT = {
     "ppo_clip": "clip", "reshaped_ppo": "clip", "gspo": "clip", "cispo": "IS-weight clip", "sapo": "gate", "m2po": "M2 mask",
-    "topr": "IS taper", "rec": "token clip", "sppo": "clip", "vespo": "kernel",
+    "topr": "IS taper", "rec": "token clip", "sppo": "clip", "vespo": "kernel", "minpro": "prefix weight",
+    "etr": "elastic clip", "r2vpo": "ratio-variance penalty",
 }
 
 
@@ -346,6 +369,9 @@ def _notes(cfg: DictConfig, objective: Objective) -> list[str]:
                 f"trainer.num_iterations=1: rollouts are scored by the policy that generated them, so r_t = 1 and the "
                 f"{RATIO_WHAT[loss]} never acts on them (it does from trainer.num_iterations=2)"
             )
+    if cfg.algo.get("reposition") is not None and int(cfg.trainer.num_iterations) < 2:
+        notes.append("algo.reposition with trainer.num_iterations=1: no fast steps to reposition (plain GRPO); "
+                     "SFPO takes K fast steps and one slow one per batch: set trainer.num_iterations=K+1")
     name, params = component(cfg.algo.aggregation)
     if name == "seq-mean-token-sum-norm":
         # without max_len it divides by trainer.max_completion_length (mixrl.config.builders._aggregation)

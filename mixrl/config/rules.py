@@ -9,6 +9,7 @@ from omegaconf import DictConfig
 from mixrl.config.geometry import geometry
 from mixrl.config.builders import build_injection, component
 from mixrl.config.objective import check_objective
+from mixrl.config.shaping import check_shaping
 from mixrl.config.sampler import check_sampler
 from mixrl.errors import ConfigError
 from mixrl.sources.base import Injection
@@ -113,4 +114,5 @@ def validate_rules(cfg: DictConfig) -> None:
     _check_cov_window(cfg)
     _check_token_budget(cfg)
     check_sampler(cfg)
+    check_shaping(cfg)
     check_objective(cfg)

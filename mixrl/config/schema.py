@@ -251,7 +251,7 @@ class AlgoConfig:
     ``terms`` maps a label to a term ``{name, tokens, normalise_over, weight, aggregation,
     <term parameters>}`` (see ``mixrl.core.terms``); ``coefs`` names coefficients (numbers
     or schedules) that term weights refer to (``weight: 1-mu``). ``kl`` and ``entropy_coef``
-    add the KL and entropy terms on on-policy tokens."""
+    add the KL and entropy terms on on-policy tokens (the entropy bonus on ``entropy_tokens``)."""
 
     name: str = "grpo"  # the algorithm's label (algo=NAME), in run names and tables
     num_generations: int = 8  # completions sampled per prompt (the group size)
@@ -259,15 +259,19 @@ class AlgoConfig:
     aggregation: dict = field(default_factory=lambda: {"name": "token-mean"})  # how token losses become one number: token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
     advantage: dict = field(default_factory=lambda: {"name": "grpo"})  # the advantage estimator {name, ...} (grpo, dr_grpo, gae, ...)
     advantage_include_offpolicy: bool = True  # off-policy rows count in their group's reward statistics
-    kl: dict = field(default_factory=lambda: {"coef": 0.0, "estimator": "k3"})  # KL penalty to the reference model: coef (0: off) and estimator k1 | k2 | k3 | k3_clamped
+    kl: dict = field(default_factory=lambda: {"coef": 0.0, "estimator": "k3"})  # KL penalty to the reference model: coef (0: off) and estimator k1 | k2 | k3 | k3_clamped; reset_every: N makes the reference a copy of the policy every N optimizer steps (0: frozen; mixrl.config.ref_reset)
     entropy_coef: Any = 0.0  # a number or a schedule {name, ...}
+    entropy_tokens: list = field(default_factory=lambda: ["on_policy"])  # the tokens the entropy bonus averages over (ExGRPO: [on_policy, replay])
     inject: dict = field(default_factory=lambda: {"name": "none"})  # where off-policy rows enter (mixrl.sources)
     coefs: dict = field(default_factory=dict)  # named coefficients: {mu: 0.1 | schedule}
     terms: dict = field(default_factory=dict)  # label -> term; every algo lists its own
-    controller: Optional[dict] = None  # {name: bapo|entropic|palu, ...}: sets clip bounds / entropy coef each step, or reshapes rewards (palu)
+    shaping: Optional[dict] = None  # {name, offpolicy, ...}: the advantages re-weighted after the estimator (mixrl.core.advantage_shaping); null: none
+    controller: Optional[dict] = None  # {name: bapo|entropic|entropic_sign|palu, ...}: sets clip bounds / entropy coef / the shaping's positive coefficient each step, or reshapes rewards (palu)
     stages: list = field(default_factory=list)  # sequential stages (sft_then_rl)
     engine_correction: EngineCorrectionConfig = field(default_factory=EngineCorrectionConfig)  # when vLLM generates
     critic: Optional[dict] = None  # {lr, value_clip, max_grad_norm, weight_decay}: a learned critic for advantage gae (mixrl.config.critic)
+    reposition: Optional[dict] = None  # SFPO {alpha}: before a batch's last step, weights = theta_0 + alpha (theta - theta_0) (mixrl.trainer.reposition)
+    perturbation: Optional[dict] = None  # ALP {sigma}: noise sigma * rms(h) * N(0, I) on every decoder layer's input in the loss forward (mixrl.trainer.perturbation)
 
 
 @dataclass

@@ -38,6 +38,7 @@ from omegaconf.errors import OmegaConfBaseException
 from mixrl.config.checks import check_settings, validate_run
 from mixrl.config.components import validate_components
 from mixrl.config.critic import check_critic
+from mixrl.config.ref_reset import check_ref_reset
 from mixrl.config.hardware import check_world_size, validate_hardware
 from mixrl.config.rules import validate_rules
 from mixrl.config.schema import RunConfig
@@ -70,6 +71,7 @@ def validate_config(raw: DictConfig) -> DictConfig:
         validate_components(cfg)
         validate_rules(cfg)
         check_critic(cfg)
+        check_ref_reset(cfg)
         validate_hardware(cfg)
         validate_run(cfg)
         _validate_env(cfg)

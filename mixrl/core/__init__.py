@@ -9,19 +9,22 @@ registry                 kind                              module
 ``POLICY_LOSSES``        policy loss                       ``policy_base`` (the registry), ``clip_losses``,
                                                            ``reinforce_losses``, ``sequence_losses``,
                                                            ``cov_losses``, ``gmpo``, ``offpolicy_reinforce``,
-                                                           ``vespo`` (all re-exported by ``policy_losses``)
+                                                           ``vespo``, ``stability_losses`` (all but the last
+                                                           re-exported by ``policy_losses``)
 ``TOKEN_WEIGHTS``        token weight                      ``token_weights``
 ``AGGREGATIONS``         aggregation                       ``aggregation``
 ``ADVANTAGES``           advantage                         ``advantages``, ``gae``, ``turn_advantages``,
                                                            ``process_advantages``
+``SHAPINGS``             advantage shaping                 ``advantage_shaping``
 ``KL_ESTIMATORS``        KL estimator                      ``regularizers``
 ``SCHEDULES``            schedule                          ``schedules``
-``CONTROLLERS``          controller                        ``controllers``
+``CONTROLLERS``          controller                        ``controllers``, ``stability_controllers``
 ``VALUE_LOSSES``         value loss (the critic's)         ``gae``
 ======================  ================================  ===================
 """
 
 from mixrl.core import (  # noqa: F401  (import = registration)
+    advantage_shaping,
     advantages,
     aggregation,
     alol,
@@ -29,6 +32,7 @@ from mixrl.core import (  # noqa: F401  (import = registration)
     controllers,
     cov_losses,
     distill,
+    entropic_shaping,
     gae,
     gmpo,
     offpolicy_reinforce,
@@ -36,6 +40,7 @@ from mixrl.core import (  # noqa: F401  (import = registration)
     policy_base,
     policy_losses,
     preference,
+    preference_losses,
     process_advantages,
     provenance,
     regularizers,
@@ -44,12 +49,16 @@ from mixrl.core import (  # noqa: F401  (import = registration)
     schedules,
     sequence_losses,
     srpo,
+    stability_controllers,
+    stability_losses,
     turn_advantages,
     turns,
     terms,
     token_weights,
+    unio4,
     vespo,
 )
+from mixrl.core.advantage_shaping import SHAPINGS
 from mixrl.core.advantages import ADVANTAGES
 from mixrl.core.aggregation import AGGREGATIONS, aggregate
 from mixrl.core.controllers import CONTROLLERS, BapoClipController, EntropicController
@@ -72,6 +81,7 @@ REGISTRIES: dict[str, Registry] = {
     "token_weight": TOKEN_WEIGHTS,
     "aggregation": AGGREGATIONS,
     "advantage": ADVANTAGES,
+    "advantage_shaping": SHAPINGS,
     "kl_estimator": KL_ESTIMATORS,
     "schedule": SCHEDULES,
     "controller": CONTROLLERS,
@@ -87,6 +97,7 @@ __all__ = [
     "POLICY_LOSSES",
     "REGISTRIES",
     "SCHEDULES",
+    "SHAPINGS",
     "TERMS",
     "TOKEN_WEIGHTS",
     "VALUE_LOSSES",

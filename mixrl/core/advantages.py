@@ -32,6 +32,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from mixrl.core.advantage_shaping import sign_weight  # positive_amplified is dr_grpo / grpo + this shaping
 from mixrl.core.registry import Registry
 
 #: runtime inputs the trainer supplies besides ``include``, to the estimators that list them in
@@ -224,8 +225,7 @@ def positive_amplified(
     """
     r, _, count, _, mean, sd = _group_stats(rewards, group_ids, include)
     a = _normalise(r, count, mean, sd, eps) if std else torch.where(count >= 1, r - mean, torch.zeros_like(r))
-    a = torch.where(a >= 0, a * amplify, a)
-    return torch.where(r >= success, torch.full_like(a, float(success_advantage)), a)
+    return sign_weight(a, rewards=r, positive=amplify, negative=1.0, success=success, success_advantage=success_advantage)
 
 
 @ADVANTAGES.register("rloo")

@@ -7,7 +7,10 @@ per-row fields that the pair injection (:mod:`mixrl.sources.pairs`) writes:
 * ``pair_side`` [B] long: 1 chosen, 0 rejected (-1: no pair);
 * ``pair_partner_logp``, ``pair_partner_ref_logp`` [B] float: the other side's sequence log-prob
   under the policy (when the pair was appended) and under the reference model;
-* ``pair_partner_len`` [B] float: the other side's completion length in tokens.
+* ``pair_partner_len`` [B] float: the other side's completion length in tokens;
+* ``pair_reward``, ``pair_partner_reward`` [B] float: the run's reward of the row's side and of the
+  other side (NaN where nobody scored it); read only by the reward-aware terms of
+  :mod:`mixrl.core.preference_losses` (copg, osp).
 
 Why the partner is carried: TRL shuffles a generation batch's rows and splits them into
 micro-batches, so the two sides of a pair may be in different micro-batches. Each row therefore

@@ -111,9 +111,16 @@ def _conversation_reply(messages: list[Any]) -> str | None:
     return _message_text(replies[-1].get("content"))
 
 
+def _is_record_list(x: Any) -> bool:
+    """A list of completion records: dicts with ``content`` and no ``role`` (AMPO's ``target_lst``:
+    ``{content, source, quality_score}`` per teacher answer), not one conversation."""
+    return _is_message_list(x) and not any("role" in m for m in x)
+
+
 def expert_completions(value: Any) -> list[str]:
     """Expert completions from one cell: a string, a list of strings, a chat message list (its assistant
-    reply), or a list of chat lists (one reply each). Empty / null -> ``[]``."""
+    reply), a list of chat lists (one reply each), or a list of records ``{"content": ...}`` without a
+    ``role`` (each record's content, in order). Empty / null -> ``[]``."""
     if value is None:
         return []
     if isinstance(value, str):
@@ -124,6 +131,8 @@ def expert_completions(value: Any) -> list[str]:
         text = _conversation_reply([value])
         return [text] if text and text.strip() else []
     if isinstance(value, (list, tuple)):
+        if _is_record_list(value):
+            return [t for t in (_message_text(m.get("content")) for m in value) if t.strip()]
         if _is_message_list(value):
             text = _conversation_reply(list(value))
             return [text] if text and text.strip() else []

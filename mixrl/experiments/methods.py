@@ -85,7 +85,8 @@ def _objective(name: str) -> str:
     if a.stages:
         return "stages: " + " -> ".join(f"{s.algo} ({s.max_steps or 'trainer.max_steps'} steps)" for s in a.stages)
     eq = objective_equation(cfg)
-    return (f"`{eq}`; policy loss `{a.loss.name}`, advantage `{a.advantage.name}`, aggregation "
+    shaped = f" shaped by `{a.shaping.name}` (algo.shaping)" if a.get("shaping") and a.shaping.name != "none" else ""
+    return (f"`{eq}`; policy loss `{a.loss.name}`, advantage `{a.advantage.name}`{shaped}, aggregation "
             f"`{a.aggregation.name}`, injection `{a.inject.name}`")
 
 

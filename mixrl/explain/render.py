@@ -24,6 +24,7 @@ from mixrl.core.policy_losses import POLICY_LOSSES
 from mixrl.core.registry import format_value
 from mixrl.errors import ConfigError
 from mixrl.explain.sampler import sampler_rows
+from mixrl.explain.update_hooks import update_rows
 from mixrl.explain.schedules import component, constant_value, controller_knobs, objective
 from mixrl.config.components import component_kind, registry_for
 from mixrl.config.critic import critic_description
@@ -31,10 +32,12 @@ from mixrl.config.objective import check_objective
 from mixrl.config.geometry import geometry
 from mixrl.core import ADVANTAGES, AGGREGATIONS, CONTROLLERS, SCHEDULES, TERMS, provenance as prov
 from mixrl.core.advantages import advantage_needs
+from mixrl.explain.shaping import shaping_row
 from mixrl.core.objective import parse_weight_ref, uses_rows
 from mixrl.core.schedules import describe_schedule, split_spec
 from mixrl.rewards.components import REWARD_MODELS
 from mixrl.sources import INJECTIONS, SOURCES
+from mixrl.config.ref_reset import describe_ref_reset
 
 NOTATION = (
     "p_t = pi_theta(y_t|s_t); r_t = p_t / pi_b(y_t|s_t), the ratio to the behaviour probability "
@@ -223,7 +226,8 @@ def _controller_row(cfg: DictConfig) -> str:
     if name is None:
         return "none"
     _, knobs = controller_knobs(cfg)
-    sets = [f"algo.{k}" if "." in k else f"coefficient {k}" for k in knobs]
+    sets = ["the optimizer's learning rate for the step (x lr_scale)" if k == "optimizer.lr_scale"
+            else f"algo.{k}" if "." in k else f"coefficient {k}" for k in knobs]
     if getattr(CONTROLLERS.get(name), "when", None) == "after_rewards":  # PALU
         sets.append("the rollouts' rewards, before the advantages")
     return f"{name}: {CONTROLLERS.formula(name, params)}; sets {', '.join(sets) or 'nothing'}"
@@ -316,6 +320,9 @@ def explain_lines(cfg: DictConfig) -> list[tuple[str, str]]:
     rows += _coefficient_rows(cfg)
     inject, _ = component(cfg.algo.inject)
     rows.append(("advantage", _advantage_row(cfg, inject)))
+    shaping = shaping_row(cfg)
+    if shaping is not None:
+        rows.append(("shaping", shaping))
     critic = critic_description(cfg)
     if critic is not None:
         rows.append(("critic", critic))
@@ -325,11 +332,15 @@ def explain_lines(cfg: DictConfig) -> list[tuple[str, str]]:
     if teacher is not None:
         rows.append(("teacher.source", teacher))
     rows.append(("controller", _controller_row(cfg)))
+    rows += [("update", text) for text in update_rows(cfg)]  # SFPO's reposition, ALP's noise (mixrl.explain.update_hooks)
     rows += _reward_rows(cfg)
     engine = _engine_row(cfg)
     if engine is not None:
         rows.append(("engine", engine))
     rows.append(("tokens", _provenance_row(cfg)))
+    reference = describe_ref_reset(cfg)  # algo.kl.reset_every (mixrl.config.ref_reset)
+    if reference is not None:
+        rows.append(("reference", reference))
     env = _env_row(cfg)
     if env is not None:
         rows.append(("env", env))

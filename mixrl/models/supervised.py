@@ -139,6 +139,16 @@ def _epochs(examples: tuple[Sequence[dict[str, Any]], Sequence[str]], n: int, se
     return [problems[i] for i in order[:n]], [completions[i] for i in order[:n]]
 
 
+def announce_build(what: str, why: str | None, seconds: float, final: Path, *, progress: bool = True) -> None:
+    """One line on stderr before a built-in model is built (nothing when ``progress`` is off): what is
+    built, for what (``why``), that it happens once per machine, and about how long it takes."""
+    if not progress:
+        return
+    purpose = f" for {why}" if why else ""
+    Console(stderr=True).print(f"building {what}{purpose}, once per machine (about {seconds:.0f} CPU-s on an idle core, "
+                               f"longer on a busy one); cached in {final.parent}", markup=False, highlight=False, soft_wrap=True)
+
+
 def _progress(enabled: bool):
     return progress_bar(Console(stderr=True), quiet=not enabled, fields=("loss {task.fields[loss]:.3f}",))
 

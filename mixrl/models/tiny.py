@@ -34,7 +34,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from mixrl.models.supervised import train_and_save
+from mixrl.models.supervised import announce_build, train_and_save
 from mixrl.models.tiny_arch import build_model, build_tokenizer
 from mixrl.models.tiny_spec import _META_FILE, default_path, is_complete, recipe
 
@@ -46,6 +46,7 @@ def warm_start(
     progress: bool = True,
     steps: int | None = None,
     role: str = "student",
+    why: str | None = None,
 ) -> Path:
     """Path of the warm-started tiny model (model + tokenizer, ``save_pretrained`` format).
 
@@ -53,7 +54,7 @@ def warm_start(
     complete copy is already cached; ``force`` retrains. ``cache_dir`` replaces
     ``cache_root()/"tiny"``; ``steps`` overrides the number of optimizer steps (and
     is part of the cache key), e.g. for tests. ``role="teacher"`` builds the built-in teacher
-    (:func:`teacher_warm_start`).
+    (:func:`teacher_warm_start`). ``why``: what needs it, for the note printed before a build.
     """
     final = default_path(cache_dir, steps=steps, role=role)
     if is_complete(final) and not force:
@@ -63,15 +64,22 @@ def warm_start(
         tokenizer = build_tokenizer()
         return build_model(tokenizer), tokenizer
 
-    description = f"warm-starting tiny {role}" if role != "student" else "warm-starting tiny model"
-    return train_and_save(final, recipe(steps, role), build, progress=progress, description=description)
+    rec = recipe(steps, role)
+    what = "the character-level teacher (builtin:tiny-teacher)" if role != "student" else "the character-level tiny model (builtin:tiny)"
+    announce_build(what, why, BUILD_SECONDS_PER_STEP * rec["warm_start"]["steps"], final, progress=progress)
+    description = f"building the tiny {role}" if role != "student" else "building the tiny model"
+    return train_and_save(final, rec, build, progress=progress, description=description)
+
+
+#: CPU-seconds per warm-start step on one idle core (300 steps in ~25-60 s), for the build's note.
+BUILD_SECONDS_PER_STEP = 0.15
 
 
 def teacher_warm_start(cache_dir: Path | str | None = None, *, force: bool = False, progress: bool = True,
-                       steps: int | None = None) -> Path:
+                       steps: int | None = None, why: str | None = None) -> Path:
     """Path of the built-in teacher (``builtin:tiny-teacher``): :func:`warm_start` with
     :data:`TEACHER_WARM_START` (expert solutions only, every level, longer), cached the same way."""
-    return warm_start(cache_dir, force=force, progress=progress, steps=steps, role="teacher")
+    return warm_start(cache_dir, force=force, progress=progress, steps=steps, role="teacher", why=why)
 
 
 def load(path: Path | str | None = None):

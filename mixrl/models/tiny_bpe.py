@@ -24,8 +24,9 @@ turns) over this tokenizer, warm-started the same way (:func:`mixrl.models.super
 the careless-demonstrator mixture on the easy levels) on chat-formatted examples: the prompt is
 the chat template around the ``arith`` problem (system message :data:`SYSTEM_PROMPT`), the loss
 covers the completion's tokens and ``<|im_end|>``. :func:`warm_start` caches it under
-``<cache>/tiny-bpe/<key>/`` with ``mixrl_tiny_bpe.json``; ``python -m mixrl.models.tiny_bpe``
-(or ``mixrl model build-tiny --bpe``) builds it.
+``<cache>/tiny-bpe/<key>/`` with ``mixrl_tiny_bpe.json``, copying the weights shipped in the package
+(:mod:`mixrl.models.shipped`) when they were built with this recipe; ``python -m mixrl.models.tiny_bpe --force``
+(or ``mixrl model build-tiny --bpe --force``) builds it.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from typing import Any
 
 import torch
 
-from mixrl.models import supervised, tiny_arch, tiny_spec
+from mixrl.models import shipped, supervised, tiny_arch, tiny_spec
 from mixrl.tasks import arith
 
 #: Bump on any change to the tokenizer, model or warm-start recipe (it is part of the cache key).
@@ -201,30 +202,45 @@ def build(**size: Any):
     return model, tokenizer
 
 
+#: CPU-seconds of a build at the full recipe on one idle core, for the build's note: the student 86-93 s
+#: measured (300 steps); the teacher estimated (600 steps on every level: issue 51's whole first KDRL run,
+#: student and teacher, took 315 s on 2 quiet cores). A busy machine takes several times longer.
+BUILD_SECONDS = {"student": 90, "teacher": 220}
+
+
 def warm_start(cache_dir: Path | str | None = None, *, force: bool = False, progress: bool = True,
-               steps: int | None = None, role: str = "student") -> Path:
+               steps: int | None = None, role: str = "student", use_shipped: bool = True, why: str | None = None) -> Path:
     """Path of the warm-started BPE model (model + tokenizer, ``save_pretrained`` format).
 
-    Learns the merges and trains (deterministically, on one CPU thread; see docs/how-to/data.md for
-    the time) unless a complete copy is already cached; ``force`` retrains. ``cache_dir``
-    replaces ``cache_root()/"tiny-bpe"``; ``steps`` overrides the number of optimizer steps
-    (and is part of the cache key), e.g. for tests; ``role="teacher"``: the BPE teacher
-    (:data:`TEACHER_WARM_START`, :func:`teacher_warm_start`).
+    Unless a complete copy is already cached: installs the copy shipped in the package when it was
+    built with this recipe (:mod:`mixrl.models.shipped`; ``use_shipped=False`` never does), else learns
+    the merges and trains (deterministically, on one CPU thread; see docs/how-to/data.md for the
+    time); ``force`` retrains. ``cache_dir`` replaces ``cache_root()/"tiny-bpe"``; ``steps``
+    overrides the number of optimizer steps (and is part of the cache key), e.g. for tests;
+    ``role="teacher"``: the BPE teacher (:data:`TEACHER_WARM_START`, :func:`teacher_warm_start`).
+    ``why``: what needs it, for the note printed before a build.
     """
     final = default_path(cache_dir, steps=steps, role=role)
     if is_complete(final) and not force:
         return final
-    description = "warm-starting tiny BPE teacher" if role != "student" else "warm-starting tiny BPE model"
-    return supervised.train_and_save(final, recipe(steps, role), build, encode=encode_chat, meta_file=_META_FILE,
-                               progress=progress, description=description,
-                               extra_meta=lambda model, tok: {"vocab": len(tok)})
+    name = "tiny-bpe" if role == "student" else f"tiny-bpe-{role}"
+    if use_shipped and not force and shipped.install(name, final, meta_file=_META_FILE):
+        return final
+    rec = recipe(steps, role)
+    what = "the BPE teacher (builtin:tiny-bpe-teacher)" if role != "student" else "the BPE chat model (builtin:tiny-bpe)"
+    seconds = BUILD_SECONDS[role] * rec["warm_start"]["steps"] / (TEACHER_WARM_START if role != "student" else WARM_START)["steps"]
+    supervised.announce_build(what, why, seconds, final, progress=progress)
+    description = "building the BPE teacher" if role != "student" else "building the BPE chat model"
+    return supervised.train_and_save(final, rec, build, encode=encode_chat, meta_file=_META_FILE,
+                                     progress=progress, description=description,
+                                     extra_meta=lambda model, tok: {"vocab": len(tok)})
 
 
 def teacher_warm_start(cache_dir: Path | str | None = None, *, force: bool = False, progress: bool = True,
-                       steps: int | None = None) -> Path:
+                       steps: int | None = None, use_shipped: bool = True, why: str | None = None) -> Path:
     """Path of the BPE teacher (``builtin:tiny-bpe-teacher``): :func:`warm_start` with
-    :data:`TEACHER_WARM_START` (expert solutions only, every level, longer), cached the same way."""
-    return warm_start(cache_dir, force=force, progress=progress, steps=steps, role="teacher")
+    :data:`TEACHER_WARM_START` (expert solutions only, every level, longer), cached (or shipped) the same way."""
+    return warm_start(cache_dir, force=force, progress=progress, steps=steps, role="teacher", use_shipped=use_shipped, why=why)
 
 
 def heldout_accuracy(path: Path | str, n: int = 256, levels: Sequence[int] = tuple(arith.DEFAULT_LEVELS),

@@ -24,6 +24,9 @@ the call exactly) reaches ``target_call_accuracy`` on held-out problems, checked
 fixed-offset attention pattern; what the earlier 200-step, stop-free warm start lacked was training
 on enough calls (measured: 100 steps of calls only copy 98% of 64 held-out expressions exactly, 50
 steps 9%).
+
+Its weights ship in the package (:mod:`mixrl.models.shipped`): a first ``env=tools`` run copies them
+into the cache instead of training (164 s on 2 quiet cores, 1,464 s on a loaded machine).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from mixrl.models import supervised, tiny_arch, tiny_bpe, tiny_spec
+from mixrl.models import shipped, supervised, tiny_arch, tiny_bpe, tiny_spec
 from mixrl.tasks import arith_tools
 
 BUILTIN = "builtin:tiny-bpe-tools"
@@ -229,13 +232,24 @@ def call_accuracy(model: Any, tokenizer: Any, problems: list[dict[str, Any]]) ->
     return sum(t.startswith(b) for t, (_, b) in zip(texts, pairs, strict=True)) / len(pairs)
 
 
+#: CPU-seconds of a build at the full recipe on one idle core (it stops at step 200 of 400: 164 s
+#: measured at load 2 on 2 cores; 1,464 s on a loaded machine), for the build's note.
+BUILD_SECONDS = 150
+
+
 def warm_start(cache_dir: Path | str | None = None, *, force: bool = False, progress: bool = True,
-               steps: int | None = None) -> Path:
-    """Path of the warm-started tool model (built and cached on first use, like :func:`mixrl.models.tiny_bpe.warm_start`)."""
+               steps: int | None = None, use_shipped: bool = True, why: str | None = None) -> Path:
+    """Path of the warm-started tool model: cached, else the copy shipped in the package when it was
+    built with this recipe (:mod:`mixrl.models.shipped`; ``use_shipped=False`` never uses it), else
+    built and cached, like :func:`mixrl.models.tiny_bpe.warm_start` (``why``: what needs it, for the note)."""
     final = default_path(cache_dir, steps=steps)
     if (final / _META_FILE).is_file() and not force:
         return final
+    if use_shipped and not force and shipped.install("tiny-bpe-tools", final, meta_file=_META_FILE):
+        return final
     rec = recipe(steps)
+    supervised.announce_build("the tool model (builtin:tiny-bpe-tools)", why,
+                              BUILD_SECONDS * min(rec["warm_start"]["steps"], 200) / 200, final, progress=progress)
     ws = rec["warm_start"]
     tokenizer = set_templates(tiny_bpe.build_tokenizer(corpus_texts(), vocab_size=VOCAB_SIZE))
     rng = random.Random(f"tools-warm-start-{ws['seed']}")
@@ -254,6 +268,6 @@ def warm_start(cache_dir: Path | str | None = None, *, force: bool = False, prog
         return seen["call_accuracy"] >= ws["target_call_accuracy"]
 
     return supervised.train_and_save(final, rec, lambda **size: (model_for(tokenizer, **size), tokenizer), encode=_encode,
-                                     meta_file=_META_FILE, progress=progress, description="warm-starting tiny BPE tool model",
+                                     meta_file=_META_FILE, progress=progress, description="building the tool model",
                                      extra_meta=lambda model, tok: {"vocab": len(tok), **seen}, examples=(problems, completions),
                                      stop=stop)

@@ -39,6 +39,19 @@ def data_order(state: PromptState, size: int, n: int, rng: np.random.Generator, 
     return None
 
 
+@PICKERS.register("epochs", bounds={"tolerance": (">= 0", "a number of prompts")})
+def epochs(state: PromptState, size: int, n: int, rng: np.random.Generator, arms=None, values=None, *,
+           drop_mastered: bool = True, tolerance: int = 20) -> list[int]:
+    """The training set in shuffled epochs, the last partial batch dropped; with ``drop_mastered``,
+    each epoch leaves out the prompts of which one generated group was solved by every rollout,
+    when the previous epoch held more than n + tolerance prompts (:mod:`mixrl.sampler.epochs`).
+
+    Formula: epoch e = shuffle({i : i not mastered before e}); mastered(i) = some group of i with every rollout correct
+    Paper: ExGRPO, "ExGRPO: Learning to Reason from Experience" (arXiv 2510.02245): fully solved questions leave the training data at the next epoch.
+    """
+    raise ValueError("the epochs picker keeps its epoch in the sampler: mixrl.sampler.runtime.Sampler.pick draws it")
+
+
 @PICKERS.register("accuracy_band", bounds={"lo": ("[0, 1]", "an accuracy"), "hi": ("[0, 1]", "an accuracy")})
 def accuracy_band(state: PromptState, size: int, n: int, rng: np.random.Generator, arms=None, values=None, *,
                   lo: float = 0.1, hi: float = 0.9) -> list[int]:

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mixrl.sampler.epochs import EpochOrder
 from mixrl.sampler.group_filters import GROUP_FILTERS
 from mixrl.sampler.pickers import PICKERS, arm_of, group_abs_advantage, td_update
 from mixrl.sampler.row_filters import ROW_FILTERS
@@ -56,6 +57,7 @@ class Sampler:
         self.state = PromptState(decay=decay)
         self.values: dict[str, float] = {}  # bandit arm -> value
         self.draws = 0
+        self.epochs = EpochOrder()  # the epochs picker's epoch and mastered prompts
         # counters: rollouts generated / trained, generation rounds, batches, missing groups
         self.generated = self.trained = self.rounds = self.batches = self.short = 0
 
@@ -75,6 +77,9 @@ class Sampler:
         if not self.picks:
             return None
         fn = PICKERS.get(self.pick_name)
+        if self.pick_name == "epochs":  # its epoch lives here (mixrl.sampler.epochs)
+            return self.epochs.next(size, min(n, size), self.seed, drop_mastered=bool(self.pick_params.get("drop_mastered", True)),
+                                    tolerance=int(self.pick_params.get("tolerance", 20)))
         return fn(self.state, size, min(n, size), self.rng(), self.arms, self.values, **self.pick_params)
 
     def draw_uniform(self, size: int, n: int) -> list[int]:
@@ -104,6 +109,8 @@ class Sampler:
             r = [float(x) for x in rewards[i].tolist()]
             if self.pick_name == "bandit":  # the arm it was drawn from: before this update
                 gains.setdefault(arm_of(self.state, idx, buckets, self.arms), []).append(group_abs_advantage(r))
+            if self.pick_name == "epochs":
+                self.epochs.note(idx, [bool(c) for c in correct[i].tolist()])
             own = free[i].tolist() if free is not None else [True] * len(r)
             if any(own):
                 self.state.update(idx, [x for x, o in zip(r, own) if o],
@@ -153,10 +160,13 @@ class Sampler:
 
     def state_dict(self) -> dict[str, Any]:
         return {"state": self.state.state_dict(), "values": dict(self.values), "draws": self.draws,
-                "counters": [self.generated, self.trained, self.rounds, self.batches, self.short]}
+                "counters": [self.generated, self.trained, self.rounds, self.batches, self.short],
+                "epochs": self.epochs.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.state.load_state_dict(state["state"])
         self.values = {str(k): float(v) for k, v in state["values"].items()}
         self.draws = int(state["draws"])
         self.generated, self.trained, self.rounds, self.batches, self.short = (int(x) for x in state["counters"])
+        if "epochs" in state:
+            self.epochs.load_state_dict(state["epochs"])

@@ -1,16 +1,17 @@
-"""Feedback on a failed rollout: what the policy is told before it regenerates.
+"""Feedback on a rollout: what the policy is told before it regenerates.
 
-A **feedback builder** turns one failed attempt into language feedback (and, optionally, the
-token where the attempt went wrong). The ``refine`` injection (:mod:`mixrl.sources.with_feedback`)
-calls it for each failed rollout it regenerates; every builder has the one signature::
+A **feedback builder** turns one attempt (a failed one; with ``algo.inject.refine: all``, any:
+``Attempt.correct`` says which) into language feedback (and, optionally, the token where the
+attempt went wrong). The ``refine`` injection (:mod:`mixrl.sources.with_feedback`) calls it for
+each rollout it regenerates; every builder has the one signature::
 
     builder(attempt: Attempt) -> Feedback | str | None      (None: no feedback, the rollout is left as it is)
 
 Built-in builders (``algo.inject.feedback``):
 
 * ``verifier``: the verifier's message, Critique-GRPO's "critique with ground truth": the
-  answer the attempt gave (or that it gave none) and the expected one;
-* ``indicative``: Critique-GRPO's "indicative critique": only that the answer is wrong;
+  answer the attempt gave (or that it gave none), whether it is right, and the expected one;
+* ``indicative``: Critique-GRPO's "indicative critique": only whether the answer is right;
 * ``hint``: the beginning of the reference solution (the source's expert completion);
 * ``self``: the policy's own critique of its attempt, written inside the step through the
   rollouts' generation path (``attempt.policy``, :mod:`mixrl.trainer.parts.policy_calls`);
@@ -36,7 +37,7 @@ from mixrl.sources.self_hint import in_last_user
 
 @dataclass
 class Attempt:
-    """One failed rollout, as a feedback builder sees it.
+    """One rollout, as a feedback builder sees it.
 
     ``prompt``: the row's prompt (text or messages); ``completion``: the attempt's text;
     ``completion_ids``: its token ids; ``reward``: its first reward function's value;
@@ -44,7 +45,9 @@ class Attempt:
     solution (the source's expert completion; None without one); ``row``: the whole data row;
     ``policy``: the policy's handle (:class:`mixrl.trainer.parts.policy_calls.PolicyCalls`:
     ``policy.write(request, max_new_tokens=n)`` samples the policy's answer to a request, a text or
-    chat messages; None where the injection offers none).
+    chat messages; None where the injection offers none);
+    ``correct``: the attempt succeeded (``reward`` at least ``algo.inject.success``; only
+    ``algo.inject.refine: all`` refines such attempts).
     """
 
     prompt: Any
@@ -55,6 +58,7 @@ class Attempt:
     reference: str | None
     row: dict
     policy: Any = None
+    correct: bool = False
 
 
 @dataclass
@@ -72,7 +76,9 @@ FeedbackBuilder = Callable[[Attempt], "Feedback | str | None"]
 #: the built-in builders' default texts ({given}, {expected}, {hint} are filled per attempt)
 WRONG = "The answer {given} is wrong; the expected answer is {expected}."
 MISSING = "No final answer was found; the expected answer is {expected}."
+RIGHT = "The answer {given} is right; the expected answer is {expected}."
 INDICATIVE = "The answer is wrong."
+INDICATIVE_RIGHT = "The answer is right."
 HINT = "A correct solution begins: {hint}"
 #: what the policy is asked to critique its own attempt with (feedback: self)
 CRITIQUE = ("{prompt}\nAttempt: {attempt}\nThe expected answer is {expected}. Find the first error in the attempt "
@@ -80,45 +86,49 @@ CRITIQUE = ("{prompt}\nAttempt: {attempt}\nThe expected answer is {expected}. Fi
 
 
 class VerifierFeedback:
-    """The verifier's message: the answer given (after ``marker``) and the expected one.
+    """The verifier's message: the answer given (after ``marker``), whether it is right, and the expected one.
 
-    Formula: c = wrong.format(given, expected) if an answer follows {marker} else missing.format(expected)
+    Formula: c = right.format(given, expected) if the attempt is correct, else wrong.format(given, expected) if an answer follows {marker}, else missing.format(expected)
     Paper: Critique-GRPO, "Critique-GRPO: Advancing LLM Reasoning with Natural Language and Numerical Feedback" (arXiv 2506.03106), its critique with ground truth.
     """
 
-    def __init__(self, *, marker: str = "####", wrong: str = WRONG, missing: str = MISSING):
+    def __init__(self, *, marker: str = "####", wrong: str = WRONG, missing: str = MISSING, right: str | None = None):
         self.marker = marker
         self.wrong = check_template(wrong, ("given", "expected"), "algo.inject.wrong", WRONG)
         self.missing = check_template(missing, ("expected",), "algo.inject.missing", MISSING)
+        # None: this builder is shown failed attempts only (its text stays out of texts()); a correct one gets RIGHT
+        self.right = None if right is None else check_template(right, ("given", "expected"), "algo.inject.right", RIGHT)
 
     def texts(self) -> list[str]:
-        return [template_text(self.wrong), template_text(self.missing)]
+        return [template_text(t) for t in (self.wrong, self.missing, self.right) if t is not None]
 
     def __call__(self, attempt: Attempt) -> Feedback | None:
         if attempt.answer is None:
             return None
         expected = extract_after_marker(str(attempt.answer), self.marker) or str(attempt.answer).strip()
         given = extract_after_marker(attempt.completion, self.marker)
+        if attempt.correct:  # refine: all (the authors' "The generated solution is correct, the ground truth is X.")
+            return Feedback((self.right or RIGHT).format(given=(given or "").strip() or expected, expected=expected))
         if given is None or not given.strip():
             return Feedback(self.missing.format(expected=expected))
         return Feedback(self.wrong.format(given=given.strip(), expected=expected))
 
 
 class IndicativeFeedback:
-    """Only that the attempt is wrong.
+    """Only whether the attempt is right.
 
-    Formula: c = {text}
+    Formula: c = {right_text} if the attempt is correct else {text}
     Paper: Critique-GRPO (arXiv 2506.03106), its indicative critique.
     """
 
-    def __init__(self, *, text: str = INDICATIVE):
-        self.text = text
+    def __init__(self, *, text: str = INDICATIVE, right_text: str | None = None):
+        self.text, self.right_text = text, right_text  # right_text None: shown failed attempts only
 
     def texts(self) -> list[str]:
-        return [self.text]
+        return [self.text] + ([self.right_text] if self.right_text is not None else [])
 
     def __call__(self, attempt: Attempt) -> Feedback:
-        return Feedback(self.text)
+        return Feedback((self.right_text or INDICATIVE_RIGHT) if attempt.correct else self.text)
 
 
 class HintFeedback:
@@ -177,8 +187,8 @@ class SelfCritique:
 BUILDERS: dict[str, type] = {"verifier": VerifierFeedback, "indicative": IndicativeFeedback, "hint": HintFeedback,
                              "self": SelfCritique}
 #: the ``algo.inject`` keys each built-in builder reads
-BUILDER_PARAMS = {"verifier": ("marker", "wrong", "missing"), "indicative": ("text",), "hint": ("fraction", "hint_template"),
-                  "self": ("marker", "request", "critique_tokens")}
+BUILDER_PARAMS = {"verifier": ("marker", "wrong", "missing", "right"), "indicative": ("text", "right_text"),
+                  "hint": ("fraction", "hint_template"), "self": ("marker", "request", "critique_tokens")}
 
 
 def build_feedback(name: str, params: dict) -> FeedbackBuilder:

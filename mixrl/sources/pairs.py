@@ -6,7 +6,9 @@ A pair enters the batch as two appended rows (its chosen and its rejected comple
 prompt, in no group, advantage 0), linked by the per-row fields the preference terms read
 (:mod:`mixrl.core.preference`): ``pair_index``, ``pair_side`` (1 chosen, 0 rejected) and the
 partner's sequence log-probs under the policy (now: the policy that trains on the pair this step)
-and the reference model, with its length. Every pair row gets reference log-probs
+and the reference model, with its length, and both sides' rewards (``pair_reward``,
+``pair_partner_reward``; NaN for an off-policy side). The rows are written by
+:func:`mixrl.sources.pair_rows.append_sides`. Every pair row gets reference log-probs
 (``ref_per_token_logps``) from the reference model, which the run loads because the preference
 terms read ``ref_logp``.
 
@@ -29,13 +31,12 @@ from __future__ import annotations
 import math
 import random
 
-import torch
 
 from mixrl.core import provenance as prov
 from mixrl.data.cells import _RowError, expert_completions, texts_of
 from mixrl.errors import ConfigError, DataError
 from mixrl.sources.base import INJECTIONS, SOURCES, InjectContext, Injection, Source
-from mixrl.sources.rows import append_rows
+from mixrl.sources.pair_rows import Side, append_sides, row_side
 from mixrl.tasks import arith
 
 PAIR_ON_POLICY = prov.register_provenance(
@@ -51,7 +52,7 @@ PAIR_OFF_POLICY = prov.register_provenance(
 REJECTED_FROM = ("auto", "column", "arith_careless")
 
 
-@SOURCES.register("pairs")
+@SOURCES.register("pairs", bounds={"flip": ("[0, 0.5)", "a label-flip rate; at 0.5 or more the labels carry no preference or the reverse one")})
 class PairSource(Source):
     """Off-policy preference pairs (prompt, chosen, rejected): rows of a dataset with a column
     mapping (``dataset`` + ``prompt_column`` / ``chosen_column`` / ``rejected_column``), or, with
@@ -70,12 +71,13 @@ class PairSource(Source):
         chosen_column (chosen): the dataset's preferred completion (text, or a conversation whose last reply is used).
         rejected_column (rejected): the dispreferred completion (same forms); with dataset null, a column of the training data.
         rejected_from (auto): auto | column | arith_careless (dataset null only: the built-in task's careless solution; auto: that on data=arith, else column).
+        flip (0.0): each drawn pair's chosen and rejected sides swapped with this probability (synthetic label noise, for robust DPO's setting; 0: none).
     """
 
     provenances = ("pair_off_policy",)
 
     def __init__(self, *, dataset: str | None = None, prompt_column: str = "prompt", chosen_column: str = "chosen",
-                 rejected_column: str = "rejected", rejected_from: str = "auto"):
+                 rejected_column: str = "rejected", rejected_from: str = "auto", flip: float = 0.0):
         if rejected_from not in REJECTED_FROM:
             raise ValueError(f"rejected_from must be one of {', '.join(REJECTED_FROM)}, got {rejected_from!r}")
         if dataset and rejected_from == "arith_careless":
@@ -84,6 +86,7 @@ class PairSource(Source):
         self.dataset, self.rejected_from = dataset, rejected_from
         self.prompt_column, self.chosen_column, self.rejected_column = prompt_column, chosen_column, rejected_column
         self.pool: list[tuple] = []
+        self.flip = float(flip)
         self.reads_expert_column = not dataset
 
     def prepare(self, train_ds, data_cfg):
@@ -159,8 +162,12 @@ class PairSource(Source):
         return list(zip(ds["prompt"], chosen, rejected))
 
     def sample(self, rng: random.Random, n: int) -> list[tuple]:
-        """``n`` (prompt, chosen, rejected) drawn from the pool with ``rng``."""
-        return [self.pool[rng.randrange(len(self.pool))] for _ in range(n)]
+        """``n`` (prompt, chosen, rejected) drawn from the pool with ``rng``; with ``flip`` > 0, each one's
+        sides swapped with that probability (one more draw per pair, so flip 0 keeps the draws as they were)."""
+        picks = [self.pool[rng.randrange(len(self.pool))] for _ in range(n)]
+        if not self.flip:
+            return picks
+        return [(p, r, c) if rng.random() < self.flip else (p, c, r) for p, c, r in picks]
 
 
 def _completion(value, row: int, column: str, where: str, key: str, *, first: bool = False) -> str | None:
@@ -262,76 +269,12 @@ class GroupPairs(Injection):
         return self._append(ctx, out, on, off)
 
     def _append(self, ctx: InjectContext, out: dict, on: list[tuple[int, int]], off: list[tuple]) -> dict:
-        prompts: list[list[int]] = []
-        completions: list[list[int]] = []
-        codes: list[int] = []
-        behaviour: list[list[float] | None] = []
-        pm, cm = out["prompt_mask"].bool(), out["completion_mask"].bool()
-        old = out.get("old_per_token_logps")
-        for pair in on:
-            for i in pair:
-                prompts.append(out["prompt_ids"][i][pm[i]].tolist())
-                completions.append(out["completion_ids"][i][cm[i]].tolist())
-                codes.append(PAIR_ON_POLICY)
-                lp = old[i][cm[i]] if old is not None else None
-                behaviour.append(lp.tolist() if lp is not None and bool(torch.isfinite(lp).all()) else None)
+        sides = [row_side(out, i, PAIR_ON_POLICY) for pair in on for i in pair]
         if off:
             off_prompts = ctx.tokenize_prompts([p for p, _, _ in off])
-            for p, (_, chosen, rejected) in zip(off_prompts, off):
-                for text in (chosen, rejected):
-                    prompts.append(list(p))
-                    completions.append(ctx.completion_ids(text))
-                    codes.append(PAIR_OFF_POLICY)
-                    behaviour.append(None)
-        policy = ctx.behaviour_logps(prompts, completions)  # the policy now: what trains on these rows this step
-        if ctx.ref_logps is None:
-            raise RuntimeError("preference pairs need reference log-probs, but the trainer computes none (TRL's beta is 0)")
-        # reference log-probs: the rollouts' own where TRL computed them, the reference model's for the rest
-        known_ref: list[list[float] | None] = []
-        rollout_ref = out.get("ref_per_token_logps")
-        for pair in on:
-            for i in pair:
-                lp = rollout_ref[i][cm[i]] if rollout_ref is not None else None
-                known_ref.append(lp.tolist() if lp is not None and bool(torch.isfinite(lp).all()) else None)
-        known_ref += [None] * (len(codes) - len(known_ref))
-        todo = [k for k, r in enumerate(known_ref) if r is None]
-        scored = ctx.ref_logps([prompts[k] for k in todo], [completions[k] for k in todo]) if todo else []
-        ref = list(known_ref)
-        for k, lp in zip(todo, scored):
-            ref[k] = list(lp)
-        for k, code in enumerate(codes):  # on-policy rows: the rollout's behaviour, else the policy now (which sampled it)
-            if code == PAIR_ON_POLICY and behaviour[k] is None:
-                behaviour[k] = list(policy[k])
-        n_old = out["prompt_ids"].shape[0]
-        new = append_rows(
-            out, prompts, completions, pad_id=ctx.tokenizer.pad_token_id,
-            row_source=torch.tensor(codes, dtype=torch.long),
-            behaviour_logp=[b if b is not None else [float("nan")] * len(c) for b, c in zip(behaviour, completions)],
-        )
-        dev = new["prompt_ids"].device
-        e = len(codes)
-        width = new["completion_ids"].shape[1]
-        ref_t = torch.full((e, width), float("nan"), dtype=torch.float32, device=dev)
-        for k, lp in enumerate(ref):
-            ref_t[k, : len(lp)] = torch.as_tensor(lp, dtype=torch.float32, device=dev)
-        if new.get("ref_per_token_logps") is not None:
-            new["ref_per_token_logps"][n_old:] = ref_t.to(new["ref_per_token_logps"].dtype)
-        else:
-            new["ref_per_token_logps"] = torch.cat([torch.full((n_old, width), float("nan"), device=dev), ref_t])
-        seq = [float(sum(lp)) for lp in policy]
-        seq_ref = [float(sum(lp)) for lp in ref]
-        partner = [k + 1 if k % 2 == 0 else k - 1 for k in range(e)]
-        fields = {
-            "pair_index": (torch.long, -1, [k // 2 for k in range(e)]),
-            "pair_side": (torch.long, -1, [1 - k % 2 for k in range(e)]),
-            "pair_partner_logp": (torch.float32, float("nan"), [seq[j] for j in partner]),
-            "pair_partner_ref_logp": (torch.float32, float("nan"), [seq_ref[j] for j in partner]),
-            "pair_partner_len": (torch.float32, float("nan"), [float(len(completions[j])) for j in partner]),
-        }
-        for key, (dtype, fill, values) in fields.items():
-            head = out[key] if key in out else torch.full((n_old,), fill, dtype=dtype, device=dev)
-            new[key] = torch.cat([head.to(dev), torch.tensor(values, dtype=dtype, device=dev)])
-        return new
+            sides += [Side(prompt=list(p), completion=ctx.completion_ids(text), code=PAIR_OFF_POLICY)
+                      for p, (_, chosen, rejected) in zip(off_prompts, off) for text in (chosen, rejected)]
+        return append_sides(ctx, out, sides)
 
 
 @INJECTIONS.register("pairs", bounds={

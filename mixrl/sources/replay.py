@@ -51,6 +51,7 @@ import torch
 from mixrl.core import provenance as prov
 from mixrl.errors import ConfigError
 from mixrl.sources.base import SOURCES, InjectContext, Source
+from mixrl.sources.replay_buckets import check_buckets
 from mixrl.sources.replay_buffer import Entry, ReplayBuffer
 
 #: how the rollouts that fill a prompt's group are chosen among its stored ones
@@ -86,14 +87,22 @@ class ReplaySource(Source):
             ExGRPO replays the lowest-entropy success, exp_metric=ent, exp_select_mode=argmin).
         drop_mastered (False): a prompt whose group is solved G of G (the replayed row counted) is mastered:
             its stored rollouts are deleted and it is never stored or revisited again (ExGRPO's skip set).
+        buckets (None): how revisited prompts are drawn: None (the sampling rule's order, one per prompt) |
+            normal | linear | sqrt | linear_clip: ExGRPO's success-rate buckets (a prompt's bucket is its
+            latest admitted group's successes k; buckets weighed w(k), normal: exp(-(k - G/2)^2 / 2);
+            mixrl.sources.replay_buckets).
     """
 
     provenances = ("replay",)
 
     def __init__(self, *, capacity: int = 1024, eviction: str = "fifo", max_age: int | None = None, store: str = "all",
                  success_threshold: float = 1.0, sampling: str = "uniform", seed: int | None = None,
-                 admit: list | tuple | None = None, trajectory: str = "sampling", drop_mastered: bool = False):
+                 admit: list | tuple | None = None, trajectory: str = "sampling", drop_mastered: bool = False,
+                 buckets: str | None = None):
         self.seed = seed
+        self.buckets = check_buckets(buckets)
+        #: prompt (token-id tuple) -> its latest admitted group's successes (the bucket; with ``buckets``)
+        self.bucket_of: dict[tuple, int] = {}
         if trajectory not in TRAJECTORIES:
             raise ConfigError(f"offpolicy.source.trajectory={trajectory!r} is not one of {', '.join(TRAJECTORIES)}; "
                               "fix offpolicy.source.trajectory")
@@ -183,9 +192,21 @@ class ReplaySource(Source):
         if not self.drop_mastered or not prompts:
             return 0
         self.mastered.update(tuple(p) for p in prompts)
+        for p in prompts:
+            self.bucket_of.pop(tuple(p), None)
         before = len(self.buffer.entries)
         self.buffer.entries = [e for e in self.buffer.entries if tuple(e.prompt) not in self.mastered]
         return before - len(self.buffer.entries)
+
+    def note_buckets(self, prompts: list[list[int]], counts: list[int], group: int) -> None:
+        """With ``buckets``: each prompt's bucket becomes its group's successes k this step when the
+        group is admitted (0 < k < ``group`` and within ``admit``); others keep their bucket."""
+        if self.buckets is None:
+            return
+        lo, hi = self.admit if self.admit is not None else (1, group - 1)
+        for p, k in zip(prompts, counts):
+            if lo <= k <= hi and 0 < k < group and tuple(p) not in self.mastered:
+                self.bucket_of[tuple(p)] = int(k)
 
     def note_group_successes(self, step: int, rewards: torch.Tensor, num_generations: int) -> list[int]:
         """Count each global group's successes (reward >= success_threshold) of step ``step``'s
@@ -199,13 +220,15 @@ class ReplaySource(Source):
         kept = {tuple(e.prompt) for e in self.buffer.entries}
         rows = [[list(k), v] for k, v in self.rows.items() if k in kept]
         return {"buffer": self.buffer.state_dict(), "recorded_step": self.recorded_step, "rows": rows,
-                "mastered": [list(k) for k in sorted(self.mastered)]}
+                "mastered": [list(k) for k in sorted(self.mastered)],
+                "buckets": [[list(k), v] for k, v in sorted(self.bucket_of.items())]}
 
     def load_state_dict(self, state: dict) -> None:
         self.buffer.load_state_dict(state["buffer"])
         self.recorded_step = int(state.get("recorded_step", -1))
         self.rows = {tuple(k): dict(v) for k, v in state.get("rows", [])}
         self.mastered = {tuple(k) for k in state.get("mastered", [])}
+        self.bucket_of = {tuple(k): int(v) for k, v in state.get("buckets", [])}
 
 
 def mean_nll(entry: Entry) -> float:

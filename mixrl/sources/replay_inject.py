@@ -9,6 +9,7 @@ from mixrl.errors import ConfigError
 from mixrl.sources.base import INJECTIONS, InjectContext, Injection
 from mixrl.sources.inject import appended_rows_per_step
 from mixrl.sources.replay import REPLAY, ReplaySource
+from mixrl.sources.replay_buckets import bucket_draw
 from mixrl.sources.rows import append_rows, replace_rows
 
 
@@ -49,6 +50,27 @@ class _ReplayInjection(Injection):
         """A stored entry a revisited prompt may come from: a past success, what a failing group can be refilled with."""
         return self.source.buffer.is_success(entry)
 
+    def _draw_prompts(self, ok: list, want: int, G: int) -> list[tuple]:
+        """Up to ``want`` distinct prompts of the entries ``ok``: by the source's success-rate buckets
+        (``buckets``; uniformly when none of them has one, as ExGRPO falls back), else in the
+        sampling rule's order (the first entry of each prompt)."""
+        buf = self.source.buffer
+        if getattr(self.source, "buckets", None):
+            prompts = sorted({tuple(e.prompt) for e in ok})
+            by: dict[int, list[tuple]] = {}
+            for key in prompts:
+                if key in self.source.bucket_of:
+                    by.setdefault(self.source.bucket_of[key], []).append(key)
+            drawn = bucket_draw(by, want, G, self.source.buckets, buf.rng)
+            return drawn if drawn else buf.rng.sample(prompts, min(want, len(prompts)))
+        picked: list[tuple] = []
+        for e in buf.sample(len(ok), ok):  # in the sampling rule's order; first entry of each prompt
+            if tuple(e.prompt) not in picked:
+                picked.append(tuple(e.prompt))
+            if len(picked) == want:
+                break
+        return picked
+
     def _revisit(self, ctx: InjectContext, inputs: list[dict], label: str) -> list[dict]:
         """The revisit share of the whole groups on this process take buffered prompts (entries old
         enough that :meth:`_revisit_candidate` accepts); metric ``<label>/prompts_revisited``."""
@@ -64,14 +86,7 @@ class _ReplayInjection(Injection):
         buf, rows = self.source.buffer, self.source.rows
         ok = [e for e in buf.entries if tuple(e.prompt) in rows and ctx.global_step - e.step >= self.min_age
               and self._revisit_candidate(e)]
-        picked, seen = [], set()
-        for e in buf.sample(len(ok), ok):  # in the sampling rule's order; first entry of each prompt
-            key = tuple(e.prompt)
-            if key not in seen:
-                seen.add(key)
-                picked.append(rows[key])
-            if len(picked) == want:
-                break
+        picked = [rows[key] for key in self._draw_prompts(ok, want, G)]
         inputs = list(inputs)
         groups = set()
         for g, row in zip(reversed(whole), picked):
@@ -241,12 +256,15 @@ class ReplayFill(_ReplayInjection):
         self.metrics["replay/on"] = float(self.active(ctx.global_step + 1))
         if isinstance(self.source, ReplaySource):
             counts = self.source.note_group_successes(ctx.global_step, rewards, G)
+            n_local = out["prompt_ids"].shape[0]
+            start = ctx.process_index * n_local
+            pm = out["prompt_mask"].bool()
+            local = [(out["prompt_ids"][i][pm[i]].tolist(), counts[(start + i) // G]) for i in range(n_local)
+                     if 0 <= (start + i) // G < len(counts)]
+            if self.active(ctx.global_step):  # ExGRPO's buckets: written as groups are admitted (experience_trainer_ops.py:43-44)
+                self.source.note_buckets([p for p, _ in local], [k for _, k in local], G)
             if self.source.drop_mastered:  # ExGRPO's skip set, every step (mix_trainer_experience.py:385-388)
-                n_local = out["prompt_ids"].shape[0]
-                start = ctx.process_index * n_local
-                pm = out["prompt_mask"].bool()
-                solved = [out["prompt_ids"][i][pm[i]].tolist() for i in range(n_local)
-                          if 0 <= (start + i) // G < len(counts) and counts[(start + i) // G] >= G]
+                solved = [p for p, k in local if k >= G]
                 self.metrics["replay/dropped_mastered"] = float(self.source.note_mastered(solved))
         return rewards
 

@@ -95,13 +95,13 @@ class TeacherSource(Source):
         return self.models == [SELF]
 
     # ----------------------------------------------------------------- setup
-    def resolve(self, progress: bool = True) -> list[str]:
-        """Local folders / hub ids of the teacher models (``builtin:tiny-teacher`` built on first use)."""
+    def resolve(self, progress: bool = True, why: str = "the teacher") -> list[str]:
+        """Local folders / hub ids of the teacher models (``builtin:tiny-teacher`` built on first use; ``why`` says for what)."""
         out = []
         for m in self.models:
             if builtin.is_builtin(m):  # builtin:tiny-teacher, or a built-in policy model used as a frozen teacher
                 try:
-                    out.append(builtin.resolve(m, progress=progress))
+                    out.append(builtin.resolve(m, progress=progress, why=why))
                 except ValueError as e:
                     raise ConfigError(f"teacher.source.models: {e}") from None
             elif m != SELF and (m.startswith((".", "/", "~"))) and not Path(m).expanduser().is_dir():
@@ -281,6 +281,7 @@ class RefillFailed(Injection):
     needs_source = False  # its material comes from the teacher config group, not offpolicy
     needs_teacher = True
     provenances = ("teacher",)
+    row_code = TEACHER  # the provenance of the rows it writes (refill_from_data: its source's)
 
     def __init__(self, *, per_group: int = 2, candidates: int = 2, threshold: float = 1.0, select: str = "likelihood",
                  guide_below: float | None = None, adaptive_k: bool = False,
@@ -321,15 +322,15 @@ class RefillFailed(Injection):
 
     def after_generation(self, ctx: InjectContext, inputs: list[dict], rollouts: Rollouts) -> Rollouts:
         n = len(rollouts.completion_ids)
-        if n == 0 or not ctx.teachers:
+        if n == 0 or (self.needs_teacher and not ctx.teachers):
             return rollouts
         G = ctx.num_generations
         local = ctx.rewards(inputs, rollouts.completion_ids).float()
         rewards = ctx.gather(local.to(ctx.device))
         start = ctx.process_index * n
         ok = (torch.nan_to_num(rewards, nan=-math.inf) >= self.threshold).tolist()
-        n_groups = len(ok) // G
-        slots = {g: self.plan(ok[g * G:(g + 1) * G], len(ctx.teachers)) for g in range(n_groups)}
+        n_groups, avail = len(ok) // G, self.writers(ctx, inputs, len(ok))  # avail: per global row, k's cap
+        slots = {g: self.plan(ok[g * G:(g + 1) * G], avail[g * G]) for g in range(n_groups)}
         stats = {"failed_groups": float(sum(bool(v) for v in slots.values())), "refilled_rows": 0.0, "candidates": 0.0,
                  "correct_candidates": 0.0}
         rng = random.Random(hash((self.seed, ctx.process_index, ctx.global_step, ctx.micro_step)))
@@ -351,11 +352,14 @@ class RefillFailed(Injection):
             rollouts.completion_ids[i] = ids
             if rollouts.logprobs is not None:
                 rollouts.logprobs[i] = [None] * len(ids)
-            rollouts.row_source[i] = TEACHER
+            rollouts.row_source[i] = self.row_code
             rollouts.behaviour_logp[i] = behaviour
             stats["refilled_rows"] += 1
         self.last = stats
         return rollouts
+
+    def writers(self, ctx: InjectContext, inputs: list[dict], n_global: int) -> list[int]:  # the teachers, every row
+        return [len(ctx.teachers)] * n_global
 
     def _candidates(self, ctx: InjectContext, row: dict, stats: dict) -> tuple[list[int], list[tuple[list[int], list[float]]]]:
         """``(prompt ids, correct teacher candidates with their behaviour log-probs)`` for ``row``'s

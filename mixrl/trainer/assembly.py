@@ -41,6 +41,7 @@ from mixrl.trainer.generation.async_generation import AsyncGeneration, AsyncPipe
 from mixrl.trainer.generation.lagged_weights import LaggedWeights, cpu_copy, trainable
 from mixrl.trainer.lm_head import fit_tile_to_vocab
 from mixrl.trainer.parts import Parts
+from mixrl.trainer.parts.advantage_shaping import AdvantageShaping
 from mixrl.trainer.parts.controller_steps import ControllerSteps
 from mixrl.trainer.parts.critic import Critic
 from mixrl.trainer.parts.forwards import Forwards
@@ -71,7 +72,7 @@ def load_teacher_models(teacher, *, policy_dtype, device, temperature: float, ca
 
 def build_parts(trainer, *, objective, advantage: tuple[str, dict, bool], injections: list, controller=None, teacher=None,
                 staleness: int = 0, async_generation: int = 0, sampler=None, sampler_length=None,
-                critic: dict | None = None, token_budget: dict | None = None) -> Parts:
+                critic: dict | None = None, token_budget: dict | None = None, shaping: tuple | None = None) -> Parts:
     """Every part of ``trainer`` (a :class:`~mixrl.trainer.grpo.MixrlGRPOTrainer` whose TRL
     ``__init__`` has run), in the order of the module docstring. ``trainer`` is read here, once;
     no part keeps it. The keyword arguments are what the config asked for (None / 0: off)."""
@@ -134,6 +135,7 @@ def build_parts(trainer, *, objective, advantage: tuple[str, dict, bool], inject
             controller, policy_tokens=next((t.tokens for t in objective.terms if t.kind == "policy"), ("on_policy",)),
             reduce_sum=sum_over_processes if acc.num_processes > 1 else None,  # torch.distributed all-reduce
             reduce_mean=lambda t: acc.reduce(t, "mean"), gather=acc.gather, device=device,
+            param_groups=lambda: trainer.optimizer.param_groups if trainer.optimizer is not None else None,
         )
     lag = LaggedWeights(staleness) if int(staleness) > 0 else None
     remax = None
@@ -190,7 +192,13 @@ def build_parts(trainer, *, objective, advantage: tuple[str, dict, bool], inject
         budget = TokenBudget(int(token_budget["budget"]), packed=bool(token_budget.get("packed", False)),
                              reduce_max=reduce_max, scoring_batch_size=token_budget.get("scoring_batch_size"))
 
+    # 8. the post-advantage shaping (algo.shaping)
+    shaping_part = None
+    if shaping is not None:
+        shaping_part = AdvantageShaping(shaping[0], shaping[1], offpolicy=shaping[2], forwards=forwards, gather=acc.gather,
+                                        pad=lambda t: acc.pad_across_processes(t, dim=1, pad_index=0))
+
     return Parts(forwards=forwards, scoring=scoring, injections=inject, teachers=teachers, critic=critic_part,
                  remax=remax, sampler=sampler_part, controller=controller_part, lag=lag, async_gen=async_gen,
-                 budget=budget)
+                 budget=budget, shaping=shaping_part)
 

@@ -26,8 +26,10 @@ from mixrl.config.sampler import build_sampler
 from mixrl.errors import ConfigError
 from mixrl.trainer import fsdp
 from mixrl.trainer.env_rollout import env_trainer_kwargs
+from mixrl.config.ref_reset import ref_reset_args
 from mixrl.config.checks import check_train_size, check_training_data, row_texts
 from mixrl.config.builders import build_controller, build_injection, build_objective, build_source, build_teacher
+from mixrl.config.shaping import shaping_reads_ref, shaping_spec
 from mixrl.core.terms import term_needs
 from mixrl.rewards.components import heldout_reward
 from mixrl.trainer.generation.engine_sync import default_tolerance
@@ -100,6 +102,7 @@ def grpo_args(cfg: DictConfig, run_dir: Path, geom: Geometry | None = None):
         # mixrl applies the correction itself (algo.engine_correction, mixrl.core.engine_mismatch); TRL's
         # flag makes it compute the trainer's old log-probs of vLLM rollouts, which the weight needs
         **_engine_correction_args(cfg),
+        **ref_reset_args(cfg),  # algo.kl.reset_every: TRL's sync_ref_model with alpha 1 (mixrl.config.ref_reset)
         deepspeed=hw.deepspeed,
         disable_tqdm=True,
         model_init_kwargs={"dtype": dtype, "trust_remote_code": bool(cfg.model.trust_remote_code)}
@@ -125,7 +128,7 @@ def _engine_correction_args(cfg: DictConfig) -> dict:
 def _needs_ref_logp(cfg: DictConfig) -> bool:
     """Does a term other than the KL term (e.g. kl_convex) read reference log-probs? mixrl
     computes its own loss, so TRL's beta only decides whether they are computed."""
-    return any("ref_logp" in term_needs(t.kind) for t in build_objective(cfg).terms)
+    return any("ref_logp" in term_needs(t.kind) for t in build_objective(cfg).terms) or shaping_reads_ref(cfg)
 
 
 def peft_config(cfg: DictConfig):
@@ -237,7 +240,7 @@ def prepare_inputs(cfg: DictConfig, console: Console, *, check: bool = True) -> 
         check_padding_free(cfg, model_path)  # trainer.padding_free=true with a model that cannot take packed rows
     if check and teacher is not None:  # a missing teacher folder or another vocabulary fails here, not after the run directory exists
         teacher.check_builtin_teacher(tokenizer)  # before building it
-        teacher.resolve(progress=bool(cfg.logger.progress))
+        teacher.resolve(progress=bool(cfg.logger.progress), why=f"the teacher of algo={cfg.algo.name}")
         teacher.check_tokenizer(tokenizer)  # unchecked: the assembly checks the teacher as it builds it
     if int(os.environ.get("RANK", "0")) == 0:
         console.print(describe_heldout(heldout), soft_wrap=True, highlight=False)
@@ -294,6 +297,7 @@ def trainer_from_config(cfg: DictConfig, *, inputs: RunInputs | None = None, cal
     fields (the benchmark's ``generation_kwargs``)."""
     from transformers import PrinterCallback  # deferred: transformers is heavy; the light commands (--help, config show, plan) never load it
 
+    from mixrl.trainer.update_hooks import add_update_hooks  # deferred with the trainer (SFPO's callback imports transformers)
     from mixrl.trainer.grpo import MixrlGRPOTrainer  # deferred: trainer.grpo imports trl and transformers; `mixrl plan` imports this module and must not load them
 
     if inputs is None:
@@ -314,7 +318,7 @@ def trainer_from_config(cfg: DictConfig, *, inputs: RunInputs | None = None, cal
     teacher = build_teacher(cfg)
     if teacher is not None:  # built (builtin:tiny-teacher), tokenizers compared, before the policy loads
         teacher.check_builtin_teacher(tokenizer)  # before building it
-        teacher.resolve(progress=bool(cfg.logger.progress))
+        teacher.resolve(progress=bool(cfg.logger.progress), why=f"the teacher of algo={cfg.algo.name}")
         teacher.check_tokenizer(tokenizer)
         train_ds = teacher.prepare(train_ds, cfg.data)
 
@@ -333,6 +337,7 @@ def trainer_from_config(cfg: DictConfig, *, inputs: RunInputs | None = None, cal
             callbacks=list(callbacks or []),
             objective=build_objective(cfg),
             advantage=advantage_spec(cfg),
+            shaping=shaping_spec(cfg),
             injections=[injection],
             controller=build_controller(cfg),
             teacher=teacher,
@@ -347,6 +352,7 @@ def trainer_from_config(cfg: DictConfig, *, inputs: RunInputs | None = None, cal
     trainer.vllm_sync_tolerance = _sync_tolerance(cfg, model_path)  # checked after every weight sync (engine_sync)
     trainer.magnitude_bounds = MagnitudeBounds.from_config(cfg.trainer)  # checked every micro-batch (mixrl.trainer.magnitude)
     trainer.remove_callback(PrinterCallback)  # mixrl prints its own progress and summary
+    add_update_hooks(trainer, cfg)  # SFPO's reposition (algo.reposition), ALP's layer noise (algo.perturbation)
     return trainer
 
 

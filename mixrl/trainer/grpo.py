@@ -143,6 +143,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
         critic: dict | None = None,
         padding_free: str = "false",
         token_budget: dict | None = None,
+        shaping: tuple | None = None,
         **kwargs,
     ):
         self.objective = objective
@@ -165,7 +166,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
         self.parts = build_parts(self, objective=objective, advantage=advantage, injections=injections or [],
                                  controller=controller, teacher=teacher, staleness=staleness,
                                  async_generation=async_generation, sampler=sampler, sampler_length=sampler_length,
-                                 critic=critic, token_budget=token_budget)
+                                 critic=critic, token_budget=token_budget, shaping=shaping)
         if self.parts.async_gen is not None:
             self._wrap_vllm_for_async()
         self._mixrl_turn_marks = assistant_turn_marks(self.processing_class) if self.tools else None
@@ -398,6 +399,11 @@ class MixrlGRPOTrainer(GRPOTrainer):
             self._log(mode, metrics)
         advantages = estimator(rewards, group_ids, include=include, **runtime, **self.advantage_params)
         advantages = torch.nan_to_num(advantages, nan=0.0)
+        if training and p.shaping is not None:  # algo.shaping: the advantages re-weighted (mixrl.trainer.parts.advantage_shaping)
+            advantages, metrics = p.shaping.shape(self.model, out, advantages=advantages, rewards=rewards, group_ids=group_ids, sources=sources,
+                                                  include=include, rewards_per_func=self._mixrl_rewards_per_func, rows=inputs,
+                                                  knobs=p.controller.knobs() if p.controller is not None else None)
+            self._log(mode, metrics)
         if "turn_rewards" in runtime:
             self._log(mode, turn_metrics(rewards, group_ids, runtime, self.advantage_params, include))
         if training and p.sampler is not None:

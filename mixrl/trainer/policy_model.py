@@ -20,7 +20,7 @@ def resolve_model_path(cfg: DictConfig, *, progress: bool = True) -> str:
     path = cfg.model.path
     if builtin.is_builtin(path):
         try:
-            return builtin.resolve(path, progress=progress)
+            return builtin.resolve(path, progress=progress, why=f"the policy (model.path={path})")
         except ValueError as e:
             raise ConfigError(str(e)) from None
     if os.path.isabs(path) or path.startswith("."):

@@ -59,7 +59,8 @@ def test_check_params():
 def test_expected_names_are_registered():
     assert set(core.POLICY_LOSSES.names()) == {
         "ppo_clip", "reinforce", "topr", "cispo", "gspo", "sapo", "m2po", "sft", "reshaped_ppo",
-        "opmd", "asymre", "rec", "sppo", "vespo", "clip_cov", "kl_cov", "gmpo", "turn_ppo"}
+        "opmd", "asymre", "rec", "sppo", "vespo", "clip_cov", "kl_cov", "gmpo", "turn_ppo",
+        "minpro", "etr", "r2vpo"}
     assert set(core.TOKEN_WEIGHTS.names()) == {"one", "p", "chord_phi", "chord_phi_clamp", "luffy"}
     assert set(core.AGGREGATIONS.names()) == {
         "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"}
@@ -67,7 +68,8 @@ def test_expected_names_are_registered():
                                              "reinforce_pp", "reinforce_pp_baseline", "opo", "remax", "gae", "mt_grpo",
                                              "positive_amplified", "capo"}
     assert set(core.KL_ESTIMATORS.names()) == {"k1", "k2", "k3", "k3_clamped"}
-    assert set(core.CONTROLLERS.names()) == {"bapo", "entropic", "palu"}
+    assert set(core.CONTROLLERS.names()) == {"bapo", "entropic", "entropic_sign", "palu", "vcpo_ess", "r2vpo_dual"}
+    assert set(core.SHAPINGS.names()) == {"none", "sign_weight", "psr_nsr", "ace", "arm", "dgpo", "row_weight"}
 
 
 def test_declaration_parses_summary_formula_paper():

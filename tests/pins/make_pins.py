@@ -252,7 +252,7 @@ MORE_TRAINER_CASES = {
     # exgrpo: replay from the start (its 0.35 solve-rate switch would leave two steps without replay; tests/test_exgrpo.py checks it)
     "algo=exgrpo|max_steps=2": ["algo=exgrpo", "trainer.max_steps=2", "algo.inject.start_solve_rate=null"],
     # the preset before it followed the authors' code, by overrides: its pin (commit c8099dd) must hold
-    "algo=exgrpo|old reading|max_steps=2": ["algo=exgrpo", "trainer.max_steps=2", "offpolicy=replay", "algo.inject.fill=failed",
+    "algo=exgrpo|old reading|max_steps=2": ["algo=exgrpo", "trainer.max_steps=2", "offpolicy=replay", "sampler=none", "algo.inject.fill=failed",
                                             "algo.inject.start_solve_rate=null", "algo.advantage.name=grpo",
                                             "algo.loss.name=ppo_clip", "algo.aggregation.name=token-mean", "algo.entropy_coef=0",
                                             "algo.terms.experience.name=policy", "~algo.terms.experience.gamma"],
@@ -280,15 +280,44 @@ MORE_TRAINER_CASES = {
     "algo=rloo": ["algo=rloo"],
     "algo=remax": ["algo=remax"],
     # feedback regeneration: the templates keep to the task's characters (the pin model's vocabulary)
-    "algo=critique_grpo": ["algo=critique_grpo", *TOY_FEEDBACK],
+    # (algo.inject.refine=failed: the refinement rule these cases were made with; the preset's
+    # refine=all, the authors' every-rollout refinement, is tested by hand in tests/test_feedback_regen.py)
+    "algo=critique_grpo": ["algo=critique_grpo", *TOY_FEEDBACK, "algo.inject.refine=failed"],
     # mixrl's earlier Critique-GRPO preset (clip 0.2, token-mean, no entropy bonus): the case made at 452baff
-    "algo=critique_grpo|old reading": ["algo=critique_grpo", *TOY_FEEDBACK, "algo.loss.clip=true",
+    "algo=critique_grpo|old reading": ["algo=critique_grpo", *TOY_FEEDBACK, "algo.inject.refine=failed", "algo.loss.clip=true",
                                        "algo.aggregation.name=token-mean", "algo.entropy_coef=0.0"],
     # retries keep the attempt's prefix; the verifier's feedback (the preset before issue 52: the policy's own
     # reflection needs a model that reads, and more than the pin model's 64 positions)
     "algo=r3l": ["algo=r3l", *TOY_FEEDBACK, "algo.inject.pivot=divergence", "algo.inject.feedback=verifier",
                  "algo.inject.train_reflections=0", "algo.inject.reflect_correct=false",
                  "algo.terms.policy.tokens=[on_policy,refined]"],
+    # issue 52: the policy writes its own context (the requests keep to the task's characters)
+    "algo=sage": ["algo=sage", *HINTED, "algo.inject.request='{prompt}{solution}'", "algo.inject.template='{prompt}{hint}'",
+                  "algo.inject.hint_tokens=4"],
+    "algo=rise": ["algo=rise", "algo.inject.solutions=4", "algo.inject.verifications=2",
+                  "algo.inject.request='{prompt}{solution}'", "algo.inject.verify_tokens=8"],
+    # issue 53: advantage shaping, stability controls, pair constructors and losses (added with --missing)
+    "algo=nsr": ["algo=nsr"],
+    "algo=ace": ["algo=ace"],
+    "algo=progrpo": ["algo=progrpo"],
+    "algo=dgpo": ["algo=dgpo"],
+    "algo=gui_g1": ["algo=gui_g1", "algo.shaping.column=level"],  # the task has no rate column: its level is the weight
+    "algo=entropic": ["algo=entropic"],
+    "algo=minpro": ["algo=minpro"],
+    "algo=etr": ["algo=etr"],
+    "algo=r2vpo": ["algo=r2vpo"],
+    "algo=vcpo": ["algo=vcpo"],
+    "algo=sfpo|num_iterations=2": ["algo=sfpo", "trainer.num_iterations=2"],  # one fast step, then the reposition
+    "algo=alp": ["algo=alp"],
+    "algo=unio4_offline": ["algo=unio4_offline"],
+    "algo=rdpo": ["algo=rdpo"],
+    "algo=slic": ["algo=slic"],
+    "algo=spin": ["algo=spin"],
+    "algo=rso": ["algo=rso"],
+    "algo=copg": ["algo=copg"],
+    "algo=osp": ["algo=osp"],
+    "algo=dno": ["algo=dno"],
+    "algo=sera": ["algo=sera"],
 }
 #: the rollouts of each case (a function of tests/pins/rollouts.py): tolerant_completion, except
 #: where the second step's groups must all fail for the replay fill to act

@@ -19,10 +19,12 @@ AMPO's teacher refill (no group fails, and the teacher's candidates would be sam
 generate, which is not patched); that case pins the rest of AMPO's step (its on-policy term,
 Dr. GRPO advantages, normalisers over rollout and teacher tokens, entropy bonus).
 ``algo=critique_grpo|old reading`` is the case made at 452baff for mixrl's earlier Critique-GRPO
-preset, with the overrides that restore it (``algo.loss.clip=true algo.aggregation.name=token-mean
-algo.entropy_coef=0.0``), its values unchanged; ``algo=critique_grpo`` pins the preset that follows
-the authors' script (unclipped, token sums over the maximum length, entropy 0.001; issue 49, by hand
-in ``tests/test_feedback_presets.py``), made with ``--missing`` at the commit it records.
+preset, with the overrides that restore it (``algo.inject.refine=failed algo.loss.clip=true
+algo.aggregation.name=token-mean algo.entropy_coef=0.0``), its values unchanged; ``algo=critique_grpo``
+pins the preset's loss that follows the authors' script (unclipped, token sums over the maximum length,
+entropy 0.001; issue 49, by hand in ``tests/test_feedback_presets.py``), made with ``--missing`` at the
+commit it records, with the refinement rule it was made with (``algo.inject.refine=failed``, added to
+its stored overrides when the preset moved to the authors' ``refine=all``, values unchanged).
 
 Measured on one avx512 machine (``-s`` prints each case's largest fraction of tolerance): under
 ``ATEN_CPU_CAPABILITY=avx2`` (the kernels the pins were made with) 0 (bit for bit); under
@@ -41,6 +43,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
@@ -104,7 +107,11 @@ def test_every_shipped_algo_is_pinned():
     shipped = {p.stem for p in (conf_dir() / "algo").glob("*.yaml")}
     assert len(shipped) >= 27
     pinned = {k.split("|")[0].removeprefix("algo=") for k in [*FIRST["cases"], *PINS["cases"]] if k.startswith("algo=")}
-    assert shipped - pinned == set()
+    # a staged algo (``stages:``) is pinned through its stages' algos, each of which must be pinned
+    staged = {name: [st["algo"] for st in spec["stages"]] for name in shipped - pinned
+              if (spec := yaml.safe_load((conf_dir() / "algo" / f"{name}.yaml").read_text())).get("stages")}
+    assert {name for name, algos in staged.items() if set(algos) <= pinned} == set(staged)
+    assert shipped - pinned - set(staged) == set()
 
 
 #: a preference term's margin below this is float noise (at the pinned step the policy is its reference)

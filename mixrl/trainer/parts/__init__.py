@@ -16,6 +16,7 @@ from typing import Any
 
 from mixrl.trainer.generation.async_generation import AsyncPipeline
 from mixrl.trainer.generation.lagged_weights import LaggedWeights
+from mixrl.trainer.parts.advantage_shaping import AdvantageShaping
 from mixrl.trainer.parts.controller_steps import ControllerSteps
 from mixrl.trainer.parts.critic import Critic
 from mixrl.trainer.parts.forwards import Forwards
@@ -42,6 +43,7 @@ class Parts:
     lag: LaggedWeights | None = None  # the weights of k steps ago for generation (trainer.staleness)
     async_gen: AsyncPipeline | None = None  # generation ahead on a vLLM server (hardware.vllm_async)
     budget: TokenBudget | None = None  # token-budget micro-batches (trainer.max_tokens_per_micro_batch)
+    shaping: AdvantageShaping | None = None  # the post-advantage stage (algo.shaping)
 
     def on(self) -> dict[str, Any]:
         """``{name: part}`` of the parts that are on, in field order."""

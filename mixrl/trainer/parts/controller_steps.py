@@ -6,7 +6,9 @@ advantages summed over processes) on the first micro-batch of each optimizer ste
 micro-batch when the controller says ``per_micro_batch`` (BAPO's ``every: micro_batch``, the
 authors'; every process runs as many micro-batches, so the sums meet); ``step_end``
 controllers (EntroPIC) see the step's mean entropy after its last micro-batch. The loss reads
-the controller's knobs and metrics through :meth:`ControllerSteps.knobs` and :meth:`ControllerSteps.metrics`.
+the controller's knobs and metrics through :meth:`ControllerSteps.knobs` and :meth:`ControllerSteps.metrics`;
+an ``optimizer.lr_scale`` knob (VCPO) multiplies the optimizer's learning rates for the step it was
+decided in (:meth:`ControllerSteps.scale_lr`: the scheduler's values, restored at the next decision).
 
 Owns: the controller (its state is shared: written once, by the saving process, into
 ``mixrl_state.json``) and the entropies of the running step's micro-batches. Receives at
@@ -28,7 +30,7 @@ class ControllerSteps:
     """Stepping the controller at its moment (``controller.when``)."""
 
     def __init__(self, controller, *, policy_tokens: tuple, reduce_sum: Callable | None, reduce_mean: Callable,
-                 gather: Callable, device):
+                 gather: Callable, device, param_groups: Callable | None = None):
         self.controller = controller
         self.policy_tokens = tuple(policy_tokens)  # the policy term's token populations
         self.reduce_sum = reduce_sum  # None with one process
@@ -36,6 +38,8 @@ class ControllerSteps:
         self.gather = gather
         self.device = device
         self.entropy_window: list[float] = []  # step_end controllers: entropies of the step's micro-batches
+        self.param_groups = param_groups  # () -> the optimizer's param groups (None before it exists)
+        self.lr_set: list[tuple[float, float]] = []  # (base, scaled) learning rate per group, as last set
 
     def step_start(self, logps: torch.Tensor, inputs: dict, *, micro_step: int, accumulation: int) -> None:
         """``step_start`` controllers (BAPO) decide on the first micro-batch of each step (or on
@@ -51,6 +55,22 @@ class ControllerSteps:
         sel = inputs["completion_mask"].bool() & prov.select(inputs["token_source"], self.policy_tokens)
         ratio = torch.exp((logps.detach() - torch.where(sel, old, logps.detach())).clamp(-20, 20))
         c.step({"ratio": ratio, "advantages": inputs["advantages"], "mask": sel.float()}, reduce=self.reduce_sum)
+        if "optimizer.lr_scale" in getattr(c, "knob_names", ()):
+            self.scale_lr(float(c.knobs()["optimizer.lr_scale"]))
+
+    def scale_lr(self, scale: float) -> None:
+        """Set every param group's learning rate to its base times ``scale``. The base is the
+        group's current value, or the base this part last scaled when the value is still the one
+        it set (a scheduler that did not step since keeps it from compounding)."""
+        groups = self.param_groups() if self.param_groups is not None else None
+        if not groups:
+            return
+        previous = self.lr_set if len(self.lr_set) == len(groups) else [(None, None)] * len(groups)
+        self.lr_set = []
+        for group, (base, scaled) in zip(groups, previous):
+            base = base if scaled is not None and group["lr"] == scaled else group["lr"]
+            group["lr"] = base * scale
+            self.lr_set.append((base, group["lr"]))
 
     def after_rewards(self, out: dict, rewards: torch.Tensor, primary: torch.Tensor) -> torch.Tensor:
         """``after_rewards`` controllers (PALU) see the generation batch's rollouts (gathered
@@ -82,7 +102,10 @@ class ControllerSteps:
         return self.controller.knobs()
 
     def metrics(self) -> dict:
-        return self.controller.metrics()
+        out = dict(self.controller.metrics())
+        if self.lr_set:  # the learning rate this step trains with (TRL's learning_rate is the scheduler's)
+            out["optimizer/scaled_lr"] = self.lr_set[0][1]
+        return out
 
     # ------------------------------------------------------------------ checkpoints (shared, JSON)
     def state_dict(self) -> dict:

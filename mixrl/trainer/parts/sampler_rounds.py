@@ -100,6 +100,13 @@ class SamplerRounds:
         g = self.num_generations
         return [self.index.get(prompt_key(inputs[j])) for j in range(0, len(inputs), g)]
 
+    def as_generated(self, inputs: list[dict], indices: list[int | None]) -> list[int | None]:
+        """The index of each group's prompt as generated: an injection that put another training
+        prompt in a group (ExGRPO's revisited questions, ``algo.inject.revisit``) gets that prompt's
+        index; a prompt outside the training set (a hint added to it) keeps the picked one."""
+        actual = self.indices(inputs)
+        return [a if a is not None else i for a, i in zip(actual, indices)]
+
     def rows(self, indices: list[int]) -> list[dict]:
         """The batch of training rows ``indices``, each repeated ``num_generations`` times."""
         return [dict(self.dataset[int(i)]) for i in indices for _ in range(self.num_generations)]
@@ -155,6 +162,7 @@ class SamplerRounds:
         rounds: list[Round] = []
         keeps = []
         while True:
+            indices = self.as_generated(inputs, indices)
             r = generate(inputs)
             rewards, correct = self._round_rewards(r.rewards_per_func)
             s.observe(indices, rewards, correct, int(step), free=self._free_rows(r.rollouts))

@@ -56,6 +56,7 @@ SECONDS = {
     "pins/test_objective_pins.py": (19, 0),
     "test_replay.py": (1, 17),
     "test_advantage_runtime.py": (18, 0),
+    "test_self_written.py": (40, 0),
     "test_extending.py": (1, 16),
     "test_publish.py": (5, 12),
     "test_benchmark_eval.py": (17, 0),

@@ -181,7 +181,7 @@ def test_configs_compose_explain_their_tokens_and_refuse_bad_settings():
     cg = compose_config(["algo=critique_grpo"])
     assert build_injection(cg).provenances == ("refined",)
     r3 = compose_config(["algo=r3l"])
-    assert build_injection(r3).provenances == ("refined", "prefix") and r3.algo.advantage.name == "positive_amplified"
+    assert build_injection(r3).provenances == ("refined", "prefix", "reflection") and r3.algo.advantage.name == "positive_amplified"
     assert cg.algo.inject.refine == "all"  # the authors' (tests below); failed: mixrl's earlier rule
     with pytest.raises(ConfigError, match="per_group"):  # refine=all: the kept refinement's slots, below G = 8
         compose_config(["algo=critique_grpo", "algo.inject.per_group=8"])
@@ -191,6 +191,8 @@ def test_configs_compose_explain_their_tokens_and_refuse_bad_settings():
         compose_config(["algo=critique_grpo", "algo.inject.mode=retry"])
     with pytest.raises(ConfigError, match="failed or all"):
         compose_config(["algo=critique_grpo", "algo.inject.refine=some"])
+    with pytest.raises(ConfigError, match="feedback=self"):  # a self-critique asks for the error of a right attempt too
+        compose_config(["algo=critique_grpo", "algo.inject.feedback=self"])
     with pytest.raises(ConfigError, match="refined"):  # refinements must be trained
         compose_config(["algo=r3l", "algo.terms.policy.tokens=[on_policy]"])
     with pytest.raises(ConfigError, match="feedback"):

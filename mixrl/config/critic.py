@@ -52,7 +52,8 @@ def check_critic(cfg: DictConfig) -> None:
     if sampler_active(cfg):
         raise ConfigError("algo.critic with a sampler is not supported (a dropped row's advantage is per row); use sampler=none")
     inject = cfg.algo.inject.get("name", "none")
-    if INJECTIONS.get(inject).appends_rows_after_advantages:
+    appends = INJECTIONS.get(inject).appends_rows_after_advantages or bool(cfg.algo.inject.get("train_reflections"))
+    if appends:  # refine with train_reflections appends the policy's reflections
         raise ConfigError(f"algo.critic with algo.inject.name={inject}: that injection adds rows after the advantages, "
                           "which get no values; use an injection that writes rows before scoring (group_replace)")
 

@@ -100,6 +100,9 @@ class InjectContext:
     #: the policy's context length in tokens (``max_position_embeddings``): a context an injection
     #: builds must leave room for ``max_completion_length`` new tokens within it; None: unknown
     max_positions: int | None = None
+    #: ``policy_calls(who) -> PolicyCalls``: the policy's generation for a builder configured at ``who``
+    #: (:mod:`mixrl.trainer.parts.policy_calls`); None in unit tests that do not need it
+    policy_calls: Callable[[str], Any] | None = None
 
     def completion_ids(self, text: str) -> list[int]:
         """Token ids of a written completion, ended by eos and cut to max_completion_length."""

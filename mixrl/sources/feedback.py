@@ -13,8 +13,10 @@ Built-in builders (``algo.inject.feedback``):
   answer the attempt gave (or that it gave none), whether it is right, and the expected one;
 * ``indicative``: Critique-GRPO's "indicative critique": only whether the answer is right;
 * ``hint``: the beginning of the reference solution (the source's expert completion);
+* ``self``: the policy's own critique of its attempt, written inside the step through the
+  rollouts' generation path (``attempt.policy``, :mod:`mixrl.trainer.parts.policy_calls`);
 * ``module:function`` (or ``path/to/file.py:function``): any callable with the signature above,
-  e.g. a judge's critique (this is the hook a model-written critique plugs into).
+  e.g. a judge's critique; such a function may call the policy too, ``attempt.policy.write(request)``.
 
 A builder's fixed text is given by its ``texts()`` so the character check (and the tiny model's
 vocabulary) covers it.
@@ -30,6 +32,7 @@ from mixrl.errors import ConfigError, call_user_function
 from mixrl.rewards.extract import extract_after_marker
 from mixrl.rewards.registry import _import_object
 from mixrl.sources.base import check_template, template_text
+from mixrl.sources.self_hint import in_last_user
 
 
 @dataclass
@@ -40,6 +43,9 @@ class Attempt:
     ``completion_ids``: its token ids; ``reward``: its first reward function's value;
     ``answer``: the row's gold answer (None when the data has none); ``reference``: a reference
     solution (the source's expert completion; None without one); ``row``: the whole data row;
+    ``policy``: the policy's handle (:class:`mixrl.trainer.parts.policy_calls.PolicyCalls`:
+    ``policy.write(request, max_new_tokens=n)`` samples the policy's answer to a request, a text or
+    chat messages; None where the injection offers none);
     ``correct``: the attempt succeeded (``reward`` at least ``algo.inject.success``; only
     ``algo.inject.refine: all`` refines such attempts).
     """
@@ -51,6 +57,7 @@ class Attempt:
     answer: str | None
     reference: str | None
     row: dict
+    policy: Any = None
     correct: bool = False
 
 
@@ -73,6 +80,9 @@ RIGHT = "The answer {given} is right; the expected answer is {expected}."
 INDICATIVE = "The answer is wrong."
 INDICATIVE_RIGHT = "The answer is right."
 HINT = "A correct solution begins: {hint}"
+#: what the policy is asked to critique its own attempt with (feedback: self)
+CRITIQUE = ("{prompt}\nAttempt: {attempt}\nThe expected answer is {expected}. Find the first error in the attempt "
+            "and say how to fix it, without writing the solution.\nCritique:")
 
 
 class VerifierFeedback:
@@ -143,11 +153,42 @@ class HintFeedback:
         return Feedback(self.template.format(hint=ref[: max(1, round(self.fraction * len(ref)))]))
 
 
+class SelfCritique:
+    """The policy's own critique of its failed attempt, written inside the step.
+
+    Formula: c ~ pi_old(. | request(x, y_a, expected)), at most {critique_tokens} tokens; c is context of the refinement, not trained
+    Paper: Critique-GRPO (arXiv 2506.03106) and R3L (arXiv 2601.03715) train with critiques/reflections on failed attempts; here the policy writes them.
+    """
+
+    def __init__(self, *, marker: str = "####", request: str = CRITIQUE, critique_tokens: int = 64):
+        self.marker = marker
+        self.request = check_template(request, ("prompt", "attempt", "expected"), "algo.inject.request", CRITIQUE)
+        if "{attempt}" not in request:
+            raise ConfigError("algo.inject.request must contain {attempt} (the policy critiques it), e.g. "
+                              "'{prompt}\\nAttempt: {attempt}\\nCritique:'")
+        if int(critique_tokens) < 1:
+            raise ConfigError(f"algo.inject.critique_tokens must be >= 1, got {critique_tokens}")
+        self.tokens = int(critique_tokens)
+
+    def texts(self) -> list[str]:
+        return [template_text(self.request)]
+
+    def __call__(self, attempt: Attempt) -> Feedback | None:
+        if attempt.policy is None:
+            raise RuntimeError("feedback: self needs the policy's handle (Attempt.policy), and none was given")
+        expected = "" if attempt.answer is None else (
+            extract_after_marker(str(attempt.answer), self.marker) or str(attempt.answer).strip())
+        w = attempt.policy.write(in_last_user(attempt.prompt, self.request, attempt=attempt.completion, expected=expected),
+                                 max_new_tokens=self.tokens)
+        return Feedback(w.text.strip()) if w.text.strip() else None
+
+
 #: name -> the builder's class (its keyword parameters come from ``algo.inject``)
-BUILDERS: dict[str, type] = {"verifier": VerifierFeedback, "indicative": IndicativeFeedback, "hint": HintFeedback}
+BUILDERS: dict[str, type] = {"verifier": VerifierFeedback, "indicative": IndicativeFeedback, "hint": HintFeedback,
+                             "self": SelfCritique}
 #: the ``algo.inject`` keys each built-in builder reads
 BUILDER_PARAMS = {"verifier": ("marker", "wrong", "missing", "right"), "indicative": ("text", "right_text"),
-                  "hint": ("fraction", "hint_template")}
+                  "hint": ("fraction", "hint_template"), "self": ("marker", "request", "critique_tokens")}
 
 
 def build_feedback(name: str, params: dict) -> FeedbackBuilder:

@@ -17,6 +17,10 @@ How a hinted completion y (sampled from pi_old(. | x, h)) is trained:
   an ordinary rollout of that prompt (ratio pi_theta(y | x, h) / pi_old(y | x, h));
 * ``placement: prefix``: the hint is a prefix of the completion (provenance ``prefix``,
   see :mod:`mixrl.sources.prefix`); the policy samples only what follows it.
+
+``hint: self`` (SAGE): the policy writes the hint itself, from the problem and its reference
+solution, one per failed group and level (:mod:`mixrl.sources.self_hint`); its tokens are context,
+never trained.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from mixrl.core import provenance as prov
 from mixrl.errors import ConfigError
 from mixrl.sources.base import INJECTIONS, InjectContext, Injection, Rollouts, check_template, template_text
 from mixrl.sources.prefix import PREFIX, global_rows, solution_ids
+from mixrl.sources.self_hint import REQUEST, SelfHints
 from mixrl.sources.rows import splice_prefixes
 
 HINTED = prov.register_provenance(
@@ -73,12 +78,15 @@ class HintOnFailure(Injection):
     lengths tried in turn while the group still fails (GHPO: 0.25, 0.5, 0.75 of the
     solution); ``hint: answer`` hints the final answer instead.
 
-    Formula: if mean_i 1[r_i >= {success}] <= {max_success}: y_i ~ pi_old(. | x, h), h = {hint} x {fraction} in the {placement}; in the prompt, trained {train_under} (unhinted: r = pi_theta(y|x) / pi_old(y|x,h); hinted: r = pi_theta(y|x,h) / pi_old(y|x,h))
-    Paper: Guide, "Adaptive Guidance Accelerates Reinforcement Learning of Reasoning Models" (arXiv 2506.13923); GHPO, "GHPO: Adaptive Guidance for Stable and Efficient LLM Reinforcement Learning" (arXiv 2507.10628).
+    Formula: if mean_i 1[r_i >= {success}] <= {max_success}: y_i ~ pi_old(. | x, h), h = {hint} x {fraction} in the {placement} (hint self: h ~ pi_old(. | request(x, s, k)) for level k = 1..{levels}, one per group, context only: never trained); in the prompt, trained {train_under} (unhinted: r = pi_theta(y|x) / pi_old(y|x,h); hinted: r = pi_theta(y|x,h) / pi_old(y|x,h))
+    Paper: Guide, "Adaptive Guidance Accelerates Reinforcement Learning of Reasoning Models" (arXiv 2506.13923); GHPO, "GHPO: Adaptive Guidance for Stable and Efficient LLM Reinforcement Learning" (arXiv 2507.10628); SAGE, "Self-Hinting Language Models Enhance Reinforcement Learning" (arXiv 2602.03143) with hint: self (h ~ pi(. | request(x, s, level)), not trained).
 
     Parameters:
-        hint (solution): solution (the beginning of the source's solution) | answer (the row's final answer).
-        fraction (0.5): share of the solution's tokens in the hint; a list is tried in turn while the group fails.
+        hint (solution): solution (the beginning of the source's solution) | answer (the row's final answer) | self (written by the policy from the problem and its solution, SAGE).
+        fraction (0.5): share of the solution's tokens in the hint; a list is tried in turn while the group fails (hint: self: unused).
+        levels (1): hint: self: rounds while the group fails, the k-th asking for a level-k hint (SAGE: 3).
+        request (REQUEST): hint: self: what the policy is asked ({prompt}, {solution}, {level}); the default: the problem, "Solution:" and the solution, a request for a level-{level} hint that does not reveal the answer, "Hint:".
+        hint_tokens (64): hint: self: the longest hint the policy writes (tokens).
         template ("{prompt}{hint}"): where the hint goes in the prompt ({prompt}, {hint}); GHPO's text in its recipes.
         placement (prompt): prompt (the hint in the context) | prefix (the hint starts the completion).
         train_under (unhinted): unhinted (Guide's ratio re-targeting) | hinted (plain hinted training, GHPO).
@@ -91,10 +99,16 @@ class HintOnFailure(Injection):
 
     def __init__(self, *, hint: str = "solution", fraction=0.5, template: str = "{prompt}{hint}", placement: str = "prompt",
                  train_under: str = "unhinted", max_success: float = 0.0, per_group: int | None = None, success: float = 1.0,
+                 levels: int = 1, request: str = REQUEST, hint_tokens: int = 64,
                  source=None, geometry=None, seed: int = 0):
         super().__init__(source=source, geometry=geometry, seed=seed)
-        if hint not in ("solution", "answer"):
-            raise ConfigError(f"algo.inject.hint must be solution or answer, got {hint!r}")
+        if hint not in ("solution", "answer", "self"):
+            raise ConfigError(f"algo.inject.hint must be solution, answer or self, got {hint!r}")
+        if hint == "self" and placement != "prompt":
+            raise ConfigError("algo.inject.hint=self needs algo.inject.placement=prompt (the policy's hint is context)")
+        if int(levels) < 1:
+            raise ConfigError(f"algo.inject.levels must be >= 1, got {levels}")
+        self.self_hints = SelfHints(request=request, tokens=hint_tokens) if hint == "self" else None
         if placement not in ("prompt", "prefix"):
             raise ConfigError(f"algo.inject.placement must be prompt or prefix, got {placement!r}")
         if train_under not in ("unhinted", "hinted"):
@@ -111,13 +125,16 @@ class HintOnFailure(Injection):
         if per_group is not None and (int(per_group) < 1 or (G is not None and int(per_group) > G)):
             raise ConfigError(f"algo.inject.per_group={per_group} must be between 1 and num_generations={G} (or null: all)")
         self.hint, self.fractions, self.template, self.placement = hint, [float(f) for f in fractions], template, placement
+        if hint == "self":  # one round per level: 1, 2, ... (the fraction is not read)
+            self.fractions = [float(k) for k in range(1, int(levels) + 1)]
         self.train_under, self.max_success, self.per_group, self.success = train_under, float(max_success), per_group, float(success)
-        if source is not None and hint == "solution":
+        if source is not None and hint in ("solution", "self"):
             source.requires_expert_column = True
 
     def texts(self) -> list[str]:
         """The template's literal text: it enters hinted prompts (placement: prompt)."""
-        return [template_text(self.template)] if self.placement == "prompt" else []
+        own = self.self_hints.texts() if self.self_hints is not None else []
+        return [template_text(self.template), *own] if self.placement == "prompt" else []
 
     @property
     def provenances(self) -> tuple[str, ...]:
@@ -130,8 +147,14 @@ class HintOnFailure(Injection):
         return ("prefix",)
 
     # ----------------------------------------------------------------- the hint of a row
-    def hint_text(self, ctx: InjectContext, row: dict, fraction: float, slot: int) -> tuple[str, list[int]] | None:
-        """(text, token ids) of the hint for ``row``, or None when it has none."""
+    def hint_text(self, ctx: InjectContext, row: dict, fraction: float, slot: int, group: int = 0) -> tuple[str, list[int]] | None:
+        """(text, token ids) of the hint for ``row``, or None when it has none (``hint: self``:
+        ``fraction`` is the level, ``group`` the row's group, whose rows share the policy's hint)."""
+        if self.hint == "self":
+            sols = self.source.for_prompt(row) if self.source is not None else []
+            ans = row.get("answer")
+            solution = str(sols[0]) if sols else (str(ans) if ans is not None and str(ans).strip() else None)
+            return self.self_hints.hint(row, group, int(fraction), solution)
         if self.hint == "answer":
             ans = row.get("answer")
             if ans is None or not str(ans).strip():
@@ -164,24 +187,31 @@ class HintOnFailure(Injection):
         n_groups = ok.numel() // G
         first_failed = set(failed)
         hinted: dict[int, tuple[list[int], list[int]]] = {}  # local row -> (generation prompt ids, hint ids)
-        rounds = 0
+        rounds, self_written = 0, 0
         for fraction in self.fractions:
             if not failed:
                 break
             rounds += 1
             targets, gen_prompts, hints = [], [], []
+            if self.self_hints is not None:
+                self.self_hints.begin(ctx)
             for i in eligible:
                 if gidx[i] // G not in failed:
                     continue
-                h = self.hint_text(ctx, inputs[i], fraction, gidx[i] % G)
+                h = self.hint_text(ctx, inputs[i], fraction, gidx[i] % G, gidx[i] // G)
                 if h is None:
                     continue
                 targets.append(i)
                 hints.append(h[1])
                 if self.placement == "prompt":
                     gen_prompts.append(ctx.tokenize_prompts([with_hint(inputs[i]["prompt"], h[0], self.template)])[0])
+                    if self.self_hints is not None:
+                        self.self_hints.check_room(ctx, len(gen_prompts[-1]))
                 else:
                     gen_prompts.append(list(rollouts.prompt_ids[i]) + h[1])
+            if self.self_hints is not None:  # every process joins the others' hint writing, even with no target
+                self.self_hints.end(ctx)
+                self_written += sum(len(w.ids) for w in self.self_hints.calls.written)
             new_ids, new_lp = ctx.generate(gen_prompts)  # every process calls it, even with no target
             spliced_sources = [None] * len(new_ids)
             if self.placement == "prefix":  # on token ids: the hint's ids, then exactly what the policy sampled
@@ -204,6 +234,8 @@ class HintOnFailure(Injection):
             ctx.log("hint/regenerated", float(ctx.gather(torch.tensor([len(rollouts.discarded_tokens)], device=dev)).sum()))
             ctx.log("hint/rounds", float(rounds))
             ctx.log("hint/first_pass_success", float(first_ok))  # the policy alone, on every group
+            if self.self_hints is not None:  # the tokens the policy wrote as hints (all processes)
+                ctx.log("hint/self_written_tokens", float(ctx.gather(torch.tensor([self_written], device=dev)).sum()))
             if bool(rows.any()):
                 ctx.log("hint/success", float(ok[rows].float().mean()))
                 rescued = [g for g in first_failed if bool(ok[g * G:(g + 1) * G].any())]

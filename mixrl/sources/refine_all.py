@@ -28,7 +28,6 @@ import torch
 
 from mixrl.core import provenance as prov
 from mixrl.sources.base import InjectContext, Rollouts
-from mixrl.sources.with_feedback import REFINED
 
 
 def keep_best(has: list[bool], scores: list[float], eligible: list[bool], G: int, per_group: int,
@@ -53,16 +52,21 @@ def refine_every_rollout(inj, ctx: InjectContext, inputs: list[dict], rollouts: 
     """``RefineFromFeedback.after_generation`` with ``refine: all`` (see the module docstring)."""
     n, G, L = len(rollouts.completion_ids), ctx.num_generations, ctx.max_completion_length
     start, dev = ctx.process_index * n, ctx.device
+    refined_code = prov.code("refined")  # registered by mixrl.sources.with_feedback (which imports this module)
     primary = torch.nan_to_num(ctx.score(inputs, rollouts.completion_ids)[:, 0], nan=0.0)
     local = primary[start:start + n].tolist()
     mine = [rollouts.row_source[i] == prov.ON_POLICY and not rollouts.guided[i] for i in range(n)]
     jobs = []  # (local row, regeneration context ids)
+    # a module:function builder's handle on the policy (Attempt.policy); feedback: self is refused with refine: all
+    calls = ctx.policy_calls(f"algo.inject.feedback={inj.feedback_name!r}") if ctx.policy_calls is not None else None
     for a in range(n):
         if mine[a]:
             correct = local[a] >= inj.success - 1e-6
-            job = inj.regeneration(ctx, inputs[a], list(rollouts.completion_ids[a]), float(local[a]), correct)
+            job = inj.regeneration(ctx, inputs[a], list(rollouts.completion_ids[a]), float(local[a]), correct, policy=calls)
             if job is not None:
                 jobs.append((a, job[0]))
+    if calls is not None:  # every process joins the others' builder calls of the policy
+        calls.sync(ctx.gather, device=dev)
     new_ids, _ = ctx.generate([gen for _, gen in jobs])  # every process calls it, even with no job
     refined: list[list[int] | None] = [None] * n
     context: list[list[int] | None] = [None] * n
@@ -90,7 +94,7 @@ def refine_every_rollout(inj, ctx: InjectContext, inputs: list[dict], rollouts: 
         for t in (t - start for t in targets if start <= t < start + n):
             rollouts.discarded_tokens.append(len(rollouts.completion_ids[t]))
             rollouts.completion_ids[t] = ids[best, :width].tolist()
-            rollouts.token_source[t] = [REFINED] * width
+            rollouts.token_source[t] = [refined_code] * width
             rollouts.behaviour_logp[t] = logps[best, :width].tolist()
             rollouts.guided[t] = 2
             if rollouts.logprobs is not None:  # sampled under the feedback context: no engine correction against pi_old(. | x)

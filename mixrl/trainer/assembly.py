@@ -164,6 +164,7 @@ def build_parts(trainer, *, objective, advantage: tuple[str, dict, bool], inject
         forwards=forwards, scoring=scoring, teachers=teachers, sampler=sampler_part,
         ref_logps=ref_logps if trainer.beta != 0.0 else None,
         max_positions=getattr(getattr(acc.unwrap_model(trainer.model), "config", None), "max_position_embeddings", None),
+        max_new_tokens=trainer._max_new_tokens,  # what a builder asks the policy to write is shorter than a rollout
     )
 
     # 6. asynchronous generation: TRL's vLLM client, wrapped

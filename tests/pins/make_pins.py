@@ -286,7 +286,16 @@ MORE_TRAINER_CASES = {
     # mixrl's earlier Critique-GRPO preset (clip 0.2, token-mean, no entropy bonus): the case made at 452baff
     "algo=critique_grpo|old reading": ["algo=critique_grpo", *TOY_FEEDBACK, "algo.inject.refine=failed", "algo.loss.clip=true",
                                        "algo.aggregation.name=token-mean", "algo.entropy_coef=0.0"],
-    "algo=r3l": ["algo=r3l", *TOY_FEEDBACK, "algo.inject.pivot=divergence"],  # retries keep the attempt's prefix
+    # retries keep the attempt's prefix; the verifier's feedback (the preset before issue 52: the policy's own
+    # reflection needs a model that reads, and more than the pin model's 64 positions)
+    "algo=r3l": ["algo=r3l", *TOY_FEEDBACK, "algo.inject.pivot=divergence", "algo.inject.feedback=verifier",
+                 "algo.inject.train_reflections=0", "algo.inject.reflect_correct=false",
+                 "algo.terms.policy.tokens=[on_policy,refined]"],
+    # issue 52: the policy writes its own context (the requests keep to the task's characters)
+    "algo=sage": ["algo=sage", *HINTED, "algo.inject.request='{prompt}{solution}'", "algo.inject.template='{prompt}{hint}'",
+                  "algo.inject.hint_tokens=4"],
+    "algo=rise": ["algo=rise", "algo.inject.solutions=4", "algo.inject.verifications=2",
+                  "algo.inject.request='{prompt}{solution}'", "algo.inject.verify_tokens=8"],
     # issue 53: advantage shaping, stability controls, pair constructors and losses (added with --missing)
     "algo=nsr": ["algo=nsr"],
     "algo=ace": ["algo=ace"],

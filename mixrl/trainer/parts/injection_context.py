@@ -3,8 +3,9 @@
 An injection sees the trainer only through this context: the tokenizer, the process layout, the
 step counters, and callables to generate with the policy (TRL's own generation path, so vLLM,
 sampling settings and EOS handling are the rollouts'), to score completions with the run's reward
-functions, to compute the policy's behaviour log-probs, to log a metric, and the teacher
-service's callables (:mod:`mixrl.trainer.parts.teacher`). :class:`Injections` holds the
+functions, to compute the policy's behaviour log-probs, to log a metric, a builder's handle on the
+policy (:mod:`mixrl.trainer.parts.policy_calls`: what a self-hint or self-critique is written
+with), and the teacher service's callables (:mod:`mixrl.trainer.parts.teacher`). :class:`Injections` holds the
 configured injections in order, builds that context, and runs each hook over all of them.
 
 Owns: the injections (their state: a JSON entry each in ``mixrl_state.json``, written once by the
@@ -22,6 +23,7 @@ from collections.abc import Callable
 import torch
 
 from mixrl.sources.base import InjectContext
+from mixrl.trainer.parts.policy_calls import PolicyCalls
 
 
 class Injections:
@@ -30,7 +32,8 @@ class Injections:
     def __init__(self, injections: list, *, tokenizer, process_index: int, num_processes: int, num_generations: int,
                  max_completion_length: int, device, tokenize_prompts: Callable, gather: Callable,
                  generate_one: Callable, gathers_prompts: bool, forwards, scoring, teachers=None, sampler=None,
-                 ref_logps: Callable | None = None, max_positions: int | None = None):
+                 ref_logps: Callable | None = None, max_positions: int | None = None,
+                 max_new_tokens: Callable | None = None):
         self.injections = list(injections)
         self.tokenizer = tokenizer
         self.process_index, self.num_processes = int(process_index), int(num_processes)
@@ -42,6 +45,7 @@ class Injections:
         self.forwards, self.scoring, self.teachers, self.sampler = forwards, scoring, teachers, sampler
         self.ref_logps = ref_logps  # (policy, prompt_ids, completion_ids) -> log-probs; None: no reference model
         self.max_positions = max_positions  # the policy's context length (InjectContext.max_positions)
+        self.limit_new_tokens = max_new_tokens  # n -> context in which TRL's generation stops after n tokens (None: unlimited)
         self.turn_marks = None  # env=tools: the template's turn marks (set by the trainer), InjectContext.turn_marks
 
     def use_turn_marks(self, turn_marks: tuple[int, list[int]] | None) -> None:
@@ -59,6 +63,7 @@ class Injections:
     def context(self, *, policy, global_step: int, micro_step: int, log: Callable, trainer_state=None) -> InjectContext:
         """The :class:`InjectContext` of this moment: ``policy`` as it is now, TRL's step counters."""
         ref = self.ref_logps
+        behaviour = lambda p, c: self.forwards.score_token_lists(policy, p, c, is_policy=True)  # noqa: E731
         return InjectContext(
             tokenizer=self.tokenizer,
             process_index=self.process_index,
@@ -72,7 +77,7 @@ class Injections:
             gather=self.gather,
             generate=self.generate,
             score=self.scoring.gathered,
-            behaviour_logps=lambda p, c: self.forwards.score_token_lists(policy, p, c, is_policy=True),
+            behaviour_logps=behaviour,
             ref_logps=(lambda p, c: ref(policy, p, c)) if ref is not None else None,
             log=log,
             teachers=self.teachers.frozen if self.teachers is not None else [],
@@ -83,6 +88,10 @@ class Injections:
             prompt_hard=self.sampler.hard if self.sampler is not None else None,
             turn_marks=self.turn_marks,
             max_positions=self.max_positions,
+            policy_calls=lambda who: PolicyCalls(
+                who=who, tokenizer=self.tokenizer, tokenize_prompts=self.tokenize_prompts, generate=self.generate,
+                behaviour_logps=behaviour, max_new_tokens=self.max_completion_length, max_positions=self.max_positions,
+                limit=self.limit_new_tokens),
         )
 
     def generate(self, prompt_ids: list[list[int]]):

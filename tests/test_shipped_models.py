@@ -14,7 +14,7 @@ import torch
 from mixrl.models import builtin, shipped, supervised, tiny_bpe, tiny_bpe_tools
 from mixrl.tasks import arith_tools
 
-REBUILD = "the recipe changed: rebuild the shipped weights with `python -m mixrl.models.shipped --eval 256`"
+REBUILD = "the recipe changed: rebuild the shipped weights with `python -m mixrl.models.shipping --eval 256`"
 
 
 def test_manifest_keys_are_the_current_recipes():

@@ -173,6 +173,7 @@ def _instances() -> dict:
     from mixrl.trainer.parts import (
         ControllerSteps, Critic, Forwards, Injections, RemaxBaseline, SamplerRounds, Scoring, Teachers,
     )
+    from mixrl.trainer.parts.advantage_shaping import AdvantageShaping
     from mixrl.trainer.parts.critic import ValueModel
 
     class Sampler:  # mixrl.sampler.runtime.Sampler's checkpoint face
@@ -210,6 +211,7 @@ def _instances() -> dict:
         "async_gen": AsyncPipeline(AsyncGeneration(generate=None, push=None, snapshot=None, max_staleness=1),
                                    tokenize_prompts=None),
         "budget": TokenBudget(64),
+        "shaping": AdvantageShaping("sign_weight", {}, offpolicy=False, forwards=forwards, gather=lambda t: t),
     }
 
 

@@ -21,6 +21,8 @@ plan, adaptive k and comprehension ranking place them. Their tokens have the sou
 
 from __future__ import annotations
 
+import torch
+
 from mixrl.sources.base import INJECTIONS, InjectContext
 from mixrl.sources.inject import _code
 from mixrl.sources.teacher import RefillFailed
@@ -66,8 +68,6 @@ class RefillFromData(RefillFailed):
     def writers(self, ctx: InjectContext, inputs: list[dict], n_global: int) -> list[int]:
         """Per global row, the number of answers its prompt has in the data (gathered: every
         process plans every group alike)."""
-        import torch
-
         local = torch.tensor([len(self.source.for_prompt(row)) for row in inputs], dtype=torch.long, device=ctx.device)
         return [int(v) for v in ctx.gather(local).tolist()]
 

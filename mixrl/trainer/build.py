@@ -297,7 +297,7 @@ def trainer_from_config(cfg: DictConfig, *, inputs: RunInputs | None = None, cal
     fields (the benchmark's ``generation_kwargs``)."""
     from transformers import PrinterCallback  # deferred: transformers is heavy; the light commands (--help, config show, plan) never load it
 
-    from mixrl.trainer.update_hooks import add_update_hooks  # deferred with the trainer (SFPO's callback imports transformers)
+    from mixrl.trainer.update_hooks import add_update_hooks  # deferred: loaded with the trainer (SFPO's callback imports transformers)
     from mixrl.trainer.grpo import MixrlGRPOTrainer  # deferred: trainer.grpo imports trl and transformers; `mixrl plan` imports this module and must not load them
 
     if inputs is None:

@@ -19,6 +19,10 @@ included (CHORD, LUFFY, replay: the same shaping as the rollouts). Rows not shap
 estimator's advantage.
 
 Owns: the shaping's name and parameters, and the Forwards. No state (``state_dict() == {}``).
+Receives: the global batch's advantages, rewards, group ids and row sources, this process's batch
+(``out``) and data rows, a controller's knobs (EntroPIC); gather/pad callables and the process index.
+Returns: the shaped advantages [N_global] and ``shaping/*`` metrics; writes the row fields a term
+reads (CalibRL's expert baseline) into ``out``.
 """
 
 from __future__ import annotations

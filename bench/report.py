@@ -117,7 +117,21 @@ def ratios(rep: dict) -> dict:
             out[f"{name}_vs_trl"] = {"step": paired_ratio(x, t), "rollout": paired_ratio(x, t, "rollout_seconds"),
                                      "train": paired_ratio(x, t, "train_seconds"),
                                      "vs_padded": paired_ratio(x, base) if base else None}
+    tcb = res.get("trl-cb")
+    for name in ("trl-cb", "grpo-cb", "grpo-pf-budget-cb"):  # transformers' continuous batching against padded TRL and TRL's own
+        x = res.get(name)
+        if x and t:
+            out[f"{name}_vs_trl"] = {"step": paired_ratio(x, t), "rollout": paired_ratio(x, t, "rollout_seconds"),
+                                     "train": paired_ratio(x, t, "train_seconds"),
+                                     "vs_trl_cb": paired_ratio(x, tcb) if tcb and name != "trl-cb" else None,
+                                     "rollout_share": rollout_share(x), "trl_rollout_share": rollout_share(t)}
     return out
+
+
+def rollout_share(r: VariantResult) -> float | None:
+    """The rollout phase's share of the step: median rollout seconds over median step seconds."""
+    step, roll = r.med("seconds"), r.med("rollout_seconds")
+    return roll / step if step and roll is not None else None
 
 
 def _r(d: dict | None, key: str = "paired_median") -> str:
@@ -181,6 +195,13 @@ def ratio_lines(rep: dict) -> list[tuple[str, dict, str]]:
             d = r[f"{name}_vs_trl"]
             lines.append((f"(8) mixrl {name} / plain TRL", d,
                           f"step / mixrl {name.split('-')[0]} (padded rows): {_r(d.get('vs_padded'))}"))
+    for name in ("trl-cb", "grpo-cb", "grpo-pf-budget-cb"):
+        if f"{name}_vs_trl" in r:
+            d = r[f"{name}_vs_trl"]
+            vs = f"step / TRL with continuous batching: {_r(d.get('vs_trl_cb'))}; " if d.get("vs_trl_cb") else ""
+            lines.append((f"(9) {'plain TRL' if name == 'trl-cb' else 'mixrl'} {name} / plain TRL (padded generation)", d,
+                          f"{vs}rollout share of the step {fmt(d['rollout_share'], '.2f')} (plain TRL: "
+                          f"{fmt(d['trl_rollout_share'], '.2f')})"))
     return lines
 
 

@@ -40,6 +40,19 @@ def test_padded_with_vllm_contradicts():
     check_generation(cfg)  # auto follows hardware.use_vllm
 
 
+def test_continuous_refuses_trls_bf16_cast():
+    """TRL 1.16 casts the policy to bf16 for continuous batching and never back: refused on a GPU
+    with hardware.bf16=true unless the weights are bf16 already."""
+    from mixrl.config.generation import check_generation
+
+    cfg = _cfg(["trainer.generation=continuous"])
+    cfg.hardware.device, cfg.hardware.bf16 = "cuda", True
+    with pytest.raises(ConfigError, match="set model.dtype=bfloat16 or trainer.generation=padded"):
+        check_generation(cfg)
+    cfg.model.dtype = "bfloat16"
+    check_generation(cfg)
+
+
 def test_auto_resolves_and_sets_trl_flag(tmp_path):
     from mixrl.config.generation import CPU_PAGE_SIZE, resolve_generation
     from mixrl.config.geometry import geometry

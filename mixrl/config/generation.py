@@ -51,6 +51,12 @@ def check_generation(cfg: DictConfig) -> None:
     if value in ("padded", "continuous") and use_vllm:
         raise ConfigError(f"trainer.generation={value} contradicts hardware.use_vllm=true (vLLM generates); "
                           "set trainer.generation=vllm (or auto), or hardware.use_vllm=false")
+    hw = cfg.hardware
+    if value == "continuous" and bool(hw.bf16) and str(hw.device) != "cpu" and str(cfg.model.dtype) != "bfloat16":
+        # trl/trainer/grpo_trainer.py (1.16.0), _generate_single_turn: `unwrapped_model.to(torch.bfloat16)`, never undone
+        raise ConfigError(f"trainer.generation=continuous with hardware.bf16=true: TRL casts the policy to bf16 for it and never back "
+                          f"(its model.dtype={cfg.model.dtype} weights would then train in bf16); set model.dtype=bfloat16 "
+                          "or trainer.generation=padded")
 
 
 def continuous_batching_config(cfg: DictConfig, rows: int) -> dict | None:

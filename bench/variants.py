@@ -181,7 +181,8 @@ class FloorLoop:
 
             stops = {"stopping_criteria": [RowLengths(self.lengths.draw(step - 1, len(prompt_ids)), prompt_ids.shape[1])]}
         with torch.no_grad(), self.autocast:
-            out = self.model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=self.gen, **stops)
+            out = self.timer.generation(self.model.generate)(input_ids=prompt_ids, attention_mask=prompt_mask,
+                                                             generation_config=self.gen, **stops)
         completion_ids = out[:, prompt_ids.shape[1]:]
         is_eos = completion_ids == self.tok.eos_token_id
         first = torch.where(is_eos.any(1), is_eos.int().argmax(1), completion_ids.shape[1])
@@ -243,6 +244,7 @@ def build_variant(name: str, cfg, timer: StepTimer, *, steps: int, device: str, 
     builder = build_trl_trainer if is_trl else build_mixrl_trainer
     trainer = builder(cfg, out_dir, [timer.callback()], generation_kwargs=generation_kwargs)
     trainer._generate_and_score_completions = timer.rollout(trainer._generate_and_score_completions)
+    trainer._generate_single_turn = timer.generation(trainer._generate_single_turn)
     if not is_trl:
         timer.trainer = trainer  # its batch/padding_fraction per step
     return trainer

@@ -240,6 +240,7 @@ def test_vllm_steps_out_follows_the_same_rule(tmp_path, monkeypatch):
     (["--out", "a-file"], "--out a-file is a file"),
     (["--steps", "0"], "--steps >= 1"),
     (["--set", "trainer.nope=1"], "unknown key 'trainer.nope'"),  # found when the config is composed, before any model loads
+    (["--only", "trl,trl-cb"], "trl-cb (continuous batching) need --lengths variable"),
 ])
 def test_bad_options_exit_2_with_one_line_and_create_nothing(args, words, tmp_path):
     (tmp_path / "a-file").write_text("x")
@@ -284,3 +285,22 @@ def test_bench_end_to_end_minimal(tiny_model_path, tmp_path):
     profile = (out_dir / "profile.txt").read_text()
     assert "cProfile" in profile and "mixrl/trainer/grpo.py" in profile and "torch.profiler" in profile
     assert "mixrl step-time benchmark" in res.stdout
+
+
+@pytest.mark.slow
+def test_bench_varlen_continuous_minimal(tiny_model_path, tmp_path):
+    """--lengths variable with the continuous-batching variants: every variant trains the same drawn
+    lengths, each rollout's generation is timed, and the report has the rollout phase and ratios (9)."""
+    cmd = [sys.executable, "-m", "bench.throughput", "--lengths", "variable", "--length-median", "3", "--warmup", "0",
+           "--steps", "1", "--threads", "1", "--quiet", "--only", "trl,trl-cb,grpo-pf-budget-cb", "--model", tiny_model_path,
+           "--set", "trainer.prompts_per_step=2", "--set", "algo.num_generations=2", "--set", "trainer.max_completion_length=8",
+           "--out", str(tmp_path / "out"), "--json", str(tmp_path / "bench.json")]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1")
+    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-4000:]
+    data = json.loads((tmp_path / "bench.json").read_text())
+    tokens = {name: [s["rollout_tokens"] for s in r["records"]] for name, r in data["results"].items()}
+    assert tokens["trl"] == tokens["trl-cb"] == tokens["grpo-pf-budget-cb"], tokens
+    assert all(0 < s["generate_seconds"] <= s["rollout_seconds"] for r in data["results"].values() for s in r["records"])
+    md = (tmp_path / "out" / "bench.md").read_text()
+    assert "## Rollout phase" in md and "(9) mixrl grpo-pf-budget-cb / plain TRL" in md

@@ -90,6 +90,7 @@ def test_continuous_greedy_equals_padded(tiny_model_path, tmp_path):
     assert outs["continuous"] == outs["padded"]
 
 
+@pytest.mark.slow
 def test_continuous_samples_in_distribution(tiny_model_path):
     """Sampled: each engine's first tokens (temperature 1, 512 draws of one prompt) follow the
     model's next-token softmax, every token of probability > 0.05 within 5 standard errors

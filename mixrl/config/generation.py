@@ -7,8 +7,10 @@
   prompt blocks of a group are shared (prefix caching). Greedy completions are the same as
   ``padded``'s; sampled ones follow the same distribution but not the same random stream.
 * ``vllm``: vLLM (``hardware.use_vllm=true``, its extra installed; ``hardware.vllm_mode``).
-* ``auto`` (default): ``vllm`` when ``hardware.use_vllm=true``, else ``padded``: on CPU
-  ``continuous`` was measured slower than ``padded`` (docs/results/bench-varlen.md).
+* ``auto`` (default): ``vllm`` when ``hardware.use_vllm=true``, else ``padded``. ``continuous``
+  is faster on long-tailed lengths (bench ``--lengths variable``, its ``-cb`` variants) and exact
+  for greedy decoding, but its sampled completions come from another random stream than
+  ``padded``'s, so it is not the default: a seeded run keeps its trajectory (and the trainer pins).
 
 Light: no torch, no transformers (``mixrl plan`` and ``config show`` read it).
 """

@@ -65,8 +65,8 @@ def test_auto_resolves_and_sets_trl_flag(tmp_path):
     args = grpo_args(cont, tmp_path, geometry(cont))
     assert args.use_transformers_continuous_batching is True
     cb = args.transformers_continuous_batching_config
-    # 16 rollouts (4 prompts x 4) of at most 40 prompt + 24 completion tokens: ceil(64 / 64) + 1 = 2 pages each
-    assert cb["page_size"] == CPU_PAGE_SIZE and cb["num_blocks"] == 16 * 2
+    # 16 rollouts (4 prompts x 4) of at most 40 prompt + 24 completion tokens: ceil(64 / 16) + 1 = 5 pages each
+    assert cb["page_size"] == CPU_PAGE_SIZE == 16 and cb["num_blocks"] == 16 * 5
 
 
 def test_continuous_greedy_equals_padded(tiny_model_path, tmp_path):

@@ -25,8 +25,15 @@ from mixrl.errors import ConfigError
 
 GENERATION = ("auto", "padded", "continuous", "vllm")
 #: tokens per KV-cache page of the continuous engine on CPU (transformers' default, 256, wastes most of a
-#: page on short completions; 64 keeps the cache small and its attention masks cheap)
-CPU_PAGE_SIZE = 64
+#: page on short completions and makes the cache, and the attention-mask buffer sized from it, large)
+CPU_PAGE_SIZE = 16
+#: tokens per forward of the continuous engine on CPU: its SDPA path preallocates a dense mask of
+#: max_batch_tokens x (cache tokens + max_batch_tokens); 8192 made it gigabytes (measured: 4.4 GB peak RSS
+#: and 2x slower than 2048 on the variable-length benchmark's 128 rows, bench/row_stops.py)
+CPU_MAX_BATCH_TOKENS = 2048
+#: requests decoded together on CPU: the SDPA path attends each query over every scheduled row's
+#: cache (a block-diagonal mask), a cost quadratic in the rows decoded at once
+CPU_MAX_REQUESTS = 32
 #: the longest prompt assumed when ``data.max_prompt_tokens`` is null (as mixrl.config.context assumes)
 ASSUMED_PROMPT_TOKENS = 512
 
@@ -64,15 +71,17 @@ def check_generation(cfg: DictConfig) -> None:
 def continuous_batching_config(cfg: DictConfig, rows: int) -> dict | None:
     """TRL's ``transformers_continuous_batching_config`` for ``trainer.generation=continuous``.
     On CPU the cache is sized from the run's geometry (``rows`` sequences of the longest prompt +
-    ``max_completion_length`` tokens, in pages of :data:`CPU_PAGE_SIZE`): transformers sizes it
-    from free device memory, which on CPU is the host's RAM (a cache of gigabytes, tens of
-    seconds to allocate per call). On a GPU: TRL's default (half of the free memory)."""
+    ``max_completion_length`` tokens, in pages of :data:`CPU_PAGE_SIZE`), at most
+    :data:`CPU_MAX_BATCH_TOKENS` tokens and :data:`CPU_MAX_REQUESTS` rows per forward:
+    transformers sizes the cache from free device memory, which on CPU is the host's RAM (a cache
+    of gigabytes, tens of seconds to allocate per call). On a GPU: TRL's default (half of the free
+    memory)."""
     if str(cfg.hardware.device) != "cpu":
         return None
     prompt = int(cfg.data.max_prompt_tokens or ASSUMED_PROMPT_TOKENS)
     per_row = math.ceil((prompt + int(cfg.trainer.max_completion_length)) / CPU_PAGE_SIZE) + 1
-    return {"page_size": CPU_PAGE_SIZE, "num_blocks": int(rows) * per_row,
-            "max_batch_tokens": max(2048, min(int(rows) * 64, 8192))}
+    return {"page_size": CPU_PAGE_SIZE, "num_blocks": int(rows) * per_row, "max_batch_tokens": CPU_MAX_BATCH_TOKENS,
+            "max_requests_per_batch": CPU_MAX_REQUESTS}
 
 
 def generation_args(cfg: DictConfig, rows: int) -> dict:

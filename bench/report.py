@@ -111,13 +111,14 @@ def ratios(rep: dict) -> dict:
                 "generated_tokens_ratio": ((x.generated_tokens / len(x.records)) / (g.generated_tokens / len(g.records))
                                            if x.generated_tokens and g.generated_tokens and x.records and g.records else None),
             }
+    tcb = res.get("trl-cb")
     for name in ("grpo-budget", "grpo-pf", "grpo-pf-budget", "chord-budget", "chord-pf", "chord-pf-budget"):
         x, base = res.get(name), res.get(name.split("-")[0])  # bench.varlen: a batching against plain TRL and its padded self
         if x and t:
             out[f"{name}_vs_trl"] = {"step": paired_ratio(x, t), "rollout": paired_ratio(x, t, "rollout_seconds"),
                                      "train": paired_ratio(x, t, "train_seconds"),
-                                     "vs_padded": paired_ratio(x, base) if base else None}
-    tcb = res.get("trl-cb")
+                                     "vs_padded": paired_ratio(x, base) if base else None,
+                                     "vs_trl_cb": paired_ratio(x, tcb) if tcb else None}
     for name in ("trl-cb", "grpo-cb", "grpo-pf-budget-cb"):  # transformers' continuous batching against padded TRL and TRL's own
         x = res.get(name)
         if x and t:
@@ -193,8 +194,9 @@ def ratio_lines(rep: dict) -> list[tuple[str, dict, str]]:
     for name in ("grpo-budget", "grpo-pf", "grpo-pf-budget", "chord-budget", "chord-pf", "chord-pf-budget"):
         if f"{name}_vs_trl" in r:
             d = r[f"{name}_vs_trl"]
+            vs = f"; step / TRL with continuous batching: {_r(d.get('vs_trl_cb'))}" if d.get("vs_trl_cb") else ""
             lines.append((f"(8) mixrl {name} / plain TRL", d,
-                          f"step / mixrl {name.split('-')[0]} (padded rows): {_r(d.get('vs_padded'))}"))
+                          f"step / mixrl {name.split('-')[0]} (padded rows): {_r(d.get('vs_padded'))}{vs}"))
     for name in ("trl-cb", "grpo-cb", "grpo-pf-budget-cb"):
         if f"{name}_vs_trl" in r:
             d = r[f"{name}_vs_trl"]

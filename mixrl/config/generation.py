@@ -28,9 +28,10 @@ GENERATION = ("auto", "padded", "continuous", "vllm")
 #: page on short completions and makes the cache, and the attention-mask buffer sized from it, large)
 CPU_PAGE_SIZE = 16
 #: tokens per forward of the continuous engine on CPU: its SDPA path preallocates a dense mask of
-#: max_batch_tokens x (cache tokens + max_batch_tokens); 8192 made it gigabytes (measured: 4.4 GB peak RSS
-#: and 2x slower than 2048 on the variable-length benchmark's 128 rows, bench/row_stops.py)
-CPU_MAX_BATCH_TOKENS = 2048
+#: max_batch_tokens x (cache tokens + max_batch_tokens) floats; on the variable-length benchmark's 128 rows
+#: 8192 made it gigabytes (4.4 GB peak RSS, 2x slower than 2048), 2048 still +1.0 GB over padded
+#: generation, 512 +0.3 GB (decoding runs at most CPU_MAX_REQUESTS tokens per forward anyway)
+CPU_MAX_BATCH_TOKENS = 512
 #: requests decoded together on CPU: the SDPA path attends each query over every scheduled row's
 #: cache (a block-diagonal mask), a cost quadratic in the rows decoded at once
 CPU_MAX_REQUESTS = 32
@@ -80,7 +81,9 @@ def continuous_batching_config(cfg: DictConfig, rows: int) -> dict | None:
         return None
     prompt = int(cfg.data.max_prompt_tokens or ASSUMED_PROMPT_TOKENS)
     per_row = math.ceil((prompt + int(cfg.trainer.max_completion_length)) / CPU_PAGE_SIZE) + 1
-    return {"page_size": CPU_PAGE_SIZE, "num_blocks": int(rows) * per_row, "max_batch_tokens": CPU_MAX_BATCH_TOKENS,
+    # the cache holds 2 x CPU_MAX_REQUESTS rows at full length (the rest wait for pages that finished rows free)
+    return {"page_size": CPU_PAGE_SIZE, "num_blocks": min(int(rows), 2 * CPU_MAX_REQUESTS) * per_row,
+            "max_batch_tokens": CPU_MAX_BATCH_TOKENS,
             "max_requests_per_batch": CPU_MAX_REQUESTS}
 
 

@@ -16,6 +16,7 @@ class StepRecord:
     step: int
     seconds: float = 0.0
     rollout_seconds: float = 0.0  # generate + score (+ mixing)
+    generate_seconds: float = 0.0  # the generation inside the rollout (_generate_single_turn; the floor's model.generate)
     rollout_tokens: int = 0  # on-policy completion tokens trained on this step
     expert_tokens: int = 0  # expert completion tokens trained on this step (CHORD)
     prompt_tokens: int = 0

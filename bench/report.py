@@ -65,7 +65,7 @@ def summary_rows(rep: dict) -> list[dict]:
         row = {
             "variant": name, "what": r.description, "n": len(r.measured()),
             "step_s": r.med("seconds"), "min_s": q[0] if q else None, "p25_s": q[1] if q else None, "p75_s": q[2] if q else None,
-            "rollout_s": r.med("rollout_seconds"), "train_s": r.med("train_seconds"),
+            "rollout_s": r.med("rollout_seconds"), "train_s": r.med("train_seconds"), "generate_s": r.med("generate_seconds"),
             "rollout_tokens": r.med("rollout_tokens"), "expert_tokens": r.med("expert_tokens"),
             "rss_peak_mb": r.peak("rss_peak_mb"), "state_mb": r.state_mb,
             "padding_fraction": r.med("padding_fraction"), "tokens_per_s": r.med("trained_tokens_per_second"),
@@ -111,13 +111,28 @@ def ratios(rep: dict) -> dict:
                 "generated_tokens_ratio": ((x.generated_tokens / len(x.records)) / (g.generated_tokens / len(g.records))
                                            if x.generated_tokens and g.generated_tokens and x.records and g.records else None),
             }
+    tcb = res.get("trl-cb")
     for name in ("grpo-budget", "grpo-pf", "grpo-pf-budget", "chord-budget", "chord-pf", "chord-pf-budget"):
         x, base = res.get(name), res.get(name.split("-")[0])  # bench.varlen: a batching against plain TRL and its padded self
         if x and t:
             out[f"{name}_vs_trl"] = {"step": paired_ratio(x, t), "rollout": paired_ratio(x, t, "rollout_seconds"),
                                      "train": paired_ratio(x, t, "train_seconds"),
-                                     "vs_padded": paired_ratio(x, base) if base else None}
+                                     "vs_padded": paired_ratio(x, base) if base else None,
+                                     "vs_trl_cb": paired_ratio(x, tcb) if tcb else None}
+    for name in ("trl-cb", "grpo-cb", "grpo-pf-budget-cb"):  # transformers' continuous batching against padded TRL and TRL's own
+        x = res.get(name)
+        if x and t:
+            out[f"{name}_vs_trl"] = {"step": paired_ratio(x, t), "rollout": paired_ratio(x, t, "rollout_seconds"),
+                                     "train": paired_ratio(x, t, "train_seconds"),
+                                     "vs_trl_cb": paired_ratio(x, tcb) if tcb and name != "trl-cb" else None,
+                                     "rollout_share": rollout_share(x), "trl_rollout_share": rollout_share(t)}
     return out
+
+
+def rollout_share(r: VariantResult) -> float | None:
+    """The rollout phase's share of the step: median rollout seconds over median step seconds."""
+    step, roll = r.med("seconds"), r.med("rollout_seconds")
+    return roll / step if step and roll is not None else None
 
 
 def _r(d: dict | None, key: str = "paired_median") -> str:
@@ -179,8 +194,16 @@ def ratio_lines(rep: dict) -> list[tuple[str, dict, str]]:
     for name in ("grpo-budget", "grpo-pf", "grpo-pf-budget", "chord-budget", "chord-pf", "chord-pf-budget"):
         if f"{name}_vs_trl" in r:
             d = r[f"{name}_vs_trl"]
+            vs = f"; step / TRL with continuous batching: {_r(d.get('vs_trl_cb'))}" if d.get("vs_trl_cb") else ""
             lines.append((f"(8) mixrl {name} / plain TRL", d,
-                          f"step / mixrl {name.split('-')[0]} (padded rows): {_r(d.get('vs_padded'))}"))
+                          f"step / mixrl {name.split('-')[0]} (padded rows): {_r(d.get('vs_padded'))}{vs}"))
+    for name in ("trl-cb", "grpo-cb", "grpo-pf-budget-cb"):
+        if f"{name}_vs_trl" in r:
+            d = r[f"{name}_vs_trl"]
+            vs = f"step / TRL with continuous batching: {_r(d.get('vs_trl_cb'))}; " if d.get("vs_trl_cb") else ""
+            lines.append((f"(9) {'plain TRL' if name == 'trl-cb' else 'mixrl'} {name} / plain TRL (padded generation)", d,
+                          f"{vs}rollout share of the step {fmt(d['rollout_share'], '.2f')} (plain TRL: "
+                          f"{fmt(d['trl_rollout_share'], '.2f')})"))
     return lines
 
 
@@ -229,6 +252,7 @@ def markdown(rep: dict, profile_path: str | None, md_dir: str | Path | None = No
         "padding over all tokens of the step's loss forwards (mixrl: its `batch/padding_fraction`, the forwards as run: "
         "packed, trimmed, in token-budget micro-batches; plain TRL and the floor: every row padded to the step's widest); "
         "*trained tokens/s*: the step's real prompt + completion tokens over its train phase.",
+        *rollout_phase_lines(rep),
         "",
         "## Ratios",
         "",
@@ -281,8 +305,15 @@ def markdown(rep: dict, profile_path: str | None, md_dir: str | Path | None = No
         "no metrics. Its prompts are drawn by its own permutation.",
         "- Completion lengths: " + ("`--lengths fixed`: eos is suppressed until `max_completion_length` tokens "
         "(`min_new_tokens`), so every variant generates and trains the same number of tokens every step."
-        if rep["lengths"] == "fixed" else "`--lengths sampled`: completions stop at eos as in training, so the variants' "
+        if rep["lengths"] == "fixed" else "`--lengths variable`: every variant gets the same drawn lengths (see the header): "
+        "eos is suppressed and each engine ends a row at its drawn length (`bench/row_stops.py`): padded generation "
+        "computes every row until the step's longest is done, continuous batching drops a row when it ends."
+        if rep["lengths"] == "variable" else "`--lengths sampled`: completions stop at eos as in training, so the variants' "
         "token counts differ from step to step (see the token columns)."),
+        *(["- `*-cb`: the same variant generated by transformers' continuous batching (`trainer.generation=continuous`; "
+           "for plain TRL `use_transformers_continuous_batching=True` with the `transformers_continuous_batching_config` "
+           "mixrl builds, its CPU KV cache sized from the run: `mixrl.config.generation`)."]
+          if any(n.endswith("-cb") for n in rep["results"]) else []),
         "- Every variant is timed by the same hooks: a `TrainerCallback` (`on_step_begin` → `on_step_end`, CUDA "
         "synchronised) for the trainers, the same `begin`/`end` calls in the floor's loop.",
     ]
@@ -297,6 +328,24 @@ def markdown(rep: dict, profile_path: str | None, md_dir: str | Path | None = No
         lines.append(f"- `{name}`: " + ", ".join(f"{x.seconds:.3f}" for x in r.measured()))
     lines += ["", "</details>", ""]
     return "\n".join(lines)
+
+
+def rollout_phase_lines(rep: dict) -> list[str]:
+    """The rollout phase of each variant split into its generation and the rest (medians over the measured steps)."""
+    rows = [r for r in summary_rows(rep) if r.get("generate_s")]
+    if not rows:
+        return []
+    lines = ["", "## Rollout phase", "",
+             "| variant | rollout s | generate s | scoring + reward + mixing s | generate / rollout | rollout / step |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        roll, gen, step = r["rollout_s"], r["generate_s"], r["step_s"]
+        lines.append(f"| `{r['variant']}` | {fmt(roll)} | {fmt(gen)} | {fmt(roll - gen if roll is not None else None)} "
+                     f"| {fmt(gen / roll if roll else None, '.2f')} | {fmt(roll / step if roll and step else None, '.2f')} |")
+    lines += ["", "*generate*: the rollout's generation calls (`_generate_single_turn`; the floor's `model.generate`), "
+              "including decoding its ids into rows; the rest: decoding to text, the no-grad scoring forwards (old/reference "
+              "log-probs, where the run needs them), the reward, advantages and mixing."]
+    return lines
 
 
 def to_json(rep: dict) -> dict:

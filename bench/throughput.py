@@ -131,6 +131,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     bad = [v for v in (x.strip() for x in opts.only.split(",")) if v and v not in VARIANTS]
     if bad:
         p.error(f"unknown variant(s) {', '.join(bad)} in --only; choose from {', '.join(VARIANTS)}")
+    cb = [v for v in (x.strip() for x in opts.only.split(",")) if v.endswith("-cb")]
+    if cb and opts.lengths != "variable":
+        p.error(f"{', '.join(cb)} (continuous batching) need --lengths variable: its engine stops each row at its drawn length")
     if not any(x.strip() for x in opts.only.split(",")):
         p.error(f"--only names no variant; choose from {', '.join(VARIANTS)}")
     if opts.context is not None and (opts.model is not None or opts.context < 128):

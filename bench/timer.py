@@ -104,6 +104,19 @@ class StepTimer:
 
         return timed
 
+    def generation(self, fn: Callable) -> Callable:
+        """``fn`` (a generation call inside the rollout) timed into the step's ``generate_seconds``."""
+        def timed(*args, **kwargs):
+            self._sync()
+            t = time.perf_counter()
+            out = fn(*args, **kwargs)
+            self._sync()
+            if self.current is not None:
+                self.current.generate_seconds += time.perf_counter() - t
+            return out
+
+        return timed
+
     def count_tokens(self, out: dict) -> None:
         from mixrl.core.provenance import EXPERT  # deferred: imports torch (the config and CLI layers stay light until a run is built)
 

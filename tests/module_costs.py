@@ -23,6 +23,7 @@ SECONDS = {
     "test_inputs.py": (30, 66),
     "test_reproduce.py": (3, 88),
     "test_padding_free.py": (50, 76),
+    "test_generation_backends.py": (15, 10),
     "test_fsdp_cpu.py": (1, 69),
     "test_tiny_bpe.py": (60, 0),
     "test_benchmark_live.py": (59, 0),

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from mixrl.config.generation import check_generation
 from mixrl.config.hardware import check_packages, check_world_size, needs_launch
 from mixrl.core.registry import format_value, parse_bound
 from mixrl.data.cells import texts_of
@@ -129,6 +130,7 @@ def validate_run(cfg: DictConfig) -> None:
     if padding_free not in ("auto", "true", "false"):
         raise ConfigError(f"trainer.padding_free={t.padding_free} is not auto, true or false; "
                           "set trainer.padding_free=auto (packed rows where the model can take them)")
+    check_generation(cfg)  # trainer.generation: a known engine, consistent with hardware.use_vllm
     if cfg.data.limit is not None and int(cfg.data.limit) <= 0:
         raise ConfigError(
             f"data.limit={cfg.data.limit} would train on no rows; set a positive number of rows, "

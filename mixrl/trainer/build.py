@@ -21,6 +21,7 @@ import torch
 
 from mixrl.config.builders import component as _component
 from mixrl.config.builders import plain as _plain
+from mixrl.config.generation import generation_args
 from mixrl.config.geometry import Geometry, geometry
 from mixrl.config.sampler import build_sampler
 from mixrl.errors import ConfigError
@@ -92,6 +93,7 @@ def grpo_args(cfg: DictConfig, run_dir: Path, geom: Geometry | None = None):
         bf16=bool(hw.bf16) and not cpu,
         gradient_checkpointing=bool(hw.gradient_checkpointing) and not cpu,
         use_vllm=bool(hw.use_vllm),
+        **generation_args(cfg, geom.rows_per_process),  # trainer.generation: transformers' continuous batching (mixrl.config.generation)
         vllm_mode=str(hw.vllm_mode),
         vllm_gpu_memory_utilization=float(hw.vllm_gpu_memory_utilization),
         vllm_tensor_parallel_size=int(hw.vllm_tensor_parallel_size),

@@ -179,7 +179,12 @@ def test_vllm_max_model_length_is_checked():
 
 
 def test_a_short_teacher_is_shown_not_refused():
-    cfg = compose_config(["recipe=ampo/qwen2.5-7b-instruct-openr1"])
+    # the recipe's earlier online teachers (its header's override list): the 4k-context Math teacher
+    cfg = compose_config(["recipe=ampo/qwen2.5-7b-instruct-openr1", "data=openr1-math", "offpolicy=none", "teacher=model",
+                          "teacher.source.models=[Qwen/Qwen2.5-Math-7B-Instruct,Qwen/Qwen2.5-14B-Instruct]",
+                          "algo.inject.name=refill_failed", "algo.terms.offpolicy.tokens=[teacher]",
+                          "algo.terms.offpolicy.normalise_over=[on_policy,teacher]",
+                          "algo.terms.policy.normalise_over=[on_policy,teacher]"])
     checked = check_context(cfg)  # the policy (32768) holds 8704
     assert [(role, pos.path, pos.n) for role, pos in checked.too_short()] == \
         [("teacher.source.models[0]", "Qwen/Qwen2.5-Math-7B-Instruct", 4096)]

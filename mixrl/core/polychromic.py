@@ -56,9 +56,8 @@ def group_marginal_advantage(rewards: Tensor, answer_ids: Tensor, set_size: int)
 
     Formula: A_i = mean_{S contains i} f(S) - mean_S f(S)"""
     g = rewards.shape[0]
-    if g < set_size:
-        raise ValueError(f"polychromic: a group of {g} included rows has no set of size {set_size}; "
-                         f"set algo.advantage.set_size <= algo.num_generations")
+    if g < set_size:  # no set can be formed (rows excluded from the statistics): no signal, like GRPO's group of one
+        return torch.zeros_like(rewards)
     count = math.comb(g, set_size)
     if count > MAX_SETS:
         raise ValueError(f"polychromic: C({g}, {set_size}) = {count} sets per group exceeds {MAX_SETS}; lower algo.advantage.set_size")
@@ -83,7 +82,8 @@ def polychromic(
 
     The trainer passes ``answer_ids`` ([N] int: rows with the same final answer share a class).
     Excluded rows (``include`` False) are in no set and get 0; a group with fewer included rows
-    than ``set_size`` is refused; ``set_size`` equal to the group's size leaves one set, so every
+    than ``set_size`` forms no set and gets 0 (``set_size > num_generations`` is refused at config
+    time); ``set_size`` equal to the group's size leaves one set, so every
     advantage is 0. No normalisation by a std.
 
     Formula: ``A_i = mean_(S in sets of group g, i in S) f(S) - mean_(S in sets of g) f(S)``, ``f(S) = (1/{set_size}) sum_(j in S) r_j * (distinct final answers in S) / {set_size}``, over every subset S of size {set_size} of the included rows of the prompt's group

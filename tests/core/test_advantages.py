@@ -15,7 +15,8 @@ def run(name, rewards=REWARDS, groups=GROUPS, include=None, **params):
     inc = None if include is None else torch.tensor(include)
     runtime = {"lengths": torch.ones(len(rewards)), "baseline_rewards": torch.zeros(len(rewards)),  # what the trainer passes
                "turn_rewards": torch.tensor(rewards).reshape(-1, 1),  # one turn a row: its reward (a stateful env's, mt_grpo)
-               "token_credit": torch.zeros(len(rewards), 1), "mask": torch.ones(len(rewards), 1)}  # one token a row, no credit (capo)
+               "token_credit": torch.zeros(len(rewards), 1), "mask": torch.ones(len(rewards), 1),  # one token a row, no credit (capo)
+               "answer_ids": torch.arange(len(rewards))}  # every row its own final answer (polychromic)
     needs = {k: v for k, v in runtime.items() if k in getattr(ADVANTAGES.get(name), "needs", ())}
     out = ADVANTAGES.get(name)(torch.tensor(rewards), torch.tensor(groups), include=inc, **needs, **params)
     if "turn_rewards" in needs or "token_credit" in needs:  # per turn or per token, [N, 1]: one a row here

@@ -55,8 +55,9 @@ def test_groups_and_include_are_separate():
 
 
 def test_refusals():
-    with pytest.raises(ValueError, match="set_size <= algo.num_generations"):
-        POLY(torch.ones(3), torch.zeros(3, dtype=torch.long), answer_ids=torch.zeros(3, dtype=torch.long), set_size=4)
+    # a group with fewer included rows than the set size forms no set: 0 (set_size > num_generations is a ConfigError)
+    short = POLY(torch.ones(3), torch.zeros(3, dtype=torch.long), answer_ids=torch.tensor([0, 1, 2]), set_size=4)
+    assert short.tolist() == [0.0, 0.0, 0.0]
     one_set = POLY(torch.tensor([1.0, 0.0, 1.0]), torch.zeros(3, dtype=torch.long), answer_ids=torch.tensor([0, 1, 2]), set_size=3)
     assert one_set.tolist() == [0.0, 0.0, 0.0]  # n = G: the group is the only set, its score minus itself
     with pytest.raises(ValueError, match="answer_ids"):

@@ -422,6 +422,8 @@ def _batch(ctx: Context) -> list[Swap]:
 
 #: a regeneration template longer than this (characters) is shortened to its fields for the rehearsal
 TEMPLATE_CHARS = 120
+#: lengths of what the policy writes inside the step (a reflection, a hint, a verification), capped with the completion
+WRITTEN_LENGTHS = ("critique_tokens", "hint_tokens", "verify_tokens")
 
 
 def _lengths(ctx: Context) -> list[Swap]:
@@ -436,6 +438,12 @@ def _lengths(ctx: Context) -> list[Swap]:
             new = max(COMPLETION, round(int(agg.max_len) * COMPLETION / L))
             out.append(_set("algo.aggregation.max_len", int(agg.max_len), new,
                             "a length in tokens, scaled with max_completion_length (their ratio kept)"))
+    if isinstance(algo.inject, Mapping):  # what the policy writes inside the step (issue 52): within the new budget
+        for key in WRITTEN_LENGTHS:
+            n = algo.inject.get(key)
+            if isinstance(n, int) and n > min(L, COMPLETION):
+                out.append(_set(f"algo.inject.{key}", n, min(L, COMPLETION),
+                                "tokens the policy writes inside the step (a trained row when kept): within the completion budget"))
     template = algo.inject.get("template") if isinstance(algo.inject, Mapping) else None
     if isinstance(template, str) and len(template) > TEMPLATE_CHARS:
         fields = [f for _, f, _, _ in string.Formatter().parse(template) if f]

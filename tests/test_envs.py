@@ -10,7 +10,7 @@ import torch
 from typer.testing import CliRunner
 
 from mixrl.core import provenance as prov
-from mixrl.envs import ENVIRONMENTS, MAX_OBSERVATION_CHARS, Step, resolve_env, safe_step
+from mixrl.envs import ENVIRONMENTS, MAX_OBSERVATION_CHARS, Step, register, resolve_env, safe_step
 from mixrl.envs.arith_retry import NO_ANSWER, WRONG, WRONG_REWARD
 from mixrl.envs.episodes import observation_suffix, run_episodes
 from mixrl.sources.base import Rollouts
@@ -112,6 +112,15 @@ def test_hostile_actions_are_observations_never_a_crash(action):
     env.reset({"answer": "8"})
     step = safe_step(env, action)
     assert step.reward == WRONG_REWARD and not step.done and step.observation in (WRONG, NO_ANSWER)
+
+
+def test_a_taken_environment_name_is_refused_not_overwritten():
+    original = ENVIRONMENTS["arith_retry"]
+    with pytest.raises(ValueError, match="'arith_retry' is already registered"):
+        register("arith_retry")(Broken)
+    assert ENVIRONMENTS["arith_retry"] is original
+    assert register("arith_retry")(original) is original  # the same class again (a module re-imported): no change
+    assert ENVIRONMENTS["arith_retry"] is original
 
 
 def test_a_failing_environment_ends_the_episode_with_its_error():

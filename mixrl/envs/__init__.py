@@ -35,9 +35,12 @@ ENVIRONMENTS: dict[str, Callable[[], Environment]] = {"arith_retry": ArithRetry}
 
 
 def register(name: str):
-    """Class decorator: ``ENVIRONMENTS[name] = cls`` (``env.name=<name>``, ``conf/env/<name>.yaml``)."""
+    """Class decorator: ``ENVIRONMENTS[name] = cls`` (``env.name=<name>``, ``conf/env/<name>.yaml``);
+    a name already taken by another class is refused (as the rewards' registry does), not overwritten."""
 
     def wrap(cls):
+        if name in ENVIRONMENTS and ENVIRONMENTS[name] is not cls:
+            raise ValueError(f"environment {name!r} is already registered ({ENVIRONMENTS[name].__name__}); choose another name")
         ENVIRONMENTS[name] = cls
         return cls
 

@@ -36,6 +36,7 @@ from mixrl.core import (  # noqa: F401  (import = registration)
     egpo,
     entropic_shaping,
     gae,
+    gepo,
     gmpo,
     offpolicy_reinforce,
     palu,

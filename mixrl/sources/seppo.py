@@ -12,7 +12,9 @@ Anchor-based Adaptive Flipper (the ``seppo`` term, :mod:`mixrl.core.preference_l
 Here the checkpoints are CPU copies of the policy's trainable weights kept by this injection
 (its state, one file per process); the drawn one is loaded into the trainer's reference model
 (``InjectContext.ref_model``) before the pair's reference log-probs are computed, so every term
-that reads ``ref_logp`` this step sees that checkpoint.
+that reads ``ref_logp`` this step sees that checkpoint. The reference sample is drawn on this
+process with the unwrapped reference model (not through vLLM; a sharded FSDP / ZeRO-3 reference
+cannot take the copy).
 """
 
 from __future__ import annotations

@@ -39,6 +39,8 @@ from mixrl.config.checks import check_settings, validate_run
 from mixrl.config.components import validate_components
 from mixrl.config.critic import check_critic
 from mixrl.config.ref_reset import check_ref_reset
+from mixrl.sources.nash_md import check_nash_md
+from mixrl.sources.seppo import check_seppo
 from mixrl.config.hardware import check_world_size, validate_hardware
 from mixrl.config.rules import validate_rules
 from mixrl.config.schema import RunConfig
@@ -72,6 +74,8 @@ def validate_config(raw: DictConfig) -> DictConfig:
         validate_rules(cfg)
         check_critic(cfg)
         check_ref_reset(cfg)
+        check_nash_md(cfg)
+        check_seppo(cfg)
         validate_hardware(cfg)
         validate_run(cfg)
         _validate_env(cfg)

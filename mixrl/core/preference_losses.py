@@ -177,3 +177,43 @@ def osp(x: TermInputs, *, beta: float = 0.1, temperature: float = 1.0) -> TermOu
 osp.needs = ("ref_logp",)
 osp.row_loss = True
 osp.reads_pair_rewards = True  # config validation: on-policy pairs only (both sides scored)
+
+
+#: ``seppo``'s choices of how the anchor decides the reference sample's side
+SEPPO_FLIPS = ("sign", "indicator", "none")
+
+
+@TERMS.register("seppo", bounds={"beta": ("> 0", "the inverse temperature of the implicit reward; beta <= 0 inverts or removes the preference")})
+def seppo(x: TermInputs, *, beta: float = 0.1, flip: str = "sign") -> TermOutput:
+    """SePPO's loss with the Anchor-based Adaptive Flipper: DPO between the winner anchor y_w and the
+    reference sample y_ref, the latter's side decided per pair by whether the reference model fits
+    the anchor better than the policy, per pair.
+
+    Formula: L = -log sigmoid({beta} [Delta(y_w) - c Delta(y_ref)]), flip = {flip}: sign: c = +1 if Delta(y_w) >= 0 else -1; indicator: c = 1[Delta(y_w) >= 0]; none: c = 1 (SPIN's DPO); c detached
+    Paper: SePPO, "SePPO: Semi-Policy Preference Optimization for Diffusion Alignment" (arXiv 2410.05255): the diffusion
+    loss's prediction errors on the winner, current vs reference model, decide whether the reference sample is a loser
+    (c = 1) or a winner (c = -1: both pushed up); the indicator variant drops the reference sample instead. For a
+    language model the prediction error on y is -log pi(y), so "the policy fits the anchor better" is Delta(y_w) > 0;
+    c at Delta(y_w) = 0 (the reference is the policy itself) is +1: our reading.
+
+    Parameters:
+        beta (0.1): inverse temperature of the implicit reward.
+        flip (sign): sign | indicator | none.
+    """
+    if flip not in SEPPO_FLIPS:
+        raise ValueError(f"seppo: flip={flip!r} must be one of {', '.join(SEPPO_FLIPS)}")
+    v = pair_view(x)
+    if v is None:
+        return _no_pairs(x)
+    w, l = v.chosen_rejected(v.own - v.own_ref, v.partner - v.partner_ref)
+    ahead = (w.detach() >= 0).to(w.dtype)
+    c = {"sign": 2.0 * ahead - 1.0, "indicator": ahead, "none": torch.ones_like(ahead)}[flip]
+    h = beta * (w - c * l)
+    metrics = _pair_metrics("seppo", h, v)
+    if bool(v.chosen.any()):
+        metrics["seppo/flipped"] = float((ahead[v.chosen] < 1).float().mean())  # reference samples treated as winners
+    return TermOutput(_to_tokens(-F.logsigmoid(h), v, x.mask), metrics)
+
+
+seppo.needs = ("ref_logp",)
+seppo.row_loss = True

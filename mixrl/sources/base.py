@@ -103,6 +103,8 @@ class InjectContext:
     #: ``policy_calls(who) -> PolicyCalls``: the policy's generation for a builder configured at ``who``
     #: (:mod:`mixrl.trainer.parts.policy_calls`); None in unit tests that do not need it
     policy_calls: Callable[[str], Any] | None = None
+    #: the reference model (frozen; score it under no_grad only), None without a separate one (no KL, or LoRA)
+    ref_model: Any = None
 
     def completion_ids(self, text: str) -> list[int]:
         """Token ids of a written completion, ended by eos and cut to max_completion_length."""

@@ -165,6 +165,7 @@ def build_parts(trainer, *, objective, advantage: tuple[str, dict, bool], inject
         ref_logps=ref_logps if trainer.beta != 0.0 else None,
         max_positions=getattr(getattr(acc.unwrap_model(trainer.model), "config", None), "max_position_embeddings", None),
         max_new_tokens=trainer._max_new_tokens,  # what a builder asks the policy to write is shorter than a rollout
+        ref_model=trainer.ref_model if trainer.beta != 0.0 else None,  # Nash-MD's mixture (mixrl.sources.nash_md)
     )
 
     # 6. asynchronous generation: TRL's vLLM client, wrapped

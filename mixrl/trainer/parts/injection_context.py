@@ -33,7 +33,7 @@ class Injections:
                  max_completion_length: int, device, tokenize_prompts: Callable, gather: Callable,
                  generate_one: Callable, gathers_prompts: bool, forwards, scoring, teachers=None, sampler=None,
                  ref_logps: Callable | None = None, max_positions: int | None = None,
-                 max_new_tokens: Callable | None = None):
+                 max_new_tokens: Callable | None = None, ref_model=None):
         self.injections = list(injections)
         self.tokenizer = tokenizer
         self.process_index, self.num_processes = int(process_index), int(num_processes)
@@ -46,6 +46,7 @@ class Injections:
         self.ref_logps = ref_logps  # (policy, prompt_ids, completion_ids) -> log-probs; None: no reference model
         self.max_positions = max_positions  # the policy's context length (InjectContext.max_positions)
         self.limit_new_tokens = max_new_tokens  # n -> context in which TRL's generation stops after n tokens (None: unlimited)
+        self.ref_model = ref_model  # the reference model when the trainer holds a separate one (InjectContext.ref_model)
         self.turn_marks = None  # env=tools: the template's turn marks (set by the trainer), InjectContext.turn_marks
 
     def use_turn_marks(self, turn_marks: tuple[int, list[int]] | None) -> None:
@@ -92,6 +93,7 @@ class Injections:
                 who=who, tokenizer=self.tokenizer, tokenize_prompts=self.tokenize_prompts, generate=self.generate,
                 behaviour_logps=behaviour, max_new_tokens=self.max_completion_length, max_positions=self.max_positions,
                 limit=self.limit_new_tokens),
+            ref_model=self.ref_model,
         )
 
     def generate(self, prompt_ids: list[list[int]]):

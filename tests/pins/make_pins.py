@@ -323,6 +323,10 @@ MORE_TRAINER_CASES = {
     "algo=calibrl": ["algo=calibrl", "algo.terms.guided.negative_slope=1.0"],
     "algo=egpo": ["algo=egpo"],
     "algo=polychromic": ["algo=polychromic", "algo.advantage.set_size=2"],  # the pin's groups of 4: sets of 4 would be one set, A = 0
+    "algo=nash_md": ["algo=nash_md"],
+    "algo=tempsamp": ["algo=tempsamp"],
+    "algo=gepo": ["algo=gepo"],
+    "algo=seppo": ["algo=seppo"],
 }
 #: the rollouts of each case (a function of tests/pins/rollouts.py): tolerant_completion, except
 #: where the second step's groups must all fail for the replay fill to act

@@ -68,7 +68,7 @@ class SelectRefinement(Injection):
     ``template(x, y, f)``; the first with the highest reward is appended as a row of the original
     prompt x (provenance ``selected_refinement``, no behaviour probability, advantage 0) for an SFT term.
 
-    Formula: for failed y of x (r < {success}, at most {attempts} a step): f = {feedback}(x, y); r_k ~ pi_old(. | T(x, y, f)), k = 1..{refinements}; r* = r_(argmax_k R(x, r_k)) (the first best), kept if R(x, r*) >= {min_score}; row (x, r*) trained by an SFT term, -log pi(r* | x)
+    Formula: for failed y of x (r < {success}, at most {attempts} a step): f = {feedback}(x, y); r_k ~ pi_old(. | T(x, y, f)), k = 1..{refinements}; r* = r_(argmax_k R(x, r_k)) (the first best), kept when R(x, r*) >= {min_score} (unset: always); row (x, r*) trained by an SFT term, -log pi(r* | x)
     Paper: ILF, "Training Language Models with Language Feedback at Scale" (arXiv 2303.16755).
 
     Parameters:

@@ -20,9 +20,10 @@ import math
 import pytest
 import torch
 
-from mixrl.config.builders import build_injection
+from mixrl.config.builders import build_injection, build_objective
 from mixrl.config.compose import compose_config
 from mixrl.core import provenance as prov
+from mixrl.core.objective import compute_objective
 from mixrl.errors import ConfigError, UserFunctionError
 from mixrl.sources import InjectContext
 from mixrl.sources.failed_attempts import pick_failed, whole_units
@@ -154,6 +155,21 @@ def test_fission_with_the_verifier_message_and_a_whole_number_of_rows_per_micro_
     assert len(seen["generate"][0]) == 6 and len(new["row_source"]) == 8 + 6 and inj.metrics["fission/instances"] == 2.0
 
 
+def test_fission_with_the_policys_own_critique_as_the_error_feedback():
+    """feedback: self: the policy critiques each failed attempt first (one request each, the expected
+    answer given), then writes the recoveries in contexts holding its critique; only the recoveries
+    are appended (the critiques are context, never trained)."""
+    ctx, seen = _ctx(["c1", "c2", "c3"] + ["#1"] * 6)
+    inj = Fission(errors=8, recoveries=2, feedback="self", request="{prompt}{attempt}/{expected}?",
+                  template="{prompt}[{attempt}]{feedback}:")
+    new = _run(inj, ctx)
+    assert seen["generate"][:3] == [["9+10=#18/19?"], ["9+10=#1/19?"], ["1+2=#5/3?"]]
+    assert seen["generate"][3] == ["9+10=[#18]c1:"] * 2 + ["9+10=[#1]c2:"] * 2 + ["1+2=[#5]c3:"] * 2
+    assert new["row_source"][8:].tolist() == [RECOVERY] * 6
+    assert [_text(_unpad(new["prompt_ids"][r], new["prompt_mask"][r])) for r in (8, 10, 12)] == \
+        ["9+10=[#18]c1:", "9+10=[#1]c2:", "1+2=[#5]c3:"]
+
+
 def test_fission_refusals_are_one_line():
     with pytest.raises(ConfigError, match=r"recoveries"):
         compose_config(["algo=fission_grpo", "algo.inject.recoveries=1"])
@@ -231,7 +247,7 @@ def test_ilf_preset_trains_only_the_selected_refinements_and_refuses_bad_setting
     cfg = compose_config(["algo=ilf"])
     inj = build_injection(cfg)
     assert (type(inj), inj.attempts, inj.refinements, inj.min_score) == (SelectRefinement, 8, 5, None)
-    assert dict(cfg.algo.terms) .keys() == {"sft"} and cfg.algo.terms.sft.name == "nll"
+    assert set(cfg.algo.terms) == {"sft"} and cfg.algo.terms.sft.name == "nll"
     assert list(cfg.algo.terms.sft.tokens) == ["selected_refinement"]
     assert compose_config(["recipe=ilf/arith-tiny"]).model.name == "tiny-bpe"
     with pytest.raises(ConfigError, match="refinements"):
@@ -243,6 +259,38 @@ def test_ilf_preset_trains_only_the_selected_refinements_and_refuses_bad_setting
         compose_config(["algo=ilf", "algo.terms.sft.tokens=[on_policy]"])
     with pytest.raises(ConfigError, match=r"lacks \{attempt\}"):
         compose_config(["algo=ilf", "algo.inject.template='{prompt} {feedback}'"])
+
+
+# ----------------------------------------------------------------------------- the presets' objectives by hand
+def _two_rows(second: int, behaviour: float):
+    """Row 0: a rollout, 2 tokens, log p -1 (pi_old the same), A = 1; row 1 (provenance ``second``):
+    3 tokens, log p -0.5, its recorded behaviour log-prob ``behaviour``, A = -2."""
+    logp = torch.tensor([[-1.0, -1.0, 0.0], [-0.5, -0.5, -0.5]], requires_grad=True)
+    return dict(logp=logp, mask=torch.tensor([[1, 1, 0], [1, 1, 1]], dtype=torch.bool),
+                token_source=torch.tensor([[prov.ON_POLICY] * 3, [second] * 3]), advantages=torch.tensor([1.0, -2.0]),
+                old_logp=logp.detach().clone(), behaviour_logp=torch.tensor([[float("nan")] * 3, [behaviour] * 3]))
+
+
+def test_fission_preset_trains_rollouts_and_recoveries_with_the_recorded_behaviour():
+    """ppo_clip, token-mean over the 5 tokens: rollout tokens l = -A r = -1 (r = 1); recovery tokens
+    r = exp(-0.5 - (-0.6)) = e^0.1 (the behaviour recorded under x_corr, not pi_old), A = -2, inside
+    the clip range: l = 2 e^0.1. L = (2 (-1) + 3 (2 e^0.1)) / 5; dL/dlog p = -A r / 5 per token."""
+    kw = _two_rows(RECOVERY, -0.6)
+    loss, _ = compute_objective(build_objective(compose_config(["algo=fission_grpo"])), **kw)
+    r = math.exp(0.1)
+    assert float(loss.detach()) == pytest.approx((-2 + 6 * r) / 5, rel=1e-5)
+    loss.backward()
+    assert kw["logp"].grad.flatten().tolist() == pytest.approx([-1 / 5, -1 / 5, 0.0] + [2 * r / 5] * 3, rel=1e-5)
+
+
+def test_ilf_preset_trains_only_the_selected_refinement_by_its_likelihood():
+    """nll, token-mean over the selected refinement's 3 tokens: L = -(-0.5 x 3) / 3 = 0.5, whatever
+    the advantages; the rollout (initial output) gets no gradient."""
+    kw = _two_rows(SELECTED, float("nan"))
+    loss, _ = compute_objective(build_objective(compose_config(["algo=ilf"])), **kw)
+    assert float(loss.detach()) == pytest.approx(0.5)
+    loss.backward()
+    assert kw["logp"].grad.flatten().tolist() == pytest.approx([0.0, 0.0, 0.0] + [-1 / 3] * 3)
 
 
 # ----------------------------------------------------------------------------- end to end

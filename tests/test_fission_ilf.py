@@ -190,6 +190,15 @@ def test_fission_refusals_are_one_line():
                                                 r"to write 8 tokens after a request of 14 tokens.*20 positions") as e:
         _run(inj, ctx)
     assert "\n" not in str(e.value)
+    # the recoveries are scored on each process by rule-based reward functions: a reward model is one line
+    ctx, _ = _ctx(["#1"] * 9)
+
+    def model_reward(rows, comps):
+        raise ConfigError("teacher completions are checked with the run's reward functions, which must be rule-based")
+    ctx.rewards = model_reward
+    inj = Fission(errors=8, recoveries=3)
+    with pytest.raises(ConfigError, match=r"^algo.inject=fission scores what the policy writes .*\(not a reward model\)"):
+        _run(inj, ctx)
 
 
 def test_the_fission_preset_and_toy_recipe_compose():

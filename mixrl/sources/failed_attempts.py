@@ -18,6 +18,7 @@ import random
 import torch
 
 from mixrl.core import provenance as prov
+from mixrl.errors import ConfigError
 from mixrl.sources.base import InjectContext
 from mixrl.sources.feedback import Attempt, call_builder
 from mixrl.sources.with_feedback import RefineFromFeedback, refine_context
@@ -70,3 +71,13 @@ def feedback_contexts(ctx: InjectContext, inputs: list[dict], out: dict, picks: 
             jobs.append((i, refine_context(row["prompt"], text, fb.text, template)))
     return jobs
 
+
+
+def score_written(ctx: InjectContext, rows: list[dict], written: list, who: str) -> torch.Tensor:
+    """The run's weighted reward of what the policy wrote, judged against the original ``rows``
+    (local, rule-based reward functions: a reward model is a one-line ConfigError naming ``who``)."""
+    try:
+        return ctx.rewards(rows, [w.ids for w in written]).float().cpu()
+    except ConfigError:
+        raise ConfigError(f"{who} scores what the policy writes with the run's reward functions on each process, which "
+                          "must be rule-based (not a reward model); use a rule-based reward (e.g. reward=exact)") from None

@@ -29,7 +29,7 @@ import torch
 from mixrl.core import provenance as prov
 from mixrl.errors import ConfigError
 from mixrl.sources.base import INJECTIONS, InjectContext, Injection, check_template, template_text
-from mixrl.sources.failed_attempts import feedback_contexts, local_primary, pick_failed, whole_units
+from mixrl.sources.failed_attempts import feedback_contexts, local_primary, pick_failed, score_written, whole_units
 from mixrl.sources.feedback import build_feedback
 from mixrl.sources.rows import append_rows
 from mixrl.sources.with_verification import group_advantages
@@ -144,7 +144,7 @@ class Fission(Injection):
         calls = ctx.policy_calls("algo.inject.template (fission's corrective context)")
         written = calls.write_all([c for _, c in jobs for _ in range(R)], max_new_tokens=ctx.max_completion_length)
         calls.sync(ctx.gather, device=ctx.device)
-        r = ctx.rewards([inputs[i] for i, _ in jobs for _ in range(R)], [w.ids for w in written]).float().cpu()
+        r = score_written(ctx, [inputs[i] for i, _ in jobs for _ in range(R)], written, "algo.inject=fission")
         self._log(len(picks), len(jobs), r)
         if not written:
             return out

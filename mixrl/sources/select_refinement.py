@@ -33,7 +33,7 @@ import torch
 
 from mixrl.core import provenance as prov
 from mixrl.sources.base import INJECTIONS, InjectContext, Injection, template_text
-from mixrl.sources.failed_attempts import feedback_contexts, local_primary, pick_failed, whole_units
+from mixrl.sources.failed_attempts import feedback_contexts, local_primary, pick_failed, score_written, whole_units
 from mixrl.sources.feedback import build_feedback
 from mixrl.sources.fission import check_budget, check_context_template
 from mixrl.sources.rows import append_rows
@@ -128,7 +128,7 @@ class SelectRefinement(Injection):
         calls = ctx.policy_calls("algo.inject.template (ILF's refinement context)")
         written = calls.write_all([c for _, c in jobs for _ in range(N)], max_new_tokens=ctx.max_completion_length)
         calls.sync(ctx.gather, device=ctx.device)
-        scores = ctx.rewards([inputs[i] for i, _ in jobs for _ in range(N)], [w.ids for w in written]).float().cpu()
+        scores = score_written(ctx, [inputs[i] for i, _ in jobs for _ in range(N)], written, "algo.inject=select_refinement")
         kept = []  # (row, selected refinement's ids, its score)
         if jobs:
             idx, best = select_best(scores, N)

@@ -327,6 +327,11 @@ MORE_TRAINER_CASES = {
     "algo=tempsamp": ["algo=tempsamp"],
     "algo=gepo": ["algo=gepo"],
     "algo=seppo": ["algo=seppo"],
+    # issue 52: new instances from failures and selected refinements (the contexts keep to the pin model's characters and 64 positions)
+    "algo=fission_grpo": ["algo=fission_grpo", "algo.inject.template='{prompt}{attempt}{feedback}'", "algo.inject.wrong='#### {expected}'",
+                          "algo.inject.missing='#### {expected}'", "algo.inject.errors=2", "algo.inject.recoveries=2", "algo.inject.success=0.5"],
+    "algo=ilf": ["algo=ilf", "algo.inject.template='{prompt}{attempt}{feedback}'", "algo.inject.wrong='#### {expected}'",
+                 "algo.inject.missing='#### {expected}'", "algo.inject.attempts=2", "algo.inject.refinements=2", "algo.inject.success=0.5"],
 }
 #: the rollouts of each case (a function of tests/pins/rollouts.py): tolerant_completion, except
 #: where the second step's groups must all fail for the replay fill to act

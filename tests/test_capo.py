@@ -1,4 +1,4 @@
-"""CAPO (``algo=capo reward=capo``): a generative PRM's critiques of the whole solution, voted per step,
+"""CAPO (``algo=capo reward=process reward.params.scorer=genprm``): a generative PRM's critiques of the whole solution, voted per step,
 become token penalties that reach the group advantage token by token (critic-free). Values by hand.
 
 Paper: "CAPO: Towards Enhancing LLM Reasoning through Generative Credit Assignment" (arXiv 2508.02298).
@@ -15,6 +15,7 @@ import re
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from mixrl.config.compose import compose_config
 from mixrl.core import ADVANTAGES
@@ -115,12 +116,17 @@ def test_bad_genprm_settings_are_one_line(params, match):
 
 
 def test_the_preset_composes_with_its_reward_and_a_bad_vote_count_is_refused():
-    cfg = compose_config(["algo=capo", "reward=capo"])
+    cfg = compose_config(["algo=capo", "reward=process", "reward.params.scorer=genprm"])
     assert cfg.algo.advantage.name == "capo" and cfg.reward.name == "process" and cfg.reward.params.scorer == "genprm"
-    assert (cfg.reward.params.scorer_params.votes, cfg.reward.params.scorer_params.vote) == (4, "majority")
-    with pytest.raises(ConfigError, match="votes") as e:
-        compose_config(["algo=capo", "reward=capo", "reward.params.scorer_params.votes=0"])
-    assert "\n" not in str(e.value)
+    scorer = build_reward("process", **OmegaConf.to_container(cfg.reward.params)).fn.scorer
+    assert (scorer.votes, scorer.vote, scorer.temperature) == (4, "majority", 0.7)  # the scorer's defaults
+    for extra, match in [(["reward.params.scorer_params.votes=0"], "votes=0 must be >= 1"),
+                         (["reward.params.scorer_params.vots=3"], "the genprm scorer has no parameter 'vots' \\(did you mean: votes")]:
+        with pytest.raises(ConfigError, match=match) as e:
+            compose_config(["algo=capo", "reward=process", "reward.params.scorer=genprm", *extra])
+        assert "\n" not in str(e.value)
+    recipe = compose_config(["recipe=capo/arith-tiny"])
+    assert recipe.reward.params.scorer == "genprm" and recipe.reward.params.scorer_params.votes == 4
 
 
 def test_a_critique_question_over_the_local_judges_context_is_one_line(tiny_bpe_model_path):
@@ -169,7 +175,8 @@ def test_explain_names_the_vote():
 
     from mixrl.cli.main import app
 
-    res = CliRunner().invoke(app, ["explain", "algo=capo", "reward=capo", "reward.params.scorer_params.vote=union"])
+    res = CliRunner().invoke(app, ["explain", "algo=capo", "reward=process", "reward.params.scorer=genprm",
+                                   "reward.params.scorer_params.vote=union"])
     assert res.exit_code == 0, res.stdout[-1500:]
     text = " ".join(res.stdout.split())
     assert "s_j = 1 - [c_j >= 1] (union vote)" in text and "critic-free (advantage capo)" in text

@@ -26,6 +26,7 @@ from typing import Any
 from mixrl.core.step_votes import VOTES, WRONG_STEPS_PATTERN, numbered_steps, parse_wrong_steps, vote
 from mixrl.errors import ConfigError
 from mixrl.rewards.judge import _Fields, _prompt_text, judge_reward
+from mixrl.rewards.registry import reward_params
 
 CRITIQUE_TEMPLATE = ("Check every step of a solution to a problem.\nProblem: {prompt}\nReference answer: {answer}\n"
                      "Solution:\n{steps}\nList the numbers of the wrong steps as 'Wrong steps: [2, 4]', "
@@ -103,3 +104,10 @@ def genprm_scorer(*, votes: int = 4, vote: str = "majority", temperature: float 
     judge = judge_reward(**{"verifier": "none", "max_tokens": 64, **judge_params, "template": "{completion}",
                             "pattern": pattern, "temperature": float(temperature)})
     return GenPRMScorer(judge=judge, template=template, pattern=pattern, votes=int(votes), vote=vote, temperature=float(temperature))
+
+
+def genprm_param_names() -> set[str]:
+    """What ``reward.params.scorer_params`` may hold with ``scorer=genprm``: its own parameters and the judge's
+    (the judge's template, pattern and temperature are the scorer's)."""
+    own = {k for k in reward_params(genprm_scorer) if k != "judge_params"}
+    return own | set(reward_params(judge_reward))

@@ -34,9 +34,9 @@ from mixrl.core.process_rewards import PLACEMENTS, step_spans, step_token_reward
 from mixrl.errors import ConfigError
 from mixrl.rewards.components import register_model_reward
 from mixrl.rewards.extract import completion_text
-from mixrl.rewards.genprm import genprm_scorer
+from mixrl.rewards.genprm import genprm_param_names, genprm_scorer
 from mixrl.rewards.judge import _prompt_text, judge_reward
-from mixrl.rewards.registry import build_reward
+from mixrl.rewards.registry import REWARDS, build_reward, reward_params
 from mixrl.rewards.reward_model import reward_model
 
 STEP_TEMPLATE = ("Check one step of a solution.\nProblem: {prompt}\nSolution so far: {previous}\nNext step: {step}\n"
@@ -124,6 +124,14 @@ class ProcessReward:
                 dense[-1] += o
             out.append(dense)
         return out
+
+
+def scorer_param_names(scorer: str) -> set[str] | None:
+    """The keys ``reward.params.scorer_params`` may hold for ``scorer`` (None: not a known scorer): the judge's
+    or the reward model's parameters, or genprm's own and its judge's."""
+    if scorer == "genprm":
+        return genprm_param_names()
+    return set(reward_params(REWARDS[scorer])) if scorer in SCORERS and scorer in REWARDS else None
 
 
 class _Fields(dict):

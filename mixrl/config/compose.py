@@ -31,6 +31,7 @@ from mixrl.config.schema import GROUPS
 from mixrl.config.validate import flat_keys
 from mixrl.errors import ConfigError, did_you_mean
 from mixrl.rewards import REWARDS, reward_params
+from mixrl.rewards.process import SCORERS, scorer_param_names
 
 DROP = "\0drop:"  # marks a leftover component key to remove after composition (its value is null)
 
@@ -334,8 +335,8 @@ def _is_reward_path(path: str) -> bool:
 
 
 def _scorer_param_names(scorer: str) -> set[str] | None:
-    """The parameters a scorer (``reward=process``'s ``scorer``: a registered reward, judge or model) takes."""
-    return _reward_param_names(scorer)
+    """The parameters a scorer (``reward=process``'s ``scorer``: judge, model or genprm) takes."""
+    return scorer_param_names(scorer) if scorer in SCORERS else _reward_param_names(scorer)
 
 
 def _scorer_param_key(base: DictConfig, key: str, value_overrides: list) -> bool | None:

@@ -213,6 +213,9 @@ def _check_term(t: TermSpec, where: str, available: set[str], cfg: DictConfig) -
             f"{where}: the {t.kind} term is set by algo.{'kl.coef' if t.kind == 'kl' else 'entropy_coef'}; "
             f"remove {where} and set that key instead"
         )
+    if t.params.get("strength") == "self" and not getattr(INJECTIONS.get(cfg.algo.inject.get("name", "none")), "judges_pairs", False):
+        raise ConfigError(f"{where}.strength=self reads the policy's own judgement of each pair, which only "
+                          f"algo.inject.name=self_judged_pairs writes; set it, or {where}.strength=reward")
     if getattr(TERMS.get(t.kind), "reads_pair_rewards", False) and "pair_off_policy" in t.tokens:
         raise ConfigError(f"{where} ({t.kind}) needs both sides' rewards, which off-policy pair sides do not carry; "
                           "set its tokens to [pair_on_policy] (algo.inject.name=group_pairs or rso_pairs)")
@@ -250,7 +253,10 @@ def _check_term(t: TermSpec, where: str, available: set[str], cfg: DictConfig) -
 
 
 def _check_choices(t: TermSpec, where: str) -> None:
-    """String options of the peers' loss variants (LUFFY's reshapes)."""
+    """String options of the peers' loss variants (LUFFY's reshapes) and of a term's ``choices``."""
+    for key, allowed in (getattr(TERMS.get(t.kind), "choices", None) or {}).items():
+        if key in t.params and t.params[key] not in allowed:
+            raise ConfigError(f"{where}.{key} must be one of {', '.join(allowed)}, got {t.params[key]}")
     loss = t.params.get("loss") or {} if t.kind == "policy" else {}
     if loss.get("name") == "reshaped_ppo" and loss.get("reshape", "no_reshape") not in ON_POLICY_RESHAPES:
         raise ConfigError(f"{where}.loss.reshape must be one of {', '.join(ON_POLICY_RESHAPES)}, got {loss['reshape']}")

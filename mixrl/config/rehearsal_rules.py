@@ -65,7 +65,7 @@ def whole_group_prompts(cfg: DictConfig, world: int, prompts: int) -> int:
     revisit = float(inject.get("revisit") or 0.0)
     if revisit > 0.0:
         k = math.ceil(1.0 / revisit)
-    elif inject.get("name") == "group_pairs" or (inject.get("name") == "pairs" and float(inject.get("on_policy") or 0.0) > 0.0):
+    elif inject.get("name") in ("group_pairs", "self_judged_pairs") or (inject.get("name") == "pairs" and float(inject.get("on_policy") or 0.0) > 0.0):
         k = 1
     else:
         return prompts
@@ -78,7 +78,7 @@ def pair_swaps(cfg: DictConfig, prompts: int, world: int) -> list[tuple[str, Any
     Formula: pairs' = W max(1, round(pairs P' / (P W)))
     """
     inject = cfg.algo.get("inject")
-    if inject is None or not hasattr(inject, "get") or inject.get("name") not in ("pairs", "group_pairs"):
+    if inject is None or not hasattr(inject, "get") or inject.get("name") not in ("pairs", "group_pairs", "self_judged_pairs"):
         return []
     pairs, P, W = int(inject.get("pairs") or 0), int(cfg.trainer.prompts_per_step), max(world, 1)
     new = W * max(1, round(pairs * prompts / (P * W)))

@@ -148,24 +148,35 @@ copg.reads_pair_rewards = True  # config validation: on-policy pairs only (both 
     "beta": ("> 0", "the inverse temperature of the implicit reward"),
     "temperature": ("> 0", "the scale of the reward gap that sets the preference strength"),
 })
-def osp(x: TermInputs, *, beta: float = 0.1, temperature: float = 1.0) -> TermOutput:
+def osp(x: TermInputs, *, beta: float = 0.1, temperature: float = 1.0, strength: str = "reward") -> TermOutput:
     """OSP's soft-preference cross-entropy: DPO against a soft label p, the strength of the preference, per pair.
 
-    Formula: L = -p log sigmoid(h) - (1 - p) log sigmoid(-h), h = {beta} [Delta(y_w) - Delta(y_l)], p = sigmoid((R(y_w) - R(y_l)) / {temperature})
+    Formula: L = -p log sigmoid(h) - (1 - p) log sigmoid(-h), h = {beta} [Delta(y_w) - Delta(y_l)]; strength={strength}: reward: p = sigmoid((R(y_w) - R(y_l)) / {temperature}), self: p = the policy's own judgement of the pair (pair_strength, algo.inject.name=self_judged_pairs)
     Paper: OSP, "Online Self-Preferring Language Models" (arXiv 2405.14103): self-generated pairs, the preference strength
     judged by the model itself, and the soft-preference cross-entropy that trains toward it instead of toward a hard label.
-    Here the strength comes from the run's reward of the two sides (self-judged when reward= is the policy as a judge);
-    p = 1/2 (equal rewards) pulls the two log-ratios together, p -> 1 is DPO.
+    strength=self reads the strength the policy being trained gave the pair (:mod:`mixrl.sources.self_judged_pairs`);
+    strength=reward computes it from the run's reward of the two sides. p = 1/2 pulls the two log-ratios together, p -> 1 is DPO.
 
     Parameters:
         beta (0.1): inverse temperature of the implicit reward.
-        temperature (1.0): scale of the reward gap in the preference strength.
+        temperature (1.0): scale of the reward gap in the preference strength (strength=reward).
+        strength (reward): reward (from the run's reward of the two sides) or self (the policy's own judgement, pair_strength).
     """
     v = pair_view(x)
     if v is None:
         return _no_pairs(x)
-    r_w, r_l = pair_rewards(x, v)
-    p = torch.sigmoid((r_w - r_l) / temperature)
+    if strength == "self":
+        rows = x.rows or {}
+        if "pair_strength" not in rows:
+            raise ValueError("osp with strength=self needs the per-row field pair_strength, which "
+                             "algo.inject.name=self_judged_pairs writes")
+        p = torch.where(v.active, rows["pair_strength"].to(x.logp.device, x.logp.dtype), torch.zeros_like(v.own)).detach()
+        if not bool(torch.isfinite(p[v.active]).all()):
+            raise ValueError("osp with strength=self: a pair has no self-judged strength (an off-policy pair); "
+                             "train it on on-policy pairs (tokens: [pair_on_policy])")
+    else:
+        r_w, r_l = pair_rewards(x, v)
+        p = torch.sigmoid((r_w - r_l) / temperature)
     h = dpo_margin(v, beta)
     row = -p * F.logsigmoid(h) - (1.0 - p) * F.logsigmoid(-h)
     metrics = _pair_metrics("osp", h, v)
@@ -177,6 +188,7 @@ def osp(x: TermInputs, *, beta: float = 0.1, temperature: float = 1.0) -> TermOu
 osp.needs = ("ref_logp",)
 osp.row_loss = True
 osp.reads_pair_rewards = True  # config validation: on-policy pairs only (both sides scored)
+osp.choices = {"strength": ("reward", "self")}  # config validation: the string options
 
 
 #: ``seppo``'s choices of how the anchor decides the reference sample's side

@@ -35,6 +35,7 @@ from mixrl.core.advantages import advantage_needs
 from mixrl.explain.shaping import shaping_row
 from mixrl.core.objective import parse_weight_ref, uses_rows
 from mixrl.core.schedules import describe_schedule, split_spec
+from mixrl.core.step_votes import genprm_formula
 from mixrl.rewards.components import REWARD_MODELS
 from mixrl.sources import INJECTIONS, SOURCES
 from mixrl.config.ref_reset import describe_ref_reset
@@ -268,6 +269,8 @@ def _reward_rows(cfg: DictConfig) -> list[tuple[str, str]]:
         params = {k: repr(v) if isinstance(v, str) and any(c in v for c in "\n\t") else v  # a separator, a template: on one line
                   for k, v in {**defaults, **params}.items()}
         text = f"{name} (weight {_g(float(spec.get('weight', 1.0)))}): {REWARD_MODELS.formula(name, params)}"
+        if name == "process" and params.get("scorer") == "genprm":  # CAPO's voted critiques (mixrl.rewards.genprm)
+            text += f". {genprm_formula(params.get('scorer_params') or {})}"
         if name == "process":  # a dense reward: what of it reaches the advantage
             text += f". {_dense_use(str(cfg.algo.advantage.name), cfg.algo.get('critic') is not None)}"
         rows.append(("reward", text))

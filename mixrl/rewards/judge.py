@@ -152,7 +152,10 @@ class JudgeReward:
         raise JudgeUnavailable(f"judge endpoint {self.endpoint_url()} did not answer after {self.retries + 1} tries ({reason}); "
                                "start it or fix reward.params.url")
 
-    def ask_hf(self, texts: list[str]) -> list[str]:
+    def ask_hf(self, texts: list[str], temperature: float = 0.0, strict_context: bool = False) -> list[str]:
+        """The local judge's answers (greedy; sampled at ``temperature`` > 0: CAPO's votes). With
+        ``strict_context``, a question that leaves no room for ``max_tokens`` in the judge's
+        context is a one-line RewardError (the others run past it, as before)."""
         import torch  # deferred: config validation builds this reward
         from transformers import AutoModelForCausalLM, AutoTokenizer  # deferred: transformers, 1 s
 
@@ -165,8 +168,13 @@ class JudgeReward:
             self._hf = (AutoModelForCausalLM.from_pretrained(self.path, dtype="auto").to(device).eval(), tok)
         model, tok = self._hf
         enc = tok(texts, return_tensors="pt", padding=True).to(model.device)
+        positions = getattr(model.config, "max_position_embeddings", None)
+        if strict_context and positions and enc["input_ids"].shape[1] + self.max_tokens > positions:
+            raise RewardError(f"the judge's question is {enc['input_ids'].shape[1]} tokens and its answer may be {self.max_tokens}: "
+                              f"together over the judge's {positions} positions; shorten the template or max_tokens")
+        sample = {"do_sample": True, "temperature": float(temperature)} if temperature > 0 else {"do_sample": False}
         with torch.no_grad():
-            out = model.generate(**enc, do_sample=False, max_new_tokens=self.max_tokens, pad_token_id=tok.pad_token_id)
+            out = model.generate(**enc, **sample, max_new_tokens=self.max_tokens, pad_token_id=tok.pad_token_id)
         return tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
 
     def verdicts(self, texts: list[str]) -> list[str]:

@@ -4,7 +4,9 @@ Each completion is cut into steps (``separator``, ``regex``: :func:`mixrl.core.p
 A scorer gives each step a score ``s_j``: ``scorer=judge`` asks a generative judge (:mod:`mixrl.rewards.judge`,
 ``scorer_params`` are its params; its default question shows the solution so far and the next step and
 asks for ``Verdict: correct`` or ``incorrect``), ``scorer=model`` reads a reward model's score of the prompt
-plus the steps up to and including ``j`` (:mod:`mixrl.rewards.reward_model`, a PRM-style prefix score).
+plus the steps up to and including ``j`` (:mod:`mixrl.rewards.reward_model`, a PRM-style prefix score),
+``scorer=genprm`` asks a judge ``votes`` times for the wrong steps of the whole numbered solution and votes
+(CAPO's generative PRM, :mod:`mixrl.rewards.genprm`: ``s_j = 1 - penalty_j``).
 The step's reward ``step_weight (s_j - baseline)`` is put on its tokens (``placement``:
 :func:`mixrl.core.process_rewards.step_token_rewards`); ``outcome_weight`` times the verifier's outcome
 (``verifier``, ``exact`` by default) is added on the last token. The reward is a list of one float per
@@ -32,14 +34,15 @@ from mixrl.core.process_rewards import PLACEMENTS, step_spans, step_token_reward
 from mixrl.errors import ConfigError
 from mixrl.rewards.components import register_model_reward
 from mixrl.rewards.extract import completion_text
+from mixrl.rewards.genprm import genprm_param_names, genprm_scorer
 from mixrl.rewards.judge import _prompt_text, judge_reward
-from mixrl.rewards.registry import build_reward
+from mixrl.rewards.registry import REWARDS, build_reward, reward_params
 from mixrl.rewards.reward_model import reward_model
 
 STEP_TEMPLATE = ("Check one step of a solution.\nProblem: {prompt}\nSolution so far: {previous}\nNext step: {step}\n"
                  "Reference answer: {answer}\nIs the next step correct? Reply 'Verdict: correct' or 'Verdict: incorrect'.")
 STEP_PATTERN = r"(?i)verdict\s*:\s*(correct|incorrect)"
-SCORERS = ("judge", "model")
+SCORERS = ("judge", "model", "genprm")
 
 
 class ProcessReward:
@@ -71,6 +74,8 @@ class ProcessReward:
     def step_scores(self, prompts: Sequence[Any], texts: Sequence[str], spans: list[list[tuple[int, int]]], answers: Sequence[Any],
                     log: Any) -> list[list[float]]:
         """``s_j`` for every step of every completion (one batched call to the scorer)."""
+        if self.scorer_name == "genprm":  # CAPO: one critique of the whole solution per vote (mixrl.rewards.genprm)
+            return self.scorer.step_scores(prompts, texts, spans, answers, log)
         flat_prompts, questions, where = [], [], []
         for i, (p, text, sp) in enumerate(zip(prompts, texts, spans)):
             for j, (a, b) in enumerate(sp):
@@ -121,6 +126,14 @@ class ProcessReward:
         return out
 
 
+def scorer_param_names(scorer: str) -> set[str] | None:
+    """The keys ``reward.params.scorer_params`` may hold for ``scorer`` (None: not a known scorer): the judge's
+    or the reward model's parameters, or genprm's own and its judge's."""
+    if scorer == "genprm":
+        return genprm_param_names()
+    return set(reward_params(REWARDS[scorer])) if scorer in SCORERS and scorer in REWARDS else None
+
+
 class _Fields(dict):
     def __missing__(self, key: str) -> str:
         return ""
@@ -143,7 +156,7 @@ def process_reward(*, scorer: str = "judge", scorer_params: dict | None = None, 
     Paper: "CAPO: Towards Enhancing LLM Reasoning through Generative Credit Assignment" (Xie et al. 2025, arXiv 2508.02298): an LLM as a generative process reward model judges every step in one pass; tokens of wrong steps are penalised on top of the verifiable reward.
 
     Parameters:
-        scorer (str): judge (a verdict per step) or model (a reward model's score of the prompt plus the steps so far).
+        scorer (str): judge (a verdict per step), genprm (CAPO: critiques of the whole solution listing its wrong steps, voted; mixrl.rewards.genprm) or model (a reward model's score of the prompt plus the steps so far).
         scorer_params (dict | None): the params of the judge (reward=judge) or reward model (reward=model); the judge's default template asks about one step.
         separator (str): a step ends after each occurrence (default a blank line; the built-in task's sums: a space).
         regex (bool): separator is a regular expression (a zero-width match cuts before it).
@@ -169,7 +182,9 @@ def process_reward(*, scorer: str = "judge", scorer_params: dict | None = None, 
                               "fix reward.params.separator or set reward.params.regex=false") from None
     params = dict(scorer_params or {})
     try:
-        if scorer == "judge":
+        if scorer == "genprm":
+            inner = genprm_scorer(**params)
+        elif scorer == "judge":
             inner = judge_reward(**{"template": STEP_TEMPLATE, "pattern": STEP_PATTERN, "scale": 1.0, "verifier": "none", **params})
         else:
             inner = reward_model(**{"verifier": "none", **params})

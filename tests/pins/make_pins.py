@@ -315,7 +315,10 @@ MORE_TRAINER_CASES = {
     "algo=spin": ["algo=spin"],
     "algo=rso": ["algo=rso"],
     "algo=copg": ["algo=copg"],
-    "algo=osp": ["algo=osp"],
+    # OSP's self-judged pairs (issue 52): the judging request in the pin model's characters
+    "algo=osp": ["algo=osp", "algo.inject.request='{first} {second}'"],
+    # the earlier preset (the strength from the run's reward), values unchanged
+    "algo=osp|old reading": ["algo=osp", "algo.inject.name=group_pairs", "algo.terms.osp.strength=reward"],
     "algo=dno": ["algo=dno"],
     "algo=sera": ["algo=sera"],
     # slope 1: the LeakyReLU kink sits at log pi = the expert's log-prob, where float noise between kernel sets
@@ -332,6 +335,7 @@ MORE_TRAINER_CASES = {
                           "algo.inject.missing='#### {expected}'", "algo.inject.errors=2", "algo.inject.recoveries=2", "algo.inject.success=0.5"],
     "algo=ilf": ["algo=ilf", "algo.inject.template='{prompt}{attempt}{feedback}'", "algo.inject.wrong='#### {expected}'",
                  "algo.inject.missing='#### {expected}'", "algo.inject.attempts=2", "algo.inject.refinements=2", "algo.inject.success=0.5"],
+    "algo=capo": ["algo=capo"],  # under the pins' exact-match reward its per-token credit is 0: a token-weighted GRPO
 }
 #: the rollouts of each case (a function of tests/pins/rollouts.py): tolerant_completion, except
 #: where the second step's groups must all fail for the replay fill to act

@@ -25,6 +25,9 @@ pins the preset's loss that follows the authors' script (unclipped, token sums o
 entropy 0.001; issue 49, by hand in ``tests/test_feedback_presets.py``), made with ``--missing`` at the
 commit it records, with the refinement rule it was made with (``algo.inject.refine=failed``, added to
 its stored overrides when the preset moved to the authors' ``refine=all``, values unchanged).
+``algo=osp|old reading`` is the pin of the earlier OSP preset (the strength from the run's reward), with
+the overrides that restore it (``algo.inject.name=group_pairs algo.terms.osp.strength=reward``), values
+unchanged; the self-judged preset (issue 52) is pinned by the coordinator.
 
 Measured on one avx512 machine (``-s`` prints each case's largest fraction of tolerance): under
 ``ATEN_CPU_CAPABILITY=avx2`` (the kernels the pins were made with) 0 (bit for bit); under

@@ -54,8 +54,9 @@ def aspo(advantages: Tensor, *, rewards: Tensor | None = None, group_ids: Tensor
          tool_position: Tensor | None = None, delta: float = -2.0, k: float = 0.7, success: float = 1.0) -> Tensor:
     """ASPO: a correct, tool-calling row gets ``A + clip(delta (p - mean p) / mean L, -k|A|, k|A|)``, p its first tool call.
 
-    The means are over the group's correct rows that call the tool (and count in the group's
-    statistics, ``include``); every other row keeps its advantage. With delta < 0 a row that calls
+    The means are over the group's correct rows that call the tool and count in the group's
+    statistics (``include``); every correct tool-calling row is shaped against them (an off-policy
+    one too, when the trainer shapes it), every other row keeps its advantage. With delta < 0 a row that calls
     the tool earlier than those rows' mean gets a larger advantage, a later one a smaller, by at
     most k |A|: the correctness signal stays first. p: the index of the first tool-result token in
     the completion (the paper's call position plus the call's length); L: completion tokens;
@@ -76,17 +77,16 @@ def aspo(advantages: Tensor, *, rewards: Tensor | None = None, group_ids: Tensor
     r = _float(primary_rewards if primary_rewards is not None else rewards).to(a.device)
     p, length = _float(tool_position).to(a.device), _float(lengths).to(a.device)
     eligible = (r >= success) & (p >= 0)
-    if include is not None:
-        eligible = eligible & include.to(a.device).bool()
+    counted = eligible & include.to(a.device).bool() if include is not None else eligible
     inv, n = _group_index(group_ids.to(a.device))
-    e = eligible.to(a.dtype)
-    count = _group_sum(e, inv, n).clamp(min=1.0)
-    mean_p = _group_sum(p * e, inv, n) / count
-    mean_len = _group_sum(length * e, inv, n) / count
+    e = counted.to(a.dtype)
+    count = _group_sum(e, inv, n)
+    mean_p = _group_sum(p * e, inv, n) / count.clamp(min=1.0)
+    mean_len = _group_sum(length * e, inv, n) / count.clamp(min=1.0)
     raw = delta * (p - mean_p) / mean_len.clamp(min=1.0)
     bound = k * a.abs()
     bias = torch.maximum(torch.minimum(raw, bound), -bound)
-    return torch.where(eligible, a + bias, a)
+    return torch.where(eligible & (count > 0), a + bias, a)  # a group without counted rows has no means: no bias
 
 
 aspo.needs = ("primary_rewards", "lengths", "tool_position")

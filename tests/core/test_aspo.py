@@ -56,13 +56,19 @@ def test_groups_are_separate_and_a_lone_caller_or_zero_advantage_gets_no_bias():
     assert out.tolist() == pytest.approx([0.5 + 1 / 3, 0.5 - 1 / 3, 0.0, 0.0, 1.0, -1.0])
 
 
-def test_include_keeps_rows_out_of_the_means_and_unshaped():
-    a, r, p, length, g = _group()
+def test_rows_outside_include_are_shaped_against_the_included_rows_means():
+    a = torch.tensor([0.5, 0.5, 0.5, 0.5])
+    r = torch.ones(4)
+    p = torch.tensor([2.0, 6.0, -1.0, 0.0])  # row 3 correct and calling, not counted (an off-policy row)
+    length = torch.tensor([10.0, 14.0, 8.0, 40.0])
     include = torch.tensor([True, True, True, False])
-    p = torch.tensor([2.0, 6.0, -1.0, 0.0])
-    r = torch.tensor([1.0, 1.0, 1.0, 1.0])  # row 3 correct and calling, but not included
-    out = ASPO(a, rewards=r, group_ids=g, include=include, primary_rewards=r, lengths=length, tool_position=p)
-    assert out.tolist() == pytest.approx([0.5 + 1 / 3, 0.5 - 1 / 3, 0.5, -1.5])
+    out = ASPO(a, rewards=r, group_ids=torch.zeros(4, dtype=torch.long), include=include, primary_rewards=r, lengths=length,
+               tool_position=p)
+    # means from rows 0, 1 only (4, 12); row 3: -2 (0 - 4) / 12 = 0.667, clipped to 0.35
+    assert out.tolist() == pytest.approx([0.5 + 1 / 3, 0.5 - 1 / 3, 0.5, 0.85])
+    alone = ASPO(a[3:], rewards=r[3:], group_ids=torch.zeros(1, dtype=torch.long), include=include[3:], primary_rewards=r[3:],
+                 lengths=length[3:], tool_position=p[3:])
+    assert alone.tolist() == [0.5]  # no counted row in its group: no means, no bias
 
 
 def test_first_tool_position_reads_the_environment_tokens():

@@ -59,7 +59,7 @@ def aspo(advantages: Tensor, *, rewards: Tensor | None = None, group_ids: Tensor
     one too, when the trainer shapes it), every other row keeps its advantage. With delta < 0 a row that calls
     the tool earlier than those rows' mean gets a larger advantage, a later one a smaller, by at
     most k |A|: the correctness signal stays first. p: the index of the first tool-result token in
-    the completion (the paper's call position plus the call's length); L: completion tokens;
+    the completion (the paper's call position plus the call's length); L: completion tokens, tool results included;
     correct: the first reward function's reward >= success.
 
     Formula: ``A'_i = A_i + clip({delta} (p_i - mean_g p) / mean_g L, -{k}|A_i|, {k}|A_i|)`` if R1_i >= {success} and row i calls the tool, else A_i; means over the group's correct tool-calling rows

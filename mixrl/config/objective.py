@@ -376,6 +376,8 @@ def _notes(cfg: DictConfig, objective: Objective) -> list[str]:
                 f"trainer.num_iterations=1: rollouts are scored by the policy that generated them, so r_t = 1 and the "
                 f"{RATIO_WHAT[loss]} never acts on them (it does from trainer.num_iterations=2)"
             )
+    if component(cfg.algo.get("shaping"))[0] == "aspo" and str((cfg.get("env") or {}).get("name", "single")) == "single":
+        notes.append("algo.shaping=aspo with env=single: no rollout calls a tool, so A' = A; set env=tools (recipe aspo/arith-tools)")
     if cfg.algo.get("reposition") is not None and int(cfg.trainer.num_iterations) < 2:
         notes.append("algo.reposition with trainer.num_iterations=1: no fast steps to reposition (plain GRPO); "
                      "SFPO takes K fast steps and one slow one per batch: set trainer.num_iterations=K+1")

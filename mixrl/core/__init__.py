@@ -25,6 +25,7 @@ registry                 kind                              module
 
 from mixrl.core import (  # noqa: F401  (import = registration)
     advantage_shaping,
+    aspo,
     advantages,
     aggregation,
     alol,

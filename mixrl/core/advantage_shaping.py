@@ -25,6 +25,7 @@ The runtime inputs a shaping reads are listed in its ``needs`` attribute; the tr
 ``lengths``             [N] completion tokens per row
 ``row_values``          [N] each row's value of a data column (``column``: a per-problem weight)
 ``token_entropy``       [N, T] the policy's next-token entropy at each completion position (rollout time)
+``tool_position``       [N] index of each completion's first tool-result token (-1: no tool call; ASPO)
 =====================  ==========================================================================
 
 ``include`` (bool [N]) marks the rows that count in group statistics, as for the estimators.
@@ -41,7 +42,7 @@ from mixrl.core.registry import Registry
 
 #: the runtime inputs (not config parameters) a shaping may read; see the module docstring
 SHAPING_INPUTS = ("token_logp", "ref_logp", "mask", "prompt_logp", "prompt_mask", "primary_rewards", "lengths", "row_values",
-                  "token_entropy")
+                  "token_entropy", "tool_position")
 SHAPINGS = Registry("advantage shaping", runtime=("rewards", "group_ids", "include", *SHAPING_INPUTS))
 #: ``psr_nsr``'s modes (the authors' ``advantage`` setting)
 PSR_NSR_MODES = ("positive", "negative", "weighted")

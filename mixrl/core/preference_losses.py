@@ -123,6 +123,9 @@ def copg(x: TermInputs, *, beta: float = 0.1) -> TermOutput:
     the KL-regularised optimum pi_ref exp(R / beta) for any sampling distribution of the pairs (no importance weight).
     With R(y_w) - R(y_l) = 1/2 it is beta^2 times IPO's loss at tau = beta (sequence sums, not token means).
     The side order does not matter (the square is symmetric); pairs of equal reward pull the log-ratios together.
+    The Command A report (arXiv 2504.00698, p. 7), which trains with CoPG, states the loss over k samples of a prompt as
+    1/(k-1) sum_{i>j} (R_beta(y_i) - R_beta(y_j))^2, R_beta = R - beta ln(pi/pi_ref): for one pair, this loss; the
+    preset takes one pair per group (best vs worst) instead of all k(k-1)/2. No code of the authors was found.
 
     Parameters:
         beta (0.1): the KL regularisation strength.

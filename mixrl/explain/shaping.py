@@ -16,6 +16,7 @@ _READS = {
     "lengths": "the completion lengths",
     "row_values": "each row's value of a data column",
     "token_entropy": "the policy's next-token entropies over the rollouts (one no-grad forward per batch)",
+    "tool_position": "each rollout's first tool-result position (env=tools)",
 }
 
 

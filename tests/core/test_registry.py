@@ -69,7 +69,8 @@ def test_expected_names_are_registered():
                                              "positive_amplified", "capo", "polychromic"}
     assert set(core.KL_ESTIMATORS.names()) == {"k1", "k2", "k3", "k3_clamped"}
     assert set(core.CONTROLLERS.names()) == {"bapo", "entropic", "entropic_sign", "palu", "vcpo_ess", "r2vpo_dual"}
-    assert set(core.SHAPINGS.names()) == {"none", "sign_weight", "psr_nsr", "ace", "arm", "dgpo", "row_weight", "calibrl", "egpo"}
+    assert set(core.SHAPINGS.names()) == {"none", "sign_weight", "psr_nsr", "ace", "arm", "dgpo", "row_weight", "calibrl", "egpo", "tempsamp",
+                                             "aspo"}
 
 
 def test_declaration_parses_summary_formula_paper():

@@ -11,7 +11,8 @@ gathers what the shaping lists in its ``needs``, from this process's batch, over
 * ``prompt_logp`` / ``prompt_mask``: the policy's log-prob of each prompt token, one no-grad forward
   over the prompts (left-padded: a token whose predecessor is padding is left out);
 * ``primary_rewards``: the first reward function's rewards; ``lengths``: completion tokens per row;
-* ``token_entropy``: the policy's next-token entropies over each completion, one no-grad forward.
+* ``token_entropy``: the policy's next-token entropies over each completion, one no-grad forward;
+* ``tool_position``: the index of each completion's first tool-result token (provenance ``environment``), -1 without one.
 
 Which rows are shaped: ``offpolicy: false`` (default) only the rows the policy sampled
 (provenance behaviour ``policy``), ``true`` every row, expert, replayed and teacher rows
@@ -32,6 +33,7 @@ from collections.abc import Callable
 import torch
 
 from mixrl.core.advantage_shaping import SHAPINGS, shaping_needs
+from mixrl.core.aspo import first_tool_position
 from mixrl.errors import ConfigError
 from mixrl.trainer.parts.batch_fields import behaviour_is_policy
 from mixrl.trainer.parts.forwards import Forwards
@@ -104,6 +106,8 @@ class AdvantageShaping:
             runtime["lengths"] = self.gather(mask.sum(dim=1).float())
         if "token_entropy" in needs:
             runtime["token_entropy"] = self._rows(self.entropies(model, out) * mask)
+        if "tool_position" in needs:  # ASPO: where the first tool call ran
+            runtime["tool_position"] = self.gather(first_tool_position(out["token_source"], mask))
         if "row_values" in needs:
             runtime["row_values"] = self.gather(self.column_values(rows, mask.shape[0], mask.device))
         return runtime

@@ -330,6 +330,7 @@ MORE_TRAINER_CASES = {
     "algo=tempsamp": ["algo=tempsamp"],
     "algo=gepo": ["algo=gepo"],
     "algo=seppo": ["algo=seppo"],
+    "algo=aspo": ["algo=aspo"],  # no tool calls in the pin task: A' = A (the wiring); Eq. 2 by hand in tests/core/test_aspo.py
     # issue 52: new instances from failures and selected refinements (the contexts keep to the pin model's characters and 64 positions)
     "algo=fission_grpo": ["algo=fission_grpo", "algo.inject.template='{prompt}{attempt}{feedback}'", "algo.inject.wrong='#### {expected}'",
                           "algo.inject.missing='#### {expected}'", "algo.inject.errors=2", "algo.inject.recoveries=2", "algo.inject.success=0.5"],

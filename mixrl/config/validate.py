@@ -151,6 +151,10 @@ def _validate_env(cfg: DictConfig) -> None:
     if env.name not in ("single", "tools"):
         _validate_episodes(cfg)
         return
+    if (cfg.algo.get("episode") or {}).get("name", "none") != "none":  # an episode injection without an environment
+        from mixrl.envs.patching import validate_episode_injection  # deferred: the environments load only when asked
+
+        validate_episode_injection(cfg, str(env.name), None)
     if env.name != "tools":
         return
     if not env.tools:
@@ -175,7 +179,10 @@ def _validate_episodes(cfg: DictConfig) -> None:
     from mixrl.envs import resolve_env  # deferred: the environments load only for an episodic env
 
     env = cfg.env
-    resolve_env(str(env.name))  # an unknown name: one line naming the environments
+    factory = resolve_env(str(env.name))  # an unknown name: one line naming the environments
+    from mixrl.envs.patching import validate_episode_injection
+
+    validate_episode_injection(cfg, str(env.name), factory)  # one the environment cannot take: one line
     if env.get("max_turns") is None or int(env.max_turns) < 1:
         raise ConfigError(f"env={env.name} with env.max_turns={env.get('max_turns')}: set env.max_turns >= 1 (actions per episode)")
     if env.tools:

@@ -56,6 +56,7 @@ from mixrl.core import (  # noqa: F401  (import = registration)
     stability_losses,
     turn_advantages,
     turns,
+    uis1,
     terms,
     token_weights,
     unio4,

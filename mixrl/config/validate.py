@@ -142,12 +142,13 @@ def _validate_env(cfg: DictConfig) -> None:
     """``env``: a known environment, and for ``tools`` known tool names and a positive round limit;
     a turn-level advantage only with an environment that gives turn rewards."""
     env = cfg.env
-    if cfg.algo.advantage.name == "mt_grpo" and env.name in ("single", "tools"):
-        raise ConfigError(f"algo.advantage.name=mt_grpo with env={env.name}: it needs each turn's reward; "
-                          "use a stateful environment (env=arith_retry) or another advantage (algo.advantage.name=grpo)")
-    if cfg.algo.advantage.name == "mt_grpo" and cfg.get("sampler") is not None and cfg.sampler.get("rows"):
-        raise ConfigError("algo.advantage.name=mt_grpo with sampler.rows: the row filters read one advantage per row, "
-                          "mt_grpo gives one per token; drop sampler.rows or use algo.advantage.name=grpo")
+    turn_level = cfg.algo.advantage.name if cfg.algo.advantage.name in ("mt_grpo", "uis1") else None
+    if turn_level and env.name in ("single", "tools"):
+        raise ConfigError(f"algo.advantage.name={turn_level} with env={env.name}: it needs each turn's reward; "
+                          "use a stateful environment (env=arith_retry, env=arith_steps) or another advantage (algo.advantage.name=grpo)")
+    if turn_level and cfg.get("sampler") is not None and cfg.sampler.get("rows"):
+        raise ConfigError(f"algo.advantage.name={turn_level} with sampler.rows: the row filters read one advantage per row, "
+                          f"{turn_level} gives one per token; drop sampler.rows or use algo.advantage.name=grpo")
     if env.name not in ("single", "tools"):
         _validate_episodes(cfg)
         return

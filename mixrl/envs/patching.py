@@ -33,6 +33,8 @@ from mixrl.errors import ConfigError
 
 #: the episode injections (``algo.episode.name``)
 EPISODE_INJECTIONS = ("none", "patch", "reachable")
+#: the provenances each one puts in the batch (config validation: a term may name them)
+EPISODE_PROVENANCES = {"patch": ("patched",), "reachable": ("reachable",)}
 #: the user turn between a diverging action and the expert's (the chat template needs one)
 PATCH_NOTE = "expert:"
 

@@ -178,11 +178,10 @@ def _validate_episodes(cfg: DictConfig) -> None:
     """A stateful environment (``mixrl.envs``): a registered name, ``env.max_turns >= 1``, no tools,
     no expert rows in the batch (their observations would not be marked)."""
     from mixrl.envs import resolve_env  # deferred: the environments load only for an episodic env
+    from mixrl.envs.patching import validate_episode_injection  # deferred: as the environments
 
     env = cfg.env
     factory = resolve_env(str(env.name))  # an unknown name: one line naming the environments
-    from mixrl.envs.patching import validate_episode_injection
-
     validate_episode_injection(cfg, str(env.name), factory)  # one the environment cannot take: one line
     if env.get("max_turns") is None or int(env.max_turns) < 1:
         raise ConfigError(f"env={env.name} with env.max_turns={env.get('max_turns')}: set env.max_turns >= 1 (actions per episode)")

@@ -72,6 +72,24 @@ def validate_episode_injection(cfg: Any, env_name: str, factory: Callable | None
         raise ConfigError(f"algo.episode.threshold={threshold}: patches per episode, >= 0 or -1 (no limit)")
 
 
+def describe_episode_injection(cfg: Any) -> str | None:
+    """``mixrl explain``'s row for ``algo.episode`` (None when none)."""
+    inj = episode_injection(cfg)
+    if inj["name"] == "patch":
+        threshold = int(inj.get("threshold", 2))
+        limit = "no limit" if threshold == -1 else f"at most {threshold} per episode, then a divergence ends it"
+        return (f"patch (UI-S1's patch module): an action that diverges from the expert trajectory stays in the row (trained, "
+                f"its turn's reward), then the user turn {PATCH_NOTE!r} and the expert's action as an assistant turn with "
+                f"provenance patched [behaviour unknown], in no term unless one names it; the episode goes on ({limit}); "
+                f"turn_id numbers the policy's turns only. Training only: held-out episodes are the policy's alone.")
+    if inj["name"] == "reachable":
+        return (f"reachable (BEPA): per group, a solved episode refreshes the task's cache; a group with none solved gets the "
+                f"cached trajectory in its last row (after up to {int(inj.get('attempts', 2))} plan-conditioned episodes of the "
+                f"policy when nothing is cached), trained under the plain prompt with provenance reachable [behaviour policy], "
+                f"in the group's statistics. Training only.")
+    return None
+
+
 class Patcher:
     """UI-S1's patch module for one batch of episodes: ``patch(i, env)`` for :func:`run_episodes`."""
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from mixrl.core.turn_advantages import first_minus_last, per_turn_advantages, turn_reward_matrix
+from mixrl.core.uis1 import per_turn_uis1
 
 
 def turn_inputs(out: dict, rows: list[dict], accelerator, needs: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
@@ -57,8 +58,6 @@ def turn_metrics(rewards: torch.Tensor, group_ids: torch.Tensor, runtime: dict, 
     """``turn/advantage_first_minus_last``: the mean, over rows of two turns or more, of the first
     turn's advantage minus the last turn's (0 under GRPO's one advantage per row)."""
     if "turn_matched" in runtime:  # UI-S1's estimator (mixrl.core.uis1)
-        from mixrl.core.uis1 import per_turn_uis1
-
         per_turn = per_turn_uis1(rewards, group_ids, runtime["turn_rewards"], runtime["turn_matched"], include=include, **params)
     else:
         per_turn = per_turn_advantages(rewards, group_ids, runtime["turn_rewards"], include=include, **params)

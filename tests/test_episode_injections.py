@@ -341,3 +341,10 @@ def test_the_rollout_function_self_rolls_caches_and_injects_a_reachable_episode(
     monkeypatch.setattr(GRPOTrainer, "_generate_single_turn", _scripted(tok, lambda text: "#### 0" if " plan:" not in text else 1 / 0))
     out = rollout(prompts, trainer)
     assert out["env_return"] == pytest.approx([0.1, 2.0]) and trainer._mixrl_rollouts.row_source == [O, R]
+
+
+def test_bepa_judges_only_whole_groups():
+    cache = ReachableCache()
+    cache.put("A", _ep(70, 1.0))
+    eps = [_ep(10, 0.0), _ep(11, 0.0), _ep(12, 0.0)]  # a process holding 3 rows of groups of 2
+    assert assimilate(["A"] * 3, eps, [False] * 3, 2, cache) == [False] * 3 and cache.injected == 0

@@ -56,9 +56,9 @@ from mixrl.core import (  # noqa: F401  (import = registration)
     stability_losses,
     turn_advantages,
     turns,
-    uis1,
     terms,
     token_weights,
+    uis1,
     unio4,
     vespo,
 )

@@ -28,7 +28,8 @@ as a rollout's, and the row counts in its group's statistics), so with a term th
 
 Ours, not the paper's: LEVEL-1 runs on demand at a task's first total failure, with the policy
 as it is then (the paper rolls the base policy out beforehand); the cache keeps one trajectory
-per task (the latest); each process keeps its own cache (of the tasks it generated).
+per task (the latest); each process keeps its own cache (of the tasks it generated), and a process
+whose rows are not whole groups injects nothing.
 """
 
 from __future__ import annotations
@@ -82,9 +83,9 @@ def assimilate(keys: Sequence[str], episodes: list, solved: Sequence[bool], grou
     ``self_roll(rows)`` for the failed tasks not cached: one (episode, solved) per row asked).
     ``episodes`` is changed in place; returns, per row, whether it was injected."""
     n = len(episodes)
-    if n % group_size:
-        raise ValueError(f"{n} episodes do not form groups of {group_size}")
     injected = [False] * n
+    if n % group_size:  # this process holds part of a group (several processes): no group to judge here
+        return injected
     failed = []
     for g in range(0, n, group_size):
         rows = range(g, g + group_size)

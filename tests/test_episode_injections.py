@@ -220,8 +220,8 @@ def test_an_injected_reachable_row_is_a_trained_member_of_its_group():
 
 # ----------------------------------------------------------------------------- one-line refusals
 @pytest.mark.parametrize("args,says", [
-    (["algo=uis1"], "algo.advantage.name=uis1 with env=single: it needs each turn's reward"),
-    (["algo=bepa"], "algo.episode.name=reachable with env=single: an episode injection needs a stateful environment"),
+    (["algo=uis1", "env=single"], "algo.advantage.name=uis1 with env=single: it needs each turn's reward"),
+    (["algo=bepa", "env=single"], "algo.episode.name=reachable with env=single: an episode injection needs a stateful environment"),
     (["algo=uis1", "env=arith_retry"], "algo.episode.name=patch with env=arith_retry: that environment cannot take it"),
     (["algo=bepa", "env=arith_retry"], "algo.episode.name=reachable with env=arith_retry: that environment cannot take it"),
     (["algo=uis1", "env=arith_steps", "algo.episode.name=splice"], "algo.episode.name='splice': the episode injections are"),

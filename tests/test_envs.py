@@ -149,7 +149,7 @@ def test_observation_suffix_is_the_templates_user_turn():
 
 
 @pytest.mark.parametrize("args,says", [
-    (["env.name=nope"], "the environments are single, tools and arith_retry"),
+    (["env.name=nope"], "the environments are single, tools and arith_retry, arith_steps"),
     (["env=arith_retry", "env.max_turns=0"], "env.max_turns >= 1"),
     (["env=arith_retry", "algo=luffy"], "not supported yet"),
     (["algo.advantage.name=mt_grpo"], "algo.advantage.name=mt_grpo with env=single: it needs each turn's reward"),

@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 import mixrl.core as core
 from mixrl.core.advantages import GRPO_SCALES
 from mixrl.core.turn_advantages import MT_GRPO_OUTCOMES
+from mixrl.core.uis1 import UIS1_MODES
 from mixrl.errors import ConfigError, did_you_mean
 
 # config path pattern -> (module, registry attribute, human kind)
@@ -217,6 +218,8 @@ def validate_components(cfg: DictConfig) -> None:
     if adv is not None and adv.get("name") == "mt_grpo" and adv.get("outcome", "last") not in MT_GRPO_OUTCOMES:
         raise ConfigError(f"algo.advantage.outcome={adv.get('outcome')!r} is not one of {', '.join(MT_GRPO_OUTCOMES)}; "
                           "fix algo.advantage.outcome (last: the authors' MT-GRPO, return: every row's advantage from the return)")
+    if adv is not None and adv.get("name") == "uis1" and adv.get("mode", "mean_std_norm") not in UIS1_MODES:
+        raise ConfigError(f"algo.advantage.mode={adv.get('mode')!r} is not one of {', '.join(UIS1_MODES)}; fix algo.advantage.mode")
     est = kl.get("estimator", "k3")
     if est not in core.KL_ESTIMATORS:
         names = core.KL_ESTIMATORS.names()

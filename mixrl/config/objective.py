@@ -42,6 +42,7 @@ from mixrl.core.policy_losses import ON_POLICY_RESHAPES
 from mixrl.core.schedules import resolve_schedule
 from mixrl.core.terms import TERMS, term_needs, term_needs_behaviour
 from mixrl.core.token_weights import OFF_POLICY_RESHAPES
+from mixrl.envs.patching import EPISODE_PROVENANCES
 from mixrl.errors import ConfigError
 from mixrl.sources import INJECTIONS, SOURCES
 
@@ -83,6 +84,7 @@ def check_objective(cfg: DictConfig) -> list[str]:
         )
     injected, optional = _injection_provenances(cfg, source_name, inject_name)
     available = injected | ({"on_policy"} if not _skips_generation(inject_name) else set())
+    available |= set(EPISODE_PROVENANCES.get(str((algo.get("episode") or {}).get("name", "none")), ()))  # mixrl.envs.patching
     known = set(prov.provenance_names())
 
     for t in objective.terms:

@@ -266,6 +266,7 @@ class AlgoConfig:
     entropy_coef: Any = 0.0  # a number or a schedule {name, ...}
     entropy_tokens: list = field(default_factory=lambda: ["on_policy"])  # the tokens the entropy bonus averages over (ExGRPO: [on_policy, replay])
     inject: dict = field(default_factory=lambda: {"name": "none"})  # where off-policy rows enter (mixrl.sources)
+    episode: dict = field(default_factory=lambda: {"name": "none"})  # turns injected into a stateful environment's episodes: none | patch {threshold} (UI-S1) | reachable {attempts} (BEPA) (mixrl.envs.patching)
     coefs: dict = field(default_factory=dict)  # named coefficients: {mu: 0.1 | schedule}
     terms: dict = field(default_factory=dict)  # label -> term; every algo lists its own
     shaping: Optional[dict] = None  # {name, offpolicy, ...}: the advantages re-weighted after the estimator (mixrl.core.advantage_shaping); null: none

@@ -146,15 +146,20 @@ def _validate_env(cfg: DictConfig) -> None:
     """``env``: a known environment, and for ``tools`` known tool names and a positive round limit;
     a turn-level advantage only with an environment that gives turn rewards."""
     env = cfg.env
-    if cfg.algo.advantage.name == "mt_grpo" and env.name in ("single", "tools"):
-        raise ConfigError(f"algo.advantage.name=mt_grpo with env={env.name}: it needs each turn's reward; "
-                          "use a stateful environment (env=arith_retry) or another advantage (algo.advantage.name=grpo)")
-    if cfg.algo.advantage.name == "mt_grpo" and cfg.get("sampler") is not None and cfg.sampler.get("rows"):
-        raise ConfigError("algo.advantage.name=mt_grpo with sampler.rows: the row filters read one advantage per row, "
-                          "mt_grpo gives one per token; drop sampler.rows or use algo.advantage.name=grpo")
+    turn_level = cfg.algo.advantage.name if cfg.algo.advantage.name in ("mt_grpo", "uis1") else None
+    if turn_level and env.name in ("single", "tools"):
+        raise ConfigError(f"algo.advantage.name={turn_level} with env={env.name}: it needs each turn's reward; "
+                          "use a stateful environment (env=arith_retry, env=arith_steps) or another advantage (algo.advantage.name=grpo)")
+    if turn_level and cfg.get("sampler") is not None and cfg.sampler.get("rows"):
+        raise ConfigError(f"algo.advantage.name={turn_level} with sampler.rows: the row filters read one advantage per row, "
+                          f"{turn_level} gives one per token; drop sampler.rows or use algo.advantage.name=grpo")
     if env.name not in ("single", "tools"):
         _validate_episodes(cfg)
         return
+    if (cfg.algo.get("episode") or {}).get("name", "none") != "none":  # an episode injection without an environment
+        from mixrl.envs.patching import validate_episode_injection  # deferred: the environments load only when asked
+
+        validate_episode_injection(cfg, str(env.name), None)
     if env.name != "tools":
         return
     if not env.tools:
@@ -177,9 +182,11 @@ def _validate_episodes(cfg: DictConfig) -> None:
     """A stateful environment (``mixrl.envs``): a registered name, ``env.max_turns >= 1``, no tools,
     no expert rows in the batch (their observations would not be marked)."""
     from mixrl.envs import resolve_env  # deferred: the environments load only for an episodic env
+    from mixrl.envs.patching import validate_episode_injection  # deferred: as the environments
 
     env = cfg.env
-    resolve_env(str(env.name))  # an unknown name: one line naming the environments
+    factory = resolve_env(str(env.name))  # an unknown name: one line naming the environments
+    validate_episode_injection(cfg, str(env.name), factory)  # one the environment cannot take: one line
     if env.get("max_turns") is None or int(env.max_turns) < 1:
         raise ConfigError(f"env={env.name} with env.max_turns={env.get('max_turns')}: set env.max_turns >= 1 (actions per episode)")
     if env.tools:

@@ -61,6 +61,7 @@ from mixrl.core import (  # noqa: F401  (import = registration)
     tempsamp,
     terms,
     token_weights,
+    uis1,
     unio4,
     vespo,
 )

@@ -39,9 +39,9 @@ from mixrl.core.registry import Registry
 #: their ``needs`` attribute: ``lengths`` (float [N], completion tokens of each row) and
 #: ``baseline_rewards`` (float [N], the reward of a greedy completion of each row's prompt)
 ADVANTAGES = Registry("advantage", runtime=("include", "lengths", "baseline_rewards", "token_rewards", "values", "mask", "turn_rewards", "turn_ids",
-                                         "token_credit", "answer_ids"))
+                                         "token_credit", "answer_ids", "turn_matched"))
 #: (``token_rewards``, ``values``, ``mask``: the per-token inputs of ``gae``; ``turn_rewards``, ``turn_ids``: ``mt_grpo``'s;
-#: ``token_credit``, ``mask``: ``capo``'s; ``answer_ids``: ``polychromic``'s)
+#: ``token_credit``, ``mask``: ``capo``'s; ``answer_ids``: ``polychromic``'s; ``turn_matched``: ``uis1``'s)
 
 
 #: the values of ``grpo``'s ``scale`` (TRL's ``scale_rewards``), checked by config validation

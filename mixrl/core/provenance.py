@@ -88,3 +88,13 @@ ENVIRONMENT = register_provenance(
     "environment", behaviour="unknown",
     description="written by a tool or an environment inside a multi-turn row (a tool result, an observation): never trained",
 ).code
+PATCHED = register_provenance(
+    "patched", behaviour="unknown",
+    description="an assistant turn an episode injection wrote into an environment's episode (an expert's action "
+                "replacing a diverging one, UI-S1's patch): later turns attend to it; trained only by a term that names it",
+).code
+REACHABLE = register_provenance(
+    "reachable", behaviour="policy",
+    description="the policy's turns of an earlier episode of its own placed in a failed group (BEPA's cached reachable "
+                "trajectory): old log-prob recomputed under the row's prompt, as a rollout's",
+).code

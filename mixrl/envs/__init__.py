@@ -26,12 +26,13 @@ from __future__ import annotations
 from typing import Callable
 
 from mixrl.envs.arith_retry import ArithRetry
+from mixrl.envs.arith_steps import ArithSteps
 from mixrl.envs.base import MAX_OBSERVATION_CHARS, Environment, Step, safe_reset, safe_step
 from mixrl.errors import ConfigError
 
 __all__ = ["ENVIRONMENTS", "MAX_OBSERVATION_CHARS", "Environment", "Step", "register", "resolve_env", "safe_reset", "safe_step"]
 
-ENVIRONMENTS: dict[str, Callable[[], Environment]] = {"arith_retry": ArithRetry}
+ENVIRONMENTS: dict[str, Callable[[], Environment]] = {"arith_retry": ArithRetry, "arith_steps": ArithSteps}
 
 
 def register(name: str):

@@ -13,6 +13,13 @@ Formula (one episode of T turns, rewards r_1..r_T)::
     env_mask   = 1 on a_t, 0 on o_t               (TRL's env_mask -> provenance environment)
     return     = sum_t r_t                        (the rollout's reward: reward function env_return)
 
+An episode injection may write an assistant turn at a turn boundary (``patch``: UI-S1's patch
+module, :mod:`mixrl.envs.patching`): after an action that ended the episode by diverging from an
+expert trajectory, ``patch(i, env)`` returns the expert's action and what the environment shows
+next; the row goes on ``a_t n e_t o_t a_{t+1} ...`` (n: a user turn saying a patch follows, and
+o_t, the environment's; e_t the injected turn, ``injected`` 1 on its tokens, ``env_mask`` 0), and
+``matched`` is False for the diverging turn.
+
 The per-turn rewards are kept (``turn_rewards``, one list per episode, in the batch's rows) for
 turn-level terms; the losses today see the return (a sequence-level reward, GRPO's group
 baseline), with ``turn_id`` per token for the turn-level ratio (ST-PPO, ``algo.loss.name=turn_ppo``).
@@ -23,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from mixrl.envs.base import Environment, safe_step
+from mixrl.envs.base import Environment, Step, safe_step
 
 #: generate(prompt-and-history ids per running episode) -> (new ids per episode, their log-probs or None)
 Generate = Callable[[list[list[int]]], tuple[list[list[int]], list[list[float]] | None]]
@@ -41,6 +48,8 @@ class Episode:
     actions: list[str] = field(default_factory=list)
     observations: list[str] = field(default_factory=list)
     done: bool = False
+    injected: list[int] = field(default_factory=list)  # 1 on the tokens of an assistant turn an episode injection wrote
+    matched: list[bool] = field(default_factory=list)  # per policy turn: False where the action diverged (and was patched)
 
     @property
     def episode_return(self) -> float:
@@ -74,8 +83,12 @@ def run_episodes(
     eos_ids: Sequence[int],
     max_len: int,
     max_turns: int,
+    patch: Callable[[int, Environment], tuple[list[int], list[int], Step] | None] | None = None,
 ) -> list[Episode]:
-    """Run one episode per ``envs[i]`` (already reset) from ``prompt_ids[i]``; see the module."""
+    """Run one episode per ``envs[i]`` (already reset) from ``prompt_ids[i]``; see the module.
+    ``patch(i, env)``: after an action that ended episode i, the ids of the note turn (user turn
+    and assistant header), of the injected turn (closed by its end-of-turn id) and the Step the
+    environment answers it with; None: the episode ends."""
     episodes = [Episode() for _ in envs]
     history = [list(p) for p in prompt_ids]
     running = list(range(len(envs)))
@@ -93,8 +106,13 @@ def run_episodes(
             ep.actions.append(action if isinstance(action, str) else str(action))
             ep.rewards.append(step.reward)
             ep.done = step.done
+            ep.matched.append(True)
             cut = not ids or ids[-1] not in eos_ids
-            if step.done or cut or turn + 1 == max_turns:
+            if cut or turn + 1 == max_turns:
+                continue
+            if step.done and patch is not None:
+                step = _patched(ep, history[i], patch(i, envs[i]), max_len)
+            if step is None or step.done:
                 continue
             obs = suffix(step.observation)
             if len(ep.completion_ids) + len(obs) + 1 > max_len:  # no room for the observation and a reply
@@ -106,9 +124,27 @@ def run_episodes(
     return episodes
 
 
-def _extend(ep: Episode, history: list[int], ids: list[int], lps: list[float] | None, *, trained: bool) -> None:
+def _patched(ep: Episode, history: list[int], patched, max_len: int) -> Step | None:
+    """Write an injection's turn after the last action (None: no patch, or no room for it, an
+    observation and one more token): the note, then the injected turn; its Step."""
+    if patched is None:
+        return None
+    note, turn, step = patched
+    if len(ep.completion_ids) + len(note) + len(turn) + 2 > max_len:
+        return None
+    ep.matched[-1] = False
+    _extend(ep, history, list(note), [0.0] * len(note), trained=False)
+    _extend(ep, history, list(turn), [0.0] * len(turn), trained=False, injected=True)
+    ep.rewards[-1] += float(step.reward)  # 0 for an expert's patch: the turn's reward stays the policy's action's
+    ep.done = step.done
+    return step
+
+
+def _extend(ep: Episode, history: list[int], ids: list[int], lps: list[float] | None, *, trained: bool,
+            injected: bool = False) -> None:
     ep.completion_ids += ids
     ep.env_mask += [1 if trained else 0] * len(ids)
+    ep.injected += [1 if injected else 0] * len(ids)
     history += ids
     if ep.logprobs is not None:
         ep.logprobs = None if lps is None else ep.logprobs + lps  # a generator without log-probs: none for the episode

@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 
 from mixrl.core.policy_losses import POLICY_LOSSES
 from mixrl.core.registry import format_value
+from mixrl.envs.patching import describe_episode_injection
 from mixrl.errors import ConfigError
 from mixrl.explain.sampler import sampler_rows
 from mixrl.explain.update_hooks import update_rows
@@ -347,6 +348,7 @@ def explain_lines(cfg: DictConfig) -> list[tuple[str, str]]:
     env = _env_row(cfg)
     if env is not None:
         rows.append(("env", env))
+    rows += [("episode", x) for x in [describe_episode_injection(cfg)] if x]  # algo.episode (mixrl.envs.patching)
     rows.append(("batch", geometry(cfg).describe()))
 
     rows += sampler_rows(cfg)

@@ -13,12 +13,17 @@ as its ``tool_mask`` and mixrl as provenance ``environment`` and ``turn_id``
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from omegaconf import DictConfig
 
+from mixrl.core import provenance as prov
 from mixrl.envs import resolve_env, safe_reset
 from mixrl.envs.episodes import observation_suffix, run_episodes
+from mixrl.envs.patching import Patcher, episode_injection, episode_sources
+from mixrl.sources.base import Rollouts
+from mixrl.sources.reachable_cache import ReachableCache, assimilate
 
 
 def is_episodic(cfg: DictConfig) -> bool:
@@ -43,9 +48,13 @@ def env_trainer_kwargs(cfg: DictConfig, args, reward_funcs: list, tools: list) -
 
 def episode_rollouts(cfg: DictConfig):
     """TRL's ``rollout_func(prompts, trainer)``: one episode per prompt (the prompts arrive
-    repeated per generation), each with a fresh environment reset with its row."""
+    repeated per generation), each with a fresh environment reset with its row; in training,
+    ``algo.episode`` injects turns (``patch``) or cached reachable episodes (``reachable``), and
+    every row's provenance goes to the trainer (``trainer._mixrl_rollouts``)."""
     factory = resolve_env(str(cfg.env.name))
     max_turns = int(cfg.env.max_turns or 1)
+    episode = episode_injection(cfg)
+    cache = ReachableCache() if episode["name"] == "reachable" else None
     suffixes: dict[str, list[int]] = {}
 
     def rollout(prompts: list, trainer) -> dict[str, Any]:
@@ -53,15 +62,20 @@ def episode_rollouts(cfg: DictConfig):
 
         tok = trainer.processing_class
         rows = trainer._mixrl_batch_inputs or [{"prompt": p} for p in prompts]
-        envs, prompt_ids = [], []
-        for prompt, row in zip(prompts, rows):
-            env = factory()
-            first = safe_reset(env, dict(row))
-            if first:  # appended to the last user message (TRL's environment_factory convention)
-                prompt = prompt[:-1] + [{**prompt[-1], "content": prompt[-1]["content"] + first}]
-            envs.append(env)
-            prompt_ids.append(list(tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True,
-                                                           return_dict=False, **trainer.chat_template_kwargs)))
+        training = bool(trainer.model.training)
+
+        def start(indices, plan=False):
+            envs, ids = [], []
+            for i in indices:
+                env, prompt = factory(), prompts[i]
+                first = safe_reset(env, dict(rows[i]))
+                first = ((first or "") + env.plan()) if plan else first
+                if first:  # appended to the last user message (TRL's environment_factory convention)
+                    prompt = prompt[:-1] + [{**prompt[-1], "content": prompt[-1]["content"] + first}]
+                envs.append(env)
+                ids.append(list(tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True,
+                                                        return_dict=False, **trainer.chat_template_kwargs)))
+            return envs, ids
 
         def generate(histories):
             return GRPOTrainer._generate_single_turn(trainer, histories, None, {}, 1)
@@ -71,12 +85,62 @@ def episode_rollouts(cfg: DictConfig):
                 suffixes[text] = observation_suffix(tok, text)
             return suffixes[text]
 
-        episodes = run_episodes(envs, prompt_ids, generate, lambda ids: tok.decode(ids, skip_special_tokens=True),
-                                suffix, eos_ids=list(trainer.eos_token_ids), max_len=int(trainer.max_completion_length),
-                                max_turns=max_turns)
+        def run(envs, ids, patch=None):
+            return run_episodes(envs, ids, generate, lambda x: tok.decode(x, skip_special_tokens=True), suffix,
+                                eos_ids=list(trainer.eos_token_ids), max_len=int(trainer.max_completion_length),
+                                max_turns=max_turns, patch=patch)
+
+        envs, prompt_ids = start(range(len(prompts)))
+        patcher = None
+        if training and episode["name"] == "patch":
+            patcher = Patcher(lambda text: tok(text, add_special_tokens=False)["input_ids"], suffix,
+                              int(trainer.eos_token_ids[0]), int(episode.get("threshold", 2)))
+        episodes = run(envs, prompt_ids, patcher)
+        injected = [False] * len(episodes)
+        if training and cache is not None:
+            injected = _assimilate(cache, episode, prompts, envs, episodes, int(trainer.num_generations),
+                                   lambda idx: start(idx, plan=True), run)
+            trainer._metrics["train"]["episode/cached_tasks"].append(float(len(cache.entries)))
+            trainer._metrics["train"]["episode/injected_rows"].append(float(sum(injected)))
+        if training and patcher is not None:
+            trainer._metrics["train"]["episode/patches"].append(float(sum(patcher.used.values())))
+        trainer._mixrl_rollouts = _rollouts([e.completion_ids for e in episodes], episodes, injected)
         lps = None if any(e.logprobs is None for e in episodes) else [e.logprobs for e in episodes]
         return {"prompt_ids": prompt_ids, "completion_ids": [e.completion_ids for e in episodes], "logprobs": lps,
                 "env_mask": [e.env_mask for e in episodes], "env_return": [e.episode_return for e in episodes],
-                "turn_rewards": [list(e.rewards) for e in episodes]}
+                "turn_rewards": [list(e.rewards) for e in episodes],
+                "turn_matched": [[bool(m) for m in e.matched] for e in episodes]}
 
     return rollout
+
+
+def _assimilate(cache, episode: dict, prompts: list, envs: list, episodes: list, group_size: int, start, run) -> list[bool]:
+    """BEPA over this batch (:func:`mixrl.sources.reachable_cache.assimilate`): solved episodes
+    refresh the cache, LEVEL-1 self-rolls the plan-conditioned episodes of failed tasks not cached
+    (``algo.episode.attempts`` tries each), cached episodes fill totally failed groups."""
+    keys = [json.dumps(p, sort_keys=True, default=str) for p in prompts]
+    attempts = int(episode.get("attempts", 2))
+
+    def self_roll(indices: list[int]):
+        best = {i: (None, False) for i in indices}
+        todo = list(indices)
+        for _ in range(attempts):
+            if not todo:
+                break
+            guided_envs, guided_ids = start(todo)
+            for i, env, ep in zip(todo, guided_envs, run(guided_envs, guided_ids)):
+                best[i] = (ep, bool(getattr(env, "solved", False)))
+            todo = [i for i in todo if not best[i][1]]
+        return [best[i] for i in indices]
+
+    solved = [bool(getattr(env, "solved", False)) for env in envs]
+    return assimilate(keys, episodes, solved, group_size, cache, self_roll)
+
+
+def _rollouts(completions: list, episodes: list, injected: list[bool]) -> Rollouts:
+    """The rows' provenance for the trainer: the policy's turns ``on_policy`` (``reachable`` in an
+    injected row), an injected turn ``patched``, observations ``environment``."""
+    sources = [episode_sources(e.env_mask, e.injected, prov.REACHABLE if inj else prov.ON_POLICY)
+               for e, inj in zip(episodes, injected)]
+    return Rollouts(list(completions), None, [prov.REACHABLE if inj else prov.ON_POLICY for inj in injected],
+                    token_source=sources, guided=[2 if inj else 0 for inj in injected])

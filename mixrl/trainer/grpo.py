@@ -390,7 +390,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
         include = None if self.advantage_include_offpolicy else behaviour_is_policy(sources)
         estimator = ADVANTAGES.get(self.advantage_name)
         needs = advantage_needs(estimator)
-        runtime = turn_inputs(out, inputs, self.accelerator) if "turn_rewards" in needs else {}  # MT-GRPO: each turn's reward
+        runtime = turn_inputs(out, inputs, self.accelerator, needs) if "turn_rewards" in needs else {}  # MT-GRPO: each turn's reward
         if "token_credit" in needs:  # CAPO-style per-token credit of the dense rewards (reward=process)
             runtime |= token_credit_inputs(out, self.reward_funcs, self.reward_weights, self.accelerator)
         if "answer_ids" in needs:  # polychromic: each row's final-answer class (mixrl.trainer.parts.answer_ids)

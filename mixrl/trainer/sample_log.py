@@ -31,6 +31,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from mixrl.core import provenance as prov
 from mixrl.errors import ConfigError
 from mixrl.jsonl import JsonlRows, read_jsonl, step_row
@@ -137,21 +139,22 @@ def capture_rows(out: dict, *, tokenizer, rewards, rewards_per_func, reward_name
 
 
 def _turns(tokenizer, ids, mask, token_source, adv=None) -> list[dict] | None:
-    """A multi-turn row's turns: ``[{by: policy | environment, text, trained}]``, one per run of
-    tokens the policy wrote or a tool / environment wrote (provenance ``environment``, never
-    trained); None for a row without such tokens. With per-token advantages (``adv`` [T]: GAE's,
+    """A multi-turn row's turns: ``[{by: policy | environment | patched, text, trained}]``, one per run of
+    tokens the policy wrote, a tool / environment wrote (provenance ``environment``, never
+    trained) or an episode injection wrote (``patched``, an expert's turn the policy terms leave out); None for a row without such tokens. With per-token advantages (``adv`` [T]: GAE's,
     MT-GRPO's) a policy turn also carries ``advantage``, the mean over its tokens."""
     if token_source is None:
         return None
     keep = mask.bool()
-    written = (token_source == prov.ENVIRONMENT)[keep].tolist()
+    src = token_source[keep]
+    written = torch.where(src == prov.ENVIRONMENT, 1, torch.where(src == prov.PATCHED, 2, 0)).tolist()
     if not any(written):
         return None
     toks = ids[keep].tolist()
     turns, start = [], 0
     for t in range(1, len(toks) + 1):
         if t == len(toks) or written[t] != written[start]:
-            by = "environment" if written[start] else "policy"
+            by = ("policy", "environment", "patched")[written[start]]  # patched: an episode injection's turn (an expert's)
             turns.append({"by": by, "text": tokenizer.decode(toks[start:t], skip_special_tokens=False), "trained": by == "policy"})
             if adv is not None and by == "policy":
                 turns[-1]["advantage"] = _num(adv[keep][start:t].float().mean())

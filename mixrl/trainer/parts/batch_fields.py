@@ -99,7 +99,7 @@ def provenance_fields(out: dict, rollouts: Rollouts | None, turn_marks: tuple[in
             behaviour[i, : len(b)] = b
     fields = {"row_source": row_source, "token_source": token_source, "behaviour_logp": behaviour}
     if tool_mask is not None or bool((token_source == prov.ENVIRONMENT).any()):
-        fields["turn_id"] = turn_ids(token_source != prov.ENVIRONMENT)
+        fields["turn_id"] = turn_ids((token_source != prov.ENVIRONMENT) & (token_source != prov.PATCHED))  # an injected turn is not the policy's
     return fields
 
 

@@ -21,11 +21,12 @@ import torch
 
 from mixrl.config.builders import component as _component
 from mixrl.config.builders import plain as _plain
-from mixrl.config.generation import generation_args
+from mixrl.config.generation import generation_args, resolve_generation
 from mixrl.config.geometry import Geometry, geometry
 from mixrl.config.sampler import build_sampler
 from mixrl.errors import ConfigError
 from mixrl.trainer import fsdp
+from mixrl.trainer.generation import shared_prefill
 from mixrl.trainer.env_rollout import env_trainer_kwargs
 from mixrl.config.ref_reset import ref_reset_args
 from mixrl.config.checks import check_train_size, check_training_data, row_texts
@@ -355,6 +356,7 @@ def trainer_from_config(cfg: DictConfig, *, inputs: RunInputs | None = None, cal
     trainer.magnitude_bounds = MagnitudeBounds.from_config(cfg.trainer)  # checked every micro-batch (mixrl.trainer.magnitude)
     trainer.remove_callback(PrinterCallback)  # mixrl prints its own progress and summary
     add_update_hooks(trainer, cfg)  # SFPO's reposition (algo.reposition), ALP's layer noise (algo.perturbation)
+    trainer.shared_prefill = shared_prefill.install(trainer, resolve_generation(cfg))  # trainer.generation=shared-prefill
     return trainer
 
 

@@ -37,6 +37,12 @@ def test_positions_as_generate_derives_them():
     assert positions(mask).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]
 
 
+def _install(model) -> SharedPrefill:
+    from transformers import DynamicCache
+
+    return SharedPrefill(model, new_cache=lambda: DynamicCache(config=model.config))
+
+
 def _model_and_batch(path: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -63,7 +69,7 @@ def test_greedy_and_sampled_equal_plain_generate(tiny_model_path):
         gen = _gen(tok, max_new_tokens=12, min_new_tokens=12, do_sample=sample, top_k=0)
         torch.manual_seed(3)
         outs["plain", sample] = model.generate(input_ids=ids, attention_mask=mask, generation_config=gen)
-        shared = SharedPrefill(model)
+        shared = _install(model)
         torch.manual_seed(3)
         outs["shared", sample] = model.generate(input_ids=ids, attention_mask=mask, generation_config=gen)
         del model.generate  # the class's generate again
@@ -78,7 +84,7 @@ def test_falls_back_to_plain_generate(tiny_model_path):
     """No repeated prompt, a one-token prompt, beam search, several sequences per prompt, a
     configured cache, positional inputs: plain generate, nothing prefilled."""
     tok, model, ids, mask = _model_and_batch(tiny_model_path)
-    shared = SharedPrefill(model)
+    shared = _install(model)
     gen = _gen(tok, max_new_tokens=2)
     model.generate(input_ids=ids[::3], attention_mask=mask[::3], generation_config=gen)  # 4 distinct prompts
     model.generate(input_ids=ids[:, -1:], attention_mask=mask[:, -1:], generation_config=gen)  # one-token prompts
@@ -100,7 +106,7 @@ def test_sampled_two_tokens_in_distribution(tiny_model_path):
     tok, model, ids, mask = _model_and_batch(tiny_model_path)
     n = 600
     prompt = ids[3:4][mask[3:4].bool()].unsqueeze(0)  # "3*4=", unpadded
-    shared = SharedPrefill(model)
+    shared = _install(model)
     torch.manual_seed(0)
     gen = _gen(tok, max_new_tokens=2, min_new_tokens=2, do_sample=True, temperature=1.0, top_k=0, top_p=1.0)
     draws = model.generate(input_ids=prompt.repeat(n, 1), attention_mask=torch.ones(n, prompt.shape[1], dtype=torch.long),
@@ -136,13 +142,13 @@ def test_trainer_greedy_equals_padded(tiny_model_path, tmp_path):
         cfg = _cfg([f"model.path={tiny_model_path}", f"trainer.generation={mode}"], tmp_path / mode)
         trainer = build.trainer_from_config(cfg, run_dir=tmp_path / mode, generation_kwargs={"do_sample": False})
         assert trainer.use_transformers_continuous_batching is False
-        assert (trainer.shared_prefill is not None) is (mode == "shared-prefill")
+        assert isinstance(trainer.generation_wrap, SharedPrefill) is (mode == "shared-prefill")
         tok = trainer.processing_class
         texts = ["12+7=", "3*4=", "100-58=", "9+9+9="]
         prompt_ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts for _ in range(2)]
         ids, _ = trainer._generate_single_turn(prompt_ids, None, {}, 2)
         outs[mode] = [list(x) for x in ids]
         if mode == "shared-prefill":
-            assert trainer.shared_prefill.calls == 1 and trainer.shared_prefill.saved > 0
+            assert trainer.generation_wrap.calls == 1 and trainer.generation_wrap.saved > 0
     assert any(len(c) > 1 for c in outs["padded"])
     assert outs["shared-prefill"] == outs["padded"]

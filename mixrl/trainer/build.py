@@ -26,7 +26,6 @@ from mixrl.config.geometry import Geometry, geometry
 from mixrl.config.sampler import build_sampler
 from mixrl.errors import ConfigError
 from mixrl.trainer import fsdp
-from mixrl.trainer.generation import shared_prefill
 from mixrl.trainer.env_rollout import env_trainer_kwargs
 from mixrl.config.ref_reset import ref_reset_args
 from mixrl.config.checks import check_train_size, check_training_data, row_texts
@@ -302,6 +301,7 @@ def trainer_from_config(cfg: DictConfig, *, inputs: RunInputs | None = None, cal
 
     from mixrl.trainer.update_hooks import add_update_hooks  # deferred: loaded with the trainer (SFPO's callback imports transformers)
     from mixrl.trainer.grpo import MixrlGRPOTrainer  # deferred: trainer.grpo imports trl and transformers; `mixrl plan` imports this module and must not load them
+    from mixrl.trainer.assembly import wrap_generation  # deferred: imports transformers, as trainer.grpo
 
     if inputs is None:
         inputs = prepare_inputs(cfg, console or Console(quiet=True), check=False)
@@ -356,7 +356,7 @@ def trainer_from_config(cfg: DictConfig, *, inputs: RunInputs | None = None, cal
     trainer.magnitude_bounds = MagnitudeBounds.from_config(cfg.trainer)  # checked every micro-batch (mixrl.trainer.magnitude)
     trainer.remove_callback(PrinterCallback)  # mixrl prints its own progress and summary
     add_update_hooks(trainer, cfg)  # SFPO's reposition (algo.reposition), ALP's layer noise (algo.perturbation)
-    trainer.shared_prefill = shared_prefill.install(trainer, resolve_generation(cfg))  # trainer.generation=shared-prefill
+    trainer.generation_wrap = wrap_generation(trainer, resolve_generation(cfg))  # shared-prefill; continuous: per-call cache size
     return trainer
 
 

@@ -28,6 +28,8 @@ encoder-decoder model, or a model without transformers' default dynamic cache.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 #: generate() keywords that pass through unchanged (others: plain generate)
@@ -60,11 +62,13 @@ def positions(attention_mask: torch.Tensor) -> torch.Tensor:
 
 class SharedPrefill:
     """Wraps ``model.generate`` (an instance attribute, so the class and other models are
-    untouched). ``prefilled`` / ``saved``: prompt positions computed / not computed by the calls
-    that shared (for tests and the benchmark)."""
+    untouched); ``new_cache()`` returns an empty cache of the kind ``generate`` would build
+    (transformers' ``DynamicCache`` for the model's text config: the assembly passes it, this
+    module imports no transformers). ``prefilled`` / ``saved``: prompt positions computed / not
+    computed by the calls that shared (for tests and the benchmark)."""
 
-    def __init__(self, model):
-        self.model = model
+    def __init__(self, model, new_cache: Callable[[], object]):
+        self.model, self.new_cache = model, new_cache
         self._generate = model.generate
         model.generate = self.generate
         self.prefilled = self.saved = self.calls = 0
@@ -113,17 +117,9 @@ class SharedPrefill:
         """The cache of ``ids`` (left-padded), computed as ``generate``'s own prefill would: the
         positions it derives from the mask, no mask when there is no padding (generate drops an
         all-ones mask), only the last position's logits."""
-        from transformers import DynamicCache  # deferred: transformers loads only when a model is built or measured
-
-        cache = DynamicCache(config=self.model.config.get_text_config(decoder=True))
+        cache = self.new_cache()
         extra = {"logits_to_keep": 1} if getattr(self.model, "_supports_logits_to_keep", lambda: False)() else {}
         self.model(input_ids=ids, attention_mask=None if bool(mask.all()) else mask, position_ids=positions(mask),
                    past_key_values=cache, use_cache=True, **extra)
         return cache
 
-
-def install(trainer, generation: str) -> SharedPrefill | None:
-    """``trainer.generation=shared-prefill``: the policy's ``generate`` wrapped (else nothing)."""
-    if generation != "shared-prefill":
-        return None
-    return SharedPrefill(trainer.accelerator.unwrap_model(trainer.model))

@@ -34,7 +34,9 @@ CPU_PAGE_SIZE = 16
 #: tokens per forward of the continuous engine on CPU: its SDPA path preallocates a dense mask of
 #: max_batch_tokens x (cache tokens + max_batch_tokens) floats; on the variable-length benchmark's 128 rows
 #: 8192 made it gigabytes (4.4 GB peak RSS, 2x slower than 2048), 2048 still +1.0 GB over padded
-#: generation, 512 +0.3 GB (decoding runs at most CPU_MAX_REQUESTS tokens per forward anyway)
+#: generation, 512 +0.3 GB with the cache sized for 512 assumed prompt tokens, below padded generation's
+#: peak with the cache sized per call (mixrl.trainer.generation.paged_cache); decoding runs at most
+#: CPU_MAX_REQUESTS tokens per forward anyway
 CPU_MAX_BATCH_TOKENS = 512
 #: requests decoded together on CPU: the SDPA path attends each query over every scheduled row's
 #: cache (a block-diagonal mask), a cost quadratic in the rows decoded at once
@@ -79,7 +81,9 @@ def continuous_batching_config(cfg: DictConfig, rows: int) -> dict | None:
     ``max_completion_length`` tokens, in pages of :data:`CPU_PAGE_SIZE`), at most
     :data:`CPU_MAX_BATCH_TOKENS` tokens and :data:`CPU_MAX_REQUESTS` rows per forward:
     transformers sizes the cache from free device memory, which on CPU is the host's RAM (a cache
-    of gigabytes, tens of seconds to allocate per call). On a GPU: TRL's default (half of the free
+    of gigabytes, tens of seconds to allocate per call). This size is an upper bound: the trainer
+    lowers it for each call to what the call's own prompts need
+    (:mod:`mixrl.trainer.generation.paged_cache`). On a GPU: TRL's default (half of the free
     memory)."""
     if str(cfg.hardware.device) != "cpu":
         return None

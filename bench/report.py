@@ -126,6 +126,14 @@ def ratios(rep: dict) -> dict:
                                      "train": paired_ratio(x, t, "train_seconds"),
                                      "vs_trl_cb": paired_ratio(x, tcb) if tcb and name != "trl-cb" else None,
                                      "rollout_share": rollout_share(x), "trl_rollout_share": rollout_share(t)}
+    for name in ("grpo-sp", "grpo-pf-budget-sp"):  # shared prefill against padded TRL and the same variant's plain prefill
+        x, plain = res.get(name), res.get(name[: -len("-sp")])
+        if x and t:
+            out[f"{name}_vs_trl"] = {"step": paired_ratio(x, t), "rollout": paired_ratio(x, t, "rollout_seconds"),
+                                     "train": paired_ratio(x, t, "train_seconds"),
+                                     "vs_plain": paired_ratio(x, plain) if plain else None,
+                                     "generate_vs_plain": paired_ratio(x, plain, "generate_seconds") if plain else None,
+                                     "vs_trl_cb": paired_ratio(x, tcb) if tcb else None}
     return out
 
 
@@ -204,6 +212,13 @@ def ratio_lines(rep: dict) -> list[tuple[str, dict, str]]:
             lines.append((f"(9) {'plain TRL' if name == 'trl-cb' else 'mixrl'} {name} / plain TRL (padded generation)", d,
                           f"{vs}rollout share of the step {fmt(d['rollout_share'], '.2f')} (plain TRL: "
                           f"{fmt(d['trl_rollout_share'], '.2f')})"))
+    for name in ("grpo-sp", "grpo-pf-budget-sp"):
+        if f"{name}_vs_trl" in r:
+            d = r[f"{name}_vs_trl"]
+            vs = f"; step / TRL with continuous batching: {_r(d.get('vs_trl_cb'))}" if d.get("vs_trl_cb") else ""
+            lines.append((f"(10) mixrl {name} / plain TRL", d,
+                          f"step / {name[: -len('-sp')]} (prefill per row): {_r(d.get('vs_plain'))}, generation "
+                          f"{_r(d.get('generate_vs_plain'))}{vs}"))
     return lines
 
 
@@ -314,6 +329,10 @@ def markdown(rep: dict, profile_path: str | None, md_dir: str | Path | None = No
            "for plain TRL `use_transformers_continuous_batching=True` with the `transformers_continuous_batching_config` "
            "mixrl builds, its CPU KV cache sized from the run: `mixrl.config.generation`)."]
           if any(n.endswith("-cb") for n in rep["results"]) else []),
+        *(["- `*-sp`: the same variant generated padded with each group's prompt prefilled once "
+           "(`trainer.generation=shared-prefill`, `mixrl/trainer/generation/shared_prefill.py`): the same rows, decoding "
+           "steps and random stream as padded generation."]
+          if any(n.endswith("-sp") for n in rep["results"]) else []),
         "- Every variant is timed by the same hooks: a `TrainerCallback` (`on_step_begin` → `on_step_end`, CUDA "
         "synchronised) for the trainers, the same `begin`/`end` calls in the floor's loop.",
     ]

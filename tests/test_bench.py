@@ -159,6 +159,9 @@ def test_varlen_variants_name_their_batching():
     assert base_and_overrides("grpo-cb", 9) == ("grpo", ["trainer.padding_free=false", "trainer.generation=continuous"])
     assert base_and_overrides("grpo-pf-budget-cb", 9) == (
         "grpo", ["trainer.padding_free=true", "trainer.max_tokens_per_micro_batch=9", "trainer.generation=continuous"])
+    # -sp: padded generation, each group's prompt prefilled once
+    assert base_and_overrides("grpo-pf-budget-sp", 9) == (
+        "grpo", ["trainer.padding_free=true", "trainer.max_tokens_per_micro_batch=9", "trainer.generation=shared-prefill"])
 
 
 def test_row_stops_end_each_row_at_its_length(tiny_model_path):
@@ -241,6 +244,7 @@ def test_vllm_steps_out_follows_the_same_rule(tmp_path, monkeypatch):
     (["--steps", "0"], "--steps >= 1"),
     (["--set", "trainer.nope=1"], "unknown key 'trainer.nope'"),  # found when the config is composed, before any model loads
     (["--only", "trl,trl-cb"], "trl-cb (continuous batching) need --lengths variable"),
+    (["--only", "trl,grpo-sp"], "grpo-sp (shared prefill) need --lengths variable"),
 ])
 def test_bad_options_exit_2_with_one_line_and_create_nothing(args, words, tmp_path):
     (tmp_path / "a-file").write_text("x")
@@ -289,10 +293,12 @@ def test_bench_end_to_end_minimal(tiny_model_path, tmp_path):
 
 @pytest.mark.slow
 def test_bench_varlen_continuous_minimal(tiny_model_path, tmp_path):
-    """--lengths variable with the continuous-batching variants: every variant trains the same drawn
-    lengths, each rollout's generation is timed, and the report has the rollout phase and ratios (9)."""
+    """--lengths variable with the continuous-batching and shared-prefill variants: every variant trains
+    the same drawn lengths, each rollout's generation is timed, and the report has the rollout phase and
+    ratios (9) and (10)."""
     cmd = [sys.executable, "-m", "bench.throughput", "--lengths", "variable", "--length-median", "3", "--warmup", "0",
-           "--steps", "1", "--threads", "1", "--quiet", "--only", "trl,trl-cb,grpo-pf-budget-cb", "--model", tiny_model_path,
+           "--steps", "1", "--threads", "1", "--quiet", "--only", "trl,trl-cb,grpo-pf-budget-cb,grpo-pf-budget,grpo-pf-budget-sp",
+           "--model", tiny_model_path,
            "--set", "trainer.prompts_per_step=2", "--set", "algo.num_generations=2", "--set", "trainer.max_completion_length=8",
            "--out", str(tmp_path / "out"), "--json", str(tmp_path / "bench.json")]
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1")
@@ -300,7 +306,8 @@ def test_bench_varlen_continuous_minimal(tiny_model_path, tmp_path):
     assert res.returncode == 0, res.stderr[-4000:]
     data = json.loads((tmp_path / "bench.json").read_text())
     tokens = {name: [s["rollout_tokens"] for s in r["records"]] for name, r in data["results"].items()}
-    assert tokens["trl"] == tokens["trl-cb"] == tokens["grpo-pf-budget-cb"], tokens
+    assert tokens["trl"] == tokens["trl-cb"] == tokens["grpo-pf-budget-cb"] == tokens["grpo-pf-budget-sp"], tokens
     assert all(0 < s["generate_seconds"] <= s["rollout_seconds"] for r in data["results"].values() for s in r["records"])
     md = (tmp_path / "out" / "bench.md").read_text()
     assert "## Rollout phase" in md and "(9) mixrl grpo-pf-budget-cb / plain TRL" in md
+    assert "(10) mixrl grpo-pf-budget-sp / plain TRL" in md and "step / grpo-pf-budget (prefill per row)" in md

@@ -19,7 +19,7 @@ def _cfg(extra: list[str], run_dir: Path | None = None):
 
 
 @pytest.mark.parametrize("extra, words", [
-    (["trainer.generation=paged"], "trainer.generation=paged is not one of auto, padded, continuous, vllm"),
+    (["trainer.generation=paged"], "trainer.generation=paged is not one of auto, padded, shared-prefill, continuous, vllm"),
     (["trainer.generation=vllm"], "trainer.generation=vllm needs hardware.use_vllm=true"),
 ])
 def test_bad_generation_is_one_line(extra, words):
@@ -85,6 +85,9 @@ def test_continuous_greedy_equals_padded(tiny_model_path, tmp_path):
         prompt_ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts for _ in range(2)]
         ids, _ = trainer._generate_single_turn(prompt_ids, None, {}, 2)
         outs[mode] = [list(x) for x in ids]
+        if mode == "continuous":  # its cache sized for these prompts, below the config's (64 prompt tokens assumed)
+            sizes = trainer.generation_wrap.sizes
+            assert sizes and sizes[-1] < trainer.continuous_batching_config.num_blocks, sizes
     assert len(outs["padded"]) == 8
     assert any(len(c) > 1 for c in outs["padded"])  # real completions, not empty ones
     assert outs["continuous"] == outs["padded"]

@@ -2,6 +2,10 @@
 
 * ``padded``: transformers' ``generate`` on the step's rows left-padded to one width (TRL's
   default): every row is computed until the longest is done.
+* ``shared-prefill``: ``padded``, with the prompt of each group prefilled once for its G rows (its
+  keys and values computed on the distinct prompts, then expanded to every row;
+  :mod:`mixrl.trainer.generation.shared_prefill`): the same rows, decoding steps and random
+  stream as ``padded``, (G - 1) / G of the prefill saved.
 * ``continuous``: transformers' continuous-batching engine (``generate_batch``, TRL's
   ``use_transformers_continuous_batching``): a row leaves the batch when it ends and the
   prompt blocks of a group are shared (prefix caching). Greedy completions are the same as
@@ -23,14 +27,16 @@ from omegaconf import DictConfig
 
 from mixrl.errors import ConfigError
 
-GENERATION = ("auto", "padded", "continuous", "vllm")
+GENERATION = ("auto", "padded", "shared-prefill", "continuous", "vllm")
 #: tokens per KV-cache page of the continuous engine on CPU (transformers' default, 256, wastes most of a
 #: page on short completions and makes the cache, and the attention-mask buffer sized from it, large)
 CPU_PAGE_SIZE = 16
 #: tokens per forward of the continuous engine on CPU: its SDPA path preallocates a dense mask of
 #: max_batch_tokens x (cache tokens + max_batch_tokens) floats; on the variable-length benchmark's 128 rows
 #: 8192 made it gigabytes (4.4 GB peak RSS, 2x slower than 2048), 2048 still +1.0 GB over padded
-#: generation, 512 +0.3 GB (decoding runs at most CPU_MAX_REQUESTS tokens per forward anyway)
+#: generation, 512 +0.3 GB with the cache sized for 512 assumed prompt tokens, below padded generation's
+#: peak with the cache sized per call (mixrl.trainer.generation.paged_cache); decoding runs at most
+#: CPU_MAX_REQUESTS tokens per forward anyway
 CPU_MAX_BATCH_TOKENS = 512
 #: requests decoded together on CPU: the SDPA path attends each query over every scheduled row's
 #: cache (a block-diagonal mask), a cost quadratic in the rows decoded at once
@@ -40,7 +46,7 @@ ASSUMED_PROMPT_TOKENS = 512
 
 
 def resolve_generation(cfg: DictConfig) -> str:
-    """The engine a run generates with: ``padded``, ``continuous`` or ``vllm`` (``auto`` resolved)."""
+    """The engine a run generates with: ``padded``, ``shared-prefill``, ``continuous`` or ``vllm`` (``auto`` resolved)."""
     value = str(cfg.trainer.get("generation", "auto")).strip().lower()
     if value == "auto":
         return "vllm" if bool(cfg.hardware.use_vllm) else "padded"
@@ -58,7 +64,7 @@ def check_generation(cfg: DictConfig) -> None:
     if value == "vllm" and not use_vllm:
         raise ConfigError("trainer.generation=vllm needs hardware.use_vllm=true (and the vllm extra: pip install 'mixrl[vllm]'); "
                           "set hardware.use_vllm=true, or trainer.generation=padded")
-    if value in ("padded", "continuous") and use_vllm:
+    if value in ("padded", "shared-prefill", "continuous") and use_vllm:
         raise ConfigError(f"trainer.generation={value} contradicts hardware.use_vllm=true (vLLM generates); "
                           "set trainer.generation=vllm (or auto), or hardware.use_vllm=false")
     hw = cfg.hardware
@@ -75,7 +81,9 @@ def continuous_batching_config(cfg: DictConfig, rows: int) -> dict | None:
     ``max_completion_length`` tokens, in pages of :data:`CPU_PAGE_SIZE`), at most
     :data:`CPU_MAX_BATCH_TOKENS` tokens and :data:`CPU_MAX_REQUESTS` rows per forward:
     transformers sizes the cache from free device memory, which on CPU is the host's RAM (a cache
-    of gigabytes, tens of seconds to allocate per call). On a GPU: TRL's default (half of the free
+    of gigabytes, tens of seconds to allocate per call). This size is an upper bound: the trainer
+    lowers it for each call to what the call's own prompts need
+    (:mod:`mixrl.trainer.generation.paged_cache`). On a GPU: TRL's default (half of the free
     memory)."""
     if str(cfg.hardware.device) != "cpu":
         return None

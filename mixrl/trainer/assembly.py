@@ -21,12 +21,16 @@ Order (each step needs the ones above it):
 5. The injections' context: it offers the teachers, the sampler and the scoring to injections.
 6. Asynchronous generation: it wraps TRL's vLLM client, already built.
 7. Token-budget micro-batches (``trainer.max_tokens_per_micro_batch``).
+
+:func:`wrap_generation` (called by ``trainer_from_config`` once the trainer exists) wraps the
+policy's generation for ``trainer.generation``: shared prefill, or the continuous engine's cache
+sized per call.
 """
 
 from __future__ import annotations
 
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, DynamicCache
 from trl.data_utils import is_conversational
 from trl.models import unwrap_model_for_generation
 from trl.models.utils import disable_gradient_checkpointing
@@ -39,6 +43,8 @@ from mixrl.core import ADVANTAGES
 from mixrl.core.terms import term_needs
 from mixrl.trainer.generation.async_generation import AsyncGeneration, AsyncPipeline
 from mixrl.trainer.generation.lagged_weights import LaggedWeights, cpu_copy, trainable
+from mixrl.trainer.generation.paged_cache import PagedCacheSizing
+from mixrl.trainer.generation.shared_prefill import SharedPrefill
 from mixrl.trainer.lm_head import fit_tile_to_vocab
 from mixrl.trainer.parts import Parts
 from mixrl.trainer.parts.advantage_shaping import AdvantageShaping
@@ -203,3 +209,15 @@ def build_parts(trainer, *, objective, advantage: tuple[str, dict, bool], inject
                  remax=remax, sampler=sampler_part, controller=controller_part, lag=lag, async_gen=async_gen,
                  budget=budget, shaping=shaping_part)
 
+
+def wrap_generation(trainer, generation: str) -> SharedPrefill | PagedCacheSizing | None:
+    """The policy's generation as ``trainer.generation`` asks beyond TRL's flags
+    (:func:`mixrl.config.generation.generation_args`): ``shared-prefill`` wraps its ``generate``
+    (each group's prompt prefilled once), ``continuous`` sizes the engine's paged cache per call (it
+    acts where the config sets ``num_blocks``: on CPU). None: nothing installed."""
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    if generation == "shared-prefill":
+        return SharedPrefill(model, new_cache=lambda: DynamicCache(config=model.config.get_text_config(decoder=True)))
+    if generation == "continuous":
+        return PagedCacheSizing(model)
+    return None

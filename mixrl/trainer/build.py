@@ -21,7 +21,7 @@ import torch
 
 from mixrl.config.builders import component as _component
 from mixrl.config.builders import plain as _plain
-from mixrl.config.generation import generation_args
+from mixrl.config.generation import generation_args, resolve_generation
 from mixrl.config.geometry import Geometry, geometry
 from mixrl.config.sampler import build_sampler
 from mixrl.errors import ConfigError
@@ -301,6 +301,7 @@ def trainer_from_config(cfg: DictConfig, *, inputs: RunInputs | None = None, cal
 
     from mixrl.trainer.update_hooks import add_update_hooks  # deferred: loaded with the trainer (SFPO's callback imports transformers)
     from mixrl.trainer.grpo import MixrlGRPOTrainer  # deferred: trainer.grpo imports trl and transformers; `mixrl plan` imports this module and must not load them
+    from mixrl.trainer.assembly import wrap_generation  # deferred: imports transformers, as trainer.grpo
 
     if inputs is None:
         inputs = prepare_inputs(cfg, console or Console(quiet=True), check=False)
@@ -355,6 +356,7 @@ def trainer_from_config(cfg: DictConfig, *, inputs: RunInputs | None = None, cal
     trainer.magnitude_bounds = MagnitudeBounds.from_config(cfg.trainer)  # checked every micro-batch (mixrl.trainer.magnitude)
     trainer.remove_callback(PrinterCallback)  # mixrl prints its own progress and summary
     add_update_hooks(trainer, cfg)  # SFPO's reposition (algo.reposition), ALP's layer noise (algo.perturbation)
+    trainer.generation_wrap = wrap_generation(trainer, resolve_generation(cfg))  # shared-prefill; continuous: per-call cache size
     return trainer
 
 

@@ -1,2 +1,4 @@
-"""Parts about which weights produced which rows: lagged weights (``trainer.staleness``),
-asynchronous generation on a vLLM server, and the weight sync check. No module here imports TRL."""
+"""Parts about which weights produced which rows and how they are generated: lagged weights
+(``trainer.staleness``), asynchronous generation on a vLLM server, the weight sync check, each
+group's prompt prefilled once (``trainer.generation=shared-prefill``) and the continuous engine's
+cache sized per call. No module here imports TRL or transformers."""

@@ -33,7 +33,8 @@ Here (differences, also in the preset's header):
   counted in the rollout budget) instead of joining it: the group size is fixed in this trainer;
   each probe slot continues a failed rollout of the group's other slots (in turn), and a group
   whose other slots all succeed keeps its ordinary rollouts there (the authors clone a failed
-  rollout with probability ``revision_prob``);
+  rollout with probability ``revision_prob``); a group split over processes draws its probes' failed
+  rollouts from the slots on the probe's own process;
 * the failed reasoning kept is the first ``keep`` share of the failed completion's tokens (the
   authors delete the final ``<answer>`` turn of a search episode);
 * the original rollouts keep their ratio pi_theta / pi_old; the authors' behaviour (1 - alpha) pi_old

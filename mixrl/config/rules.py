@@ -118,4 +118,5 @@ def validate_rules(cfg: DictConfig) -> None:
     _check_token_budget(cfg)
     check_sampler(cfg)
     check_shaping(cfg)
+    build_injection(cfg, geometry=geometry(cfg)).check_budget(int(cfg.trainer.max_completion_length))
     check_objective(cfg)

@@ -103,3 +103,21 @@ def step_token_rewards(step_ends: Sequence[int], token_ends: Sequence[int], scor
             for t in toks:
                 out[t] = s / len(toks)
     return out
+
+
+def reference_step_scores(text: str, spans: Sequence[tuple[int, int]], reference: str, separator: str, *,
+                          regex: bool = False) -> list[float]:
+    """A step scorer that reads a worked reference solution (``scorer=reference``): step ``j`` of ``text``
+    scores 1 when its text (stripped) equals step ``j`` of ``reference`` cut the same way, else 0 (a step
+    past the reference's last one scores 0). An oracle PRM for tasks whose solutions are written step by
+    step in one canonical way (the built-in task's running sums), where no learned PRM is at hand.
+
+    Formula: s_j = 1[strip(y_j) = strip(ref_j)]"""
+    ref_spans = step_spans(reference or "", separator, regex=regex)
+    ref = [reference[a:b].strip() for a, b in ref_spans]
+    return [1.0 if j < len(ref) and text[a:b].strip() == ref[j] else 0.0 for j, (a, b) in enumerate(spans)]
+
+
+def first_wrong_step(scores: Sequence[float], threshold: float = 0.5) -> int | None:
+    """The index of the first step scored below ``threshold`` (None when every step passes)."""
+    return next((j for j, s in enumerate(scores) if s < threshold), None)

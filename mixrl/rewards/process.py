@@ -30,7 +30,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from mixrl.core.process_rewards import PLACEMENTS, step_spans, step_token_rewards, token_char_ends
+from mixrl.core.process_rewards import PLACEMENTS, reference_step_scores, step_spans, step_token_rewards, token_char_ends
 from mixrl.errors import ConfigError
 from mixrl.rewards.components import register_model_reward
 from mixrl.rewards.extract import completion_text
@@ -42,19 +42,20 @@ from mixrl.rewards.reward_model import reward_model
 STEP_TEMPLATE = ("Check one step of a solution.\nProblem: {prompt}\nSolution so far: {previous}\nNext step: {step}\n"
                  "Reference answer: {answer}\nIs the next step correct? Reply 'Verdict: correct' or 'Verdict: incorrect'.")
 STEP_PATTERN = r"(?i)verdict\s*:\s*(correct|incorrect)"
-SCORERS = ("judge", "model", "genprm")
+SCORERS = ("judge", "model", "genprm")  # the scorers with params of their own (scorer_params)
+STEP_SCORERS = (*SCORERS, "reference")  # and the reference solution read step by step (no params)
 
 
 class ProcessReward:
     """The picklable reward function of ``reward=process``."""
 
     def __init__(self, *, scorer: Any, scorer_name: str, separator: str, regex: bool, placement: str, step_weight: float,
-                 baseline: float, outcome_weight: float, verifier: str, answer_column: str):
+                 baseline: float, outcome_weight: float, verifier: str, answer_column: str, reference_column: str = "expert"):
         self.__name__ = "process"
         self.scorer, self.scorer_name = scorer, scorer_name
         self.separator, self.regex, self.placement = separator, regex, placement
         self.step_weight, self.baseline, self.outcome_weight = step_weight, baseline, outcome_weight
-        self.answer_column = answer_column
+        self.answer_column, self.reference_column = answer_column, reference_column
         self.verifier = None if verifier == "none" else build_reward(verifier, answer_column=answer_column)
         self.tokenizer = None
         self.last_credit: dict[int, list[float]] = {}  # the last call's step rewards per token (no outcome): row -> list
@@ -65,7 +66,8 @@ class ProcessReward:
 
     def bind_device(self, device: str) -> None:
         """The run's device, for the scorer's model (a reward model, a judge served by ``transformers``)."""
-        self.scorer.bind_device(device)
+        if self.scorer is not None:  # scorer=reference has no model
+            self.scorer.bind_device(device)
 
     def bind_policy(self, model_path: str) -> None:
         if hasattr(self.scorer, "bind_policy"):
@@ -73,9 +75,13 @@ class ProcessReward:
 
     def step_scores(self, prompts: Sequence[Any], texts: Sequence[str], spans: list[list[tuple[int, int]]], answers: Sequence[Any],
                     log: Any) -> list[list[float]]:
-        """``s_j`` for every step of every completion (one batched call to the scorer)."""
+        """``s_j`` for every step of every completion (one batched call to the scorer). With
+        ``scorer=reference`` the ``answers`` are the worked reference solutions."""
         if self.scorer_name == "genprm":  # CAPO: one critique of the whole solution per vote (mixrl.rewards.genprm)
             return self.scorer.step_scores(prompts, texts, spans, answers, log)
+        if self.scorer_name == "reference":
+            return [reference_step_scores(t, sp, _first(a), self.separator, regex=self.regex)
+                    for t, sp, a in zip(texts, spans, answers)]
         flat_prompts, questions, where = [], [], []
         for i, (p, text, sp) in enumerate(zip(prompts, texts, spans)):
             for j, (a, b) in enumerate(sp):
@@ -100,7 +106,7 @@ class ProcessReward:
     def __call__(self, prompts: Sequence[Any] | None = None, completions: Sequence[Any] | None = None, **kwargs: Any):
         completions = list(completions or [])
         prompts = list(prompts or [""] * len(completions))
-        answers = kwargs.get(self.answer_column)
+        answers = kwargs.get(self.reference_column if self.scorer_name == "reference" else self.answer_column)
         if answers is None or isinstance(answers, str):
             answers = [answers or ""] * len(completions)
         texts = [completion_text(c) for c in completions]
@@ -131,7 +137,16 @@ def scorer_param_names(scorer: str) -> set[str] | None:
     or the reward model's parameters, or genprm's own and its judge's."""
     if scorer == "genprm":
         return genprm_param_names()
+    if scorer == "reference":  # the reference solution: no params
+        return set()
     return set(reward_params(REWARDS[scorer])) if scorer in SCORERS and scorer in REWARDS else None
+
+
+def _first(reference) -> str:
+    """A reference cell as text: the first of a list of solutions (the ``expert`` column), else the text."""
+    if isinstance(reference, (list, tuple)):
+        return str(reference[0]) if reference else ""
+    return "" if reference is None else str(reference)
 
 
 class _Fields(dict):
@@ -142,7 +157,7 @@ class _Fields(dict):
 @register_model_reward("process")
 def process_reward(*, scorer: str = "judge", scorer_params: dict | None = None, separator: str = "\n\n", regex: bool = False,
                    placement: str = "each", step_weight: float = 1.0, baseline: float = 1.0, outcome_weight: float = 1.0,
-                   verifier: str = "exact", answer_column: str = "answer") -> ProcessReward:
+                   verifier: str = "exact", answer_column: str = "answer", reference_column: str = "expert") -> ProcessReward:
     """Step-level scores (a judge per step, or a reward model on each prefix) put on each step's tokens as a dense reward, plus the verifier's outcome on the last token.
 
     With the defaults (a judge's correct/incorrect verdict per step, ``baseline=1``, ``placement=each``)
@@ -156,7 +171,7 @@ def process_reward(*, scorer: str = "judge", scorer_params: dict | None = None, 
     Paper: "CAPO: Towards Enhancing LLM Reasoning through Generative Credit Assignment" (Xie et al. 2025, arXiv 2508.02298): an LLM as a generative process reward model judges every step in one pass; tokens of wrong steps are penalised on top of the verifiable reward.
 
     Parameters:
-        scorer (str): judge (a verdict per step), genprm (CAPO: critiques of the whole solution listing its wrong steps, voted; mixrl.rewards.genprm) or model (a reward model's score of the prompt plus the steps so far).
+        scorer (str): judge (a verdict per step), genprm (CAPO: critiques of the whole solution listing its wrong steps, voted; mixrl.rewards.genprm), model (a reward model's score of the prompt plus the steps so far) or reference (1 when the step equals the reference solution's step at the same place, else 0).
         scorer_params (dict | None): the params of the judge (reward=judge) or reward model (reward=model); the judge's default template asks about one step.
         separator (str): a step ends after each occurrence (default a blank line; the built-in task's sums: a space).
         regex (bool): separator is a regular expression (a zero-width match cuts before it).
@@ -166,9 +181,10 @@ def process_reward(*, scorer: str = "judge", scorer_params: dict | None = None, 
         outcome_weight (float): the weight of the verifier's outcome, on the last token.
         verifier (str): exact, math or none; also judges held-out accuracy.
         answer_column (str): the gold answer column.
+        reference_column (str): the worked reference solutions scorer=reference reads (the data's expert column).
     """
-    if scorer not in SCORERS:
-        raise ConfigError(f"reward 'process': scorer={scorer!r} is not one of {', '.join(SCORERS)}; fix reward.params.scorer")
+    if scorer not in STEP_SCORERS:
+        raise ConfigError(f"reward 'process': scorer={scorer!r} is not one of {', '.join(STEP_SCORERS)}; fix reward.params.scorer")
     if placement not in PLACEMENTS:
         raise ConfigError(f"reward 'process': placement={placement!r} is not one of {', '.join(PLACEMENTS)}; "
                           "fix reward.params.placement")
@@ -181,9 +197,14 @@ def process_reward(*, scorer: str = "judge", scorer_params: dict | None = None, 
             raise ConfigError(f"reward 'process': separator {separator!r} is not a regular expression ({e}); "
                               "fix reward.params.separator or set reward.params.regex=false") from None
     params = dict(scorer_params or {})
+    if scorer == "reference" and params:
+        raise ConfigError(f"reward 'process': scorer=reference takes no scorer_params, got {sorted(params)}; "
+                          "remove reward.params.scorer_params")
     try:
         if scorer == "genprm":
             inner = genprm_scorer(**params)
+        elif scorer == "reference":
+            inner = None
         elif scorer == "judge":
             inner = judge_reward(**{"template": STEP_TEMPLATE, "pattern": STEP_PATTERN, "scale": 1.0, "verifier": "none", **params})
         else:
@@ -198,4 +219,4 @@ def process_reward(*, scorer: str = "judge", scorer_params: dict | None = None, 
         raise ConfigError(f"reward 'process': verifier={verifier!r} is not one of exact, math, none; fix reward.params.verifier")
     return ProcessReward(scorer=inner, scorer_name=scorer, separator=separator, regex=bool(regex), placement=placement,
                          step_weight=float(step_weight), baseline=float(baseline), outcome_weight=float(outcome_weight),
-                         verifier=verifier, answer_column=answer_column)
+                         verifier=verifier, answer_column=answer_column, reference_column=reference_column)

@@ -208,6 +208,10 @@ class Injection:
         text), for the character check; see :meth:`Source.texts`."""
         return []
 
+    def check_budget(self, max_completion_length: int) -> None:
+        """Config time: refuse (one-line ConfigError) settings whose writing cannot fit
+        ``trainer.max_completion_length`` (called by :func:`mixrl.config.rules.validate_rules`)."""
+
     def before_generation(self, ctx: InjectContext, inputs: list[dict]) -> list[dict]:
         return inputs
 

@@ -337,6 +337,9 @@ MORE_TRAINER_CASES = {
     "algo=ilf": ["algo=ilf", "algo.inject.template='{prompt}{attempt}{feedback}'", "algo.inject.wrong='#### {expected}'",
                  "algo.inject.missing='#### {expected}'", "algo.inject.attempts=2", "algo.inject.refinements=2", "algo.inject.success=0.5"],
     "algo=rex_rag": ["algo=rex_rag", "algo.inject.keep=0.5", "algo.inject.revisions=[' = ',' #']"],  # revision prompts in the pin model's characters
+    # steps are the running sums (separator ' ', as the toy recipes): the pin's wrong rollouts get a step rectified / edited
+    "algo=scope": ["algo=scope", "algo.inject.separator=' '"],
+    "algo=edit_grpo": ["algo=edit_grpo", "algo.inject.separator=' '"],
     "algo=capo": ["algo=capo"],  # under the pins' exact-match reward its per-token credit is 0: a token-weighted GRPO
 }
 #: the rollouts of each case (a function of tests/pins/rollouts.py): tolerant_completion, except

@@ -33,11 +33,12 @@ layer  modules
 0      ``core`` (pure tensor math); ``errors`` (exception types, imported everywhere); ``progress``
        (the progress display of every long command: Rich only, used from ``models`` up to ``cli``);
        ``jsonl`` (the reader of a run's JSON-lines logs: the standard library only); ``options`` (the
-       command line's output paths and numbers, checked before any work: the standard library and ``errors``)
+       command line's output paths and numbers, checked before any work: the standard library and ``errors``);
+       ``registry`` (the one registry type every registry is: the standard library and ``errors``)
 1      ``sources``, ``sampler``, ``data``, ``rewards``, ``models``, ``tasks``; ``tools`` (the built-in
        tools a tool-calling rollout calls and the sandbox that runs model-written code: the standard
-       library and ``errors`` only); ``envs`` (stateful multi-turn environments and their episode
-       loop on token ids: ``errors`` and ``tasks``); ``evaluation`` (a model's
+       library, ``errors`` and ``registry`` only); ``envs`` (stateful multi-turn environments and their episode
+       loop on token ids: ``errors``, ``registry`` and ``tasks``); ``evaluation`` (a model's
        accuracy and pass@k on held-out rows, the held-out split, the periodic callback, saved
        model folders, the eval cache: it needs only torch/transformers and ``errors``, reads
        configs by their fields, and is called by the trainer and by ``models`` (the built tiny
@@ -73,7 +74,7 @@ from pathlib import Path
 
 #: first path component below the package -> layer (see the module docstring)
 LAYERS = {
-    "": 0, "core": 0, "errors": 0, "progress": 0, "jsonl": 0, "options": 0,
+    "": 0, "core": 0, "errors": 0, "progress": 0, "jsonl": 0, "options": 0, "registry": 0,
     "sources": 1, "sampler": 1, "data": 1, "rewards": 1, "models": 1, "tasks": 1, "evaluation": 1,
     "tools": 1, "envs": 1,
     "config": 2,

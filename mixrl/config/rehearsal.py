@@ -48,7 +48,6 @@ import importlib.util
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -168,22 +167,20 @@ def widened(name: str, context: int = CONTEXT, chat_template: str | None = None)
     dst = src.with_name(f"{src.name}-context{context}{suffix}")
     if (dst / "config.json").is_file():
         return dst
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}-", dir=src.parent))
-    shutil.copytree(src, tmp, dirs_exist_ok=True)
-    for file, key in (("config.json", "max_position_embeddings"), ("tokenizer_config.json", "model_max_length")):
-        path = tmp / file
-        if path.is_file():
-            data = json.loads(path.read_text())
-            data[key] = context
-            if chat_template and file == "tokenizer_config.json":
-                data.pop("chat_template", None)  # the template lives in chat_template.jinja below
-            path.write_text(json.dumps(data, indent=2))
-    if chat_template:
-        (tmp / "chat_template.jinja").write_text(chat_template)
-    try:
-        os.rename(tmp, dst)
-    except OSError:  # another process wrote it first
-        shutil.rmtree(tmp, ignore_errors=True)
+    from mixrl.models.atomic import publishing  # deferred: as resolve above
+
+    with publishing(dst, complete=lambda folder: (folder / "config.json").is_file()) as tmp:  # another process may win
+        shutil.copytree(src, tmp, dirs_exist_ok=True)
+        for file, key in (("config.json", "max_position_embeddings"), ("tokenizer_config.json", "model_max_length")):
+            path = tmp / file
+            if path.is_file():
+                data = json.loads(path.read_text())
+                data[key] = context
+                if chat_template and file == "tokenizer_config.json":
+                    data.pop("chat_template", None)  # the template lives in chat_template.jinja below
+                path.write_text(json.dumps(data, indent=2))
+        if chat_template:
+            (tmp / "chat_template.jinja").write_text(chat_template)
     return dst
 
 

@@ -48,9 +48,9 @@ layer  modules
 3      ``trainer``; ``vllm_cpu``, ``vllm_file_transfer`` (the trainer's vLLM plumbing);
        ``explain`` (reads a composed config and renders its objective: a consumer of config
        and core, beside the trainer); ``benchmarks`` (the papers' benchmarks as config, their
-       scoring and metrics, the trainer's periodic benchmark evaluation and ``mixrl eval
-       benchmarks=``: it loads saved models with the trainer's assembly and vLLM's engine, and
-       the trainer's assembly loads the benchmarks a run scores, so it sits beside the trainer)
+       scoring and metrics, the trainer's periodic benchmark evaluation: the trainer's assembly
+       loads the benchmarks a run scores; the command ``mixrl eval benchmarks=``, which loads
+       saved models with the trainer's assembly, is ``cli.benchmarks``)
 4      ``launch``; ``slurm`` (the sbatch job of a hardware config: the multi-node launch per node);
        ``plan`` (renders the launch command with ``launch``'s own functions, so it
        sits beside it; ``planning``, its code: shape, memory, evaluation, render); ``experiments`` (compare, claims, stats, suites, reproduce, methods: they

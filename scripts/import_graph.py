@@ -51,7 +51,7 @@ layer  modules
        scoring and metrics, the trainer's periodic benchmark evaluation: the trainer's assembly
        loads the benchmarks a run scores; the command ``mixrl eval benchmarks=``, which loads
        saved models with the trainer's assembly, is ``cli.benchmarks``)
-4      ``launch``; ``slurm`` (the sbatch job of a hardware config: the multi-node launch per node);
+4      ``launch`` (``launch_configs``: the accelerate / DeepSpeed configs and the vLLM server command it writes); ``slurm`` (the sbatch job of a hardware config: the multi-node launch per node);
        ``plan`` (renders the launch command with ``launch``'s own functions, so it
        sits beside it; ``planning``, its code: shape, memory, evaluation, render); ``experiments`` (compare, claims, stats, suites, reproduce, methods: they
        run, launch or read runs; ``experiments.stats`` is pure numbers and imports nothing of
@@ -79,7 +79,7 @@ LAYERS = {
     "tools": 1, "envs": 1,
     "config": 2,
     "trainer": 3, "vllm_cpu": 3, "vllm_file_transfer": 3, "explain": 3,
-    "launch": 4, "slurm": 4, "plan": 4, "planning": 4, "experiments": 4, "benchmarks": 3,
+    "launch": 4, "launch_configs": 4, "slurm": 4, "plan": 4, "planning": 4, "experiments": 4, "benchmarks": 3,
     "cli": 5,
 }
 

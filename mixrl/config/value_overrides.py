@@ -38,19 +38,9 @@ def _check_group_override(group: str, value: str) -> None:
         )
 
 
-def _prepare_value_overrides(base: DictConfig, value_overrides: list) -> list[str]:
-    """Check each key exists; add '+' for parameters of a component not yet listed."""
-    if not value_overrides:
-        return []
-    known = set(flat_keys(base, lists=True))  # list elements by index too (algo.stages.1.overrides), as Hydra sets them
-    try:
-        schema_keys = set(flat_keys(OmegaConf.merge(validation.typed_schema(), base)))
-    except OmegaConfBaseException:
-        schema_keys = known  # a type error in a group file; validate() reports it
-    # a component's name may itself be overridden in the same command
-    new_names = {ov.key_or_group.rsplit(".", 1)[0]: ov.get_value_element_as_str()
-                 for ov in value_overrides if ov.key_or_group.endswith(".name")}
-    out = []
+def _dropped_keys(base: DictConfig, value_overrides: list, new_names: dict[str, str]) -> list[str]:
+    """The overrides that drop what a switched component or scorer no longer takes."""
+    out: list[str] = []
     # switching a component (algo.loss.name=sft) drops the parameters the group file set
     # for the previous one that the new one does not have
     for parent, name in new_names.items():
@@ -80,6 +70,22 @@ def _prepare_value_overrides(base: DictConfig, value_overrides: list) -> list[st
             if key not in params and key not in set_here:
                 out.append(f"~{reward_path}.params.scorer_params.{key}" if node[key] is not None
                            else f"{DROP}{reward_path}.params.scorer_params.{key}")
+    return out
+
+
+def _prepare_value_overrides(base: DictConfig, value_overrides: list) -> list[str]:
+    """Check each key exists; add '+' for parameters of a component not yet listed."""
+    if not value_overrides:
+        return []
+    known = set(flat_keys(base, lists=True))  # list elements by index too (algo.stages.1.overrides), as Hydra sets them
+    try:
+        schema_keys = set(flat_keys(OmegaConf.merge(validation.typed_schema(), base)))
+    except OmegaConfBaseException:
+        schema_keys = known  # a type error in a group file; validate() reports it
+    # a component's name may itself be overridden in the same command
+    new_names = {ov.key_or_group.rsplit(".", 1)[0]: ov.get_value_element_as_str()
+                 for ov in value_overrides if ov.key_or_group.endswith(".name")}
+    out = _dropped_keys(base, value_overrides, new_names)
     for ov in value_overrides:
         key, line = ov.key_or_group, ov.input_line
         if ov.is_add() or ov.is_force_add() or ov.is_delete():

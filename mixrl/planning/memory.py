@@ -181,8 +181,7 @@ def estimate(cfg: DictConfig, shape: ModelShape, *, prompt_tokens: int = 512) ->
     rows = geom.rows_per_process + geom.expert_rows_per_process
     step_tokens = geom.rows_per_process * s  # tokens one step generates + attends on this GPU
     colocated = bool(hw.use_vllm and hw.vllm_mode == "colocate" and gpu)
-    out.update(_generation_memory(hw, N, p, kv_token, gpu, colocated=colocated, step_tokens=step_tokens, seq=s,
-                                  rows=geom.rows_per_process))
+    out.update(_generation_memory(hw, N, p, kv_token, gpu, colocated=colocated, step_tokens=step_tokens, seq=s, rows=geom.rows_per_process))
     # ZeRO-3 gathers every parameter for transformers generate (TRL's ds3_gather_for_generation)
     gen_gather = N * p * (1 - 1 / W) if strategy == "zero3" and not hw.use_vllm and not offload else 0.0
     if strategy == "zero3" and not hw.use_vllm and offload:

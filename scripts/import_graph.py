@@ -33,11 +33,12 @@ layer  modules
 0      ``core`` (pure tensor math); ``errors`` (exception types, imported everywhere); ``progress``
        (the progress display of every long command: Rich only, used from ``models`` up to ``cli``);
        ``jsonl`` (the reader of a run's JSON-lines logs: the standard library only); ``options`` (the
-       command line's output paths and numbers, checked before any work: the standard library and ``errors``)
+       command line's output paths and numbers, checked before any work: the standard library and ``errors``);
+       ``registry`` (the one registry type every registry is: the standard library and ``errors``)
 1      ``sources``, ``sampler``, ``data``, ``rewards``, ``models``, ``tasks``; ``tools`` (the built-in
        tools a tool-calling rollout calls and the sandbox that runs model-written code: the standard
-       library and ``errors`` only); ``envs`` (stateful multi-turn environments and their episode
-       loop on token ids: ``errors`` and ``tasks``); ``evaluation`` (a model's
+       library, ``errors`` and ``registry`` only); ``envs`` (stateful multi-turn environments and their episode
+       loop on token ids: ``errors``, ``registry`` and ``tasks``); ``evaluation`` (a model's
        accuracy and pass@k on held-out rows, the held-out split, the periodic callback, saved
        model folders, the eval cache: it needs only torch/transformers and ``errors``, reads
        configs by their fields, and is called by the trainer and by ``models`` (the built tiny
@@ -47,10 +48,10 @@ layer  modules
 3      ``trainer``; ``vllm_cpu``, ``vllm_file_transfer`` (the trainer's vLLM plumbing);
        ``explain`` (reads a composed config and renders its objective: a consumer of config
        and core, beside the trainer); ``benchmarks`` (the papers' benchmarks as config, their
-       scoring and metrics, the trainer's periodic benchmark evaluation and ``mixrl eval
-       benchmarks=``: it loads saved models with the trainer's assembly and vLLM's engine, and
-       the trainer's assembly loads the benchmarks a run scores, so it sits beside the trainer)
-4      ``launch``; ``slurm`` (the sbatch job of a hardware config: the multi-node launch per node);
+       scoring and metrics, the trainer's periodic benchmark evaluation: the trainer's assembly
+       loads the benchmarks a run scores; the command ``mixrl eval benchmarks=``, which loads
+       saved models with the trainer's assembly, is ``cli.benchmarks``)
+4      ``launch`` (``launch_configs``: the accelerate / DeepSpeed configs and the vLLM server command it writes); ``slurm`` (the sbatch job of a hardware config: the multi-node launch per node);
        ``plan`` (renders the launch command with ``launch``'s own functions, so it
        sits beside it; ``planning``, its code: shape, memory, evaluation, render); ``experiments`` (compare, claims, stats, suites, reproduce, methods: they
        run, launch or read runs; ``experiments.stats`` is pure numbers and imports nothing of
@@ -73,12 +74,12 @@ from pathlib import Path
 
 #: first path component below the package -> layer (see the module docstring)
 LAYERS = {
-    "": 0, "core": 0, "errors": 0, "progress": 0, "jsonl": 0, "options": 0,
+    "": 0, "core": 0, "errors": 0, "progress": 0, "jsonl": 0, "options": 0, "registry": 0,
     "sources": 1, "sampler": 1, "data": 1, "rewards": 1, "models": 1, "tasks": 1, "evaluation": 1,
     "tools": 1, "envs": 1,
     "config": 2,
     "trainer": 3, "vllm_cpu": 3, "vllm_file_transfer": 3, "explain": 3,
-    "launch": 4, "slurm": 4, "plan": 4, "planning": 4, "experiments": 4, "benchmarks": 3,
+    "launch": 4, "launch_configs": 4, "slurm": 4, "plan": 4, "planning": 4, "experiments": 4, "benchmarks": 3,
     "cli": 5,
 }
 

@@ -11,7 +11,8 @@ import torch
 
 from mixrl.core import provenance as prov
 from mixrl.sources import InjectContext, Rollouts
-from mixrl.sources.teacher import TEACHER, RefillFailed, comprehension
+from mixrl.sources.refill_failed import RefillFailed, comprehension
+from mixrl.sources.teacher import TEACHER
 
 
 class _Tok:

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from mixrl.benchmarks import command, runner as bench_runner
+from mixrl.benchmarks import runner as bench_runner
+from mixrl.cli import benchmarks as command
 from mixrl.benchmarks.paper import check, paper_table
 from mixrl.cli.main import app
 from mixrl.errors import ConfigError

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from mixrl.benchmarks import command
+from mixrl.cli import benchmarks as command
 from mixrl.cli.main import app
 
 from conftest import fail_model_loading

@@ -348,7 +348,7 @@ def _check_benchmarks(run: Path, tmp_path: Path) -> None:
     named = OmegaConf.load(run / "config.yaml").recipe_info.get("benchmarks")
     if not named:
         return
-    from mixrl.benchmarks import command
+    from mixrl.cli import benchmarks as command
 
     result = command.evaluate(run / "model", [
         "benchmarks=recipe", f"benchmarks.source_dir={FIXTURES / 'benchmarks'}", f"benchmarks.cache_dir={tmp_path / 'bench'}",

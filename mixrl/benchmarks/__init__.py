@@ -8,6 +8,7 @@
 * :mod:`~mixrl.benchmarks.metrics`: avg@k, pass@k, maj@k with bootstrap intervals (scipy.stats);
 * :mod:`~mixrl.benchmarks.runner`: generation (HF ``generate`` or vLLM), streamed to a JSONL
   that an interrupted evaluation resumes from, keyed by (model files, benchmark, protocol);
-* :mod:`~mixrl.benchmarks.command`: ``mixrl eval MODEL benchmarks=SUITE``: the table, with the
-  paper's numbers beside it.
+* the command, ``mixrl eval MODEL benchmarks=SUITE`` (the table, with the paper's numbers beside
+  it), is :mod:`mixrl.cli.benchmarks`: it builds the run's config with the trainer's assembly, so it
+  lives with the command line, above both.
 """

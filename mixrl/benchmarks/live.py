@@ -182,7 +182,7 @@ def _gather(obj) -> list:
 def evaluate(model, tokenizer, live: LiveBenchmark, *, batch_size: int, stop: Callable[[], bool] | None = None,
              examples: list | None = None, trainer: Any = None) -> dict[str, float]:
     """``{metric: value}`` of ``model`` on one benchmark (``k`` samples per problem under its
-    protocol); ``stop`` as for :func:`mixrl.evaluation.accuracy.generate_completions`.
+    protocol); ``stop`` as for :func:`mixrl.evaluation.generate.generate_completions`.
 
     Under a launcher each process generates and scores a disjoint ``1/world`` share of the
     (problem, sample) pairs (:func:`shard`) and the results are gathered to every process, so all
@@ -197,7 +197,7 @@ def evaluate(model, tokenizer, live: LiveBenchmark, *, batch_size: int, stop: Ca
 
     from mixrl.benchmarks import scoring  # deferred: scoring loads math-verify
     from mixrl.benchmarks.metrics import per_problem  # deferred: metrics imports the evaluation's pass@k
-    from mixrl.evaluation.accuracy import EvaluationInterrupted, generate_completions  # deferred: imports torch
+    from mixrl.evaluation.generate import EvaluationInterrupted, generate_completions  # deferred: imports torch
 
     proto, n = live.bench.protocol, live.samples
     sample = proto.temperature > 0

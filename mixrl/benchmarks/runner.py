@@ -11,7 +11,7 @@ therefore starts again where it stopped (finished samples are read back, not reg
 finished one loads no model at all. ``benchmarks.limit``
 takes the first N problems of the same file, so a short check is the start of the full run.
 
-Generation: :class:`HFGenerator` (HF ``generate``, left-padded batches, the tokenizer's special
+Generation: :class:`HFGenerator` (HF ``generate`` through :mod:`mixrl.evaluation.generate`, left-padded batches, the tokenizer's special
 tokens for plain prompts as TRL adds them) or :class:`VLLMGenerator` (vLLM's offline engine on
 the saved folder; tensor parallel over the visible GPUs, the CPU build on CPU).
 
@@ -49,6 +49,7 @@ from mixrl.benchmarks.metrics import benchmark_metrics
 from mixrl.benchmarks.spec import Benchmark
 from mixrl.errors import ConfigError
 from mixrl.evaluation.cache import _model_fingerprint
+from mixrl.evaluation.generate import generate_texts, left_padding
 from mixrl.models.tiny_spec import cache_root
 
 
@@ -113,24 +114,10 @@ class HFGenerator:
             self.model = self._load()
             self.model.eval()
             self.load_seconds += time.perf_counter() - t0
-        tok, device = self.tokenizer, next(self.model.parameters()).device
-        side, tok.padding_side = tok.padding_side, "left"
-        plain = isinstance(prompts[0], str)
-        texts = [p if isinstance(p, str) else tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
-                 for p in prompts]
-        try:
-            enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=plain).to(device)
-            # sampling = greedy decoding of Gumbel-perturbed scores, the noise seeded by (seed, pair, position)
-            seeded = SeededSampling(seed, pairs, temperature, top_p).batch(0) if temperature > 0 else None
-            with torch.no_grad():
-                gen = self.model.generate(
-                    **enc, max_new_tokens=max_new_tokens, do_sample=False, temperature=None, top_p=None, top_k=None,
-                    pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                    **({"logits_processor": seeded} if seeded is not None else {}),
-                )
-        finally:
-            tok.padding_side = side
-        return tok.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+        # sampling = greedy decoding of Gumbel-perturbed scores, the noise seeded by (seed, pair, position)
+        seeded = SeededSampling(seed, pairs, temperature, top_p).batch(0) if temperature > 0 else None
+        with left_padding(self.tokenizer):
+            return generate_texts(self.model, self.tokenizer, prompts, max_new_tokens=max_new_tokens, logits_processor=seeded)
 
 
 class VLLMGenerator:

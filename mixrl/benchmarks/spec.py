@@ -265,8 +265,9 @@ def is_benchmark_override(override: str) -> bool:
     return key == "benchmarks" or key.startswith("benchmarks.")
 
 
-def select(overrides: list[str]) -> Selection:
-    """The benchmarks the ``benchmarks=...`` overrides name, each validated with its overrides applied."""
+def _split_overrides(overrides: list[str]) -> tuple[list[str] | None, dict[str, list[tuple[list[str], Any, str]]], dict[str, Any]]:
+    """``(chosen, per, glob)`` of the ``benchmarks...`` overrides: the names ``benchmarks=`` selects (None
+    without it), ``{benchmark or "all": [(dotted key, value, override key)]}`` and the global keys."""
     chosen: list[str] | None = None
     per: dict[str, list[tuple[list[str], Any, str]]] = {}
     glob: dict[str, Any] = {}
@@ -289,6 +290,12 @@ def select(overrides: list[str]) -> Selection:
             glob[parts[0]] = value
             continue
         per.setdefault(parts[0], []).append((parts[1:], value, key))
+    return chosen, per, glob
+
+
+def select(overrides: list[str]) -> Selection:
+    """The benchmarks the ``benchmarks=...`` overrides name, each validated with its overrides applied."""
+    chosen, per, glob = _split_overrides(overrides)
     _need(chosen is not None, "benchmark overrides given without benchmarks=SUITE; add e.g. benchmarks=math6 "
                               f"(choose from {', '.join(names())})")
     order: list[str] = []

@@ -137,7 +137,7 @@ def eval_model(
         from mixrl.explain.schedules import require_matplotlib  # deferred: matplotlib is optional (the plot extra)
 
         require_matplotlib()  # before the evaluation: a missing matplotlib is one line, not a lost table
-    if benchmarks:  # benchmarks=SUITE: the papers' benchmarks (mixrl.benchmarks.command)
+    if benchmarks:  # benchmarks=SUITE: the papers' benchmarks (mixrl.cli.benchmarks)
         _eval_benchmarks(model_dir, list(overrides or []), out_file, trust_run_code, quiet, out, err, plot_file)
         return
     cfg, saved = eval_config(model_dir, list(overrides or []), trust_run_code=trust_run_code)  # a bad override fails before any model is loaded
@@ -167,8 +167,8 @@ def eval_model(
 
 
 def _eval_benchmarks(model_dir, overrides, out_file, trust_run_code, quiet, out, err, plot_file=None) -> None:
-    """``mixrl eval MODEL benchmarks=SUITE``: the table of :mod:`mixrl.benchmarks.command`."""
-    from mixrl.benchmarks import command  # deferred: imports torch when it evaluates; `mixrl --help` never loads it
+    """``mixrl eval MODEL benchmarks=SUITE``: the table of :mod:`mixrl.cli.benchmarks`."""
+    from mixrl.cli import benchmarks as command  # deferred: imports torch when it evaluates; `mixrl --help` never loads it
 
     result = command.evaluate(model_dir, overrides, trust_run_code=trust_run_code, quiet=quiet, err=err)
     out.print(command.render_table(result))

@@ -13,7 +13,7 @@ registry                 kind                              module
                                                            re-exported by ``policy_losses``)
 ``TOKEN_WEIGHTS``        token weight                      ``token_weights``
 ``AGGREGATIONS``         aggregation                       ``aggregation``
-``ADVANTAGES``           advantage                         ``advantages``, ``gae``, ``turn_advantages``,
+``ADVANTAGES``           advantage                         ``advantages``, ``reinforce_pp``, ``gae``, ``turn_advantages``,
                                                            ``process_advantages``
 ``SHAPINGS``             advantage shaping                 ``advantage_shaping``
 ``KL_ESTIMATORS``        KL estimator                      ``regularizers``
@@ -50,6 +50,7 @@ from mixrl.core import (  # noqa: F401  (import = registration)
     provenance,
     regularizers,
     reinforce_losses,
+    reinforce_pp,
     rlplus,
     schedules,
     sequence_losses,

@@ -82,6 +82,24 @@ def load_dataset_rows(
     )
 
 
+def _standard_features(ds: Any, columns: tuple, *, chat: bool, answer: bool, expert: bool) -> tuple[list[str], Any]:
+    """``(kept, features)``: the source columns kept beside the standard ones (not mapped, not
+    overwritten by a standard column) and the features of the standardized dataset."""
+    mapped = {c if c in ds.column_names else c.split(".")[0] for c in columns if c}
+    standard = ["prompt"] + (["answer"] if answer else []) + (["expert"] if expert else [])
+    # source columns that are mapped or would be overwritten by a standard one
+    drop = sorted(mapped | (set(standard) & set(ds.column_names)))
+    kept = [c for c in ds.column_names if c not in drop]
+
+    message = {"role": datasets.Value("string"), "content": datasets.Value("string")}
+    new_features: dict[str, Any] = {"prompt": datasets.List(message) if chat else datasets.Value("string")}
+    if answer:
+        new_features["answer"] = datasets.Value("string")
+    if expert:
+        new_features["expert"] = datasets.List(datasets.Value("string"))
+    return kept, datasets.Features({**new_features, **{c: ds.features[c] for c in kept}})
+
+
 def standardize_rows(
     ds: Any,
     *,
@@ -112,21 +130,8 @@ def standardize_rows(
     first = next((v for v in (get_prompt(ds[i]) for i in range(min(len(ds), 20))) if v is not None), None)
     chat = bool(system_prompt) or _is_message_list(first) or isinstance(first, dict)
 
-    mapped = {
-        c if c in ds.column_names else c.split(".")[0] for c in (prompt_column, answer_column, expert_column) if c
-    }
-    standard = ["prompt"] + (["answer"] if get_answer else []) + (["expert"] if get_expert else [])
-    # source columns that are mapped or would be overwritten by a standard one
-    drop = sorted(mapped | (set(standard) & set(ds.column_names)))
-    kept = [c for c in ds.column_names if c not in drop]
-
-    message = {"role": datasets.Value("string"), "content": datasets.Value("string")}
-    new_features: dict[str, Any] = {"prompt": datasets.List(message) if chat else datasets.Value("string")}
-    if get_answer:
-        new_features["answer"] = datasets.Value("string")
-    if get_expert:
-        new_features["expert"] = datasets.List(datasets.Value("string"))
-    features = datasets.Features({**new_features, **{c: ds.features[c] for c in kept}})
+    kept, features = _standard_features(ds, (prompt_column, answer_column, expert_column), chat=chat,
+                                        answer=get_answer is not None, expert=get_expert is not None)
 
     def convert(example: dict[str, Any], idx: int) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -29,23 +29,22 @@ from mixrl.envs.arith_retry import ArithRetry
 from mixrl.envs.arith_steps import ArithSteps
 from mixrl.envs.base import MAX_OBSERVATION_CHARS, Environment, Step, safe_reset, safe_step
 from mixrl.errors import ConfigError
+from mixrl.registry import Registry
 
 __all__ = ["ENVIRONMENTS", "MAX_OBSERVATION_CHARS", "Environment", "Step", "register", "resolve_env", "safe_reset", "safe_step"]
 
-ENVIRONMENTS: dict[str, Callable[[], Environment]] = {"arith_retry": ArithRetry, "arith_steps": ArithSteps}
+#: name -> environment class (:class:`mixrl.registry.Registry`: ``ENVIRONMENTS[name]``, ``name in ENVIRONMENTS``)
+ENVIRONMENTS = Registry("environment")
 
 
 def register(name: str):
     """Class decorator: ``ENVIRONMENTS[name] = cls`` (``env.name=<name>``, ``conf/env/<name>.yaml``);
-    a name already taken by another class is refused (as the rewards' registry does), not overwritten."""
+    a name already taken by another class is refused (one line, ``ValueError``), not overwritten."""
+    return ENVIRONMENTS.register(name)
 
-    def wrap(cls):
-        if name in ENVIRONMENTS and ENVIRONMENTS[name] is not cls:
-            raise ValueError(f"environment {name!r} is already registered ({ENVIRONMENTS[name].__name__}); choose another name")
-        ENVIRONMENTS[name] = cls
-        return cls
 
-    return wrap
+register("arith_retry")(ArithRetry)
+register("arith_steps")(ArithSteps)
 
 
 def resolve_env(name: str) -> Callable[[], Environment]:

@@ -5,44 +5,17 @@ pass@k is estimated from ``n`` samples per problem with the unbiased estimator o
 for a problem with ``c`` correct samples out of ``n``, ``pass@k = 1 - C(n - c, k) / C(n, k)``,
 averaged over problems (:func:`pass_at_k`). With ``n == k`` it is the fraction of problems
 solved by at least one of the k samples.
+
+The completions come from :mod:`mixrl.evaluation.generate` (the one batched HF ``generate`` loop),
+or from an acting generator (:mod:`mixrl.evaluation.acting`).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from typing import Any
 
-import torch
-
-
-class EvaluationInterrupted(Exception):
-    """The evaluation stopped because its ``stop`` callable asked it to (SIGINT / SIGTERM during
-    training's held-out evaluation: :class:`mixrl.trainer.guards.InterruptGuard`)."""
-
-
-def _stopping(stop: Callable[[], bool] | None):
-    """A ``generate`` stopping criterion that ends every row once ``stop()`` is true, so a signal
-    stops a long batch within one token, not at its end. Only in a single process: under a
-    launcher the processes' batches end at the same point only when they stop between batches
-    (their token counts may differ), so there ``stop`` is asked between batches alone."""
-    import torch.distributed as dist  # deferred: only to know whether processes generate together
-
-    if stop is None or (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        return None
-    from transformers import StoppingCriteria, StoppingCriteriaList  # deferred: transformers is heavy; only generation needs it
-
-    class _Stop(StoppingCriteria):
-        def __call__(self, input_ids, scores, **kwargs):
-            return torch.full((input_ids.shape[0],), bool(stop()), dtype=torch.bool, device=input_ids.device)
-
-    return StoppingCriteriaList([_Stop()])
-
-
-def _render_prompt(tokenizer, prompt: Any) -> str:
-    if isinstance(prompt, str):
-        return prompt
-    return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+from mixrl.evaluation.generate import EvaluationInterrupted, generate_completions  # noqa: F401  (re-exported: callers and tests import them from here)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -62,73 +35,6 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 def pass_at_k_ks(samples: int, pass_k: int = 0, ks: Sequence[int] = ()) -> list[int]:
     """The k values reported for ``samples`` samples per problem: ``ks`` and ``pass_k`` that are <= samples."""
     return sorted({int(k) for k in (*ks, pass_k) if 1 <= int(k) <= samples})
-
-
-@torch.no_grad()
-def generate_completions(
-    model,
-    tokenizer,
-    prompts: Sequence[Any],
-    *,
-    max_new_tokens: int,
-    batch_size: int = 128,
-    do_sample: bool = False,
-    temperature: float = 1.0,
-    top_p: float | None = None,
-    num_return_sequences: int = 1,
-    progress: Callable[[int], None] | None = None,
-    stop: Callable[[], bool] | None = None,
-    logits_processor: Callable[[int], Any] | None = None,
-) -> list[list[str]]:
-    """Completions (decoded, special tokens removed) for each prompt: a list of n per prompt.
-    ``top_p``: nucleus sampling when sampling (None: the whole distribution).
-    ``logits_processor(start)``: a ``LogitsProcessorList`` for the batch of prompts from index
-    ``start`` (e.g. :class:`mixrl.benchmarks.sampling.SeededSampling`, which samples through greedy
-    decoding of Gumbel-perturbed scores, so pass ``do_sample=False`` with it).
-    ``stop``: asked before each batch (and, in a single process, at each generated token);
-    once it returns True the generation ends and :class:`EvaluationInterrupted` is raised."""
-    was_training = model.training
-    criteria = _stopping(stop)
-    model.eval()
-    side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
-    device = next(model.parameters()).device
-    out: list[list[str]] = []
-    try:
-        for start in range(0, len(prompts), batch_size):
-            if stop is not None and stop():
-                raise EvaluationInterrupted(f"stopped after {start} of {len(prompts)} prompts")
-            raw = prompts[start : start + batch_size]
-            chunk = [_render_prompt(tokenizer, p) for p in raw]
-            # as TRL does: plain prompts get the tokenizer's special tokens (e.g. bos); a rendered
-            # chat template already holds them
-            plain = isinstance(raw[0], str)
-            enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=plain).to(device)
-            gen = model.generate(
-                **enc,
-                max_new_tokens=max_new_tokens,
-                do_sample=do_sample,
-                temperature=temperature if do_sample else None,
-                top_p=top_p if do_sample else None,
-                top_k=None,
-                num_return_sequences=num_return_sequences,
-                pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-                **({"stopping_criteria": criteria} if criteria is not None else {}),
-                **({"logits_processor": logits_processor(start)} if logits_processor is not None else {}),
-            )
-            if criteria is not None and stop():  # the batch was cut short: its completions are not results
-                raise EvaluationInterrupted(f"stopped during prompts {start}..{start + len(raw)} of {len(prompts)}")
-            texts = tokenizer.batch_decode(gen[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
-            for i in range(len(chunk)):
-                out.append(texts[i * num_return_sequences : (i + 1) * num_return_sequences])
-            if progress is not None:
-                progress(len(chunk))
-    finally:
-        tokenizer.padding_side = side
-        if was_training:
-            model.train()
-    return out
 
 
 def evaluate_accuracy(

@@ -4,7 +4,8 @@ stateful environment's episodes (``env=<environment>``, e.g. ``arith_retry``).
 :func:`acting_generator` returns the generator :func:`mixrl.evaluation.accuracy.evaluate_accuracy`
 calls instead of its single completion (None for ``env=single``); periodic, held-out and
 saved-model evaluation pick it from ``cfg.env``. Both loops run on token ids, batched: the rows
-still acting generate together, a row that finished at an earlier turn leaves the batch.
+still acting generate together, a row that finished at an earlier turn leaves the batch
+(:func:`mixrl.evaluation.generate.generate_ids`, the batches of :func:`mixrl.evaluation.generate.batches`).
 
 ``env=tools`` (TRL 1.16's ``GRPOTrainer._generate`` + ``_tool_call_loop``, re-done on HF generate)::
 
@@ -39,11 +40,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import torch
-
 from mixrl.envs import resolve_env, safe_reset
 from mixrl.envs.episodes import observation_suffix, run_episodes
-from mixrl.evaluation.accuracy import EvaluationInterrupted
+from mixrl.evaluation.generate import batches, eos_ids, eval_mode, generate_ids
 from mixrl.tools.builtin import resolve_tools
 
 
@@ -71,36 +70,6 @@ def acting_generator(env: Any) -> Callable | None:
 
 
 # ----------------------------------------------------------------------------- generation on ids
-def _eos_ids(model, tokenizer) -> list[int]:
-    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    eos = eos if isinstance(eos, list) else [eos] if eos is not None else []
-    return sorted({int(e) for e in [*eos, tokenizer.eos_token_id] if e is not None})
-
-
-@torch.no_grad()
-def generate_ids(model, tokenizer, histories: Sequence[Sequence[int]], *, max_new_tokens: Sequence[int] | int,
-                 do_sample: bool = False, temperature: float = 1.0) -> list[list[int]]:
-    """One continuation per history (left-padded batch), cut after its first end-of-sequence token
-    and to its row's ``max_new_tokens``."""
-    if not histories:
-        return []
-    limits = [int(max_new_tokens)] * len(histories) if isinstance(max_new_tokens, int) else [int(m) for m in max_new_tokens]
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    width = max(len(h) for h in histories)
-    device = next(model.parameters()).device
-    ids = torch.tensor([[pad] * (width - len(h)) + list(h) for h in histories], device=device)
-    mask = torch.tensor([[0] * (width - len(h)) + [1] * len(h) for h in histories], device=device)
-    eos = _eos_ids(model, tokenizer)
-    gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max(max(limits), 1), do_sample=do_sample,
-                         temperature=temperature if do_sample else None, top_p=None, top_k=None,
-                         pad_token_id=pad, eos_token_id=eos or None)
-    out = []
-    for row, limit in zip(gen[:, width:].tolist(), limits):
-        cut = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
-        out.append(row[: min(cut, max(limit, 0))])
-    return out
-
-
 def _render_ids(tokenizer, prompt: Any, tools: list | None = None) -> list[int]:
     if isinstance(prompt, str):
         return list(tokenizer(prompt)["input_ids"])
@@ -111,22 +80,13 @@ def _render_ids(tokenizer, prompt: Any, tools: list | None = None) -> list[int]:
 def _batches(model, tokenizer, rows: Sequence[dict], run_batch, *, batch_size: int, num_return_sequences: int,
              progress, stop) -> list[list[Acted]]:
     """``run_batch(rows)`` over batches of ``batch_size`` rows (each repeated ``num_return_sequences``
-    times), in eval mode, asking ``stop`` between batches."""
+    times), in eval mode, asking ``stop`` between batches (:func:`mixrl.evaluation.generate.batches`)."""
     n = max(int(num_return_sequences), 1)
-    was_training = model.training
-    model.eval()
     out: list[list[Acted]] = []
-    try:
-        for start in range(0, len(rows), max(int(batch_size), 1)):
-            if stop is not None and stop():
-                raise EvaluationInterrupted(f"stopped after {start} of {len(rows)} prompts")
-            chunk = rows[start : start + max(int(batch_size), 1)]
+    with eval_mode(model):
+        for _, chunk in batches(rows, batch_size, stop=stop, progress=progress):
             flat = run_batch([r for r in chunk for _ in range(n)])
             out.extend(flat[i * n : (i + 1) * n] for i in range(len(chunk)))
-            if progress is not None:
-                progress(len(chunk))
-    finally:
-        model.train(was_training)
     return out
 
 
@@ -239,7 +199,7 @@ def episode_completions(model, tokenizer, rows: Sequence[dict], *, factory: Call
                                 temperature=temperature), None
 
         episodes = run_episodes(envs, prompt_ids, generate, lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
-                                suffix, eos_ids=_eos_ids(model, tokenizer), max_len=max_new_tokens, max_turns=max_turns)
+                                suffix, eos_ids=eos_ids(model, tokenizer), max_len=max_new_tokens, max_turns=max_turns)
         out = []
         for ep in episodes:
             msgs: list[dict] = []

@@ -1,4 +1,4 @@
-"""Greedy held-out evaluation for plain-text tasks (batched ``model.generate``)."""
+"""Greedy held-out evaluation for plain-text tasks (through :mod:`mixrl.evaluation.generate`)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,9 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import torch
+from mixrl.evaluation.generate import generate_completions
 
 
-@torch.no_grad()
 def greedy_completions(
     model: Any,
     tokenizer: Any,
@@ -18,29 +17,10 @@ def greedy_completions(
     max_new_tokens: int,
     batch_size: int = 256,
 ) -> list[str]:
-    """Greedy completions (decoded, special tokens dropped) for ``prompts``; stops on eos."""
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    out: list[str] = []
-    try:
-        for i in range(0, len(prompts), batch_size):
-            chunk = list(prompts[i : i + batch_size])
-            enc = tokenizer(chunk, return_tensors="pt", padding=True, padding_side="left").to(device)
-            gen = model.generate(
-                **enc,
-                max_new_tokens=max_new_tokens,
-                do_sample=False,
-                temperature=None,
-                top_p=None,
-                top_k=None,
-                eos_token_id=tokenizer.eos_token_id,
-                pad_token_id=tokenizer.pad_token_id,
-            )
-            out.extend(tokenizer.batch_decode(gen[:, enc["input_ids"].shape[1] :], skip_special_tokens=True))
-    finally:
-        model.train(was_training)
-    return out
+    """Greedy completions (decoded, special tokens dropped) for ``prompts``; stops on eos
+    (:func:`mixrl.evaluation.generate.generate_completions`, one completion each)."""
+    out = generate_completions(model, tokenizer, list(prompts), max_new_tokens=max_new_tokens, batch_size=batch_size)
+    return [c[0] for c in out]
 
 
 def accuracy_by_level(

@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from mixrl.models.atomic import publishing
 
 SHIPPED_DIR = Path(__file__).with_name("shipped")
 MANIFEST_FILE = "manifest.json"
@@ -70,21 +70,10 @@ def install(name: str, final: Path, *, meta_file: str) -> bool:
         return False
     from safetensors.torch import load_file, save_file  # deferred: torch; config show/plan import the model modules
 
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-    os.chmod(tmp, 0o755)  # mkdtemp makes it 0o700; the cache is meant to be shared like any other
-    try:
+    with publishing(final, complete=lambda folder: (folder / meta_file).is_file()) as tmp:
         for f in manifest()[name]["files"]:
             if f == WEIGHTS:
                 save_file({k: v.float() for k, v in load_file(src / f).items()}, tmp / f, metadata={"format": "pt"})
             else:
                 shutil.copyfile(src / f, tmp / f)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not (final / meta_file).is_file():  # lost a race to a concurrent writer that left nothing usable
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return True

@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -18,6 +15,7 @@ from typing import Any
 import torch
 from rich.console import Console
 
+from mixrl.models.atomic import publishing
 from mixrl.models.tiny_spec import _META_FILE
 from mixrl.progress import progress_bar
 from mixrl.tasks import arith
@@ -199,9 +197,8 @@ def train_and_save(final: Path, rec: dict[str, Any], build: Callable[[], tuple[A
         torch.set_num_threads(threads)
     seconds = time.time() - t0
 
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-    os.chmod(tmp, 0o755)  # mkdtemp makes it 0o700; the cache is meant to be shared like any other
-    try:
+    # force, or a leftover incomplete dir: moved aside, then swapped in
+    with publishing(final, complete=lambda folder: (folder / meta_file).is_file(), replace=True) as tmp:
         from transformers.utils import logging as hf_logging  # deferred: transformers, 1 s; config show/plan import this module
 
         bars = hf_logging.is_progress_bar_enabled()
@@ -223,16 +220,4 @@ def train_and_save(final: Path, rec: dict[str, Any], build: Callable[[], tuple[A
             **(extra_meta(model, tokenizer) if extra_meta else {}),
         }
         (tmp / meta_file).write_text(json.dumps(meta, indent=2) + "\n")
-        if final.exists():  # force, or a leftover incomplete dir: move it aside, then swap in
-            old = final.parent / f".{final.name}.old-{os.getpid()}-{time.time_ns()}"
-            os.rename(final, old)
-            shutil.rmtree(old, ignore_errors=True)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not (final / meta_file).is_file():  # lost a race to a concurrent writer that left nothing usable
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return final

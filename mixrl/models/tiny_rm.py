@@ -23,14 +23,13 @@ import hashlib
 import json
 import os
 import random
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mixrl.models.atomic import publishing
 from mixrl.models.tiny_arch import build_tokenizer
 from mixrl.models.tiny_spec import _META_FILE, cache_root, is_complete
 from mixrl.tasks import arith
@@ -170,25 +169,10 @@ def build_tiny_rm(cache_dir: Path | str | None = None, *, force: bool = False, p
     if is_complete(final) and not force:
         return final
     model, tokenizer, meta = train(steps, progress=progress)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-    os.chmod(tmp, 0o755)
-    try:
+    with publishing(final, complete=is_complete, replace=True) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / _META_FILE).write_text(json.dumps({**meta, "key": final.name}, indent=2) + "\n")
-        if final.exists():
-            old = final.parent / f".{final.name}.old-{os.getpid()}-{time.time_ns()}"
-            os.rename(final, old)
-            shutil.rmtree(old, ignore_errors=True)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not is_complete(final):  # lost a race to a concurrent writer that left nothing usable
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return final
 
 

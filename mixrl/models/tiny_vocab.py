@@ -28,8 +28,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -38,6 +36,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mixrl.models import tiny_arch, tiny_spec
+from mixrl.models.atomic import publishing
 
 #: seed of the draw that initialises new embedding rows
 SEED = 0
@@ -96,10 +95,8 @@ def extend(base: Path | str, chars: Iterable[str]) -> Path:
     with torch.no_grad():
         _init_new_rows(model.get_input_embeddings().weight, len(tokenizer))
 
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-    os.chmod(tmp, 0o755)
-    try:
+    # a folder already there lacks its meta file (an interrupted build): it is replaced
+    with publishing(final, complete=tiny_spec.is_complete, replace=True) as tmp:
         model.save_pretrained(tmp)
         extended.save_pretrained(tmp)
         meta = json.loads((base / tiny_spec._META_FILE).read_text())
@@ -111,16 +108,6 @@ def extend(base: Path | str, chars: Iterable[str]) -> Path:
             extended=time.strftime("%Y-%m-%dT%H:%M:%S"),
         )
         (tmp / tiny_spec._META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-        if final.exists():  # a leftover without its meta file (an interrupted build)
-            shutil.rmtree(final, ignore_errors=True)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not tiny_spec.is_complete(final):  # lost a race to a concurrent writer that left nothing usable
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return final
 
 

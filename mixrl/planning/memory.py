@@ -84,6 +84,48 @@ def lm_head_bytes(shape: ModelShape, p: int, tokens: int, *, compact: bool, trai
             "total": tokens * h * p + tile + fold + tokens * h * 4 + weight_grad}
 
 
+def _frozen_models(cfg: DictConfig, p: int) -> tuple[float, int, float, int]:
+    """``(teachers, teachers of unknown shape, reward models, reward models of unknown shape)``: the
+    bytes of the frozen models every GPU holds whole (a reward model in its checkpoint's dtype,
+    counted as the policy's ``p`` bytes per parameter)."""
+    teachers = 0.0
+    teacher_unknown = 0
+    for ts in teacher_shapes(cfg):
+        if ts is None:
+            teacher_unknown += 1
+            continue
+        t_dtype = str(cfg.teacher.source.get("dtype", "auto"))
+        teachers += ts.params() * (p if t_dtype == "auto" else DTYPE_BYTES.get(t_dtype, 4))
+    reward_models = sum(rs.params() * p for rs in reward_model_shapes(cfg) if rs is not None)
+    reward_models_unknown = sum(rs is None for rs in reward_model_shapes(cfg))
+    return teachers, teacher_unknown, reward_models, reward_models_unknown
+
+
+def _server_share(hw: DictConfig, N: float, p: int, kv_token: float, gpu: float, step_tokens_all: int) -> dict:
+    """A vLLM server GPU's memory (``hardware.vllm_mode=server``): its share, the weights of one tensor-parallel
+    copy, the KV cache (bytes and tokens) and the number of copies."""
+    tp = int(hw.vllm_tensor_parallel_size)
+    share = float(hw.vllm_server_gpu_memory_utilization) * gpu * GB
+    srv_w = N * 2 / tp
+    return dict(server_share=share, server_weights=srv_w, server_kv=max(share - srv_w, 0.0),
+                server_kv_tokens=int(max(share - srv_w, 0.0) // (kv_token * 2 / p / tp)),
+                server_copies=int(hw.vllm_server_gpus) // tp if int(hw.vllm_server_gpus) else None,
+                step_tokens_all=step_tokens_all)
+
+
+def _generation_memory(hw: DictConfig, N: float, p: int, kv_token: float, gpu: float, *, colocated: bool,
+                       step_tokens: int, seq: int, rows: int) -> dict:
+    """What generating takes on a training GPU: vLLM colocated (its share: weights and KV cache), else
+    transformers generate's KV cache for the process's rows (0 with a vLLM server)."""
+    if colocated:
+        share = float(hw.vllm_gpu_memory_utilization) * gpu * GB
+        vllm_weights = N * 2 / int(hw.vllm_tensor_parallel_size)
+        return dict(vllm_share=share, vllm_weights=vllm_weights, vllm_kv=max(share - vllm_weights, 0.0),
+                    vllm_kv_tokens=int(max(share - vllm_weights, 0.0) // (kv_token * 2 / p / int(hw.vllm_tensor_parallel_size))),
+                    step_tokens=step_tokens, generation=0.0)
+    return {"generation": 0.0 if hw.use_vllm else kv_token * seq * rows, "vllm_share": 0.0}
+
+
 def estimate(cfg: DictConfig, shape: ModelShape, *, prompt_tokens: int = 512) -> dict:
     """Per-GPU bytes of each part (see the module docstring) for ``cfg`` and ``shape``."""
     hw, t = cfg.hardware, cfg.trainer
@@ -110,16 +152,7 @@ def estimate(cfg: DictConfig, shape: ModelShape, *, prompt_tokens: int = 512) ->
     else:
         optim = 2 * n_train * p
     reference = (0.0 if offload and sharded else N * p / (W if sharded else 1)) if float(cfg.algo.kl.coef) > 0 and not lora else 0.0
-    teachers = 0.0
-    teacher_unknown = 0
-    for ts in teacher_shapes(cfg):
-        if ts is None:
-            teacher_unknown += 1
-            continue
-        t_dtype = str(cfg.teacher.source.get("dtype", "auto"))
-        teachers += ts.params() * (p if t_dtype == "auto" else DTYPE_BYTES.get(t_dtype, 4))
-    reward_models = sum(rs.params() * p for rs in reward_model_shapes(cfg) if rs is not None)  # in its checkpoint's dtype, counted as the policy's
-    reward_models_unknown = sum(rs is None for rs in reward_model_shapes(cfg))
+    teachers, teacher_unknown, reward_models, reward_models_unknown = _frozen_models(cfg, p)
     # sharded strategies gather one unit at a time (+ the next, prefetched) and the LM head whole
     layer_params = (N - shape.vocab * shape.hidden * (1 if shape.tied else 2)) / max(shape.layers, 1)
     gathered = (2 * layer_params + shape.vocab * shape.hidden) * p if sharded else 0.0
@@ -148,27 +181,13 @@ def estimate(cfg: DictConfig, shape: ModelShape, *, prompt_tokens: int = 512) ->
     rows = geom.rows_per_process + geom.expert_rows_per_process
     step_tokens = geom.rows_per_process * s  # tokens one step generates + attends on this GPU
     colocated = bool(hw.use_vllm and hw.vllm_mode == "colocate" and gpu)
-    if colocated:
-        share = float(hw.vllm_gpu_memory_utilization) * gpu * GB
-        vllm_weights = N * 2 / int(hw.vllm_tensor_parallel_size)
-        out.update(vllm_share=share, vllm_weights=vllm_weights, vllm_kv=max(share - vllm_weights, 0.0),
-                   vllm_kv_tokens=int(max(share - vllm_weights, 0.0) // (kv_token * 2 / p / int(hw.vllm_tensor_parallel_size))),
-                   step_tokens=step_tokens, generation=0.0)
-    else:
-        out["generation"] = 0.0 if hw.use_vllm else kv_token * s * geom.rows_per_process
-        out["vllm_share"] = 0.0
+    out.update(_generation_memory(hw, N, p, kv_token, gpu, colocated=colocated, step_tokens=step_tokens, seq=s, rows=geom.rows_per_process))
     # ZeRO-3 gathers every parameter for transformers generate (TRL's ds3_gather_for_generation)
     gen_gather = N * p * (1 - 1 / W) if strategy == "zero3" and not hw.use_vllm and not offload else 0.0
     if strategy == "zero3" and not hw.use_vllm and offload:
         gen_gather = N * p
     if hw.use_vllm and hw.vllm_mode == "server" and gpu:
-        tp = int(hw.vllm_tensor_parallel_size)
-        share = float(hw.vllm_server_gpu_memory_utilization) * gpu * GB
-        srv_w = N * 2 / tp
-        out.update(server_share=share, server_weights=srv_w, server_kv=max(share - srv_w, 0.0),
-                   server_kv_tokens=int(max(share - srv_w, 0.0) // (kv_token * 2 / p / tp)),
-                   server_copies=int(hw.vllm_server_gpus) // tp if int(hw.vllm_server_gpus) else None,
-                   step_tokens_all=geom.rollouts_per_step * s)
+        out.update(_server_share(hw, N, p, kv_token, gpu, geom.rollouts_per_step * s))
     out["rows_per_process"] = rows
     # algo.critic (mixrl.trainer.parts.critic): the policy's backbone + a scalar head, unsharded, with its own
     # gradients and AdamW moments; its forward and backward run while the policy's activations are held

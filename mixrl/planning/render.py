@@ -23,6 +23,71 @@ def _gb(x: float) -> str:
     return f"{x / GB:,.1f} GB" if x >= 0.05 * GB else f"{x / 1024**2:,.1f} MB"
 
 
+def _memory_lines(cfg: DictConfig, shape, geom, prompt_tokens: int) -> list[str]:
+    """The memory estimate's lines of the plan (per GPU, or per process on CPU), a blank line last."""
+    lines: list[str] = []
+    hw = cfg.hardware
+    e = estimate(cfg, shape, prompt_tokens=prompt_tokens)
+    unit = "per GPU" if e["gpu_gb"] else "per process (CPU memory)"
+    lines += [f"memory estimate {unit} (model shape from {shape.source})",
+              f"  parameters            {e['params'] / 1e9:,.3f} B ({cfg.model.dtype})"
+              + (f", trainable {e['trainable_params'] / 1e6:,.1f} M (LoRA)" if e["trainable_params"] != e["params"] else ""),
+              f"  weights               {_gb(e['weights'])}",
+              f"  gradients             {_gb(e['gradients'])}",
+              f"  optimizer state       {_gb(e['optimizer'])}"]
+    if e["reference"]:
+        lines.append(f"  reference model       {_gb(e['reference'])}  (algo.kl.coef > 0)")
+    lh = e["lm_head_parts"]
+    if e["ddp_buckets"]:
+        lines.append(f"  DDP gradient buckets  {_gb(e['ddp_buckets'])}  (the reducer's copy of the gradients)")
+    if e["teachers"] or e["teachers_unknown"]:
+        lines.append(f"  teacher model(s)      {_gb(e['teachers'])}  (frozen, whole on every GPU"
+                     + (f"; {e['teachers_unknown']} of unknown shape not counted" if e["teachers_unknown"] else "") + ")")
+    if e["reward_models"] or e["reward_models_unknown"]:
+        lines.append(f"  reward model(s)       {_gb(e['reward_models'])}  (reward=model: frozen, whole on every GPU"
+                     + (f"; {e['reward_models_unknown']} of unknown shape not counted" if e["reward_models_unknown"] else "") + ")")
+    if e["critic_params"]:
+        lines.append(f"  critic (algo.critic)  {_gb(e['critic'] + e['critic_train'])}  ({e['critic_params'] / 1e9:,.3f} B parameters: "
+                     f"weights + AdamW {_gb(e['critic'])}, gradients + activations while training {_gb(e['critic_train'])}; "
+                     "not sharded)")
+    if e["gathered"]:
+        lines.append(f"  gathered for compute  {_gb(e['gathered'])}  (two decoder layers + the LM head unsharded at a time)")
+    mb = f"token budget {e['micro_batch_tokens']:,}, rows up to" if cfg.trainer.get("max_tokens_per_micro_batch") else f"micro-batch {e['rows_per_micro_batch']} rows x"
+    lines += [f"  activations           {_gb(e['activations'])}  ({mb} {e['seq_tokens']} tokens = {prompt_tokens} prompt + {cfg.trainer.max_completion_length} completion; "
+              f"gradient checkpointing {'on' if hw.gradient_checkpointing else 'off'})",
+              f"  LM head (fused)       {_gb(e['lm_head'])}  (TRL's chunked head over {lh['tokens']:,} scored tokens: "
+              f"saved hidden {_gb(lh['saved'])} + tile {_gb(lh['tile'])} + fp32 gradient accumulators {_gb(lh['grad'])}; "
+              f"the full-vocabulary log-softmax, never built, would take {_gb(e['plain_log_softmax'])})"]
+    if e.get("vllm_share"):
+        lines.append(f"  vLLM colocated        {_gb(e['vllm_share'])}  (vllm_gpu_memory_utilization {hw.vllm_gpu_memory_utilization}: "
+                     f"weights {_gb(e['vllm_weights'])} + KV cache {_gb(e['vllm_kv'])} = {e['vllm_kv_tokens']:,} tokens; "
+                     f"one step generates up to {e['step_tokens']:,} tokens on this GPU; "
+                     + ("sleep mode: freed while training)" if e["vllm_sleeps"] else "held while training: no sleep mode)"))
+    elif not hw.use_vllm:
+        lines.append(f"  generation KV cache   {_gb(e['generation'])}  (transformers generate, {geom.rows_per_process} rows at once)")
+    if e["eval_phase"]:
+        ev = evaluation_counts(cfg, prompt_tokens=prompt_tokens)
+        lines.append(f"  evaluation KV cache   {_gb(e['eval_kv'])}  (transformers generate, {ev['batch_rows']} rows x "
+                     f"{ev['seq_tokens']:,} tokens: trainer.eval_benchmarks every {cfg.trainer.eval_every} steps)")
+    lines.append(f"  phases                training {_gb(e['train_phase'])}, generation {_gb(e['generation_phase'])}"
+                 + (f", evaluation {_gb(e['eval_phase'])}" if e["eval_phase"] else ""))
+    verdict = ""
+    if e["gpu_gb"]:
+        gpu = e["gpu_gb"] * GB
+        verdict = (f"  -> fits a {e['gpu_gb']:.0f} GB GPU ({e['peak'] / gpu:.0%})" if fits(e)
+                   else f"  -> does NOT fit a {e['gpu_gb']:.0f} GB GPU with 10% headroom ({e['peak'] / gpu:.0%}): "
+                        + ("lower trainer.eval_batch_size (the evaluation's KV cache is the peak)" if e["peak"] == e["eval_phase"]
+                           else "lower trainer.micro_batch_size, use hardware.strategy=zero3/fsdp or offload"))
+    lines += [f"  peak                  {_gb(e['peak'])}{verdict}"]
+    if "server_share" in e:
+        lines.append(f"  vLLM server GPUs      {_gb(e['server_share'])} each (vllm_server_gpu_memory_utilization "
+                     f"{hw.vllm_server_gpu_memory_utilization}: weights {_gb(e['server_weights'])} + KV cache "
+                     f"{_gb(e['server_kv'])} = {e['server_kv_tokens']:,} tokens per copy; {e['server_copies']} copies; "
+                     f"a step generates up to {e['step_tokens_all']:,} tokens)")
+    lines.append("")
+    return lines
+
+
 def render_plan(cfg: DictConfig, overrides: list[str], *, prompt_tokens: int | None = None) -> str:
     """The plan as text: geometry, memory estimate per GPU and the launch command."""
     given = prompt_tokens  # --prompt-tokens, or None: the context check's own budget (mixrl.config.context.prompt_budget)
@@ -44,64 +109,7 @@ def render_plan(cfg: DictConfig, overrides: list[str], *, prompt_tokens: int | N
         lines += [f"memory: unknown model shape for '{cfg.model.path}' (not a local folder, not in mixrl.models.known.KNOWN_MODELS); "
                   "point model.path at a local folder with config.json for an estimate", ""]
     else:
-        e = estimate(cfg, shape, prompt_tokens=prompt_tokens)
-        unit = "per GPU" if e["gpu_gb"] else "per process (CPU memory)"
-        lines += [f"memory estimate {unit} (model shape from {shape.source})",
-                  f"  parameters            {e['params'] / 1e9:,.3f} B ({cfg.model.dtype})"
-                  + (f", trainable {e['trainable_params'] / 1e6:,.1f} M (LoRA)" if e["trainable_params"] != e["params"] else ""),
-                  f"  weights               {_gb(e['weights'])}",
-                  f"  gradients             {_gb(e['gradients'])}",
-                  f"  optimizer state       {_gb(e['optimizer'])}"]
-        if e["reference"]:
-            lines.append(f"  reference model       {_gb(e['reference'])}  (algo.kl.coef > 0)")
-        lh = e["lm_head_parts"]
-        if e["ddp_buckets"]:
-            lines.append(f"  DDP gradient buckets  {_gb(e['ddp_buckets'])}  (the reducer's copy of the gradients)")
-        if e["teachers"] or e["teachers_unknown"]:
-            lines.append(f"  teacher model(s)      {_gb(e['teachers'])}  (frozen, whole on every GPU"
-                         + (f"; {e['teachers_unknown']} of unknown shape not counted" if e["teachers_unknown"] else "") + ")")
-        if e["reward_models"] or e["reward_models_unknown"]:
-            lines.append(f"  reward model(s)       {_gb(e['reward_models'])}  (reward=model: frozen, whole on every GPU"
-                         + (f"; {e['reward_models_unknown']} of unknown shape not counted" if e["reward_models_unknown"] else "") + ")")
-        if e["critic_params"]:
-            lines.append(f"  critic (algo.critic)  {_gb(e['critic'] + e['critic_train'])}  ({e['critic_params'] / 1e9:,.3f} B parameters: "
-                         f"weights + AdamW {_gb(e['critic'])}, gradients + activations while training {_gb(e['critic_train'])}; "
-                         "not sharded)")
-        if e["gathered"]:
-            lines.append(f"  gathered for compute  {_gb(e['gathered'])}  (two decoder layers + the LM head unsharded at a time)")
-        mb = f"token budget {e['micro_batch_tokens']:,}, rows up to" if cfg.trainer.get("max_tokens_per_micro_batch") else f"micro-batch {e['rows_per_micro_batch']} rows x"
-        lines += [f"  activations           {_gb(e['activations'])}  ({mb} {e['seq_tokens']} tokens = {prompt_tokens} prompt + {cfg.trainer.max_completion_length} completion; "
-                  f"gradient checkpointing {'on' if hw.gradient_checkpointing else 'off'})",
-                  f"  LM head (fused)       {_gb(e['lm_head'])}  (TRL's chunked head over {lh['tokens']:,} scored tokens: "
-                  f"saved hidden {_gb(lh['saved'])} + tile {_gb(lh['tile'])} + fp32 gradient accumulators {_gb(lh['grad'])}; "
-                  f"the full-vocabulary log-softmax, never built, would take {_gb(e['plain_log_softmax'])})"]
-        if e.get("vllm_share"):
-            lines.append(f"  vLLM colocated        {_gb(e['vllm_share'])}  (vllm_gpu_memory_utilization {hw.vllm_gpu_memory_utilization}: "
-                         f"weights {_gb(e['vllm_weights'])} + KV cache {_gb(e['vllm_kv'])} = {e['vllm_kv_tokens']:,} tokens; "
-                         f"one step generates up to {e['step_tokens']:,} tokens on this GPU; "
-                         + ("sleep mode: freed while training)" if e["vllm_sleeps"] else "held while training: no sleep mode)"))
-        elif not hw.use_vllm:
-            lines.append(f"  generation KV cache   {_gb(e['generation'])}  (transformers generate, {geom.rows_per_process} rows at once)")
-        if e["eval_phase"]:
-            ev = evaluation_counts(cfg, prompt_tokens=prompt_tokens)
-            lines.append(f"  evaluation KV cache   {_gb(e['eval_kv'])}  (transformers generate, {ev['batch_rows']} rows x "
-                         f"{ev['seq_tokens']:,} tokens: trainer.eval_benchmarks every {cfg.trainer.eval_every} steps)")
-        lines.append(f"  phases                training {_gb(e['train_phase'])}, generation {_gb(e['generation_phase'])}"
-                     + (f", evaluation {_gb(e['eval_phase'])}" if e["eval_phase"] else ""))
-        verdict = ""
-        if e["gpu_gb"]:
-            gpu = e["gpu_gb"] * GB
-            verdict = (f"  -> fits a {e['gpu_gb']:.0f} GB GPU ({e['peak'] / gpu:.0%})" if fits(e)
-                       else f"  -> does NOT fit a {e['gpu_gb']:.0f} GB GPU with 10% headroom ({e['peak'] / gpu:.0%}): "
-                            + ("lower trainer.eval_batch_size (the evaluation's KV cache is the peak)" if e["peak"] == e["eval_phase"]
-                               else "lower trainer.micro_batch_size, use hardware.strategy=zero3/fsdp or offload"))
-        lines += [f"  peak                  {_gb(e['peak'])}{verdict}"]
-        if "server_share" in e:
-            lines.append(f"  vLLM server GPUs      {_gb(e['server_share'])} each (vllm_server_gpu_memory_utilization "
-                         f"{hw.vllm_server_gpu_memory_utilization}: weights {_gb(e['server_weights'])} + KV cache "
-                         f"{_gb(e['server_kv'])} = {e['server_kv_tokens']:,} tokens per copy; {e['server_copies']} copies; "
-                         f"a step generates up to {e['step_tokens_all']:,} tokens)")
-        lines.append("")
+        lines += _memory_lines(cfg, shape, geom, prompt_tokens)
     lines += render_evaluation(cfg, prompt_tokens)
     command = "mixrl train " + " ".join(overrides)
     lines.append("launch")

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mixrl.errors import ConfigError, call_user_function
+from mixrl.registry import Registry
 from mixrl.rewards.extract import extract_after_marker
 from mixrl.rewards.registry import _import_object
 from mixrl.sources.base import check_template, template_text
@@ -183,12 +184,15 @@ class SelfCritique:
         return Feedback(w.text.strip()) if w.text.strip() else None
 
 
-#: name -> the builder's class (its keyword parameters come from ``algo.inject``)
-BUILDERS: dict[str, type] = {"verifier": VerifierFeedback, "indicative": IndicativeFeedback, "hint": HintFeedback,
-                             "self": SelfCritique}
-#: the ``algo.inject`` keys each built-in builder reads
+#: the ``algo.inject`` keys each built-in builder reads (in the order messages list the builders)
 BUILDER_PARAMS = {"verifier": ("marker", "wrong", "missing", "right"), "indicative": ("text", "right_text"),
                   "hint": ("fraction", "hint_template"), "self": ("marker", "request", "critique_tokens")}
+#: name -> the builder's class (its keyword parameters come from ``algo.inject``; :class:`mixrl.registry.Registry`)
+BUILDERS = Registry("feedback builder")
+BUILDERS.add("verifier", VerifierFeedback)
+BUILDERS.add("indicative", IndicativeFeedback)
+BUILDERS.add("hint", HintFeedback)
+BUILDERS.add("self", SelfCritique)
 
 
 def build_feedback(name: str, params: dict) -> FeedbackBuilder:
@@ -197,7 +201,7 @@ def build_feedback(name: str, params: dict) -> FeedbackBuilder:
         return BUILDERS[name](**{k: v for k, v in params.items() if k in BUILDER_PARAMS[name] and v is not None})
     if ":" not in str(name):
         raise ConfigError(f"algo.inject.feedback={name!r} is not a feedback builder; use one of "
-                          f"{', '.join(BUILDERS)} or module:function (a callable Attempt -> Feedback | str | None)")
+                          f"{', '.join(BUILDER_PARAMS)} or module:function (a callable Attempt -> Feedback | str | None)")
     try:
         fn = _import_object(str(name))
     except Exception as e:  # noqa: BLE001 - any import failure is the user's path

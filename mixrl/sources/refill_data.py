@@ -25,7 +25,7 @@ import torch
 
 from mixrl.sources.base import INJECTIONS, InjectContext
 from mixrl.sources.inject import _code
-from mixrl.sources.teacher import RefillFailed
+from mixrl.sources.refill_failed import RefillFailed
 
 
 @INJECTIONS.register("refill_from_data", bounds={

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable
 from fractions import Fraction
 
 from mixrl.errors import ConfigError, did_you_mean
+from mixrl.registry import Registry
 from mixrl.tools.sandbox import run_python
 
 #: the longest expression ``calculator`` parses (characters)
@@ -144,8 +145,11 @@ def python(code: str) -> str:
     return f"{text}\nError: {result.reason}" if text else f"Error: {result.reason}"
 
 
-#: the tools a config may name: name -> function (the function's ``__name__`` is the name the model calls)
-TOOLS: dict[str, Callable[..., str]] = {"calculator": calculator, "python": python}
+#: the tools a config may name: name -> function (the function's ``__name__`` is the name the model
+#: calls); a :class:`mixrl.registry.Registry`, so a name is taken once (``TOOLS.register(name)``)
+TOOLS = Registry("tool")
+TOOLS.add("calculator", calculator)
+TOOLS.add("python", python)
 
 
 def resolve_tools(names: Iterable[str] | str | None) -> list[Callable[..., str]]:

@@ -26,8 +26,9 @@ pinned by ``tests/test_trl_contract.py``):
   continue exactly travels with checkpoints: each part that is on, by name, through the writer
   :mod:`mixrl.trainer.state.checkpoint_state`.
 
-Besides these, ``get_batch_samples`` (transformers' batch fetch) is replaced in async mode, to
-read the next batch's prompts ahead, and TRL's vLLM client is wrapped (:meth:`_wrap_vllm_for_async`).
+* ``get_batch_samples`` (transformers'): async mode reads the next batch's prompts ahead.
+
+Every other TRL private mixrl touches is listed in :mod:`mixrl.trainer.trl_contract`.
 
 Per-token log-probs and entropies (policy, reference, teachers) come from TRL's fused, chunked
 LM head, which never builds the ``[tokens, V]`` logits; its tile width is fitted to the
@@ -98,6 +99,7 @@ OVERRIDDEN = (
     "_save_checkpoint",
     "_load_optimizer_and_scheduler",
     "_tool_call_loop",
+    "get_batch_samples",
 )
 
 

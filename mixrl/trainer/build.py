@@ -36,7 +36,7 @@ from mixrl.rewards.components import heldout_reward
 from mixrl.trainer.generation.engine_sync import default_tolerance
 from mixrl.trainer.magnitude import MagnitudeBounds
 from mixrl.trainer.policy_model import extend_tiny, load_tokenizer, resolve_model_path, tiny_missing_characters
-from mixrl.trainer.reward_funcs import _bind_rewards, build_reward_funcs
+from mixrl.trainer.reward_funcs import build_reward_funcs
 from mixrl.trainer.rows import describe_heldout, heldout_rows, load_eval_rows
 from mixrl.trainer.rows import load_train_rows  # noqa: F401  (build.load_train_rows: the tests read the rows through build)
 from mixrl.vllm_cpu import colocated_engine_dtype, engine_dtype
@@ -220,8 +220,7 @@ def prepare_inputs(cfg: DictConfig, console: Console, *, check: bool = True) -> 
     tokenizer = load_tokenizer(model_path, cfg)
     check_env_tokenizer(cfg, tokenizer, model_path)
     train_ds, eval_rows, heldout = heldout_rows(cfg)
-    reward_funcs, reward_weights = build_reward_funcs(cfg)
-    _bind_rewards(reward_funcs, model_path, tokenizer)  # a judge on the policy's model is asked during the data check below
+    reward_funcs, reward_weights = build_reward_funcs(cfg, model_path=model_path, tokenizer=tokenizer)  # a judge on the policy's model is asked during the data check below
     teacher = build_teacher(cfg)
     source, source_rows = prepare_sources(cfg, train_ds, teacher=teacher)  # its file, pairs, sampler columns: refused here
     extra = {"the held-out rows": row_texts(eval_rows), **source_texts(cfg, source, teacher=teacher)}
@@ -233,11 +232,8 @@ def prepare_inputs(cfg: DictConfig, console: Console, *, check: bool = True) -> 
     if check:
         check_training_data(cfg, tokenizer, train_ds, reward_funcs, model_path, extra_texts=extra)  # before the model loads
         check_train_size(cfg, train_ds, heldout)
-        for fn in reward_funcs:  # a reward model with another tokenizer: re-tokenised (said once) or refused, before the run exists
-            if hasattr(getattr(fn, "fn", fn), "check_model"):  # and one that is no sequence classifier, refused
-                fn.fn.check_model()
-            if hasattr(getattr(fn, "fn", fn), "check_tokenizer"):
-                fn.fn.check_tokenizer(tokenizer)
+        for fn in reward_funcs:  # a reward model that is no sequence classifier, or with another tokenizer: refused (or re-tokenised, said once)
+            fn.check_at_start(tokenizer)
     if check:
         check_padding_free(cfg, model_path)  # trainer.padding_free=true with a model that cannot take packed rows
     if check and teacher is not None:  # a missing teacher folder or another vocabulary fails here, not after the run directory exists
@@ -252,7 +248,7 @@ def prepare_inputs(cfg: DictConfig, console: Console, *, check: bool = True) -> 
         model_path, tokenizer = extend_tiny(
             cfg, model_path, new_chars, say=lambda text: console.print(text, soft_wrap=True, highlight=False)
         )
-    _bind_rewards(reward_funcs, model_path, tokenizer)  # again: the tiny model's path and tokenizer may have grown
+        reward_funcs, reward_weights = build_reward_funcs(cfg, model_path=model_path, tokenizer=tokenizer)  # the grown model's path and tokenizer
     benchmarks = []
     if cfg.trainer.get("eval_benchmarks") and int(cfg.trainer.eval_every) > 0:  # the papers' benchmarks, read before the run starts
         from mixrl.benchmarks.live import prepare  # deferred: benchmarks load only for runs that score them

@@ -11,6 +11,7 @@ what it needs of TRL: values, and TRL's functions as callables. This module and
 
 Order (each step needs the ones above it):
 
+0. ``Packing`` (``trainer.padding_free``): every forward's rows, the critic's too.
 1. ``Forwards`` and ``Scoring``: from TRL's per-token log-prob function, the sharding
    layout, the tokenizer and the reward functions.
 2. Teachers: after the policy, because a teacher takes its dtype (``teacher.dtype=auto``) and
@@ -24,6 +25,8 @@ Order (each step needs the ones above it):
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 from transformers import AutoModelForCausalLM
@@ -46,6 +49,7 @@ from mixrl.trainer.parts.controller_steps import ControllerSteps
 from mixrl.trainer.parts.critic import Critic
 from mixrl.trainer.parts.forwards import Forwards
 from mixrl.trainer.parts.injection_context import Injections
+from mixrl.trainer.parts.packing import Packing
 from mixrl.trainer.parts.remax_baseline import RemaxBaseline
 from mixrl.trainer.parts.sampler_rounds import SamplerRounds
 from mixrl.trainer.parts.scoring import Scoring
@@ -72,13 +76,17 @@ def load_teacher_models(teacher, *, policy_dtype, device, temperature: float, ca
 
 def build_parts(trainer, *, objective, advantage: tuple[str, dict, bool], injections: list, controller=None, teacher=None,
                 staleness: int = 0, async_generation: int = 0, sampler=None, sampler_length=None,
-                critic: dict | None = None, token_budget: dict | None = None, shaping: tuple | None = None) -> Parts:
+                critic: dict | None = None, token_budget: dict | None = None, shaping: tuple | None = None,
+                padding_free: str = "false") -> Parts:
     """Every part of ``trainer`` (a :class:`~mixrl.trainer.grpo.MixrlGRPOTrainer` whose TRL
     ``__init__`` has run), in the order of the module docstring. ``trainer`` is read here, once;
     no part keeps it. The keyword arguments are what the config asked for (None / 0: off)."""
     acc, args, tok = trainer.accelerator, trainer.args, trainer.processing_class
     device = acc.device
     _, advantage_params, include_offpolicy = advantage
+
+    # 0. padding-free rows (trainer.padding_free): every forward's, the critic's too; auto says once per model why not
+    packing = Packing(padding_free, say=lambda text: print(text) if int(os.environ.get("RANK", "0")) == 0 else None)
 
     # 1. forwards and scoring
     forwards = Forwards(
@@ -121,7 +129,7 @@ def build_parts(trainer, *, objective, advantage: tuple[str, dict, bool], inject
         critic_part = Critic.from_policy(critic, policy=acc.unwrap_model(trainer.model), device=device,
                                          advantage_params=advantage_params, include_offpolicy=include_offpolicy,
                                          reward_funcs=trainer.reward_funcs, reward_weights=trainer.reward_weights,
-                                         batch_size=forwards.batch_size, packing=trainer.packing)
+                                         batch_size=forwards.batch_size, packing=packing)
 
     # 4. sampler, controller, lagged weights, ReMax
     sampler_part = None
@@ -198,7 +206,7 @@ def build_parts(trainer, *, objective, advantage: tuple[str, dict, bool], inject
         shaping_part = AdvantageShaping(shaping[0], shaping[1], offpolicy=shaping[2], forwards=forwards, gather=acc.gather,
                                         pad=lambda t: acc.pad_across_processes(t, dim=1, pad_index=0), process_index=acc.process_index)
 
-    return Parts(forwards=forwards, scoring=scoring, injections=inject, teachers=teachers, critic=critic_part,
+    return Parts(forwards=forwards, scoring=scoring, injections=inject, packing=packing, teachers=teachers, critic=critic_part,
                  remax=remax, sampler=sampler_part, controller=controller_part, lag=lag, async_gen=async_gen,
                  budget=budget, shaping=shaping_part)
 

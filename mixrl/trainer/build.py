@@ -259,13 +259,20 @@ def prepare_inputs(cfg: DictConfig, console: Console, *, check: bool = True) -> 
                      benchmarks=benchmarks)
 
 
+def packing_mode(cfg: DictConfig) -> str:
+    """``trainer.padding_free`` (``auto`` | ``true`` | ``false``): the one place the trainer reads it."""
+    from mixrl.trainer.parts.packing import resolve_mode  # deferred: as the trainer's modules below
+
+    return resolve_mode(cfg.trainer.get("padding_free", "auto"))
+
+
 def check_padding_free(cfg: DictConfig, model_path: str) -> None:
     """``trainer.padding_free=true`` refused, before the model loads, for a model whose class and
     config cannot take packed rows (:func:`mixrl.trainer.parts.packing.unsupported_class`); a
     model of custom code (no class in transformers' mapping) is checked when it loads."""
-    from mixrl.trainer.parts.packing import refusal, resolve_mode, unsupported_class  # deferred: as the trainer's modules below
+    from mixrl.trainer.parts.packing import refusal, unsupported_class  # deferred: as the trainer's modules below
 
-    if resolve_mode(cfg.trainer.get("padding_free", "auto")) != "true":
+    if packing_mode(cfg) != "true":
         return
     from transformers import AutoConfig, AutoModelForCausalLM  # deferred: transformers is heavy; `mixrl plan` imports this module and must not load it
 
@@ -344,7 +351,7 @@ def trainer_from_config(cfg: DictConfig, *, inputs: RunInputs | None = None, cal
             sampler=sampler,
             sampler_length=sampler_length,
             critic=OmegaConf.to_container(cfg.algo.critic, resolve=True) if cfg.algo.get("critic") is not None else None,
-            padding_free=str(cfg.trainer.get("padding_free", "auto")),
+            padding_free=packing_mode(cfg),
             token_budget=token_budget_spec(cfg, geom),
         )
     trainer.vllm_sync_tolerance = _sync_tolerance(cfg, model_path)  # checked after every weight sync (engine_sync)
@@ -381,9 +388,7 @@ def token_budget_spec(cfg: DictConfig, geom: Geometry) -> dict | None:
     budget = cfg.trainer.get("max_tokens_per_micro_batch")
     if budget is None:
         return None
-    from mixrl.trainer.parts.packing import resolve_mode  # deferred: as the trainer's modules below
-
-    packed = resolve_mode(cfg.trainer.get("padding_free", "auto")) != "false"  # auto: packed where the model takes it
+    packed = packing_mode(cfg) != "false"  # auto: packed where the model takes it
     return {"budget": int(budget), "packed": packed,
             "scoring_batch_size": geom.micro_batch_size if cfg.trainer.micro_batch_size is not None else None}
 

@@ -71,6 +71,7 @@ from mixrl.core.objective import Objective, compute_objective
 from mixrl.core.token_budget import padding_fraction
 from mixrl.sources.base import Rollouts
 from mixrl.sources.rows import splice_prefixes
+from mixrl.trainer import trl_handles
 from mixrl.trainer.assembly import build_parts
 from mixrl.trainer.generation import engine_sync
 from mixrl.trainer.generation.lagged_weights import swapped, trainable
@@ -166,7 +167,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
         self._mixrl_seconds = [0.0, 0.0]
         self._mixrl_chunk: tuple[int, int] | None = None  # (index, count) of the token-budget micro-batch in flight
         super().__init__(*args, **kwargs)
-        self.parts = build_parts(self, objective=objective, advantage=advantage, injections=injections or [],
+        self.parts = build_parts(trl_handles.from_trainer(self), objective=objective, advantage=advantage, injections=injections or [],
                                  controller=controller, teacher=teacher, staleness=staleness,
                                  async_generation=async_generation, sampler=sampler, sampler_length=sampler_length,
                                  critic=critic, token_budget=token_budget, shaping=shaping, padding_free=padding_free)

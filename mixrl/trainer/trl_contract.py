@@ -23,10 +23,10 @@ ARGS = "trl.GRPOConfig"
 
 TOUCHED: tuple[tuple[str, str, str, str], ...] = (
     # private methods mixrl calls (TRL's own, past mixrl's override where one exists)
-    (GRPO, "_calculate_rewards", "method", "assembly: Scoring scores completions other than the rollouts with TRL's own (gathered) rewards"),
-    (GRPO, "_generate_single_turn", "method", "assembly: Injections and env_rollout generate with TRL's own generation (vLLM, sampling, EOS)"),
-    (GRPO, "_get_per_token_logps_and_entropies", "method", "assembly: Forwards' per-token log-probs (the override: packing)"),
-    (GRPO, "_tokenize_prompts", "method", "assembly: prompts to ids as TRL tokenizes them (teachers, injections, async generation)"),
+    (GRPO, "_calculate_rewards", "method", "trl_handles: Scoring scores completions other than the rollouts with TRL's own (gathered) rewards"),
+    (GRPO, "_generate_single_turn", "method", "trl_handles (Injections) and env_rollout generate with TRL's own generation (vLLM, sampling, EOS)"),
+    (GRPO, "_get_per_token_logps_and_entropies", "method", "trl_handles: Forwards' per-token log-probs (the override: packing)"),
+    (GRPO, "_tokenize_prompts", "method", "trl_handles: prompts to ids as TRL tokenizes them (teachers, injections, async generation)"),
     (GRPO, "_prepare_inputs", "method", "grpo: a token-budget step takes TRL's whole generation batch (_budget_step)"),
     (HF, "_get_output_dir", "method", "grpo._save_checkpoint: the checkpoint folder mixrl's files go into first"),
     (GRPO, "_save_checkpoint", "method", "run_steps.save_now: the divergence guard's and a stopped run's checkpoint (the override writes mixrl's files)"),
@@ -39,7 +39,7 @@ TOUCHED: tuple[tuple[str, str, str, str], ...] = (
     (GRPO, "_buffered_inputs", "field", "grpo.BufferedBatch: the generation batch a checkpoint between two generations carries"),
     (GRPO, "_current_train_step_time", "field", "grpo._budget_step: TRL's step time, kept as GRPOTrainer.training_step keeps it"),
     (GRPO, "_last_loaded_step", "field", "grpo (async mode) and benchmarks/engine.py: the step whose weights vLLM holds"),
-    (GRPO, "_dist", "field", "assembly: is_fsdp / is_zero3 decide whether every process joins every policy forward"),
+    (GRPO, "_dist", "field", "trl_handles: is_fsdp / is_zero3 decide whether every process joins every policy forward"),
     (VG, "_llm_weights_sleeping", "field", "benchmarks/engine.py: the engine put to sleep after a benchmark, as TRL leaves it"),
     (CLIENT, "_updating_weights", "field", "vllm_file_transfer: inside TRL's weight_update bracket or not"),
     ("transformers.integrations.WandbCallback", "_wandb", "field", "callbacks.publish_samples: a wandb.Table of samples"),

@@ -7,7 +7,7 @@ gathers what the shaping lists in its ``needs``, from this process's batch, over
 * ``token_logp``: the policy's per-token log-probs of each completion at rollout time (TRL's
   ``old_per_token_logps`` when it computed them, else one no-grad forward, :meth:`Forwards.behaviour_logps`);
 * ``ref_logp``: the reference model's, TRL's ``ref_per_token_logps`` (the trainer asks TRL for them
-  when a shaping needs them, :func:`mixrl.trainer.build._needs_ref_logp`);
+  when a shaping needs them, :func:`mixrl.trainer.trl_args._needs_ref_logp`);
 * ``prompt_logp`` / ``prompt_mask``: the policy's log-prob of each prompt token, one no-grad forward
   over the prompts (left-padded: a token whose predecessor is padding is left out);
 * ``primary_rewards``: the first reward function's rewards; ``lengths``: completion tokens per row;

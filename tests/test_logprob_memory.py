@@ -67,7 +67,7 @@ def _policy_path(model, ids, att, keep):
 
     add_fused_lm_head(model, temperature=TEMPERATURE, outputs=("log_probs", "entropy"))  # as GRPOTrainer.__init__
     stub = SimpleNamespace(accelerator=SimpleNamespace(autocast=contextlib.nullcontext, is_main_process=True),
-                           packing=Packing(_MODE[0]))
+                           parts=SimpleNamespace(packing=Packing(_MODE[0])))  # the packing part
     logps, ent, _ = MixrlGRPOTrainer._get_per_token_logps_and_entropies(stub, model, ids, att, keep, compute_entropy=True)
     return logps, ent
 
@@ -100,7 +100,10 @@ def test_the_trainer_prepares_every_scoring_model_with_the_fused_head():
     assert "GRPOTrainer._get_per_token_logps_and_entropies(" in inspect.getsource(
         MixrlGRPOTrainer._get_per_token_logps_and_entropies)
     assert "fused_lm_head=True" in inspect.getsource(Packing.logps)  # padding-free
-    assert "trainer._get_per_token_logps_and_entropies(" in inspect.getsource(assembly.build_parts)  # Forwards' logps
+    from mixrl.trainer import trl_handles
+
+    assert "trainer._get_per_token_logps_and_entropies(" in inspect.getsource(trl_handles.from_trainer)  # Forwards' logps
+    assert "h.per_token_logps" in inspect.getsource(assembly.build_parts)
     assert "self.logps(model, ids, att" in inspect.getsource(Forwards.by_row_kind)
 
 

@@ -16,6 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mixrl.cli.main import app
+from mixrl.rewards.protocol import RewardContext
 from mixrl.errors import ConfigError, RewardError
 from mixrl.rewards import build_reward
 from mixrl.rewards.components import heldout_reward
@@ -218,8 +219,9 @@ def test_unparsable_verdicts_are_counted_never_a_silent_zero(caplog):
 def test_the_policys_own_model_can_judge(tiny_model_path, caplog):
     """backend=hf, path=policy: the run's starting model answers the question (greedy). The tiny arithmetic
     model never writes 'Score: N', so every verdict is unparsable: counted, neutral, never a silent 0."""
-    judge = build_reward("judge", backend="hf", path="policy", max_tokens=8, neutral=0.25)
-    judge.fn.bind_policy(tiny_model_path)
+    assert build_reward("judge", backend="hf", path="policy").fn.path == "policy"  # built outside a run: no policy to follow
+    judge = build_reward("judge", backend="hf", path="policy", max_tokens=8, neutral=0.25,
+                         context=RewardContext(policy_path=tiny_model_path))  # the run's policy, given at construction
     assert judge.fn.path == tiny_model_path
     with caplog.at_level(logging.WARNING, logger="mixrl.rewards.judge"):
         out = judge(prompts=["1+2=", "3+4="], completions=["3 #### 3", "7 #### 7"], answer=["3", "7"])
@@ -242,8 +244,8 @@ def test_process_rewards_put_each_steps_score_on_its_tokens(stand_in):
 
     url, _ = stand_in
     tok = build_tokenizer()
-    proc = build_reward("process", separator=" ", scorer_params={"url": url}, placement="each", outcome_weight=2.0)
-    proc.fn.bind_tokenizer(tok)
+    proc = build_reward("process", separator=" ", scorer_params={"url": url}, placement="each", outcome_weight=2.0,
+                        context=RewardContext(tokenizer=tok))  # the policy's tokenizer, given at construction
     text = "8 11 #### 11"  # 3+5+2=: "8 " right, "11 " wrong (10), "#### " right, "11" wrong
     ids = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     # the trainer sees the row's sum; the per-token list waits in last_dense for GAE
@@ -361,7 +363,7 @@ def test_a_cpu_run_keeps_its_reward_model_on_the_cpu_with_a_gpu_visible(tiny_rm,
     import torch
     from omegaconf import OmegaConf
 
-    from mixrl.rewards.components import bind_device, local_device
+    from mixrl.rewards.components import local_device
     from mixrl.trainer.build import build_reward_funcs
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -373,8 +375,6 @@ def test_a_cpu_run_keeps_its_reward_model_on_the_cpu_with_a_gpu_visible(tiny_rm,
     (rm,), _ = build_reward_funcs(cfg)
     assert rm.fn.run_device == "cpu"
     assert rm.fn.model().device.type == "cpu"  # before: .to("cuda:1"), which fails on this CPU-only torch
-    process = build_reward("process", scorer="model", scorer_params={"path": tiny_rm})
-    judge = build_reward("judge", backend="hf", path=tiny_rm)
-    for fn in (process, judge):
-        bind_device(fn, "cpu")
+    process = build_reward("process", scorer="model", scorer_params={"path": tiny_rm}, context=RewardContext(device="cpu"))
+    judge = build_reward("judge", backend="hf", path=tiny_rm, context=RewardContext(device="cpu"))
     assert process.fn.scorer.run_device == "cpu" and judge.fn.run_device == "cpu"

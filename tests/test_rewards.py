@@ -359,3 +359,41 @@ def test_module_with_broken_import(tmp_path, monkeypatch):
         build_reward("broken_rewards_mod:fn")
     msg = one_line(e)
     assert "not_a_real_dependency_xyz" in msg and "install" in msg
+
+
+def test_a_factory_declaring_context_receives_the_runs_context_at_construction():
+    """The rewards' protocol (mixrl.rewards.protocol): a factory's ``context`` parameter is the run's
+    RewardContext, never a config param; ``context.timeout_s`` bounds the built reward's calls."""
+    from mixrl.rewards.protocol import RewardContext
+    from mixrl.rewards.registry import REWARDS, reward_params
+
+    seen = []
+
+    def factory(*, scale: float = 1.0, context=None):
+        seen.append(context)
+        return lambda prompts, completions, **kw: [scale] * len(completions)
+
+    REWARDS["_test_context"] = factory
+    try:
+        assert reward_params(factory) == {"scale": 1.0}  # not a config param
+        ctx = RewardContext(device="cpu", policy_path="/p", tokenizer=None, timeout_s=3.0)
+        fn = build_reward("_test_context", context=ctx, scale=2.0)
+        assert seen == [ctx] and fn.timeout_s == 3.0 and fn(prompts=["q"], completions=["a"]) == [2.0]
+        build_reward("_test_context")
+        assert seen[-1] is None  # built outside a run (config validation): nothing known
+        with pytest.raises(ConfigError, match="remove reward.params.context"):
+            build_reward("_test_context", context={"device": "cpu"})
+    finally:
+        REWARDS.pop("_test_context")
+
+
+def test_a_verifier_is_read_through_the_declared_protocol():
+    """heldout_reward / training_judge read ``verifier`` (protocol.Verified) through the CheckedReward wrapper."""
+    from mixrl.rewards.components import heldout_reward, training_judge
+
+    exact = build_reward("exact")
+    judged = build_reward("judge", url="http://127.0.0.1:9", verifier="math")
+    silent = build_reward("judge", url="http://127.0.0.1:9", verifier="none")
+    assert heldout_reward(exact) is exact and training_judge(exact) is exact  # a rule: itself
+    assert heldout_reward(judged) is judged.fn.verifier is training_judge(judged)
+    assert heldout_reward(silent) is silent and training_judge(silent) is None  # a model's score is no verdict

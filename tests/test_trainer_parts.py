@@ -175,6 +175,7 @@ def _instances() -> dict:
     )
     from mixrl.trainer.parts.advantage_shaping import AdvantageShaping
     from mixrl.trainer.parts.critic import ValueModel
+    from mixrl.trainer.parts.packing import Packing
 
     class Sampler:  # mixrl.sampler.runtime.Sampler's checkpoint face
         def __init__(self):
@@ -196,6 +197,7 @@ def _instances() -> dict:
     return {
         "forwards": forwards,
         "scoring": scoring,
+        "packing": Packing("auto"),
         "injections": Injections([], tokenizer=None, process_index=0, num_processes=1, num_generations=2,
                                  max_completion_length=4, device="cpu", tokenize_prompts=None, gather=None, generate_one=None,
                                  gathers_prompts=False, forwards=forwards, scoring=scoring),

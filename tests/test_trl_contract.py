@@ -1,9 +1,12 @@
 """The contract between ``MixrlGRPOTrainer`` and TRL's ``GRPOTrainer``.
 
-``mixrl.trainer.grpo.OVERRIDDEN`` lists every TRL method mixrl replaces. Those methods are
-private API: a TRL release may rename, reorder or add parameters without notice. The
-parent signatures are pinned below, written out by hand for TRL 1.16.x; an upgrade that
-changes one fails here with the method's name, instead of failing mid-training.
+``mixrl.trainer.grpo.OVERRIDDEN`` lists every TRL method mixrl replaces, and
+``mixrl.trainer.trl_contract.TOUCHED`` every other private method or field of TRL (and of
+transformers' ``Trainer``) mixrl calls, reads or writes, and every public TRL object it patches.
+Those are private API: a TRL release may rename, reorder or add parameters without notice. The
+signatures are pinned below, written out by hand for TRL 1.16.x, fields by their assignment in
+their owner's source, and ``mixrl/`` is scanned for a private name of TRL that neither list
+names; an upgrade that changes one fails here with its name, instead of failing mid-training.
 
 To upgrade TRL: read the changed method in TRL, adapt the override in
 ``mixrl/trainer/grpo.py``, then update ``PINNED`` and ``TRL_SPEC`` here and in pyproject.toml.
@@ -90,6 +93,12 @@ PINNED: dict[str, tuple[tuple[str, object], ...]] = {
     "_load_optimizer_and_scheduler": (
         ("self", REQUIRED),
         ("checkpoint", REQUIRED),
+    ),
+    "get_batch_samples": (  # transformers' Trainer's
+        ("self", REQUIRED),
+        ("epoch_iterator", REQUIRED),
+        ("num_batches", REQUIRED),
+        ("device", REQUIRED),
     ),
     # not overridden today; pinned so that overriding them later needs no lookup
     "compute_loss": (
@@ -229,3 +238,93 @@ def test_subclass_is_a_grpo_trainer():
     from mixrl.trainer.grpo import MixrlGRPOTrainer
 
     assert issubclass(MixrlGRPOTrainer, GRPOTrainer)
+
+
+# --------------------------------------------------------------------------- everything else mixrl touches
+#: signatures of the methods in TOUCHED (called or patched) that PINNED does not hold: ("owner.name") -> parameters
+PINNED_TOUCHED: dict[str, tuple[tuple[str, object], ...]] = {
+    "trl.GRPOTrainer._tokenize_prompts": (("self", REQUIRED), ("prompts", REQUIRED)),
+    "transformers.Trainer._get_output_dir": (("self", REQUIRED), ("trial", REQUIRED)),
+    "trl.generation.vllm_client.VLLMClient._post": (("self", REQUIRED), ("url", REQUIRED), ("kwargs", REQUIRED)),
+    "trl.generation.vllm_client.VLLMClient._start_weight_update": (("self", REQUIRED),),
+    "trl.generation.vllm_client.VLLMClient._finish_weight_update": (("self", REQUIRED),),
+    "trl.generation.vllm_client.VLLMClient.init_communicator": (("self", REQUIRED), ("device", 0)),
+    "trl.generation.vllm_client.VLLMClient.update_named_params": (("self", REQUIRED), ("metadata", REQUIRED), ("named_params", REQUIRED)),
+    "trl.generation.vllm_generation.VLLMGeneration.generate": (
+        ("self", REQUIRED), ("prompts", REQUIRED), ("images", REQUIRED), ("num_generations", REQUIRED), ("profiler", None)),
+    "trl.generation.vllm_generation.VLLMGeneration.sync_weights": (("self", REQUIRED),),
+    "transformers.integrations.TensorBoardCallback._init_summary_writer": (("self", REQUIRED), ("args", REQUIRED)),
+}
+
+#: private names mixrl's own classes also use (not TRL's): AsyncGeneration._generate, the reward model's _tokenizer
+MIXRL_OWN = {"_generate", "_tokenizer"}
+
+
+def _owner(path: str):
+    import importlib
+
+    module, _, name = path.rpartition(".")
+    try:
+        return importlib.import_module(path)  # a module (trl.generation.vllm_generation)
+    except ImportError:
+        return getattr(importlib.import_module(module), name)
+
+
+def _sources(owner) -> str:
+    classes = [c for c in getattr(owner, "__mro__", (owner,)) if c is not object]
+    return "\n".join(inspect.getsource(c) for c in classes)
+
+
+def _assigned(owner, name: str) -> bool:
+    import re
+
+    return bool(re.search(rf"(self\.{name}\s*(:[^=\n]*)?=[^=])|(\b{name}\s*=[^=])|(import [^\n]*\b{name}\b)", _sources(owner)))
+
+
+def _touched():
+    from mixrl.trainer.trl_contract import TOUCHED
+
+    return TOUCHED
+
+
+@pytest.mark.parametrize("owner,name,kind", [(o, n, k) for o, n, k, _ in _touched()], ids=lambda x: str(x))
+def test_touched_still_exists(owner, name, kind):
+    """A method keeps its pinned signature; a field is still assigned by its owner; a patched object still exists."""
+    import dataclasses
+
+    cls = _owner(owner)
+    if kind == "method" or (kind == "patched" and callable(getattr(cls, name, None)) and inspect.isclass(cls)):
+        assert callable(getattr(cls, name, None)), f"{owner}.{name} no longer exists (TRL upgrade?); see mixrl/trainer/trl_contract.py"
+        key = f"{owner}.{name}"
+        pinned = PINNED.get(name) if owner == "trl.GRPOTrainer" and name in PINNED else PINNED_TOUCHED.get(key)
+        assert pinned is not None, f"{key} is touched by mixrl but its signature is pinned nowhere: add it to PINNED_TOUCHED"
+        assert _signature(getattr(cls, name)) == pinned, f"{key} changed signature: pinned {pinned}, found {_signature(getattr(cls, name))}"
+    else:
+        fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+        assert name in fields or _assigned(cls, name), (
+            f"{owner} no longer sets {name} (TRL upgrade?); mixrl reads or writes it: see mixrl/trainer/trl_contract.py")
+
+
+def test_every_trl_private_mixrl_touches_is_listed():
+    """Every private name of TRL's trainer, vLLM generation and vLLM client that ``mixrl/`` reads,
+    writes or calls is in OVERRIDDEN or TOUCHED."""
+    import ast
+    import re
+
+    from trl import GRPOTrainer
+    from trl.generation.vllm_client import VLLMClient
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    from mixrl.trainer.trl_contract import names
+
+    trl_private = set()
+    for owner in (GRPOTrainer, VLLMGeneration, VLLMClient):
+        trl_private |= {k for c in owner.__mro__ if c is not object for k in vars(c) if k.startswith("_") and not k.startswith("__")}
+        trl_private |= set(re.findall(r"self\.(_[a-z][a-z0-9_]*)\s*(?::[^=\n]*)?=[^=]", _sources(owner)))
+    listed = set(_overridden()) | names() | MIXRL_OWN
+    unlisted = {}
+    for path in sorted((ROOT / "mixrl").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in trl_private and node.attr not in listed:
+                unlisted.setdefault(node.attr, f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not unlisted, f"mixrl touches TRL privates not listed in mixrl/trainer/trl_contract.py TOUCHED: {unlisted}"

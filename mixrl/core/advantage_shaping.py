@@ -35,6 +35,9 @@ policy sampled only, or every row, off-policy ones included); the others keep ``
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
+
 import torch
 from torch import Tensor
 
@@ -50,9 +53,23 @@ PSR_NSR_MODES = ("positive", "negative", "weighted")
 ACE_GATES = ("softplus", "relu")
 
 
+@runtime_checkable
+class WritesFields(Protocol):
+    """A shaping whose term reads row fields computed from the same inputs (CalibRL's expert baseline):
+    ``fields(runtime, *, rewards, group_ids, sources, params) -> {name: Tensor [N, ...]}``, the global
+    rows' fields the trainer writes into its batch (:mod:`mixrl.trainer.parts.advantage_shaping`)."""
+
+    fields: Callable[..., dict]
+
+
 def shaping_needs(fn) -> tuple[str, ...]:
     """The runtime inputs (of :data:`SHAPING_INPUTS`) a shaping reads: its ``needs`` attribute."""
     return tuple(getattr(fn, "needs", ()))
+
+
+def shaping_fields(fn) -> Callable[..., dict] | None:
+    """The row fields a shaping writes (:class:`WritesFields`), or None."""
+    return fn.fields if isinstance(fn, WritesFields) else None
 
 
 def _float(x: Tensor) -> Tensor:

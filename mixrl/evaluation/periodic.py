@@ -45,8 +45,7 @@ class PeriodicEvalCallback(TrainerCallback):
         every: evaluate when ``global_step % every == 0`` (0 disables).
         run_dir: where ``eval.jsonl`` is appended.
         tokenizer, rows, reward_fn: as for :func:`mixrl.evaluation.accuracy.evaluate_accuracy`.
-        trainer: the trainer, or a zero-argument callable returning it (``lambda: trainer``,
-            so the callback can be built before the trainer it is passed to). Used for the
+        trainer: the trainer (the callback is built once it exists and added to it). Used for the
             rollout count (``mixrl_rollouts``), to log ``eval/*`` into the trainer's metrics,
             and for the model when none is given. Optional: without it the model comes from
             the callback arguments and ``eval/*`` is added to the logs of that step.
@@ -116,13 +115,7 @@ class PeriodicEvalCallback(TrainerCallback):
 
     @property
     def trainer(self):
-        t = self._trainer
-        if t is not None and callable(t) and not hasattr(t, "state"):
-            try:
-                t = t()
-            except NameError:  # `lambda: trainer` called before the trainer was assigned
-                return None
-        return t
+        return self._trainer
 
     def due(self, step: int) -> bool:
         return self.every > 0 and bool(self.rows_in or self.benchmarks) and step > 0 and step % self.every == 0

@@ -26,6 +26,7 @@ from typing import Any
 from mixrl.core.step_votes import VOTES, WRONG_STEPS_PATTERN, numbered_steps, parse_wrong_steps, vote
 from mixrl.errors import ConfigError
 from mixrl.rewards.judge import _Fields, _prompt_text, judge_reward
+from mixrl.rewards.protocol import RewardContext
 from mixrl.rewards.registry import reward_params
 
 CRITIQUE_TEMPLATE = ("Check every step of a solution to a problem.\nProblem: {prompt}\nReference answer: {answer}\n"
@@ -43,12 +44,6 @@ class GenPRMScorer:
         self.votes, self.vote, self.temperature = int(votes), vote, float(temperature)
         self.ask = ask
         self.last_penalties: list[list[float]] = []  # the last call's voted penalty per step, per solution
-
-    def bind_device(self, device: str) -> None:
-        self.judge.bind_device(device)
-
-    def bind_policy(self, model_path: str) -> None:
-        self.judge.bind_policy(model_path)
 
     def __getstate__(self):
         return {**self.__dict__, "ask": None}
@@ -86,7 +81,7 @@ class GenPRMScorer:
 
 
 def genprm_scorer(*, votes: int = 4, vote: str = "majority", temperature: float = 0.7, template: str = CRITIQUE_TEMPLATE,
-                  pattern: str = WRONG_STEPS_PATTERN, **judge_params: Any) -> GenPRMScorer:
+                  pattern: str = WRONG_STEPS_PATTERN, context: RewardContext | None = None, **judge_params: Any) -> GenPRMScorer:
     """The scorer of ``reward.params.scorer=genprm``; the other ``scorer_params`` are the judge's (``reward=judge``)."""
     if int(votes) < 1:
         raise ConfigError(f"reward 'process' (scorer=genprm): votes={votes} must be >= 1 (critiques per solution); "
@@ -102,7 +97,7 @@ def genprm_scorer(*, votes: int = 4, vote: str = "majority", temperature: float 
                           "the numbered steps; add {steps} to reward.params.scorer_params.template")
     # the judge only asks: the question is built here from ``template`` (its own template is unused)
     judge = judge_reward(**{"verifier": "none", "max_tokens": 64, **judge_params, "template": "{completion}",
-                            "pattern": pattern, "temperature": float(temperature)})
+                            "pattern": pattern, "temperature": float(temperature)}, context=context)
     return GenPRMScorer(judge=judge, template=template, pattern=pattern, votes=int(votes), vote=vote, temperature=float(temperature))
 
 

@@ -41,6 +41,7 @@ from mixrl.errors import ConfigError, RewardError
 from mixrl.rewards.components import local_device, register_model_reward
 from mixrl.rewards.deadline import RewardTooSlow
 from mixrl.rewards.extract import completion_text
+from mixrl.rewards.protocol import RewardContext
 from mixrl.rewards.registry import build_reward
 
 logger = logging.getLogger(__name__)
@@ -86,11 +87,13 @@ class JudgeReward:
     def __init__(self, *, backend: str, url: str | None, model: str, path: str | None, template: str, pattern: str,
                  scale: float, unparsable: str, neutral: float, give_up_after: int, retries: int, backoff_s: float,
                  timeout_s: float, temperature: float, max_tokens: int, concurrency: int, api_key_env: str,
-                 answer_column: str, verifier: str):
+                 answer_column: str, verifier: str, context: RewardContext | None = None):
         self.__name__ = "judge"
         self.verifier = None if verifier == "none" else build_reward(verifier, answer_column=answer_column)  # held-out accuracy
+        self.follows_policy = path == "policy"  # path=policy: the run's starting model (the run's RewardContext), when given
+        if self.follows_policy and context is not None and context.policy_path is not None:
+            path = str(context.policy_path)
         self.backend, self.url, self.model, self.path = backend, url, model, path
-        self.follows_policy = path == "policy"  # bound (again) to the run's model path by the assembly
         self.template, self.pattern_text, self.scale = template, pattern, scale
         self.unparsable, self.neutral, self.give_up_after = unparsable, neutral, give_up_after
         self.retries, self.backoff_s, self.timeout_s = retries, backoff_s, timeout_s
@@ -100,23 +103,13 @@ class JudgeReward:
         self.unparsable_total = 0
         self.unparsable_run = 0  # unparsable verdicts since the last parsable one
         self._hf = None
-        self.run_device: str | None = None  # hardware.device, given by the trainer's assembly (bind_device)
-
-    def bind_device(self, device: str) -> None:
-        """The run's device (``hardware.device``): where a judge served by ``transformers`` loads."""
-        self.run_device = device
+        self.run_device = context.device if context is not None else None  # hardware.device: where a judge served by transformers loads
 
     def __getstate__(self):
         return {**self.__dict__, "_hf": None}
 
     def identity(self) -> str:
         return json.dumps([self.backend, self.url, self.model, self.path, self.template], sort_keys=True)
-
-    def bind_policy(self, model_path: str) -> None:
-        """``path=policy``: the run's starting model (set by the trainer's assembly before the run starts)."""
-        if self.follows_policy and self.path != str(model_path):
-            self.path = str(model_path)
-            self._hf = None  # a model loaded for the data check from an earlier path (the tiny model before its vocabulary grew)
 
     # ------------------------------------------------------------------ asking
     def endpoint_url(self) -> str:
@@ -246,7 +239,7 @@ def judge_reward(*, backend: str | None = None, url: str | None = None, model: s
                  unparsable: str = "neutral", neutral: float = 0.0, give_up_after: int = 256, retries: int = 3,
                  backoff_s: float = 1.0, timeout_s: float = 60.0, temperature: float = 0.0, max_tokens: int = 64,
                  concurrency: int = 8, api_key_env: str = "OPENAI_API_KEY", answer_column: str = "answer",
-                 verifier: str = "exact") -> JudgeReward:
+                 verifier: str = "exact", context: RewardContext | None = None) -> JudgeReward:
     """A generative judge (an OpenAI-compatible endpoint, or a local model) scores each completion from a templated question.
 
     The template's ``{prompt}``, ``{completion}`` and ``{answer}`` are filled per row; the verdict's first
@@ -309,4 +302,4 @@ def judge_reward(*, backend: str | None = None, url: str | None = None, model: s
                        scale=float(scale), unparsable=unparsable, neutral=float(neutral), give_up_after=int(give_up_after),
                        retries=int(retries), backoff_s=float(backoff_s), timeout_s=float(timeout_s),
                        temperature=float(temperature), max_tokens=int(max_tokens), concurrency=int(concurrency),
-                       api_key_env=api_key_env, answer_column=answer_column, verifier=verifier)
+                       api_key_env=api_key_env, answer_column=answer_column, verifier=verifier, context=context)

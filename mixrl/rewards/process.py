@@ -20,7 +20,7 @@ completion token. What reaches the advantage depends on the estimator:
 * a critic (``algo=ppo``, ``algo.advantage.name=gae``): the list enters GAE token by token
   (:mod:`mixrl.rewards.registry`, dense rewards).
 
-Token boundaries come from the policy's tokenizer (given at start-up, :meth:`ProcessReward.bind_tokenizer`):
+Token boundaries come from the policy's tokenizer (given at construction, :class:`~mixrl.rewards.protocol.RewardContext`):
 token ``k`` ends where the decoded text of tokens ``0..k`` ends.
 """
 
@@ -36,6 +36,7 @@ from mixrl.rewards.components import register_model_reward
 from mixrl.rewards.extract import completion_text
 from mixrl.rewards.genprm import genprm_param_names, genprm_scorer
 from mixrl.rewards.judge import _prompt_text, judge_reward
+from mixrl.rewards.protocol import RewardContext
 from mixrl.rewards.registry import REWARDS, build_reward, reward_params
 from mixrl.rewards.reward_model import reward_model
 
@@ -50,28 +51,16 @@ class ProcessReward:
     """The picklable reward function of ``reward=process``."""
 
     def __init__(self, *, scorer: Any, scorer_name: str, separator: str, regex: bool, placement: str, step_weight: float,
-                 baseline: float, outcome_weight: float, verifier: str, answer_column: str, reference_column: str = "expert"):
+                 baseline: float, outcome_weight: float, verifier: str, answer_column: str, reference_column: str = "expert",
+                 tokenizer: Any = None):
         self.__name__ = "process"
         self.scorer, self.scorer_name = scorer, scorer_name
         self.separator, self.regex, self.placement = separator, regex, placement
         self.step_weight, self.baseline, self.outcome_weight = step_weight, baseline, outcome_weight
         self.answer_column, self.reference_column = answer_column, reference_column
         self.verifier = None if verifier == "none" else build_reward(verifier, answer_column=answer_column)
-        self.tokenizer = None
+        self.tokenizer = tokenizer  # the policy's tokenizer (the run's RewardContext): where each completion token ends in the text
         self.last_credit: dict[int, list[float]] = {}  # the last call's step rewards per token (no outcome): row -> list
-
-    def bind_tokenizer(self, tokenizer: Any) -> None:
-        """The policy's tokenizer: where each completion token ends in the text."""
-        self.tokenizer = tokenizer
-
-    def bind_device(self, device: str) -> None:
-        """The run's device, for the scorer's model (a reward model, a judge served by ``transformers``)."""
-        if self.scorer is not None:  # scorer=reference has no model
-            self.scorer.bind_device(device)
-
-    def bind_policy(self, model_path: str) -> None:
-        if hasattr(self.scorer, "bind_policy"):
-            self.scorer.bind_policy(model_path)
 
     def step_scores(self, prompts: Sequence[Any], texts: Sequence[str], spans: list[list[tuple[int, int]]], answers: Sequence[Any],
                     log: Any) -> list[list[float]]:
@@ -157,7 +146,8 @@ class _Fields(dict):
 @register_model_reward("process")
 def process_reward(*, scorer: str = "judge", scorer_params: dict | None = None, separator: str = "\n\n", regex: bool = False,
                    placement: str = "each", step_weight: float = 1.0, baseline: float = 1.0, outcome_weight: float = 1.0,
-                   verifier: str = "exact", answer_column: str = "answer", reference_column: str = "expert") -> ProcessReward:
+                   verifier: str = "exact", answer_column: str = "answer", reference_column: str = "expert",
+                   context: RewardContext | None = None) -> ProcessReward:
     """Step-level scores (a judge per step, or a reward model on each prefix) put on each step's tokens as a dense reward, plus the verifier's outcome on the last token.
 
     With the defaults (a judge's correct/incorrect verdict per step, ``baseline=1``, ``placement=each``)
@@ -202,13 +192,14 @@ def process_reward(*, scorer: str = "judge", scorer_params: dict | None = None, 
                           "remove reward.params.scorer_params")
     try:
         if scorer == "genprm":
-            inner = genprm_scorer(**params)
+            inner = genprm_scorer(**params, context=context)
         elif scorer == "reference":
             inner = None
         elif scorer == "judge":
-            inner = judge_reward(**{"template": STEP_TEMPLATE, "pattern": STEP_PATTERN, "scale": 1.0, "verifier": "none", **params})
+            inner = judge_reward(**{"template": STEP_TEMPLATE, "pattern": STEP_PATTERN, "scale": 1.0, "verifier": "none", **params},
+                                 context=context)
         else:
-            inner = reward_model(**{"verifier": "none", **params})
+            inner = reward_model(**{"verifier": "none", **params}, context=context)
     except ConfigError as e:  # the scorer's params live under reward.params.scorer_params
         raise ConfigError(str(e).replace(f"reward '{scorer}'", f"reward 'process' (scorer={scorer})")
                           .replace("reward.params.", "reward.params.scorer_params.")) from None
@@ -219,4 +210,5 @@ def process_reward(*, scorer: str = "judge", scorer_params: dict | None = None, 
         raise ConfigError(f"reward 'process': verifier={verifier!r} is not one of exact, math, none; fix reward.params.verifier")
     return ProcessReward(scorer=inner, scorer_name=scorer, separator=separator, regex=bool(regex), placement=placement,
                          step_weight=float(step_weight), baseline=float(baseline), outcome_weight=float(outcome_weight),
-                         verifier=verifier, answer_column=answer_column, reference_column=reference_column)
+                         verifier=verifier, answer_column=answer_column, reference_column=reference_column,
+                         tokenizer=context.tokenizer if context is not None else None)

@@ -25,15 +25,15 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
-import math
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mixrl.errors import ConfigError, MixrlUserError, RewardError, did_you_mean
-from mixrl.rewards.deadline import RewardInterrupted, RewardSignal, RewardTimeout, RewardTooSlow, deadline
+from mixrl.errors import ConfigError, did_you_mean
+from mixrl.rewards.checked import MAX_REWARD, CheckedReward, _first_line  # noqa: F401  (CheckedReward, MAX_REWARD: their home before)
+from mixrl.rewards.protocol import CONTEXT_PARAM, RewardContext
 
 __all__ = ["REWARDS", "RewardFn", "register_reward", "build_reward", "reward_params"]
 
@@ -56,12 +56,13 @@ def register_reward(name: str) -> Callable[[Callable[..., RewardFn]], Callable[.
 
 
 def reward_params(factory: Callable) -> dict[str, Any]:
-    """The parameters a factory accepts, with their defaults (``inspect.Parameter.empty`` if required)."""
+    """The config parameters a factory accepts, with their defaults (``inspect.Parameter.empty`` if required);
+    ``context`` (the run's :class:`~mixrl.rewards.protocol.RewardContext`) is not one."""
     sig = inspect.signature(factory)
     return {
         p.name: p.default
         for p in sig.parameters.values()
-        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != CONTEXT_PARAM
     }
 
 
@@ -69,8 +70,11 @@ def _is_dotted(name: str) -> bool:
     return ":" in name or "." in name or name.endswith(".py")
 
 
-def build_reward(name_or_path: str, **params: Any) -> RewardFn:
+def build_reward(name_or_path: str, *, context: RewardContext | None = None, **params: Any) -> RewardFn:
     """Return the reward function for a registered name or a dotted import path.
+
+    ``context``: what the run gives its rewards (:class:`~mixrl.rewards.protocol.RewardContext`): a
+    factory declaring a ``context`` parameter receives it, and ``context.timeout_s`` bounds each call.
 
     * registered name (``exact``, ``math``): ``REWARDS[name](**params)``;
     * dotted path to a *factory* (a class, or a function without a ``completions`` parameter):
@@ -88,8 +92,12 @@ def build_reward(name_or_path: str, **params: Any) -> RewardFn:
             f"set reward.name to one of: {', '.join(sorted(REWARDS))}, or a dotted path like my_pkg.rewards:my_reward"
         )
     name = name_or_path.strip()
+    if context is not None and not isinstance(context, RewardContext):
+        raise ConfigError(f"reward {name!r}: 'context' is not a reward param (the run's context is given to the reward); "
+                          "remove reward.params.context")
+    timeout_s = context.timeout_s if context is not None else None
     if name in REWARDS:
-        return CheckedReward(_call_factory(name, REWARDS[name], params), name)
+        return CheckedReward(_call_factory(name, REWARDS[name], params, context), name, timeout_s)
     if not _is_dotted(name):
         raise ConfigError(
             f"unknown reward {name!r}{did_you_mean(name, REWARDS)}; built-in rewards: {', '.join(sorted(REWARDS))}; "
@@ -98,163 +106,14 @@ def build_reward(name_or_path: str, **params: Any) -> RewardFn:
         )
     obj = _import_object(name)
     if _is_factory(obj):
-        return CheckedReward(_call_factory(name, obj, params), name)
+        return CheckedReward(_call_factory(name, obj, params, context), name, timeout_s)
     if params:
         raise ConfigError(
             f"reward {name!r} is a plain reward function, so it takes no params, but got: {', '.join(sorted(params))}; "
             "remove reward.params, or make it a factory (a function without a 'completions' argument, "
             "taking the params and returning the reward function)"
         )
-    return CheckedReward(_ensure_name(obj, name), name)
-
-
-#: the largest reward magnitude accepted: TRL keeps rewards in float32 and squares their
-#: deviations for the group std, which overflows to inf past sqrt(3.4e38) ~ 1.8e19
-MAX_REWARD = 1e18
-
-
-class CheckedReward:
-    """A reward function that checks its own output: one finite number (or None, TRL's
-    "not applicable") per completion. A raise or a wrong value becomes a one-line
-    :class:`mixrl.errors.RewardError` naming the function and the row (the first failing
-    row is found by re-calling the function one row at a time). Picklable when the wrapped
-    function is; ``__name__`` is the wrapped function's (TRL names metrics after it)."""
-
-    def __init__(self, fn: RewardFn, spec: str, timeout_s: float | None = None):
-        self.fn = fn
-        self.spec = spec
-        self.timeout_s = timeout_s  # reward.timeout_s: wall-clock limit per call (mixrl.rewards.deadline)
-        self.__name__ = getattr(fn, "__name__", None) or spec
-        self.last_dense: dict[int, list[float]] = {}  # the last call's per-token rewards: row -> one float per token
-        self.last_credit: dict[int, list[float]] = {}  # their per-token credit (algo.advantage.name=capo): the function's
-        # own ``last_credit`` when it has one (reward=process: the steps' part, its outcome left out), else ``last_dense``
-
-    def __call__(self, *args: Any, **kwargs: Any) -> list:
-        prompts = kwargs.get("prompts", args[0] if args else None)
-        completions = kwargs.get("completions", args[1] if len(args) > 1 else None)
-        try:
-            with deadline(self.timeout_s):
-                out = self.fn(*args, **kwargs)
-        except RewardTimeout:
-            n = len(completions) if completions is not None else "?"
-            raise RewardTooSlow(
-                f"reward {self.spec!r} did not return within reward.timeout_s={self.timeout_s:g} s (a batch of {n} "
-                "completions); make it faster or raise reward.timeout_s"
-            ) from None
-        except RewardSignal as e:
-            raise RewardInterrupted(f"{e.args[0]} while reward {self.spec!r} was running") from None
-        except MixrlUserError:  # already one line (e.g. a missing answer column)
-            raise
-        except Exception as e:  # noqa: BLE001 - the user's function: report it on one line
-            row = self._failing_row(args, kwargs, completions)
-            raise RewardError(
-                f"reward {self.spec!r} raised {type(e).__name__}: {_first_line(e)}{self._where(row, prompts)}; "
-                "fix the reward function"
-            ) from e
-        self.last_dense = {}
-        if not isinstance(out, (str, bytes)) and hasattr(out, "__iter__") and any(isinstance(v, (list, tuple)) for v in out):
-            out = self._split_dense(list(out), kwargs.get("completion_ids"), prompts)
-        self.check(out, completions, prompts)
-        credit = getattr(self.fn, "last_credit", None)  # a dense reward's per-token part without its outcome (reward=process)
-        self.last_credit = {i: list(credit[i]) for i in self.last_dense if i in credit} if isinstance(credit, dict) else dict(self.last_dense)
-        return out
-
-    def _split_dense(self, out: list, completion_ids: Any, prompts: Any) -> list:
-        """Dense rows (a list of per-token rewards) -> their sum; the lists go to ``last_dense``."""
-        summed = list(out)
-        for i, v in enumerate(out):
-            if not isinstance(v, (list, tuple)):
-                continue
-            if completion_ids is None or i >= len(completion_ids):
-                raise RewardError(f"reward {self.spec!r} returned a list of per-token rewards{self._where(i, prompts)} but the "
-                                  "trainer passed no completion_ids to check its length against")
-            n = len(completion_ids[i])
-            if len(v) != n:
-                raise RewardError(
-                    f"reward {self.spec!r} returned {len(v)} per-token rewards for a completion of {n} tokens"
-                    f"{self._where(i, prompts)}; a dense reward gives one float per completion token")
-            if any(x is None for x in v):
-                raise RewardError(f"reward {self.spec!r} returned None inside a per-token reward list{self._where(i, prompts)}; "
-                                  "use 0.0 for a token without reward (None skips a whole row)")
-            self.check(list(v), None, prompts)  # every entry a finite number
-            self.last_dense[i] = [float(x) for x in v]
-            summed[i] = float(sum(self.last_dense[i]))
-        return summed
-
-    def check(self, out: Any, completions: Any, prompts: Any = None) -> None:
-        """Raise RewardError unless ``out`` is one finite number or None per completion."""
-        n = len(completions) if completions is not None else None
-        if isinstance(out, (str, bytes)) or not hasattr(out, "__len__") or not hasattr(out, "__iter__"):
-            raise RewardError(
-                f"reward {self.spec!r} returned {type(out).__name__}, not a list; "
-                "a reward returns one float per completion"
-            )
-        if n is not None and len(out) != n:
-            raise RewardError(
-                f"reward {self.spec!r} returned {len(out)} values for {n} completions; "
-                "a reward returns one float per completion"
-            )
-        for i, v in enumerate(out):
-            if v is None:
-                continue
-            if isinstance(v, bool) or not isinstance(v, (int, float)) and not _is_number(v):
-                raise RewardError(
-                    f"reward {self.spec!r} returned {type(v).__name__} {_short(v)}{self._where(i, prompts)}; "
-                    "a reward must be a float (or None to skip the row)"
-                )
-            if not math.isfinite(float(v)):
-                raise RewardError(
-                    f"reward {self.spec!r} returned {float(v)}{self._where(i, prompts)}; "
-                    "a reward must be a finite float (or None to skip the row)"
-                )
-            if abs(float(v)) > MAX_REWARD:
-                raise RewardError(
-                    f"reward {self.spec!r} returned {float(v):g}{self._where(i, prompts)}; rewards beyond +-{MAX_REWARD:g} "
-                    "overflow the trainer's float32 group statistics (std, advantages); scale the reward down"
-                )
-
-    def _failing_row(self, args: tuple, kwargs: dict, completions: Any) -> int | None:
-        if completions is None or len(completions) < 2:
-            return 0 if completions is not None else None
-        n = len(completions)
-        for i in range(n):
-            a = [_row(x, i, n) for x in args]
-            kw = {k: _row(v, i, n) for k, v in kwargs.items()}
-            try:
-                self.fn(*a, **kw)
-            except Exception:  # noqa: BLE001
-                return i
-        return None
-
-    @staticmethod
-    def _where(row: int | None, prompts: Any) -> str:
-        if row is None:
-            return ""
-        text = ""
-        if prompts is not None and row < len(prompts):
-            p = prompts[row]
-            if isinstance(p, list) and p and isinstance(p[-1], dict):
-                p = p[-1].get("content", "")
-            text = f" (prompt {_short(p)})"
-        return f" on row {row}{text}"
-
-
-def _row(value: Any, i: int, n: int) -> Any:
-    """Row ``i`` of a per-row batch argument (a list of length n), else the value as is."""
-    return [value[i]] if isinstance(value, list) and len(value) == n else value
-
-
-def _is_number(v: Any) -> bool:
-    try:
-        float(v)
-    except (TypeError, ValueError):
-        return False
-    return hasattr(v, "dtype")  # numpy / torch scalars
-
-
-def _short(v: Any, width: int = 40) -> str:
-    text = repr(v).replace("\n", " ")
-    return text if len(text) <= width else text[: width - 3] + "..."
+    return CheckedReward(_ensure_name(obj, name), name, timeout_s)
 
 
 def _is_factory(obj: Any) -> bool:
@@ -273,7 +132,7 @@ def _is_factory(obj: Any) -> bool:
     return True
 
 
-def _call_factory(name: str, factory: Callable, params: dict[str, Any]) -> RewardFn:
+def _call_factory(name: str, factory: Callable, params: dict[str, Any], context: RewardContext | None = None) -> RewardFn:
     try:
         sig = inspect.signature(factory)
     except (TypeError, ValueError):
@@ -292,8 +151,9 @@ def _call_factory(name: str, factory: Callable, params: dict[str, Any]) -> Rewar
         missing = [k for k, d in accepted.items() if d is inspect.Parameter.empty and k not in params]
         if missing:
             raise ConfigError(f"reward {name!r} needs param(s) {', '.join(missing)}; set them under reward.params")
+    given = {CONTEXT_PARAM: context} if sig is not None and CONTEXT_PARAM in sig.parameters else {}  # the factory declares it takes the run's context
     try:
-        fn = factory(**params)
+        fn = factory(**params, **given)
     except ConfigError:
         raise
     except (TypeError, ValueError) as e:
@@ -345,11 +205,6 @@ def _load_file_module(path: str, spec_text: str) -> Any:
             f"reward {spec_text!r}: importing {str(file)!r} failed ({type(e).__name__}: {_first_line(e)}); fix that file"
         ) from e
     return module
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 def _import_module(module: str, spec_text: str) -> Any:

@@ -40,6 +40,7 @@ from mixrl.models.files import check_model_files
 from mixrl.errors import ConfigError
 from mixrl.rewards.components import local_device, register_model_reward
 from mixrl.rewards.extract import completion_text, extract_after_marker
+from mixrl.rewards.protocol import RewardContext
 from mixrl.rewards.registry import REWARDS, build_reward
 
 logger = logging.getLogger(__name__)
@@ -121,7 +122,8 @@ class RewardModelReward:
     """The picklable reward function of ``reward=model`` (the model is loaded lazily, per process)."""
 
     def __init__(self, *, path: str, batch_size: int, normalize: str, transform: str, verifier: str, verifier_weight: float,
-                 rm_weight: float, gate: str, retokenize: bool, device: str | None, marker: str, answer_column: str):
+                 rm_weight: float, gate: str, retokenize: bool, device: str | None, marker: str, answer_column: str,
+                 run_device: str | None = None):
         self.__name__ = "reward_model"
         self.path, self.batch_size, self.normalize, self.transform = path, batch_size, normalize, transform
         self.rm_weight, self.verifier_weight, self.gate, self.retokenize = rm_weight, verifier_weight, gate, retokenize
@@ -131,11 +133,7 @@ class RewardModelReward:
         self._model = self._tokenizer = None
         self._said_retokenize = False
         self._checked = False  # check_model passed (in this process)
-        self.run_device: str | None = None  # hardware.device, given by the trainer's assembly (bind_device)
-
-    def bind_device(self, device: str) -> None:
-        """The run's device (``hardware.device``): where the model loads when ``device`` is unset."""
-        self.run_device = device
+        self.run_device = run_device  # hardware.device (the run's RewardContext): where the model loads when ``device`` is unset
 
     def __getstate__(self):
         return {**self.__dict__, "_model": None, "_tokenizer": None, "_checked": False}
@@ -248,7 +246,7 @@ class RewardModelReward:
 def reward_model(*, path: str = BUILTIN_RM, batch_size: int = 64, normalize: str = "none", transform: str = "sigmoid",
                  verifier: str = "exact", verifier_weight: float = 0.0, rm_weight: float = 1.0, gate: str = "none",
                  retokenize: bool = True, device: str | None = None, marker: str = "####",
-                 answer_column: str = "answer") -> RewardModelReward:
+                 answer_column: str = "answer", context: RewardContext | None = None) -> RewardModelReward:
     """A sequence-classification reward model's score of each completion, optionally normalised and combined with a verifier.
 
     The score is the model's scalar output on ``prompt + completion`` (sigmoid of the logit by default),
@@ -288,4 +286,5 @@ def reward_model(*, path: str = BUILTIN_RM, batch_size: int = 64, normalize: str
         raise ConfigError(f"reward 'model': batch_size={batch_size} must be >= 1; fix reward.params.batch_size")
     return RewardModelReward(path=str(path), batch_size=int(batch_size), normalize=normalize, transform=transform,
                              verifier=verifier, verifier_weight=float(verifier_weight), rm_weight=float(rm_weight), gate=gate,
-                             retokenize=bool(retokenize), device=device, marker=marker, answer_column=answer_column)
+                             retokenize=bool(retokenize), device=device, marker=marker, answer_column=answer_column,
+                             run_device=context.device if context is not None else None)

@@ -1,5 +1,6 @@
 """Turn a validated config into the pieces of a run and the trainer: model path, tokenizer, data,
-reward functions (:func:`prepare_inputs`, checked together), objective, sources, TRL arguments.
+reward functions (:func:`prepare_inputs`, checked together), objective, sources; TRL's arguments
+come from :mod:`mixrl.trainer.trl_args`.
 
 :func:`trainer_from_config` is the one assembly: ``mixrl train`` (:mod:`mixrl.trainer.run`), the
 benchmark (``bench/throughput.py``), the DDP/FSDP test workers and the tests all build their
@@ -20,23 +21,20 @@ from rich.console import Console
 import torch
 
 from mixrl.config.builders import component as _component
-from mixrl.config.builders import plain as _plain
-from mixrl.config.generation import generation_args, resolve_generation
+from mixrl.config.generation import resolve_generation
 from mixrl.config.geometry import Geometry, geometry
 from mixrl.config.sampler import build_sampler
 from mixrl.errors import ConfigError
-from mixrl.trainer import fsdp
 from mixrl.trainer.env_rollout import env_trainer_kwargs
-from mixrl.config.ref_reset import ref_reset_args
 from mixrl.config.checks import check_train_size, check_training_data, row_texts
 from mixrl.config.builders import build_controller, build_injection, build_objective, build_source, build_teacher
-from mixrl.config.shaping import shaping_reads_ref, shaping_spec
-from mixrl.core.terms import term_needs
+from mixrl.config.shaping import shaping_spec
 from mixrl.rewards.components import heldout_reward
 from mixrl.trainer.generation.engine_sync import default_tolerance
 from mixrl.trainer.magnitude import MagnitudeBounds
 from mixrl.trainer.policy_model import extend_tiny, load_tokenizer, resolve_model_path, tiny_missing_characters
-from mixrl.trainer.reward_funcs import _bind_rewards, build_reward_funcs
+from mixrl.trainer.reward_funcs import build_reward_funcs
+from mixrl.trainer.trl_args import grpo_args, peft_config  # noqa: F401  (build.grpo_args: the bench and the tests read it through build)
 from mixrl.trainer.rows import describe_heldout, heldout_rows, load_eval_rows
 from mixrl.trainer.rows import load_train_rows  # noqa: F401  (build.load_train_rows: the tests read the rows through build)
 from mixrl.vllm_cpu import colocated_engine_dtype, engine_dtype
@@ -47,102 +45,6 @@ from mixrl.vllm_file_transfer import install_client
 def advantage_spec(cfg: DictConfig) -> tuple[str, dict, bool]:
     name, params = _component(cfg.algo.advantage)
     return name, params, bool(cfg.algo.advantage_include_offpolicy)
-
-
-# --------------------------------------------------------------------------- TRL args
-def grpo_args(cfg: DictConfig, run_dir: Path, geom: Geometry | None = None):
-    from trl import GRPOConfig  # deferred: trl imports transformers; the light commands (--help, config show, plan) never load it
-
-    geom = geom or geometry(cfg)
-    t, hw = cfg.trainer, cfg.hardware
-    cpu = hw.device == "cpu"
-    dtype = None if cfg.model.dtype == "auto" else cfg.model.dtype
-    budget = t.get("max_tokens_per_micro_batch")
-    return GRPOConfig(
-        output_dir=str(run_dir / "trainer"),
-        seed=int(cfg.seed),
-        max_steps=int(t.max_steps),
-        learning_rate=float(t.learning_rate),
-        lr_scheduler_type=str(t.lr_scheduler_type),
-        warmup_steps=int(t.warmup_steps),
-        weight_decay=float(t.weight_decay),
-        max_grad_norm=float(t.max_grad_norm),
-        adam_beta1=float(t.adam_beta1),
-        adam_beta2=float(t.adam_beta2),
-        adam_epsilon=float(t.adam_epsilon),
-        # a token budget: TRL hands the whole step to one training_step, split there (mixrl.trainer.parts.token_budget)
-        per_device_train_batch_size=geom.rows_per_process if budget else geom.micro_batch_size,
-        gradient_accumulation_steps=1 if budget else geom.grad_accum,
-        steps_per_generation=1 if budget else geom.grad_accum,
-        num_generations=geom.num_generations,
-        num_iterations=int(t.num_iterations),
-        temperature=float(t.temperature),
-        top_p=float(t.top_p),
-        top_k=int(t.top_k),
-        max_completion_length=int(t.max_completion_length),
-        mask_truncated_completions=bool(t.mask_truncated_completions),
-        beta=float(cfg.algo.kl.coef) or (1.0 if _needs_ref_logp(cfg) else 0.0),  # TRL computes reference log-probs iff beta != 0
-        logging_steps=int(t.logging_steps),
-        save_strategy="steps" if t.save_steps else "no",
-        save_steps=int(t.save_steps) if t.save_steps else 500,
-        save_total_limit=int(t.save_total_limit) or None,
-        logging_nan_inf_filter=False,  # a non-finite loss must reach the divergence guard (mixrl.trainer.guards)
-        report_to=list(cfg.logger.report_to),
-        log_completions=bool(cfg.logger.log_completions),
-        use_cpu=cpu,
-        bf16=bool(hw.bf16) and not cpu,
-        gradient_checkpointing=bool(hw.gradient_checkpointing) and not cpu,
-        use_vllm=bool(hw.use_vllm),
-        **generation_args(cfg, geom.rows_per_process),  # trainer.generation: transformers' continuous batching (mixrl.config.generation)
-        vllm_mode=str(hw.vllm_mode),
-        vllm_gpu_memory_utilization=float(hw.vllm_gpu_memory_utilization),
-        vllm_tensor_parallel_size=int(hw.vllm_tensor_parallel_size),
-        vllm_max_model_length=int(hw.vllm_max_model_length) if hw.vllm_max_model_length else None,
-        vllm_enable_sleep_mode=bool(hw.vllm_enable_sleep_mode),
-        vllm_server_host=str(hw.vllm_server_host),
-        vllm_server_port=int(hw.vllm_server_port),
-        # mixrl applies the correction itself (algo.engine_correction, mixrl.core.engine_mismatch); TRL's
-        # flag makes it compute the trainer's old log-probs of vLLM rollouts, which the weight needs
-        **_engine_correction_args(cfg),
-        **ref_reset_args(cfg),  # algo.kl.reset_every: TRL's sync_ref_model with alpha 1 (mixrl.config.ref_reset)
-        deepspeed=hw.deepspeed,
-        disable_tqdm=True,
-        model_init_kwargs={"dtype": dtype, "trust_remote_code": bool(cfg.model.trust_remote_code)}
-        | ({"attn_implementation": cfg.model.attn_implementation} if cfg.model.attn_implementation else {}),
-        dataloader_num_workers=0,
-        remove_unused_columns=False,
-        shuffle_dataset=True,
-        **fsdp.training_args(cfg),  # FSDP on CPU: transformers' fsdp / fsdp_config (GPUs: the launch's accelerate config)
-    )
-
-
-def _engine_correction_args(cfg: DictConfig) -> dict:
-    """TRL's ``vllm_importance_sampling_*`` arguments from ``algo.engine_correction``."""
-    node = cfg.algo.engine_correction
-    return {
-        "vllm_importance_sampling_correction": bool(node.enabled),
-        "vllm_importance_sampling_mode": str(node.mode),
-        "vllm_importance_sampling_clip_min": None if node.c_min is None else float(node.c_min),
-        "vllm_importance_sampling_clip_max": None if node.c_max is None else float(node.c_max),
-    }
-
-
-def _needs_ref_logp(cfg: DictConfig) -> bool:
-    """Does a term other than the KL term (e.g. kl_convex) read reference log-probs? mixrl
-    computes its own loss, so TRL's beta only decides whether they are computed."""
-    return any("ref_logp" in term_needs(t.kind) for t in build_objective(cfg).terms) or shaping_reads_ref(cfg)
-
-
-def peft_config(cfg: DictConfig):
-    lora = _plain(cfg.model.lora) or {}
-    if not lora.get("enabled"):
-        return None
-    from peft import LoraConfig  # deferred: peft imports transformers; only a LoRA/adapter path needs it
-
-    return LoraConfig(
-        r=int(lora.get("r", 16)), lora_alpha=int(lora.get("alpha", 32)), lora_dropout=float(lora.get("dropout", 0.0)),
-        target_modules=lora.get("target_modules", "all-linear"), task_type="CAUSAL_LM",
-    )
 
 
 # --------------------------------------------------------------------------- inputs
@@ -220,8 +122,7 @@ def prepare_inputs(cfg: DictConfig, console: Console, *, check: bool = True) -> 
     tokenizer = load_tokenizer(model_path, cfg)
     check_env_tokenizer(cfg, tokenizer, model_path)
     train_ds, eval_rows, heldout = heldout_rows(cfg)
-    reward_funcs, reward_weights = build_reward_funcs(cfg)
-    _bind_rewards(reward_funcs, model_path, tokenizer)  # a judge on the policy's model is asked during the data check below
+    reward_funcs, reward_weights = build_reward_funcs(cfg, model_path=model_path, tokenizer=tokenizer)  # a judge on the policy's model is asked during the data check below
     teacher = build_teacher(cfg)
     source, source_rows = prepare_sources(cfg, train_ds, teacher=teacher)  # its file, pairs, sampler columns: refused here
     extra = {"the held-out rows": row_texts(eval_rows), **source_texts(cfg, source, teacher=teacher)}
@@ -233,11 +134,8 @@ def prepare_inputs(cfg: DictConfig, console: Console, *, check: bool = True) -> 
     if check:
         check_training_data(cfg, tokenizer, train_ds, reward_funcs, model_path, extra_texts=extra)  # before the model loads
         check_train_size(cfg, train_ds, heldout)
-        for fn in reward_funcs:  # a reward model with another tokenizer: re-tokenised (said once) or refused, before the run exists
-            if hasattr(getattr(fn, "fn", fn), "check_model"):  # and one that is no sequence classifier, refused
-                fn.fn.check_model()
-            if hasattr(getattr(fn, "fn", fn), "check_tokenizer"):
-                fn.fn.check_tokenizer(tokenizer)
+        for fn in reward_funcs:  # a reward model that is no sequence classifier, or with another tokenizer: refused (or re-tokenised, said once)
+            fn.check_at_start(tokenizer)
     if check:
         check_padding_free(cfg, model_path)  # trainer.padding_free=true with a model that cannot take packed rows
     if check and teacher is not None:  # a missing teacher folder or another vocabulary fails here, not after the run directory exists
@@ -252,7 +150,7 @@ def prepare_inputs(cfg: DictConfig, console: Console, *, check: bool = True) -> 
         model_path, tokenizer = extend_tiny(
             cfg, model_path, new_chars, say=lambda text: console.print(text, soft_wrap=True, highlight=False)
         )
-    _bind_rewards(reward_funcs, model_path, tokenizer)  # again: the tiny model's path and tokenizer may have grown
+        reward_funcs, reward_weights = build_reward_funcs(cfg, model_path=model_path, tokenizer=tokenizer)  # the grown model's path and tokenizer
     benchmarks = []
     if cfg.trainer.get("eval_benchmarks") and int(cfg.trainer.eval_every) > 0:  # the papers' benchmarks, read before the run starts
         from mixrl.benchmarks.live import prepare  # deferred: benchmarks load only for runs that score them
@@ -263,13 +161,20 @@ def prepare_inputs(cfg: DictConfig, console: Console, *, check: bool = True) -> 
                      benchmarks=benchmarks)
 
 
+def packing_mode(cfg: DictConfig) -> str:
+    """``trainer.padding_free`` (``auto`` | ``true`` | ``false``): the one place the trainer reads it."""
+    from mixrl.trainer.parts.packing import resolve_mode  # deferred: as the trainer's modules below
+
+    return resolve_mode(cfg.trainer.get("padding_free", "auto"))
+
+
 def check_padding_free(cfg: DictConfig, model_path: str) -> None:
     """``trainer.padding_free=true`` refused, before the model loads, for a model whose class and
     config cannot take packed rows (:func:`mixrl.trainer.parts.packing.unsupported_class`); a
     model of custom code (no class in transformers' mapping) is checked when it loads."""
-    from mixrl.trainer.parts.packing import refusal, resolve_mode, unsupported_class  # deferred: as the trainer's modules below
+    from mixrl.trainer.parts.packing import refusal, unsupported_class  # deferred: as the trainer's modules below
 
-    if resolve_mode(cfg.trainer.get("padding_free", "auto")) != "true":
+    if packing_mode(cfg) != "true":
         return
     from transformers import AutoConfig, AutoModelForCausalLM  # deferred: transformers is heavy; `mixrl plan` imports this module and must not load it
 
@@ -349,7 +254,7 @@ def trainer_from_config(cfg: DictConfig, *, inputs: RunInputs | None = None, cal
             sampler=sampler,
             sampler_length=sampler_length,
             critic=OmegaConf.to_container(cfg.algo.critic, resolve=True) if cfg.algo.get("critic") is not None else None,
-            padding_free=str(cfg.trainer.get("padding_free", "auto")),
+            padding_free=packing_mode(cfg),
             token_budget=token_budget_spec(cfg, geom),
         )
     trainer.vllm_sync_tolerance = _sync_tolerance(cfg, model_path)  # checked after every weight sync (engine_sync)
@@ -387,9 +292,7 @@ def token_budget_spec(cfg: DictConfig, geom: Geometry) -> dict | None:
     budget = cfg.trainer.get("max_tokens_per_micro_batch")
     if budget is None:
         return None
-    from mixrl.trainer.parts.packing import resolve_mode  # deferred: as the trainer's modules below
-
-    packed = resolve_mode(cfg.trainer.get("padding_free", "auto")) != "false"  # auto: packed where the model takes it
+    packed = packing_mode(cfg) != "false"  # auto: packed where the model takes it
     return {"budget": int(budget), "packed": packed,
             "scoring_batch_size": geom.micro_batch_size if cfg.trainer.micro_batch_size is not None else None}
 

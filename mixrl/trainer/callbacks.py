@@ -168,7 +168,7 @@ class SampleLogCallback(TrainerCallback):
     rows go to the trackers: a ``wandb.Table`` (``samples/train``, ``samples/eval``) when W&B
     reports, a Markdown table as TensorBoard text otherwise (:func:`publish_samples`).
 
-    ``trainer``: the trainer or a zero-argument callable returning it (built after this callback).
+    ``trainer``: the trainer (the callback is built once it exists, :func:`mixrl.trainer.run_steps.attach_callbacks`).
     """
 
     def __init__(self, run_dir: Path, *, trainer, per_step: int = 4, eval_rows: int = 16, max_chars: int = 1000,
@@ -183,8 +183,7 @@ class SampleLogCallback(TrainerCallback):
 
     @property
     def trainer(self):
-        t = self._trainer
-        return t() if callable(t) and not hasattr(t, "state") else t
+        return self._trainer
 
     def on_train_begin(self, args, state, control, **kwargs):
         trainer = self.trainer

@@ -26,8 +26,9 @@ pinned by ``tests/test_trl_contract.py``):
   continue exactly travels with checkpoints: each part that is on, by name, through the writer
   :mod:`mixrl.trainer.state.checkpoint_state`.
 
-Besides these, ``get_batch_samples`` (transformers' batch fetch) is replaced in async mode, to
-read the next batch's prompts ahead, and TRL's vLLM client is wrapped (:meth:`_wrap_vllm_for_async`).
+* ``get_batch_samples`` (transformers'): async mode reads the next batch's prompts ahead.
+
+Every other TRL private mixrl touches is listed in :mod:`mixrl.trainer.trl_contract`.
 
 Per-token log-probs and entropies (policy, reference, teachers) come from TRL's fused, chunked
 LM head, which never builds the ``[tokens, V]`` logits; its tile width is fitted to the
@@ -70,12 +71,12 @@ from mixrl.core.objective import Objective, compute_objective
 from mixrl.core.token_budget import padding_fraction
 from mixrl.sources.base import Rollouts
 from mixrl.sources.rows import splice_prefixes
+from mixrl.trainer import trl_handles
 from mixrl.trainer.assembly import build_parts
 from mixrl.trainer.generation import engine_sync
 from mixrl.trainer.generation.lagged_weights import swapped, trainable
 from mixrl.trainer.magnitude import check_step
 from mixrl.trainer.parts.answer_ids import answer_ids
-from mixrl.trainer.parts.packing import Packing
 from mixrl.trainer.parts.batch_fields import (
     assistant_turn_marks,
     behaviour_is_policy, behaviour_known, engine_mismatch_metrics, global_counts, guided_rows, provenance_fields,
@@ -98,6 +99,7 @@ OVERRIDDEN = (
     "_save_checkpoint",
     "_load_optimizer_and_scheduler",
     "_tool_call_loop",
+    "get_batch_samples",
 )
 
 
@@ -128,6 +130,8 @@ class MixrlGRPOTrainer(GRPOTrainer):
     mixrl_samples: list | None = None
     #: the run's config (set by mixrl.trainer.run), recorded in each checkpoint: a resume of an edited config.yaml is refused
     mixrl_config: dict | None = None
+    #: the parts (mixrl.trainer.parts.Parts), built once TRL's __init__ has run (mixrl.trainer.assembly.build_parts)
+    parts: Any = None
 
     def __init__(
         self,
@@ -158,16 +162,15 @@ class MixrlGRPOTrainer(GRPOTrainer):
         self._mixrl_rollouts: Rollouts | None = None
         self._mixrl_rewards_per_func: torch.Tensor | None = None
         self._mixrl_normalisers: dict[str, tuple[float, float, float]] | None = None
-        self.packing = Packing(padding_free, say=lambda text: print(text) if int(os.environ.get("RANK", "0")) == 0 else None)
         # the running optimizer step's loss forwards: (real tokens, forward tokens), seconds in training_step, in generation
         self._mixrl_tokens = [0, 0]
         self._mixrl_seconds = [0.0, 0.0]
         self._mixrl_chunk: tuple[int, int] | None = None  # (index, count) of the token-budget micro-batch in flight
         super().__init__(*args, **kwargs)
-        self.parts = build_parts(self, objective=objective, advantage=advantage, injections=injections or [],
+        self.parts = build_parts(trl_handles.from_trainer(self), objective=objective, advantage=advantage, injections=injections or [],
                                  controller=controller, teacher=teacher, staleness=staleness,
                                  async_generation=async_generation, sampler=sampler, sampler_length=sampler_length,
-                                 critic=critic, token_budget=token_budget, shaping=shaping)
+                                 critic=critic, token_budget=token_budget, shaping=shaping, padding_free=padding_free)
         if self.parts.async_gen is not None:
             self._wrap_vllm_for_async()
         self._mixrl_turn_marks = assistant_turn_marks(self.processing_class) if self.tools else None
@@ -175,7 +178,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
             self.parts.injections.use_turn_marks(self._mixrl_turn_marks)
         for model in (self.model, self.ref_model, *(self.parts.teachers.frozen if self.parts.teachers else [])):
             if model is not None:  # decided (true: refused, auto: said) now, not at the first forward
-                self.packing.reason(model)
+                self.parts.packing.reason(model)
 
     # ------------------------------------------------------------------ small helpers
     def _log(self, mode: str, metrics: dict) -> None:
@@ -575,7 +578,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
                           image_position_ids=image_position_ids)
         padded = lambda ids, att: GRPOTrainer._get_per_token_logps_and_entropies(  # noqa: E731
             self, model, ids, att, logits_to_keep, batch_size, compute_entropy, compute_aux_loss, **multimodal)
-        packing = getattr(self, "packing", None)
+        packing = self.parts.packing if self.parts is not None else None  # None: inside TRL's __init__, before the parts
         if (packing is None or compute_aux_loss or any(v is not None for v in multimodal.values())
                 or not packing.applies(model)):
             return padded(input_ids, attention_mask)  # MoE aux losses and images: TRL's padded forward
@@ -591,7 +594,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
         # the micro-batch's place in its optimizer step: TRL's micro-step, or the token-budget micro-batch in flight
         micro, parts = self._mixrl_chunk or (self._step, self.current_gradient_accumulation_steps)
         if mode == "train":
-            real, total = forward_tokens(inputs, collective=p.forwards.collective, packed=self.packing.applies(model))
+            real, total = forward_tokens(inputs, collective=p.forwards.collective, packed=p.packing.applies(model))
             self._mixrl_tokens[0] += real
             self._mixrl_tokens[1] += total
             if p.controller is not None:

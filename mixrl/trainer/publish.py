@@ -83,16 +83,17 @@ class HeldoutBeforeCallback(TrainerCallback):
     """At the start of training, the held-out results of the starting model go to the trackers
     (after the trackers' own ``on_train_begin``: they are listed before user callbacks).
 
-    ``results``: a zero-argument callable returning them (they are measured after the trainer is built)."""
+    ``results``: a zero-argument callable returning them (they are measured after the trainer is built);
+    ``trainer``: the trainer whose trackers receive them."""
 
-    def __init__(self, results: Callable[[], dict | None], trainer: Callable[[], object]):
+    def __init__(self, results: Callable[[], dict | None], trainer):
         self.results = results
         self.trainer = trainer
 
     def on_train_begin(self, args, state, control, **kwargs):
         results = self.results()
         if results:
-            log_heldout(self.trainer(), results)
+            log_heldout(self.trainer, results)
 
 
 # --------------------------------------------------------------------------- model card

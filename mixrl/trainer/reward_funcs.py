@@ -1,6 +1,8 @@
 """A run's reward functions: ``reward`` and ``reward.extra`` built from the reward registry with
-their weights and the per-call time limit, and bound to the policy's model path and tokenizer
-(a judge served by the policy's own model, process rewards that need token boundaries)."""
+their weights, each given the run's :class:`~mixrl.rewards.protocol.RewardContext` at
+construction: the device (a reward model or judge of its own loads there), the policy's model path
+(a judge served by the policy's own model), its tokenizer (a process reward's token boundaries) and
+the per-call time limit (``reward.timeout_s``)."""
 
 from __future__ import annotations
 
@@ -8,27 +10,18 @@ from omegaconf import DictConfig
 
 from mixrl.config.builders import plain as _plain
 from mixrl.rewards import build_reward
-from mixrl.rewards.components import bind_device
+from mixrl.rewards.protocol import RewardContext
 
 
-def build_reward_funcs(cfg: DictConfig) -> tuple[list, list[float]]:
+def build_reward_funcs(cfg: DictConfig, *, model_path: str | None = None, tokenizer=None) -> tuple[list, list[float]]:
+    """The rewards and their weights; ``model_path`` and ``tokenizer``: the policy's (None: not
+    known, e.g. ``mixrl eval`` scoring with the verifier alone)."""
+    context = RewardContext(device=str(cfg.hardware.device), policy_path=None if model_path is None else str(model_path),
+                            tokenizer=tokenizer, timeout_s=cfg.reward.get("timeout_s"))
     specs = [{"name": cfg.reward.name, "weight": cfg.reward.weight, "params": _plain(cfg.reward.params) or {}}]
     specs += [dict(_plain(x)) for x in cfg.reward.extra]
     funcs, weights = [], []
     for s in specs:
-        fn = build_reward(s["name"], **(s.get("params") or {}))
-        fn.timeout_s = cfg.reward.get("timeout_s")  # reward.timeout_s: the wall-clock limit of each call
-        bind_device(fn, cfg.hardware.device)  # a reward model or judge of its own loads on the run's device
-        funcs.append(fn)
+        funcs.append(build_reward(s["name"], context=context, **(s.get("params") or {})))
         weights.append(float(s.get("weight", 1.0)))
     return funcs, weights
-
-
-def _bind_rewards(reward_funcs: list, model_path: str, tokenizer) -> None:
-    """A judge served by the policy's own model (path=policy) gets its path; process rewards get the token boundaries."""
-    for fn in reward_funcs:
-        inner = getattr(fn, "fn", fn)
-        if hasattr(inner, "bind_policy"):
-            inner.bind_policy(model_path)
-        if hasattr(inner, "bind_tokenizer"):
-            inner.bind_tokenizer(tokenizer)

@@ -1,5 +1,9 @@
 """One training run: held-out accuracy before/after, train, save, summary; a staged run's stages.
 
+The run's steps (callbacks, the evaluation before training, fit, finish) are
+:mod:`mixrl.trainer.run_steps`'s; :func:`train` takes the lock and the signals and turns a failure
+into the ``FAILED`` marker around them.
+
 The run directory (its layout, lock, saved config, the refusal of one in use, the FAILED
 marker) is :mod:`mixrl.trainer.state.rundir`'s; the inputs and the trainer are assembled by
 :mod:`mixrl.trainer.build` (:func:`~mixrl.trainer.build.prepare_inputs`,
@@ -10,45 +14,29 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 import warnings
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from rich.console import Console
-import torch
 
-from mixrl.config.geometry import geometry
-from mixrl.progress import progress_bar
-from mixrl.errors import (PREEMPTED_EXIT, MixrlUserError, RewardError, RunInterrupted, RunPreempted, TrainingDiverged, UserFunctionError,
-                          storage_error)
+from mixrl.errors import MixrlUserError, RunInterrupted, storage_error
 from mixrl.trainer import build
+from mixrl.trainer import run_steps as steps
 from mixrl.trainer.build import RunInputs, prepare_inputs
-from mixrl.trainer.magnitude import MagnitudeExceeded
-from mixrl.trainer.sample_log import SAMPLES_FILE
-from mixrl.trainer.state.resume import load_run_state
+from mixrl.trainer.run_steps import PREEMPTED_MARKER, stopped_error  # noqa: F401  (their home before the run's steps moved)
 from mixrl.trainer.state.rundir import (
-    EVAL_BEFORE,
     LOCK_FILE,
-    MERGED_DIR,
     RunDirLock,
-    checkpoint_step,
     last_checkpoint,
     last_checkpoint_note,
     mark_failed,
     prepare_run_dir,
     refuse_occupied,
     resume_checkpoint,
-    truncate_jsonl,
 )
-from mixrl.evaluation import cache as eval_cache
-from mixrl.evaluation.accuracy import EvaluationInterrupted, evaluate_accuracy
-from mixrl.evaluation.acting import acting_generator
-from mixrl.models import tiny_bpe
-from mixrl.rewards.components import heldout_reward
-from mixrl.rewards.deadline import RewardInterrupted, RewardTooSlow
 
 
 @dataclass
@@ -71,77 +59,6 @@ def quiet_libraries() -> None:
     transformers.utils.logging.disable_progress_bar()
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\..*")
     warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.*")
-
-
-def _eval(trainer, tokenizer, rows, reward_fn, cfg, console: Console, label: str, examples: list | None = None,
-          stop=None) -> dict:
-    """Held-out results of the trainer's model; ``stop`` (the interrupt guard's
-    ``stop_requested``) ends it within a batch with :class:`EvaluationInterrupted`."""
-    if not rows:
-        return {}
-    show = cfg.logger.progress and trainer.accelerator.is_main_process
-    # sampled pass@k must not move the training RNG: evaluate in a forked, seeded stream
-    with torch.random.fork_rng(devices=[]), progress_bar(console, quiet=not show, transient=True) as prog:
-        torch.manual_seed(int(cfg.seed) + 7919)
-        task = prog.add_task(label, total=len(rows))
-        return evaluate_accuracy(
-            trainer.model, tokenizer, rows, reward_fn, max_new_tokens=int(cfg.trainer.max_completion_length),
-            batch_size=int(cfg.trainer.eval_batch_size), pass_k=int(cfg.trainer.eval_pass_k),
-            samples=int(cfg.trainer.eval_samples), ks=[int(k) for k in cfg.trainer.eval_pass_at], temperature=float(cfg.trainer.temperature), progress=lambda n: prog.advance(task, n),
-            examples=examples, stop=stop, generate=acting_generator(cfg.get("env")),
-        )
-
-
-def _eval_start(trainer, tokenizer, rows, reward_fn, cfg, console: Console, model_path: str, stop=None) -> dict:
-    """The starting model's held-out results; with ``trainer.eval_before_cache`` they are read
-    from (or stored into) that cache (:mod:`mixrl.evaluation.cache`). The evaluation runs in a
-    forked RNG, so skipping it leaves training unchanged."""
-    cache_dir = cfg.trainer.get("eval_before_cache")
-    if not cache_dir or not rows:
-        return _eval(trainer, tokenizer, rows, reward_fn, cfg, console, "held-out eval (before)", stop=stop)
-    key = eval_cache.cache_key(cfg, model_path, rows)
-    cached = eval_cache.load(cache_dir, key)
-    if cached is not None:
-        console.print(f"held-out eval (before): reused {cache_dir}/{key}.json", highlight=False, soft_wrap=True)
-        return cached
-    result = _eval(trainer, tokenizer, rows, reward_fn, cfg, console, "held-out eval (before)", stop=stop)
-    if trainer.accelerator.is_main_process:
-        eval_cache.store(cache_dir, key, result)
-    return result
-
-
-#: written under RUN_DIR/launch/ by a launched run's first process on each machine when a preemption
-#: signal stopped it after a checkpoint: that machine's launcher then exits with PREEMPTED_EXIT too
-#: (torchrun itself reports any failed process as 1)
-PREEMPTED_MARKER = "preempted-node{machine}"
-
-
-def stopped_error(guard, cfg, run_dir: Path, message: str, *, saved: bool) -> RunInterrupted:
-    """The error a signalled run ends with: :class:`RunPreempted` (exit status
-    :data:`~mixrl.errors.PREEMPTED_EXIT`, requeue) for SIGTERM / SIGUSR1 once a checkpoint is saved,
-    :class:`RunInterrupted` (130) otherwise. A preempted launched process leaves
-    :data:`PREEMPTED_MARKER` for its machine's launcher."""
-    if not (saved and guard.preempted):
-        return RunInterrupted(message)
-    launch_dir = Path(run_dir) / "launch"
-    if launch_dir.is_dir() and int(os.environ.get("LOCAL_RANK", "0")) == 0 and "WORLD_SIZE" in os.environ:
-        marker = launch_dir / PREEMPTED_MARKER.format(machine=int(cfg.hardware.machine_rank))
-        try:
-            marker.write_text(message + "\n")
-        except OSError:
-            pass
-    return RunPreempted(f"{message} (exit status {PREEMPTED_EXIT}: preempted; the same command with resume=auto continues it)")
-
-
-def _barrier() -> None:
-    import torch.distributed as dist  # deferred: only a launched run has a process group
-
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
-
-
-def _finite_params(model) -> bool:
-    return all(bool(torch.isfinite(p).all()) for p in model.parameters())
 
 
 def train(cfg: DictConfig, console: Console | None = None, *, before: dict | None = None,
@@ -203,202 +120,14 @@ def train(cfg: DictConfig, console: Console | None = None, *, before: dict | Non
 
 
 def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before: dict | None, inputs: RunInputs) -> RunResult:
-    from mixrl.trainer.callbacks import MetricsJsonlCallback, RichProgressCallback, SampleLogCallback, last_reward  # deferred: trainer.callbacks imports transformers; `mixrl plan` imports this module and must not load it
-    from mixrl.trainer.guards import CollapseWatch, DivergenceGuard  # deferred: trainer.guards imports transformers; `mixrl plan` imports this module and must not load it
-
-    t0, cpu0 = time.perf_counter() - inputs.seconds, time.process_time() - inputs.cpu_seconds  # setup includes the inputs
-    geom = geometry(cfg)
-    start_step = 0
-    if resume_from is not None:
-        start_step = checkpoint_step(resume_from)
-        truncate_jsonl(run_dir / "metrics.jsonl", start_step)
-        from mixrl.evaluation.periodic import EVAL_FILE  # deferred: evaluation.periodic imports transformers; `mixrl plan` imports this module and must not load it
-
-        truncate_jsonl(run_dir / EVAL_FILE, start_step)
-        truncate_jsonl(run_dir / SAMPLES_FILE, start_step)
-        if before is None and (run_dir / EVAL_BEFORE).is_file():
-            before = json.loads((run_dir / EVAL_BEFORE).read_text())
-        console.print(f"resuming {run_dir} from step {start_step} ({resume_from.name})")
-    model_path, tokenizer, eval_rows, heldout, reward_funcs = (inputs.model_path, inputs.tokenizer, inputs.eval_rows,
-                                                               inputs.heldout, inputs.reward_funcs)
-    metrics_cb = MetricsJsonlCallback(run_dir / "metrics.jsonl")
-    collapse = CollapseWatch(warn=lambda text: console.print(f"[yellow]{text}[/]", highlight=False, soft_wrap=True))
-
-    def save_now() -> str | None:  # a checkpoint of the current (finite) state, before the optimizer step
-        if not _finite_params(trainer.model):
-            return None
-        trainer._save_checkpoint(trainer.model, None)  # mixrl's counters and source state included
-        ckpt = last_checkpoint(run_dir)
-        return str(ckpt) if ckpt else None
-
-    callbacks = [metrics_cb, guard, DivergenceGuard(save=save_now), collapse]
-    if cfg.logger.progress:
-        callbacks.append(RichProgressCallback(console, description=f"{cfg.algo.name} s{cfg.seed}"))
-    if cfg.logger.report_to:  # the starting model's held-out results open the trackers' eval/* curves
-        from mixrl.trainer.publish import HeldoutBeforeCallback  # deferred: trainer.publish imports transformers; `mixrl plan` imports this module and must not load it
-
-        callbacks.append(HeldoutBeforeCallback(lambda: before, trainer=lambda: trainer))
-    if cfg.trainer.eval_every > 0:  # held-out accuracy (and benchmarks) every N steps -> eval.jsonl (the lambda: trainer is built below)
-        from mixrl.evaluation.periodic import PeriodicEvalCallback  # deferred: evaluation.periodic imports transformers; `mixrl plan` imports this module and must not load it
-        callbacks.append(PeriodicEvalCallback.from_config(cfg, run_dir, tokenizer, eval_rows, heldout_reward(reward_funcs[0]), trainer=lambda: trainer,
-                                                          stop=guard.stop_requested, benchmarks=inputs.benchmarks))
-    samples_cb = None
-    if cfg.logger.samples_per_step > 0 or cfg.logger.samples_eval > 0:  # what the model writes -> samples.jsonl, trackers
-        periodic = next((cb for cb in callbacks if hasattr(cb, "last_examples")), None)
-        lg = cfg.logger
-        samples_cb = SampleLogCallback(run_dir, trainer=lambda: trainer, per_step=lg.samples_per_step, eval_rows=lg.samples_eval,
-                                       max_chars=lg.samples_max_chars, keep_steps=lg.samples_keep_steps,
-                                       eval_examples=(lambda: periodic.last_examples) if periodic is not None else None)
-        callbacks.append(samples_cb)
-    trainer = build.trainer_from_config(cfg, inputs=inputs, callbacks=callbacks, run_dir=run_dir)
-    trainer.mixrl_config = OmegaConf.to_container(cfg, resolve=True)  # recorded in each checkpoint (the trainer's progress state)
-    if cfg.logger.report_to:
-        from mixrl.trainer.publish import route_to_trackers, tensorboard_dir  # deferred: trainer.publish imports transformers; `mixrl plan` imports this module and must not load it
-
-        route_to_trackers(trainer)  # held-out eval/* stays eval/* in the trackers (not train/eval/*)
-        events = tensorboard_dir(trainer, run_dir)
-        if events is not None and trainer.accelerator.is_main_process:
-            console.print(f"TensorBoard events: {events} (tensorboard --logdir {events})", highlight=False, soft_wrap=True)
-    setup_s = time.perf_counter() - t0
-
-    if before is None:
-        try:
-            with guard.during("the held-out evaluation before training; nothing to save yet"):
-                before = _eval_start(trainer, tokenizer, eval_rows, heldout_reward(reward_funcs[0]), cfg, console, model_path, stop=guard.stop_requested)
-        except EvaluationInterrupted:
-            raise RunInterrupted(f"{guard.name} during the held-out evaluation before training; nothing to resume; "
-                                 "run the command again") from None
-        if trainer.accelerator.is_main_process:
-            (run_dir / EVAL_BEFORE).write_text(json.dumps(before, indent=2))
-    collapse.observe(start_step, {"eval/accuracy": before.get("accuracy")})  # the starting model is a "best" too
-    if guard.signum is not None:
-        raise RunInterrupted(f"{guard.name} before the first training step; nothing to resume; run the command again")
-    if resume_from is not None:
-        load_run_state(trainer, resume_from)
-    t1 = time.perf_counter()
-    try:
-        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
-    except RuntimeError as e:
-        text = str(e)
-        if "inf" not in text and "nan" not in text:
-            raise
-        from mixrl.trainer.guards import likely_cause  # deferred: trainer.guards imports transformers; `mixrl plan` imports this module and must not load it
-
-        raise TrainingDiverged(
-            f"training diverged at step {trainer.state.global_step + 1}: the policy's probabilities are not finite "
-            f"(generation failed: {text.splitlines()[0]}); {likely_cause(float(cfg.trainer.learning_rate))}; "
-            f"{last_checkpoint_note(run_dir)}"
-        ) from None
-    except RewardInterrupted as e:  # SIGINT / SIGTERM stopped a reward call (it may have hung): save and stop
-        saved = save_now() if trainer.state.global_step > 0 else None
-        raise stopped_error(
-            guard, cfg, run_dir, f"{e} at step {trainer.state.global_step + 1}: "
-            + (f"checkpoint saved in {saved}; continue with: mixrl train resume={run_dir}" if saved else last_checkpoint_note(run_dir)),
-            saved=saved is not None,
-        ) from None
-    except MagnitudeExceeded as e:  # raised before the micro-batch's backward: the weights are those of the last finished step
-        saved = save_now() if trainer.state.global_step > 0 else None
-        where = (f"checkpoint of step {trainer.state.global_step} saved in {saved}; continue with: mixrl train resume={run_dir} "
-                 "and the raised bound" if saved else last_checkpoint_note(run_dir))
-        raise TrainingDiverged(f"{e}; {where}") from None
-    except UserFunctionError as e:  # a feedback builder raised or returned what it must not, before this step's backward
-        saved = save_now() if trainer.state.global_step > 0 else None
-        where = (f"checkpoint of step {trainer.state.global_step} saved in {saved}; continue with: mixrl train resume={run_dir} "
-                 "once the function is fixed" if saved else last_checkpoint_note(run_dir))
-        raise UserFunctionError(f"{e}; stopped at step {trainer.state.global_step + 1}, {where}") from None
-    except RewardError as e:
-        if isinstance(e, RewardTooSlow) and trainer.state.global_step > 0:
-            save_now()  # the weights of the last finished step, to continue from once the reward is fixed
-        raise RewardError(f"{e}; stopped at step {trainer.state.global_step}, {last_checkpoint_note(run_dir)}") from None
-    if guard.stopped is not None:  # every process stopped after the same step and joined its checkpoint
-        _barrier()  # no process exits (and makes a launcher stop the others) before rank 0 wrote the checkpoint's last file
-        ckpt = last_checkpoint(run_dir)
-        raise stopped_error(guard, cfg, run_dir, f"{guard.name} at step {trainer.state.global_step}: checkpoint saved in {ckpt}; "
-                                                 f"continue with: mixrl train resume={run_dir}", saved=ckpt is not None)
-    train_s = time.perf_counter() - t1
-    if trainer.parts.sampler is not None:  # what the sampler paid: extra rollouts beyond those trained
-        console.print(trainer.parts.sampler.sampler.summary(), highlight=False, soft_wrap=True)
-    # the final model is saved before the evaluation after training: a SIGTERM during it (and the
-    # SIGKILL a scheduler sends after its grace period) cannot lose the trained weights
-    model_dir = run_dir / "model"
-    if trainer.is_fsdp_enabled:  # every process joins the gather of the full state dict; rank 0 writes it
-        trainer.save_model(str(model_dir))
-    elif trainer.accelerator.is_main_process:
-        trainer.save_model(str(model_dir))
-    if trainer.accelerator.is_main_process:
-        tokenizer.save_pretrained(str(model_dir))
-        if tiny_bpe.is_tiny_bpe(model_path):  # still the BPE chat model: later stages and `mixrl eval` give it chat prompts
-            tiny_bpe.mark_derived(model_dir, model_path)
-    examples: list[dict] = []
-    try:
-        with guard.during(f"the held-out evaluation after training (the final model is saved in {model_dir})"):
-            after = _eval(trainer, tokenizer, eval_rows, heldout_reward(reward_funcs[0]), cfg, console, "held-out eval (after)", examples=examples,
-                          stop=guard.stop_requested)
-    except EvaluationInterrupted:
-        raise RunInterrupted(f"{guard.name} during the held-out evaluation after training (step {trainer.state.global_step}): "
-                             f"the final model is saved in {model_dir}; evaluate it with: mixrl eval {run_dir}") from None
-    if samples_cb is not None and examples and trainer.accelerator.is_main_process:
-        samples_cb.write_eval(int(trainer.state.global_step), examples)
-    if cfg.logger.report_to:
-        from mixrl.trainer.publish import log_heldout  # deferred: trainer.publish imports transformers; `mixrl plan` imports this module and must not load it
-
-        log_heldout(trainer, after)
-    collapse.final_check(before.get("accuracy"), after.get("accuracy"), float(cfg.trainer.learning_rate))
-    if metrics_cb.rows and all(r.get("reward_mean", r.get("reward")) is None for r in metrics_cb.rows):
-        collapse._emit("unscored", "warning: no rollout got a reward at any step (every reward function returned None): "
-                                   "the run learned nothing from rewards; check the reward function and data.answer_column")
-
-    summary = {
-        "run_dir": str(run_dir),
-        "algo": cfg.algo.name,
-        "recipe": cfg.recipe_info.name,
-        "seed": int(cfg.seed),
-        "steps": int(trainer.state.global_step),
-        "resumed_from_step": start_step if resume_from is not None else None,
-        "geometry": geom.describe(),
-        "rollouts": trainer.mixrl_rollouts,  # on-policy rollouts trained on (expert rows excluded)
-        "generated_tokens": trainer.mixrl_generated_tokens,  # their completion tokens
-        "accuracy_before": before.get("accuracy"),
-        "accuracy_after": after.get("accuracy"),
-        "eval_before": before,
-        "eval_after": after,
-        "heldout": {k: v for k, v in heldout.items() if k != "heldout_indices"},
-        "final_metrics": metrics_cb.rows[-1] if metrics_cb.rows else {},
-        "last_reward": last_reward(metrics_cb.rows),  # what the bar showed last (mixrl.trainer.callbacks.SHOWN_REWARD)
-        "warnings": collapse.warnings,
-        "setup_seconds": round(setup_s, 2),
-        "train_seconds": round(train_s, 2),
-        "wall_seconds": round(time.perf_counter() - t0, 2),
-        "cpu_seconds": round(time.process_time() - cpu0, 2),  # CPU time of this process (all its threads)
-        "model_dir": str(model_dir),
-        "machine": f"{platform.machine()} {os.cpu_count()} cpu",
-    }
-    if trainer.is_fsdp_enabled:
-        summary["sharding"] = _sharding(trainer)
-    if trainer.parts.sampler is not None:
-        s = trainer.parts.sampler.sampler
-        summary["sampler"] = {"name": str(cfg.sampler.name), "generated": s.generated, "trained": s.trained,
-                              "generated_per_trained": s.generated / s.trained if s.trained else None,
-                              "rounds_per_batch": s.rounds / s.batches if s.batches else None, "short_groups": s.short}
-    if trainer.accelerator.is_main_process:
-        from mixrl.trainer.publish import save_merged, write_model_card  # deferred: trainer.publish imports transformers; `mixrl plan` imports this module and must not load it
-
-        if (cfg.model.lora or {}).get("enabled") and (cfg.model.lora or {}).get("save_merged"):
-            merged = save_merged(model_dir, cfg, run_dir / MERGED_DIR)
-            summary["merged_model_dir"] = str(merged)
-            write_model_card(merged, cfg, summary, base_model=str(cfg.model.path))
-        write_model_card(model_dir, cfg, summary, base_model=str(cfg.model.path))
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    return RunResult(run_dir, summary)
-
-
-def _sharding(trainer) -> dict:
-    """What FSDP sharded: the model's parameters and the share this process holds (its shards
-    of every sharded parameter; rank 0's in ``summary.json``)."""
-    params = list(trainer.model.parameters())
-    local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in params)
-    return {"strategy": "fsdp", "processes": int(trainer.accelerator.num_processes),
-            "parameters": sum(p.numel() for p in params), "parameters_this_process": int(local)}
+    """The run's steps (:mod:`mixrl.trainer.run_steps`): begin, the trainer, its callbacks, the
+    evaluation before training, fit, finish."""
+    run = steps.begin(cfg, console, run_dir, guard, resume_from, before, inputs)
+    run.trainer = build.trainer_from_config(cfg, inputs=inputs, run_dir=run_dir)
+    steps.attach_callbacks(run)
+    steps.evaluate_before(run)
+    steps.fit(run)
+    return RunResult(run_dir, steps.finish(run))
 
 
 def train_stages(cfg: DictConfig, stages: list[tuple[str, DictConfig]], console: Console | None = None) -> RunResult:

@@ -21,6 +21,7 @@ from mixrl.trainer.parts.controller_steps import ControllerSteps
 from mixrl.trainer.parts.critic import Critic
 from mixrl.trainer.parts.forwards import Forwards
 from mixrl.trainer.parts.injection_context import Injections
+from mixrl.trainer.parts.packing import Packing
 from mixrl.trainer.parts.remax_baseline import RemaxBaseline
 from mixrl.trainer.parts.sampler_rounds import SamplerRounds
 from mixrl.trainer.parts.scoring import Scoring
@@ -35,6 +36,7 @@ class Parts:
     forwards: Forwards  # every forward of a model over completions, and the sharding rule (always on)
     scoring: Scoring  # the run's reward functions on completions other than the rollouts (always on)
     injections: Injections  # the configured injections and their context (always on; may hold none)
+    packing: Packing  # padding-free forwards (trainer.padding_free; always on, mode false: padded; no state)
     teachers: Teachers | None = None  # teacher models (teacher.*)
     critic: Critic | None = None  # PPO's learned critic (algo.critic)
     remax: RemaxBaseline | None = None  # ReMax's greedy baseline (an advantage that needs baseline_rewards)

@@ -7,7 +7,7 @@ gathers what the shaping lists in its ``needs``, from this process's batch, over
 * ``token_logp``: the policy's per-token log-probs of each completion at rollout time (TRL's
   ``old_per_token_logps`` when it computed them, else one no-grad forward, :meth:`Forwards.behaviour_logps`);
 * ``ref_logp``: the reference model's, TRL's ``ref_per_token_logps`` (the trainer asks TRL for them
-  when a shaping needs them, :func:`mixrl.trainer.build._needs_ref_logp`);
+  when a shaping needs them, :func:`mixrl.trainer.trl_args._needs_ref_logp`);
 * ``prompt_logp`` / ``prompt_mask``: the policy's log-prob of each prompt token, one no-grad forward
   over the prompts (left-padded: a token whose predecessor is padding is left out);
 * ``primary_rewards``: the first reward function's rewards; ``lengths``: completion tokens per row;
@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 import torch
 
-from mixrl.core.advantage_shaping import SHAPINGS, shaping_needs
+from mixrl.core.advantage_shaping import SHAPINGS, shaping_fields, shaping_needs
 from mixrl.core.aspo import first_tool_position
 from mixrl.errors import ConfigError
 from mixrl.trainer.parts.batch_fields import behaviour_is_policy
@@ -58,6 +58,7 @@ class AdvantageShaping:
         self.name, self.params, self.offpolicy = name, dict(params), bool(offpolicy)
         self.fn = SHAPINGS.get(name)
         self.needs = shaping_needs(self.fn)
+        self.fields = shaping_fields(self.fn)  # row fields a term reads (CalibRL's expert baseline), or None
         self.forwards, self.gather, self.pad, self.process_index = forwards, gather, pad, process_index
 
     def shape(self, model, out: dict, *, advantages: torch.Tensor, rewards: torch.Tensor, group_ids: torch.Tensor,
@@ -72,9 +73,8 @@ class AdvantageShaping:
         set_now = {k.split(".", 1)[1]: float(v) for k, v in (knobs or {}).items() if k.startswith("shaping.")}
         shaped = self.fn(advantages, rewards=rewards, group_ids=group_ids, include=include, **runtime, **{**self.params, **set_now})
         shaped = torch.nan_to_num(shaped.to(advantages.dtype), nan=0.0)
-        fields = getattr(self.fn, "fields", None)  # row fields a term reads (CalibRL's expert baseline)
-        if fields is not None:
-            self.write_fields(out, fields(runtime, rewards=rewards, group_ids=group_ids, sources=sources, params=self.params))
+        if self.fields is not None:
+            self.write_fields(out, self.fields(runtime, rewards=rewards, group_ids=group_ids, sources=sources, params=self.params))
         shaped_rows = torch.ones_like(sources, dtype=torch.bool) if self.offpolicy else behaviour_is_policy(sources)
         result = torch.where(shaped_rows, shaped, advantages)
         changed = shaped_rows & (advantages != 0)

@@ -40,6 +40,7 @@ from mixrl.core import ADVANTAGES, VALUE_LOSSES, gae_advantage_return
 from mixrl.core import provenance as prov
 from mixrl.config.critic import VALUE_LOSS
 from mixrl.errors import ConfigError
+from mixrl.rewards.protocol import DenseOutput
 
 
 
@@ -106,7 +107,7 @@ class Critic:
         dense = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
         weights = self.reward_weights.to(mask.device)
         for f, fn in enumerate(self.reward_funcs):
-            for row, values in (getattr(fn, "last_dense", None) or {}).items():
+            for row, values in (fn.last_dense if isinstance(fn, DenseOutput) else {}).items():
                 n = int(mask[row].sum()) if row < n_local else -1
                 if n != len(values):
                     raise RuntimeError(f"a dense reward of row {row} has {len(values)} values for {n} completion tokens "

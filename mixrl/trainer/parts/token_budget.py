@@ -2,7 +2,7 @@
 
 With a budget, TRL hands the whole step's rows of this process to one ``training_step``
 (``per_device_train_batch_size`` = the rows per process, no gradient accumulation: see
-:func:`mixrl.trainer.build.grpo_args`), and the trainer splits them here: :meth:`TokenBudget.chunks`
+:func:`mixrl.trainer.trl_args.grpo_args`), and the trainer splits them here: :meth:`TokenBudget.chunks`
 groups the rows by :func:`mixrl.core.token_budget.group_rows` (longest first; the number of
 micro-batches is the maximum over processes, so that every process runs as many forwards and
 backwards) and gives each micro-batch's fields, its completion columns trimmed to its own longest

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from mixrl.rewards.protocol import DenseCredit
+
 
 def local_token_credit(reward_funcs: list, reward_weights: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """[B, T] the weighted per-token credit of this process's rows (0 where no reward gave one).
@@ -23,7 +25,7 @@ def local_token_credit(reward_funcs: list, reward_weights: torch.Tensor, mask: t
     credit = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
     weights = reward_weights.to(mask.device)
     for f, fn in enumerate(reward_funcs):
-        for row, values in (getattr(fn, "last_credit", None) or {}).items():
+        for row, values in (fn.last_credit if isinstance(fn, DenseCredit) else {}).items():
             n = int(mask[row].sum()) if row < mask.shape[0] else -1
             if n != len(values):
                 raise RuntimeError(f"a dense reward's credit of row {row} has {len(values)} values for {n} completion tokens "

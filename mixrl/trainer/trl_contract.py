@@ -1,0 +1,63 @@
+"""Everything of TRL (and of transformers' ``Trainer``) that mixrl reaches past the public API for, in one list.
+
+:data:`mixrl.trainer.grpo.OVERRIDDEN` lists the methods ``MixrlGRPOTrainer`` replaces; :data:`TOUCHED`
+lists the rest: private methods mixrl calls, private fields it reads or writes, and public TRL
+objects it replaces (for a block or for good). ``tests/test_trl_contract.py`` pins each one (a
+method's signature, a field's assignment in its owner's source, a patched object's existence) and
+scans ``mixrl/`` for any private name of TRL's trainer, vLLM generation or vLLM client that is not
+listed here or in ``OVERRIDDEN``: a TRL upgrade that renames one fails there, with its name, not
+mid-training.
+
+Each entry: ``(owner, name, kind, who)``. ``owner`` is the dotted path of the class (or module)
+that defines ``name``; ``kind`` is ``"method"`` (called), ``"field"`` (read or written) or
+``"patched"`` (a public attribute mixrl replaces); ``who`` says where and why.
+"""
+
+from __future__ import annotations
+
+GRPO = "trl.GRPOTrainer"
+HF = "transformers.Trainer"
+VG = "trl.generation.vllm_generation.VLLMGeneration"
+CLIENT = "trl.generation.vllm_client.VLLMClient"
+ARGS = "trl.GRPOConfig"
+
+TOUCHED: tuple[tuple[str, str, str, str], ...] = (
+    # private methods mixrl calls (TRL's own, past mixrl's override where one exists)
+    (GRPO, "_calculate_rewards", "method", "trl_handles: Scoring scores completions other than the rollouts with TRL's own (gathered) rewards"),
+    (GRPO, "_generate_single_turn", "method", "trl_handles (Injections) and env_rollout generate with TRL's own generation (vLLM, sampling, EOS)"),
+    (GRPO, "_get_per_token_logps_and_entropies", "method", "trl_handles: Forwards' per-token log-probs (the override: packing)"),
+    (GRPO, "_tokenize_prompts", "method", "trl_handles: prompts to ids as TRL tokenizes them (teachers, injections, async generation)"),
+    (GRPO, "_prepare_inputs", "method", "grpo: a token-budget step takes TRL's whole generation batch (_budget_step)"),
+    (HF, "_get_output_dir", "method", "grpo._save_checkpoint: the checkpoint folder mixrl's files go into first"),
+    (GRPO, "_save_checkpoint", "method", "run_steps.save_now: the divergence guard's and a stopped run's checkpoint (the override writes mixrl's files)"),
+    (CLIENT, "_post", "method", "vllm_file_transfer: the weight-update request naming the file (CPU trainer, server mode)"),
+    (CLIENT, "_start_weight_update", "method", "vllm_file_transfer: as TRL's update_named_params brackets one update"),
+    (CLIENT, "_finish_weight_update", "method", "vllm_file_transfer: as above"),
+    # private fields mixrl reads or writes
+    (GRPO, "_metrics", "field", "grpo: the only writer of parts' metrics (mode -> key -> list), and PeriodicEvalCallback's eval/*"),
+    (GRPO, "_step", "field", "grpo: TRL's micro-step counter (injections' draws, num_iterations passes, the budget step; restored on resume)"),
+    (GRPO, "_buffered_inputs", "field", "grpo.BufferedBatch: the generation batch a checkpoint between two generations carries"),
+    (GRPO, "_current_train_step_time", "field", "grpo._budget_step: TRL's step time, kept as GRPOTrainer.training_step keeps it"),
+    (GRPO, "_last_loaded_step", "field", "grpo (async mode) and benchmarks/engine.py: the step whose weights vLLM holds"),
+    (GRPO, "_dist", "field", "trl_handles: is_fsdp / is_zero3 decide whether every process joins every policy forward"),
+    (VG, "_llm_weights_sleeping", "field", "benchmarks/engine.py: the engine put to sleep after a benchmark, as TRL leaves it"),
+    (CLIENT, "_updating_weights", "field", "vllm_file_transfer: inside TRL's weight_update bracket or not"),
+    ("transformers.integrations.WandbCallback", "_wandb", "field", "callbacks.publish_samples: a wandb.Table of samples"),
+    ("transformers.integrations.TensorBoardCallback", "_init_summary_writer", "method", "callbacks.publish_samples: the writer reopened after training"),
+    # public TRL objects mixrl replaces
+    (VG, "generate", "patched", "grpo._wrap_vllm_for_async: async mode routes TRL's vLLM generation through the pipeline"),
+    (VG, "sync_weights", "patched", "grpo._wrap_vllm_for_async: async mode pushes weights through the pipeline"),
+    (CLIENT, "init_communicator", "patched", "vllm_file_transfer.install_client: a CPU trainer syncs weights through files"),
+    (CLIENT, "update_named_params", "patched", "vllm_file_transfer.install_client: as above"),
+    ("trl.generation.vllm_generation", "LLM", "patched", "vllm_cpu.colocated_engine_dtype: the colocated engine's dtype, while TRL builds it"),
+    (GRPO, "generation_config", "patched", "grpo._max_new_tokens: the sampler's length curriculum, for a block"),
+    (GRPO, "generation_kwargs", "patched", "grpo._max_new_tokens: as above"),
+    (ARGS, "per_device_train_batch_size", "patched", "parts.token_budget.scoring_rows: the no-grad forwards' rows under a budget, for a block"),
+    (ARGS, "reward_weights", "patched", "build.trainer_from_config, env_rollout: the reward weights, before the trainer is built"),
+    (ARGS, "max_tool_calling_iterations", "patched", "build.trainer_from_config: env.max_tool_calls, before the trainer is built"),
+)
+
+
+def names(kind: str | None = None) -> set[str]:
+    """The touched names (of one ``kind``)."""
+    return {name for _, name, k, _ in TOUCHED if kind is None or k == kind}

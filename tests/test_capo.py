@@ -22,6 +22,7 @@ from mixrl.core import ADVANTAGES
 from mixrl.core.step_votes import parse_wrong_steps, vote
 from mixrl.errors import ConfigError, RewardError
 from mixrl.rewards.registry import build_reward
+from mixrl.rewards.protocol import RewardContext
 from mixrl.trainer.parts.token_credit import local_token_credit
 
 FIGURE = [{1, 3}, {1, 2, 3}, {1, 3}, {2, 3}]  # the authors' overview figure's four critiques of a 4-step solution
@@ -73,11 +74,11 @@ def test_capo_token_rewards_and_per_token_group_advantage_by_hand():
     row 0 "3 7 #### 7" (right), critiques none, none, none, [2]: step 2 named once of 4, no majority;
     row 1 "3 8 #### 8" (wrong), critiques [2, 4], [2], unparsable, [2,4]: of the 3 parsable, step 2 by 3, step 4 by 2 (> 1.5).
     Row 1's steps "3 ", "8 ", "#### ", "8" own characters 0-1, 2-3, 4-8, 9: penalties on tokens 2, 3 and 9."""
-    fn = build_reward("process", scorer="genprm", separator=" ", scorer_params={"backend": "endpoint", "url": "http://x"})
+    fn = build_reward("process", scorer="genprm", separator=" ", scorer_params={"backend": "endpoint", "url": "http://x"},
+                      context=RewardContext(tokenizer=_CharTok()))  # the policy's tokenizer, given at construction
     ask, asked = _critic({"7": ["Wrong steps: none"] * 3 + ["Wrong steps: [2]"],
                           "8": ["Wrong steps: [2, 4]", "Wrong steps: [2]", "no idea", "Wrong steps: [2,4]"]})
     fn.fn.scorer.ask = ask
-    fn.fn.bind_tokenizer(_CharTok())
     texts = ["3 7 #### 7", "3 8 #### 8"]
     ids = [[ord(c) for c in t] for t in texts]
     logged = {}

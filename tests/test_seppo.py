@@ -85,7 +85,7 @@ def test_checkpoints_are_saved_kept_drawn_and_loaded():
     for step, value in [(0, -1.0), (5, -2.0), (10, -3.0), (20, -4.0), (30, -5.0)]:
         with torch.no_grad():
             policy.z[1:] = value
-        inj._save(policy, step)
+        inj._keep_checkpoint(policy, step)
     assert sorted(inj.checkpoints) == [0, 20, 30]  # the initial one, then the newest 2 (10 dropped; 5 never saved)
     assert inj.checkpoints[20]["z"][1].item() == -4.0
     ref = _LM(_eos_first(0.0))

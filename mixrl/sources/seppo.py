@@ -70,7 +70,7 @@ class SeppoPairs(SpinPairs):
         self.checkpoints: dict[int, dict[str, torch.Tensor]] = {}  # optimizer step -> CPU copy of the trainable weights
 
     # ---------------------------------------------------------------- checkpoints
-    def _save(self, policy, step: int) -> None:
+    def _keep_checkpoint(self, policy, step: int) -> None:
         if step in self.checkpoints or (self.checkpoints and step % self.save_every):
             return
         self.checkpoints[step] = {n: p.detach().to("cpu", copy=True) for n, p in _params(policy).items() if p.requires_grad}
@@ -98,7 +98,7 @@ class SeppoPairs(SpinPairs):
         if ctx.ref_model is None:
             raise RuntimeError("algo.inject=seppo_pairs loads previous checkpoints into the reference model, but the trainer "
                                "has no separate reference model (model.lora.enabled=true?)")
-        self._save(ctx.policy, ctx.global_step)
+        self._keep_checkpoint(ctx.policy, ctx.global_step)
         drawn = self._draw(ctx)
         self.load_into(ctx.ref_model, self.checkpoints[drawn])
         rng = self._rng(ctx)

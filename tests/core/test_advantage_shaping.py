@@ -289,7 +289,7 @@ def test_sign_weight_refuses_a_negative_coefficient():
 
 
 def test_ace_asks_trl_for_the_reference_log_probs():
-    from mixrl.trainer.build import _needs_ref_logp
+    from mixrl.trainer.trl_args import _needs_ref_logp
 
     assert _needs_ref_logp(_cfg(["algo=ace"])) and not _needs_ref_logp(_cfg(["algo=dgpo"]))
     assert OmegaConf.select(_cfg(["algo=grpo"]), "algo.shaping") is None

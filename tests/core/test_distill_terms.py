@@ -212,7 +212,7 @@ def test_gopd_reward_at_lambda_1_is_opd_and_above_1_is_not_a_rescaled_opd():
 def test_exopd_composes_with_the_fixed_reference_and_computes_reference_logps():
     from mixrl.config.builders import build_objective
     from mixrl.config.compose import compose_config
-    from mixrl.trainer.build import _needs_ref_logp
+    from mixrl.trainer.trl_args import _needs_ref_logp
 
     cfg = compose_config(["algo=exopd"])
     terms = {t.label: t for t in build_objective(cfg).terms}

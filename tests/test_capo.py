@@ -146,6 +146,7 @@ def _arith_critic(text: str) -> str:
     return f"Wrong steps: {wrong}"
 
 
+@pytest.mark.slow  # a 2-step training (make test-slow); the mechanism is tested by hand above
 def test_capo_toy_recipe_trains_two_steps_with_token_penalties(tiny_bpe_model_path, tmp_path):
     """The toy recipe with a stand-in GenPRM endpoint that checks the running sums: its critiques parse,
     some steps are voted wrong, and the run trains."""

@@ -240,6 +240,7 @@ def test_an_episode_injection_the_environment_cannot_take_is_one_line_exit_2(tmp
 
 
 # ----------------------------------------------------------------------------- two steps of each preset
+@pytest.mark.slow  # a 2-step training (make test-slow); the mechanism is tested by hand above
 @pytest.mark.parametrize("algo,metric", [("uis1", "episode/patches"), ("bepa", "episode/cached_tasks")])
 def test_two_steps_of_each_preset_on_the_toy_environment(tmp_path, algo, metric):
     from mixrl.trainer.build import trainer_from_config

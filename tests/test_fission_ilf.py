@@ -316,6 +316,7 @@ def _train(recipe, model_path, tmp_path, key, *extra):
     return [r for r in rows if key in r]
 
 
+@pytest.mark.slow  # a 2-step training (make test-slow); the mechanism is tested by hand above
 def test_fission_toy_recipe_trains_two_steps(tiny_bpe_model_path, tmp_path):
     """Level-4 problems (beyond the barely warm-started model): rollouts fail, each picked failure
     gets its recoveries under its corrective context, and training goes on (4 failures x 2
@@ -325,6 +326,7 @@ def test_fission_toy_recipe_trains_two_steps(tiny_bpe_model_path, tmp_path):
     assert len(train) == 2 and all(r["fission/instances"] > 0 for r in train)
 
 
+@pytest.mark.slow  # a 2-step training (make test-slow); the mechanism is tested by hand above
 def test_ilf_toy_recipe_trains_two_steps(tiny_bpe_model_path, tmp_path):
     train = _train("ilf/arith-tiny", tiny_bpe_model_path, tmp_path, "ilf/selected")
     assert len(train) == 2 and all(r["ilf/selected"] > 0 for r in train)

@@ -171,6 +171,7 @@ def test_the_preset_judges_its_own_pairs_and_bad_settings_are_one_line():
         assert "\n" not in str(e.value)
 
 
+@pytest.mark.slow  # a 2-step training (make test-slow); the mechanism is tested by hand above
 def test_osp_toy_recipe_trains_two_steps_on_self_judged_strengths(tiny_bpe_model_path, tmp_path):
     from typer.testing import CliRunner
 

@@ -309,6 +309,7 @@ def test_edit_refusals_are_one_line():
 
 
 # ----------------------------------------------------------------------------- end to end
+@pytest.mark.slow  # a 2-step training (make test-slow); the mechanism is tested by hand above
 @pytest.mark.parametrize("recipe,key", [("scope/arith-tiny", "scope/rectified"), ("edit_grpo/arith-tiny", "edit/rows")])
 def test_toy_recipes_train_two_steps(recipe, key, tiny_model_path, tmp_path):
     """Level-3 problems (mostly beyond the barely warm-started model): rollouts fail, are rectified /

@@ -20,22 +20,9 @@ from mixrl.sources import InjectContext, Rollouts
 from mixrl.sources.probe_rollouts import CONTINUATION, FAILED, PROBE, REVISION, ProbeRollouts, probe_behaviour, revision_mu
 
 
-class _Tok:
-    eos_token_id, pad_token_id = 0, 0
-
-    def __call__(self, text, add_special_tokens=False):
-        return {"input_ids": [ord(c) for c in text]}
-
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join(chr(i) for i in ids if i)
-
-
-def _ids(s):
-    return [ord(c) for c in s]
-
-
-def _text(ids):
-    return "".join(chr(i) for i in ids if i)
+from char_tokens import CharTokenizer as _Tok  # tests/char_tokens.py (tests/ is on sys.path under pytest)
+from char_tokens import char_ids as _ids
+from char_tokens import char_text as _text
 
 
 #: group 0 "9+10=" (slot 1 wrong; slot 3, the probe slot, is replaced); group 1 "1+2=" (slots 0-2 right: no probe)

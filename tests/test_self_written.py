@@ -33,22 +33,9 @@ from mixrl.sources.with_verification import VERIFICATION, SelfVerify, spread, ve
 from mixrl.trainer.parts.policy_calls import PolicyCalls
 
 
-class _Tok:
-    eos_token_id, pad_token_id = 0, 0
-
-    def __call__(self, text, add_special_tokens=False):
-        return {"input_ids": [ord(c) for c in text]}
-
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join(chr(i) for i in ids if i)
-
-
-def _ids(s):
-    return [ord(c) for c in s]
-
-
-def _text(ids):
-    return "".join(chr(i) for i in ids if i)
+from char_tokens import CharTokenizer as _Tok  # tests/char_tokens.py (tests/ is on sys.path under pytest)
+from char_tokens import char_ids as _ids
+from char_tokens import char_text as _text
 
 
 def _lp(prompts, comps):

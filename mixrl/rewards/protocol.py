@@ -17,7 +17,7 @@ protocols, never by probing for attribute names:
 
 What a reward needs of the run comes at construction, in one :class:`RewardContext`: a factory
 that declares the keyword-only parameter ``context`` (:data:`CONTEXT_PARAM`: never a config
-parameter, left out of ``reward.params``, the docs and ``mixrl explain``) receives it from
+parameter: left out of ``reward.params`` and ``mixrl explain``; docs/components.md lists it as a runtime argument) receives it from
 :func:`mixrl.rewards.registry.build_reward`, and the per-call time limit goes to the
 :class:`~mixrl.rewards.checked.CheckedReward` that wraps every reward.
 """

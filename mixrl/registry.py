@@ -1,9 +1,9 @@
 """Name -> component registries: the one registry type of mixrl.
 
 Every registry is a :class:`Registry`: the core axes below, the off-policy sources and injections,
-the sampler's pickers and filters, the reward models, the stateful environments
-(``mixrl.envs.ENVIRONMENTS``), the built-in tools (``mixrl.tools.builtin.TOOLS``) and the feedback
-builders (``mixrl.sources.feedback.BUILDERS``). A name is registered once: a second, different
+the sampler's pickers and filters, the rewards (``mixrl.rewards.REWARDS``), the reward models, the
+stateful environments (``mixrl.envs.ENVIRONMENTS``), the built-in tools (``mixrl.tools.builtin.TOOLS``)
+and the feedback builders (``mixrl.sources.feedback.BUILDERS``). A name is registered once: a second, different
 component under a taken name is refused with one line naming both (registering the same object
 again, as a re-imported module does, changes nothing). It imports only the standard library and
 :mod:`mixrl.errors` (the torch-free packages use it; ``mixrl.core.registry`` re-exports it).

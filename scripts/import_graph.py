@@ -18,6 +18,11 @@ What it prints, and how each number is defined:
   module-level edges only (the cycles Python itself must resolve at import time).
 * **upward imports**: edges from a lower layer to a higher one in the intended order (``LAYERS``
   below; higher numbers may import lower ones and their own layer, never higher ones).
+* **folder pairs importing each other** (the stricter reading of the layer order): two different
+  folders of one layer (the first path component below the package; a top-level module is its own
+  folder) where each imports the other. A layer holds folders side by side, so one of the two
+  directions is an upward arrow the layer table hides; it counts the edges of the direction with
+  fewer edges (on a tie, the direction made only of function-level imports, if one is; else both). **upward imports, strict** = the upward imports plus those.
 * **function-level imports**: import statements inside a function or method body (module-level
   ``if``/``try`` blocks and class bodies run at import time and count as module level), split into
   mixrl-internal, standard library and third-party (one per statement; ``import a, b`` is
@@ -40,10 +45,11 @@ layer  modules
        library, ``errors`` and ``registry`` only); ``envs`` (stateful multi-turn environments and their episode
        loop on token ids: ``errors``, ``registry`` and ``tasks``); ``evaluation`` (a model's
        accuracy and pass@k on held-out rows, the held-out split, the periodic callback, saved
-       model folders, the eval cache: it needs only torch/transformers and ``errors``, reads
-       configs by their fields, and is called by the trainer and by ``models`` (the built tiny
-       model's check), so it sits below ``config``; ``mixrl eval``'s glue, which needs the
-       trainer's assembly, is ``trainer.saved_eval``)
+       model folders, the eval cache, the built-in models' held-out accuracy: it needs
+       torch/transformers, ``errors``, ``tasks`` and ``models`` (never the reverse: the command that
+       builds the shipped models and measures them is ``cli.ship_models``), reads configs by their
+       fields, and is called by the trainer, so it sits below ``config``; ``mixrl eval``'s glue,
+       which needs the trainer's assembly, is ``trainer.saved_eval``)
 2      ``config`` (compose and validate)
 3      ``trainer``; ``vllm_cpu``, ``vllm_file_transfer`` (the trainer's vLLM plumbing);
        ``explain`` (reads a composed config and renders its objective: a consumer of config
@@ -255,6 +261,38 @@ def strongly_connected(nodes: list[str], edges: set[tuple[str, str]]) -> list[li
     return sorted(out, key=lambda c: (-len(c), c))
 
 
+def folder_of(module: str) -> str:
+    """The first path component below the package (``""`` for the package's ``__init__``)."""
+    parts = module.split(".")[1:]
+    return parts[0] if parts else ""
+
+
+def folder_pairs_importing_each_other(edges: dict[tuple[str, str], bool], pkg: str) -> list[dict]:
+    """Pairs of different folders on one layer where each imports the other: ``{"folders": [a, b],
+    "edges": {a: [...], b: [...]}, "against": [...]}`` with each folder's edges into the other and the
+    edges counted against the layer order (the direction with fewer edges; on a tie the one made only of
+    function-level imports if exactly one is, else both). ``edges``: (a, b) -> some import is at module level."""
+    by_pair: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for a, b in edges:
+        fa, fb = folder_of(a), folder_of(b)
+        if fa != fb and layer_of(a, pkg) is not None and layer_of(a, pkg) == layer_of(b, pkg):
+            by_pair.setdefault((fa, fb), []).append((a, b))
+    out = []
+    for (fa, fb), ab in sorted(by_pair.items()):
+        ba = by_pair.get((fb, fa))
+        if fa > fb or not ba:
+            continue
+        ab, ba = sorted(ab), sorted(ba)
+        deferred_ab, deferred_ba = not any(edges[e] for e in ab), not any(edges[e] for e in ba)
+        if len(ab) != len(ba):
+            against = ab if len(ab) < len(ba) else ba
+        else:
+            against = ab if deferred_ab and not deferred_ba else ba if deferred_ba and not deferred_ab else ab + ba
+        out.append({"folders": [fa, fb], "edges": {fa: [list(e) for e in ab], fb: [list(e) for e in ba]},
+                    "against": [list(e) for e in against]})
+    return out
+
+
 def analyse(root: Path) -> dict:
     root = Path(root).resolve()
     pkg = root.name
@@ -280,6 +318,9 @@ def analyse(root: Path) -> dict:
         la, lb = layer_of(a, pkg), layer_of(b, pkg)
         if la is not None and lb is not None and lb > la:
             upward.append({"from": a, "to": b, "layers": [la, lb], "module_level": edges[(a, b)]})
+    mutual = folder_pairs_importing_each_other(edges, pkg)
+    strict = upward + [{"from": a, "to": b, "layers": [layer_of(a, pkg), layer_of(b, pkg)], "module_level": edges[(a, b)]}
+                       for pair in mutual for a, b in pair["against"]]
     return {
         "package": pkg,
         "modules": len(nodes),
@@ -288,6 +329,8 @@ def analyse(root: Path) -> dict:
         "cycles": strongly_connected(nodes, all_edges),
         "module_level_cycles": strongly_connected(nodes, top_edges),
         "upward_imports": upward,
+        "folder_pairs_importing_each_other": mutual,
+        "upward_imports_strict": strict,
         "function_level_imports": dict(sorted(fn_imports.items())),
         "function_level_imports_total": sum(fn_imports.values()),
         "unplaced": unplaced,
@@ -304,6 +347,13 @@ def report(r: dict) -> str:
     lines.append(f"upward imports: {len(up)} ({sum(u['module_level'] for u in up)} at module level)")
     lines += [f"  {u['from']} (layer {u['layers'][0]}) -> {u['to']} (layer {u['layers'][1]})"
               + ("" if u["module_level"] else "  [in a function]") for u in up]
+    mutual, strict = r["folder_pairs_importing_each_other"], r["upward_imports_strict"]
+    lines.append(f"folder pairs importing each other (one layer): {len(mutual)}; "
+                 f"upward imports, strict (counting them): {len(strict)}")
+    for pair in mutual:
+        a, b = pair["folders"]
+        lines.append(f"  {a} <-> {b}: {len(pair['edges'][a])} edges {a} -> {b}, {len(pair['edges'][b])} edges {b} -> {a}; "
+                     "against the order: " + ", ".join(f"{x} -> {y}" for x, y in pair["against"]))
     fl = r["function_level_imports"]
     lines.append(f"function-level imports: {r['function_level_imports_total']} ("
                  + ", ".join(f"{k} {v}" for k, v in fl.items()) + ")")

@@ -98,6 +98,42 @@ def test_mixrl_has_no_import_cycle_no_upward_import_and_every_module_placed():
     assert r["unplaced"] == [], f"modules the layer table does not place: {r['unplaced']}"
 
 
+def test_mixrl_has_no_upward_import_by_the_stricter_reading():
+    """Two folders of one layer never import each other (issue 47: ``models`` and ``evaluation`` did,
+    through a deferred import, which the layer table hid by putting both on layer 1)."""
+    r = import_graph.analyse(REPO / "mixrl")
+    assert r["folder_pairs_importing_each_other"] == [], r["folder_pairs_importing_each_other"]
+    assert r["upward_imports_strict"] == [], r["upward_imports_strict"]
+
+
+def test_the_stricter_reading_finds_folders_that_import_each_other(tmp_path):
+    """In a synthetic package: ``models`` and ``evaluation`` (both layer 1) import each other, ``models``
+    through one deferred import, ``evaluation`` through two module-level ones: the deferred direction is
+    the one counted; a tie of module-level imports counts both directions; folders on different layers
+    (``data`` -> ``config``) are the loose reading's business, and one direction alone is no pair."""
+    pkg = _write(tmp_path / "toy", {
+        "__init__.py": "", "models/__init__.py": "", "evaluation/__init__.py": "", "tasks/__init__.py": "",
+        "models/m.py": "def f():\n    from toy.evaluation import e  # deferred: test\n    return e\n",
+        "models/n.py": "",
+        "evaluation/e.py": "from toy.models import m, n\n",
+        "tasks/t.py": "from toy.models import n\n",
+        "sources/__init__.py": "", "sources/s.py": "from toy.data import d\n",
+        "data/__init__.py": "", "data/d.py": "from toy.sources import s\nfrom toy.config import c\n",
+        "config/__init__.py": "", "config/c.py": "",
+    })
+    r = import_graph.analyse(pkg)
+    pairs = {tuple(p["folders"]): p["against"] for p in r["folder_pairs_importing_each_other"]}
+    assert pairs == {("evaluation", "models"): [["toy.models.m", "toy.evaluation.e"]],
+                     ("data", "sources"): [["toy.data.d", "toy.sources.s"], ["toy.sources.s", "toy.data.d"]]}
+    assert r["upward_imports"] == [{"from": "toy.data.d", "to": "toy.config.c", "layers": [1, 2], "module_level": True}]
+    assert [(u["from"], u["to"]) for u in r["upward_imports_strict"]] == [
+        ("toy.data.d", "toy.config.c"), ("toy.data.d", "toy.sources.s"), ("toy.sources.s", "toy.data.d"),
+        ("toy.models.m", "toy.evaluation.e")]
+    text = import_graph.report(r)
+    assert "folder pairs importing each other (one layer): 2; upward imports, strict (counting them): 4" in text
+    assert "evaluation <-> models: 2 edges evaluation -> models, 1 edges models -> evaluation" in text
+
+
 def test_every_function_level_import_in_mixrl_says_why_it_is_deferred():
     """Issue 23's rule: an import stays inside a function only to defer a heavy or optional package
     (torch, transformers, datasets, trl, vllm, matplotlib...) on a path that must stay light, and

@@ -20,10 +20,11 @@ def _registries():
     from mixrl.core.advantages import ADVANTAGES
     from mixrl.core.policy_base import POLICY_LOSSES
     from mixrl.rewards.components import REWARD_MODELS
+    from mixrl.rewards.registry import REWARDS
     from mixrl.sampler.pickers import PICKERS
     from mixrl.sources.base import INJECTIONS, SOURCES
 
-    return [ENVIRONMENTS, TOOLS, BUILDERS, POLICY_LOSSES, ADVANTAGES, SOURCES, INJECTIONS, PICKERS, REWARD_MODELS]
+    return [ENVIRONMENTS, TOOLS, BUILDERS, POLICY_LOSSES, ADVANTAGES, SOURCES, INJECTIONS, PICKERS, REWARD_MODELS, REWARDS]
 
 
 def test_every_registry_is_the_one_type():

@@ -53,7 +53,9 @@ def test_builtins_are_picklable_and_named_for_trl():
         assert fn(prompts=["q"], completions=["ANSWER: 7"], answer=["7"]) == [1.0]
 
 
-def test_register_reward_custom_name():
+def test_register_reward_custom_name(monkeypatch):
+    monkeypatch.setattr(REWARDS, "_items", dict(REWARDS._items))  # the registry as it was, after the test
+
     @register_reward("_test_const")
     def const(*, value: float = 0.5):
         def constant(prompts, completions, **kwargs):
@@ -61,11 +63,11 @@ def test_register_reward_custom_name():
 
         return constant
 
-    try:
-        fn = build_reward("_test_const", value=2.0)
-        assert fn([None], ["x"]) == [2.0]
-    finally:
-        del REWARDS["_test_const"]
+    fn = build_reward("_test_const", value=2.0)
+    assert fn([None], ["x"]) == [2.0]
+    with pytest.raises(ValueError, match=r"^reward '_test_const' is already registered \(.*\.const\), so .*<lambda> cannot take it; choose another name$"):
+        register_reward("_test_const")(lambda: None)  # a taken name is refused (the one registry type)
+    assert REWARDS["_test_const"] is const
 
 
 # ----------------------------------------------------------------------------- exact
@@ -361,7 +363,7 @@ def test_module_with_broken_import(tmp_path, monkeypatch):
     assert "not_a_real_dependency_xyz" in msg and "install" in msg
 
 
-def test_a_factory_declaring_context_receives_the_runs_context_at_construction():
+def test_a_factory_declaring_context_receives_the_runs_context_at_construction(monkeypatch):
     """The rewards' protocol (mixrl.rewards.protocol): a factory's ``context`` parameter is the run's
     RewardContext, never a config param; ``context.timeout_s`` bounds the built reward's calls."""
     from mixrl.rewards.protocol import RewardContext
@@ -373,18 +375,15 @@ def test_a_factory_declaring_context_receives_the_runs_context_at_construction()
         seen.append(context)
         return lambda prompts, completions, **kw: [scale] * len(completions)
 
-    REWARDS["_test_context"] = factory
-    try:
-        assert reward_params(factory) == {"scale": 1.0}  # not a config param
-        ctx = RewardContext(device="cpu", policy_path="/p", tokenizer=None, timeout_s=3.0)
-        fn = build_reward("_test_context", context=ctx, scale=2.0)
-        assert seen == [ctx] and fn.timeout_s == 3.0 and fn(prompts=["q"], completions=["a"]) == [2.0]
-        build_reward("_test_context")
-        assert seen[-1] is None  # built outside a run (config validation): nothing known
-        with pytest.raises(ConfigError, match="remove reward.params.context"):
-            build_reward("_test_context", context={"device": "cpu"})
-    finally:
-        REWARDS.pop("_test_context")
+    monkeypatch.setitem(REWARDS._items, "_test_context", factory)  # removed again after the test
+    assert reward_params(factory) == {"scale": 1.0}  # not a config param
+    ctx = RewardContext(device="cpu", policy_path="/p", tokenizer=None, timeout_s=3.0)
+    fn = build_reward("_test_context", context=ctx, scale=2.0)
+    assert seen == [ctx] and fn.timeout_s == 3.0 and fn(prompts=["q"], completions=["a"]) == [2.0]
+    build_reward("_test_context")
+    assert seen[-1] is None  # built outside a run (config validation): nothing known
+    with pytest.raises(ConfigError, match="remove reward.params.context"):
+        build_reward("_test_context", context={"device": "cpu"})
 
 
 def test_a_verifier_is_read_through_the_declared_protocol():

@@ -11,10 +11,11 @@ import shutil
 import pytest
 import torch
 
+from mixrl.evaluation import builtin_models
 from mixrl.models import builtin, shipped, supervised, tiny_bpe, tiny_bpe_tools
 from mixrl.tasks import arith_tools
 
-REBUILD = "the recipe changed: rebuild the shipped weights with `python -m mixrl.models.shipping --eval 256`"
+REBUILD = "the recipe changed: rebuild the shipped weights with `python -m mixrl.cli.ship_models --eval 256`"
 
 
 def test_manifest_keys_are_the_current_recipes():
@@ -96,8 +97,8 @@ def test_shipped_tool_model_calls_the_calculator(installed):
 def test_shipped_teacher_is_accurate_and_the_student_leaves_room(installed):
     # docs/how-to/data.md: held-out greedy accuracy on 256 problems of levels 1-4, teacher 0.922, student 0.199;
     # here 64 problems, so bounds with a margin
-    assert tiny_bpe.heldout_accuracy(installed["tiny-bpe-teacher"], 64)["all"] >= 0.8
-    assert 0.05 <= tiny_bpe.heldout_accuracy(installed["tiny-bpe"], 64)["all"] <= 0.45
+    assert builtin_models.heldout_accuracy(installed["tiny-bpe-teacher"], 64)["all"] >= 0.8
+    assert 0.05 <= builtin_models.heldout_accuracy(installed["tiny-bpe"], 64)["all"] <= 0.45
 
 
 def test_a_build_says_what_it_builds_for_what_and_how_long(tmp_path, capsys):

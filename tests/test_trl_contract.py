@@ -256,10 +256,6 @@ PINNED_TOUCHED: dict[str, tuple[tuple[str, object], ...]] = {
     "transformers.integrations.TensorBoardCallback._init_summary_writer": (("self", REQUIRED), ("args", REQUIRED)),
 }
 
-#: private names mixrl's own classes also use (not TRL's): AsyncGeneration._generate, the reward model's _tokenizer
-MIXRL_OWN = {"_generate", "_tokenizer"}
-
-
 def _owner(path: str):
     import importlib
 
@@ -307,9 +303,12 @@ def test_touched_still_exists(owner, name, kind):
 
 def test_every_trl_private_mixrl_touches_is_listed():
     """Every private name of TRL's trainer, vLLM generation and vLLM client that ``mixrl/`` reads,
-    writes or calls is in OVERRIDDEN or TOUCHED."""
-    import ast
+    writes or calls on an object that may be TRL's is in OVERRIDDEN or TOUCHED (``tests/trl_scan.py``
+    resolves the receiver: ``self._x`` in a class that derives from neither TRL nor transformers, such
+    as AsyncGeneration's own ``_generate``, is that class's own)."""
     import re
+
+    from trl_scan import private_uses
 
     from trl import GRPOTrainer
     from trl.generation.vllm_client import VLLMClient
@@ -321,10 +320,5 @@ def test_every_trl_private_mixrl_touches_is_listed():
     for owner in (GRPOTrainer, VLLMGeneration, VLLMClient):
         trl_private |= {k for c in owner.__mro__ if c is not object for k in vars(c) if k.startswith("_") and not k.startswith("__")}
         trl_private |= set(re.findall(r"self\.(_[a-z][a-z0-9_]*)\s*(?::[^=\n]*)?=[^=]", _sources(owner)))
-    listed = set(_overridden()) | names() | MIXRL_OWN
-    unlisted = {}
-    for path in sorted((ROOT / "mixrl").rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Attribute) and node.attr in trl_private and node.attr not in listed:
-                unlisted.setdefault(node.attr, f"{path.relative_to(ROOT)}:{node.lineno}")
+    unlisted = private_uses(ROOT / "mixrl", trl_private, set(_overridden()) | names())
     assert not unlisted, f"mixrl touches TRL privates not listed in mixrl/trainer/trl_contract.py TOUCHED: {unlisted}"

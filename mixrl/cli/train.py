@@ -63,58 +63,20 @@ def train(
     ),
 ):
     """Train. With no overrides: GRPO on the built-in arithmetic task with the tiny model (CPU, minutes)."""
-    from mixrl.config.checks import check_environment  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
-    from mixrl.config.context import check_context  # deferred: with compose_config
-    from mixrl.config.compose import compose_config, compose_stages, expand_sweeps, parse_overrides  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+    from mixrl.config.compose import compose_stages  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
     from mixrl.trainer import run as trainer_run  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
-    from mixrl.trainer.state.resume import resume_config  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
-    from mixrl.trainer.state.rundir import resume_checkpoint  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
 
     overrides = list(overrides or [])
     overrides = _resolve_resume_auto(overrides, multirun)
-    jobs = expand_sweeps(overrides) if multirun else [overrides]
-    resume = [ov.value() for ov in parse_overrides(list(overrides)) if ov.key_or_group == "resume"]
-    swaps = None
-    if rehearse:
-        if multirun or (resume and resume[-1]):
-            raise ConfigError("--rehearse rehearses one new run; drop " + ("-m (multirun)" if multirun else "resume="))
-        jobs, swaps = _rehearsal_job(jobs[0])
-    if resume and resume[-1]:  # the run's own config, with the overrides checked against it
-        if multirun:
-            raise ConfigError("resume=RUN_DIR continues one run; drop -m (multirun)")
-        cfgs = [resume_config(str(resume[-1]), jobs[0], trust_run_code=trust_run_code)]
-        resume_checkpoint(cfgs[0])  # something to continue from: checked before anything is written
-    else:
-        cfgs = [compose_config(job) for job in jobs]  # validate every job before loading any model
+    jobs, cfgs, swaps = _compose_jobs(overrides, multirun, rehearse, trust_run_code)
     if quiet:
         for cfg in cfgs:
             cfg.logger.progress = False
-    for cfg, job in zip(cfgs, jobs):
-        if swaps is None:  # a rehearsal checked the real model's context before swapping in the tiny one
-            for _, stage_cfg in compose_stages(cfg, job):
-                checked = check_context(stage_cfg)  # the completion fits the model's context: before any model, data or run directory
-                for role, pos in checked.too_short():
-                    err.print(f"warning: {role}={pos.path} holds {pos.n} positions, fewer than the {checked.need} of a "
-                              f"{checked.prompt}-token prompt budget + trainer.max_completion_length={checked.completion}",
-                              highlight=False, soft_wrap=True)
-        check_environment(cfg)  # what this machine lacks for it (the config itself is validated above)
+    _check_jobs(cfgs, jobs, rehearsed=swaps is not None)
     if any(hardware.needs_launch(cfg) for cfg in cfgs):  # hardware asks for processes: start them through the launcher
-        # the launched processes load the resumed run's config again: they need the user's consent too
-        launched = [[*job, "--trust-run-code"] for job in jobs] if trust_run_code and cfgs[0].resume else jobs
-        if swaps is not None:
-            _print_rehearsal(swaps)
-            try:
-                rc = _launch_jobs(cfgs, launched, overrides, multirun)
-            finally:
-                _write_rehearsal(cfgs[0], swaps)
-            raise typer.Exit(rc)
-        raise typer.Exit(_launch_jobs(cfgs, launched, overrides, multirun))
+        raise typer.Exit(_launch_all(cfgs, jobs, overrides, multirun, swaps, trust_run_code))
     if multirun:
-        root = Path("runs") / "multirun" / datetime.now().strftime("%Y-%m-%d/%H%M%S")
-        for i, (job, cfg) in enumerate(zip(jobs, cfgs)):
-            tag = "_".join(o.replace("/", "-").replace("=", "-") for o in job if o not in overrides) or "job"
-            cfg.run_dir = str(Path(cfg.run_dir) / f"{i}" if cfg.run_dir else root / f"{i}-{tag}")
-        err.print(f"multirun: {len(cfgs)} jobs")
+        _name_multirun_dirs(cfgs, jobs, overrides)
     staged = [compose_stages(cfg, job) for cfg, job in zip(cfgs, jobs)]  # stages are checked up front too
     if swaps is not None:
         raise typer.Exit(_run_rehearsal(cfgs[0], staged[0], swaps, trainer_run))
@@ -133,15 +95,87 @@ def train(
         exit_launched_worker(0)
         return
     if multirun:
-        table = Table(title="multirun")
-        for col in ("job", "overrides", "acc before", "acc after", "run directory"):
-            table.add_column(col)
-        for i, r in enumerate(results):
-            s = r.summary
-            acc = [f"{a:.3f}" if isinstance(a, (int, float)) else "-" for a in (s.get("accuracy_before"), s.get("accuracy_after"))]
-            table.add_row(str(i), " ".join(jobs[i]), *acc, str(r.run_dir))
-        out.print(table)
+        out.print(_multirun_table(jobs, results))
     exit_launched_worker(0)
+
+
+def _compose_jobs(overrides: list[str], multirun: bool, rehearse: bool, trust_run_code: bool) -> tuple[list, list, list | None]:
+    """``(jobs, cfgs, swaps)``: the jobs' override lists (one per sweep point), each job's composed and
+    validated config (a resumed run's own config, with the overrides checked against it), and a
+    rehearsal's swaps (None when not rehearsing). Every job is validated before any model loads."""
+    from mixrl.config.compose import compose_config, expand_sweeps, parse_overrides  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+    from mixrl.trainer.state.resume import resume_config  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+    from mixrl.trainer.state.rundir import resume_checkpoint  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+
+    jobs = expand_sweeps(overrides) if multirun else [overrides]
+    resume = [ov.value() for ov in parse_overrides(list(overrides)) if ov.key_or_group == "resume"]
+    swaps = None
+    if rehearse:
+        if multirun or (resume and resume[-1]):
+            raise ConfigError("--rehearse rehearses one new run; drop " + ("-m (multirun)" if multirun else "resume="))
+        jobs, swaps = _rehearsal_job(jobs[0])
+    if resume and resume[-1]:  # the run's own config, with the overrides checked against it
+        if multirun:
+            raise ConfigError("resume=RUN_DIR continues one run; drop -m (multirun)")
+        cfgs = [resume_config(str(resume[-1]), jobs[0], trust_run_code=trust_run_code)]
+        resume_checkpoint(cfgs[0])  # something to continue from: checked before anything is written
+    else:
+        cfgs = [compose_config(job) for job in jobs]  # validate every job before loading any model
+    return jobs, cfgs, swaps
+
+
+def _check_jobs(cfgs: list, jobs: list, *, rehearsed: bool) -> None:
+    """Before any model, data or run directory: each stage's completion fits its model's context
+    (a warning; a rehearsal checked the real model before swapping in the tiny one), and this
+    machine has what each run needs."""
+    from mixrl.config.checks import check_environment  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+    from mixrl.config.compose import compose_stages  # deferred: imports torch; `mixrl --help` and `mixrl recipes list` must not load it
+    from mixrl.config.context import check_context  # deferred: with compose_config
+
+    for cfg, job in zip(cfgs, jobs):
+        if not rehearsed:  # a rehearsal checked the real model's context before swapping in the tiny one
+            for _, stage_cfg in compose_stages(cfg, job):
+                checked = check_context(stage_cfg)  # the completion fits the model's context: before any model, data or run directory
+                for role, pos in checked.too_short():
+                    err.print(f"warning: {role}={pos.path} holds {pos.n} positions, fewer than the {checked.need} of a "
+                              f"{checked.prompt}-token prompt budget + trainer.max_completion_length={checked.completion}",
+                              highlight=False, soft_wrap=True)
+        check_environment(cfg)  # what this machine lacks for it (the config itself is validated above)
+
+
+def _launch_all(cfgs: list, jobs: list, overrides: list[str], multirun: bool, swaps: list | None, trust_run_code: bool) -> int:
+    """The jobs through the launcher (the hardware asks for processes); its exit status. A rehearsal
+    prints its swaps first and writes rehearsal.json whatever happens."""
+    # the launched processes load the resumed run's config again: they need the user's consent too
+    launched = [[*job, "--trust-run-code"] for job in jobs] if trust_run_code and cfgs[0].resume else jobs
+    if swaps is None:
+        return _launch_jobs(cfgs, launched, overrides, multirun)
+    _print_rehearsal(swaps)
+    try:
+        return _launch_jobs(cfgs, launched, overrides, multirun)
+    finally:
+        _write_rehearsal(cfgs[0], swaps)
+
+
+def _name_multirun_dirs(cfgs: list, jobs: list, overrides: list[str]) -> None:
+    """Each sweep job's run directory: ``<run_dir>/<i>``, or ``runs/multirun/<date>/<time>/<i>-<its overrides>``."""
+    root = Path("runs") / "multirun" / datetime.now().strftime("%Y-%m-%d/%H%M%S")
+    for i, (job, cfg) in enumerate(zip(jobs, cfgs)):
+        tag = "_".join(o.replace("/", "-").replace("=", "-") for o in job if o not in overrides) or "job"
+        cfg.run_dir = str(Path(cfg.run_dir) / f"{i}" if cfg.run_dir else root / f"{i}-{tag}")
+    err.print(f"multirun: {len(cfgs)} jobs")
+
+
+def _multirun_table(jobs: list, results: list) -> Table:
+    """One row per sweep job: its overrides, held-out accuracy before and after, its run directory."""
+    table = Table(title="multirun")
+    for col in ("job", "overrides", "acc before", "acc after", "run directory"):
+        table.add_column(col)
+    for i, r in enumerate(results):
+        s = r.summary
+        acc = [f"{a:.3f}" if isinstance(a, (int, float)) else "-" for a in (s.get("accuracy_before"), s.get("accuracy_after"))]
+        table.add_row(str(i), " ".join(jobs[i]), *acc, str(r.run_dir))
+    return table
 
 
 def _run_rehearsal(cfg, staged, swaps: list, trainer_run) -> int:

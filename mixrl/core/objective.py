@@ -186,51 +186,114 @@ def compute_objective(
         old_logp = logp.detach()
     behaviour = _behaviour(token_source, old_logp.detach(), behaviour_logp)
     loss_knobs = {k.split(".", 1)[1]: v for k, v in (knobs or {}).items() if k.startswith("loss.")}
-
-    pop_masks = {population_key(p): valid & prov.select(token_source, p) for p in objective.populations()}
-    counts = {population_key(p): (normalisers[population_key(p)] if normalisers else
-                                  _counts(pop_masks[population_key(p)], prov.select(token_source, p)))
-              for p in objective.populations()}
+    pop_masks, counts = _populations(objective, valid, token_source, normalisers)
     total = torch.zeros((), dtype=logp.dtype, device=logp.device)
     metrics: dict[str, float] = {}
     engine_w = _engine_weight(objective.engine_correction, old_logp, engine_logp, valid, token_source)
     for term in objective.terms:
         sel = valid & prov.select(token_source, term.tokens)
-        x = TermInputs(
-            logp=logp,
-            mask=sel,
-            advantages=advantages,
-            behaviour_logp=_finite_on(behaviour, sel, logp),
-            ref_logp=None if ref_logp is None else _finite_on(ref_logp, sel, logp),
-            teacher_logp=None if teacher_logp is None else _finite_on(teacher_logp, sel, logp),
-            entropies=entropies,
-            overrides=loss_knobs if term.kind == "policy" else {},
-            teacher_entropy=None if teacher_entropy is None else torch.where(sel, teacher_entropy, torch.zeros_like(logp.detach())),
-            old_logp=_finite_on(old_logp.detach(), sel, logp),
-            rows=dict(row_fields) if row_fields else None,
-            turns=turn_ids,
+        x = _term_inputs(
+            term, sel, logp=logp, advantages=advantages, behaviour=behaviour, old_logp=old_logp, ref_logp=ref_logp,
+            teacher_logp=teacher_logp, teacher_entropy=teacher_entropy, entropies=entropies, loss_knobs=loss_knobs,
+            row_fields=row_fields, turn_ids=turn_ids,
         )
         if getattr(TERMS.get(term.kind), "needs_behaviour", False) and bool(sel.any()):
             _check_behaviour(term, behaviour, sel, token_source)
-        out = TERMS.get(term.kind)(x, **term.params)
-        if engine_w is not None and getattr(TERMS.get(term.kind), "engine_corrected", False):
-            out.per_token = out.per_token * engine_w
-        key = population_key(term.population)
-        rows = row_count(counts[key], bool(term.aggregation_params.get("count_empty_rows", False)))
-        num_items = max(rows if uses_rows(term.aggregation) else counts[key][0], 1.0)
-        value = AGGREGATIONS.get(term.aggregation)(
-            zero_masked(out.per_token, sel), pop_masks[key], num_items=num_items, **term.aggregation_params
-        )
-        w = objective.weight(term, step, knobs)
-        total = total + w * value
-        # a second policy term (replayed rows) logs under its label: replay/clip_frac, replay/ratio/max
-        prefix = f"{term.label}/" if term.kind == "policy" and term.label != "policy" else ""
-        metrics.update({prefix + k: v for k, v in out.metrics.items()})
+        value, term_metrics = _aggregated_term(term, x, sel, engine_w, pop_masks, counts)
+        total = total + objective.weight(term, step, knobs) * value
+        metrics.update(term_metrics)
         metrics[f"loss/{term.label}"] = float(value.detach())
         if isinstance(term.weight, str):
             name = parse_weight_ref(term.weight)[1]
             metrics[name] = objective.coefficient(name, step, knobs)
+    metrics.update(_provenance_metrics(objective, logp, valid, token_source, entropies))
+    metrics["loss/total"] = float(total.detach())
+    return total, metrics
 
+
+def _term_inputs(
+    term: TermSpec,
+    sel: torch.Tensor,
+    *,
+    logp: torch.Tensor,
+    advantages: torch.Tensor,
+    behaviour: torch.Tensor,
+    old_logp: torch.Tensor,
+    ref_logp: torch.Tensor | None,
+    teacher_logp: torch.Tensor | None,
+    teacher_entropy: torch.Tensor | None,
+    entropies: torch.Tensor | None,
+    loss_knobs: Mapping[str, float],
+    row_fields: Mapping[str, torch.Tensor] | None,
+    turn_ids: torch.Tensor | None,
+) -> TermInputs:
+    """What ``term`` reads, on its selection ``sel``: log-probs it must not read outside ``sel``
+    are ``sg(logp)`` there, and only the policy term sees the controller's ``loss.*`` knobs."""
+    return TermInputs(
+        logp=logp,
+        mask=sel,
+        advantages=advantages,
+        behaviour_logp=_finite_on(behaviour, sel, logp),
+        ref_logp=None if ref_logp is None else _finite_on(ref_logp, sel, logp),
+        teacher_logp=None if teacher_logp is None else _finite_on(teacher_logp, sel, logp),
+        entropies=entropies,
+        overrides=loss_knobs if term.kind == "policy" else {},
+        teacher_entropy=None if teacher_entropy is None else torch.where(sel, teacher_entropy, torch.zeros_like(logp.detach())),
+        old_logp=_finite_on(old_logp.detach(), sel, logp),
+        rows=dict(row_fields) if row_fields else None,
+        turns=turn_ids,
+    )
+
+
+def _populations(
+    objective: Objective,
+    valid: torch.Tensor,
+    token_source: torch.Tensor,
+    normalisers: Mapping[str, tuple[float, ...]] | None,
+) -> tuple[dict[str, torch.Tensor], dict[str, tuple[float, ...]]]:
+    """Per population key: its trainable-token mask [B, T], and the counts it divides by (the
+    given ``normalisers``, else this micro-batch's own counts)."""
+    pop_masks = {population_key(p): valid & prov.select(token_source, p) for p in objective.populations()}
+    counts = {population_key(p): (normalisers[population_key(p)] if normalisers else
+                                  _counts(pop_masks[population_key(p)], prov.select(token_source, p)))
+              for p in objective.populations()}
+    return pop_masks, counts
+
+
+def _aggregated_term(
+    term: TermSpec,
+    x: TermInputs,
+    sel: torch.Tensor,
+    engine_w: torch.Tensor | None,
+    pop_masks: Mapping[str, torch.Tensor],
+    counts: Mapping[str, tuple[float, ...]],
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """One term, unweighted: its per-token loss on ``sel`` (engine-corrected if it declares so)
+    aggregated over its population, and the term's own metrics."""
+    out = TERMS.get(term.kind)(x, **term.params)
+    if engine_w is not None and getattr(TERMS.get(term.kind), "engine_corrected", False):
+        out.per_token = out.per_token * engine_w
+    key = population_key(term.population)
+    rows = row_count(counts[key], bool(term.aggregation_params.get("count_empty_rows", False)))
+    num_items = max(rows if uses_rows(term.aggregation) else counts[key][0], 1.0)
+    value = AGGREGATIONS.get(term.aggregation)(
+        zero_masked(out.per_token, sel), pop_masks[key], num_items=num_items, **term.aggregation_params
+    )
+    # a second policy term (replayed rows) logs under its label: replay/clip_frac, replay/ratio/max
+    prefix = f"{term.label}/" if term.kind == "policy" and term.label != "policy" else ""
+    return value, {prefix + k: v for k, v in out.metrics.items()}
+
+
+def _provenance_metrics(
+    objective: Objective,
+    logp: torch.Tensor,
+    valid: torch.Tensor,
+    token_source: torch.Tensor,
+    entropies: torch.Tensor | None,
+) -> dict[str, float]:
+    """The on-policy entropy, and per trained provenance other than on-policy: its mean token
+    probability and the fraction of rows holding it."""
+    metrics: dict[str, float] = {}
     if entropies is not None:
         on = valid & (token_source == prov.ON_POLICY)
         metrics["entropy"] = float(masked_mean(entropies.detach(), on))
@@ -241,8 +304,7 @@ def compute_objective(
         if bool(sel.any()):
             metrics[f"{name}/token_prob"] = float(masked_mean(logp.detach().exp(), sel))
         metrics[f"{name}/row_frac"] = float(sel.any(-1).float().mean()) if logp.shape[0] else 0.0
-    metrics["loss/total"] = float(total.detach())
-    return total, metrics
+    return metrics
 
 
 def _engine_weight(

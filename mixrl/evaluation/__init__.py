@@ -2,8 +2,9 @@
 
 * :mod:`~mixrl.evaluation.accuracy`: greedy accuracy per level and sampled pass@k (the unbiased
   estimator of "Evaluating Large Language Models Trained on Code") of a model on rows;
-* :mod:`~mixrl.evaluation.greedy`: greedy accuracy per level of a plain-text built-in task
-  (checks a freshly built tiny model);
+* :mod:`~mixrl.evaluation.greedy`: greedy accuracy per level of a plain-text built-in task;
+* :mod:`~mixrl.evaluation.builtin_models`: the held-out accuracy of the built-in BPE models (what
+  ``python -m mixrl.cli.ship_models --eval N`` records in the shipped manifest);
 * :mod:`~mixrl.evaluation.heldout`: the held-out rows are never training rows (the split rule);
 * :mod:`~mixrl.evaluation.periodic`: the callback that evaluates every ``trainer.eval_every``
   steps (``eval.jsonl``);

@@ -12,11 +12,11 @@ rounded to float16 (no weight moves by more than 1e-3, ``max_abs_rounding``; hel
 the build and of the shipped copy is in :data:`MANIFEST_FILE`'s ``eval``). A model whose recipe no longer hashes to the shipped key (a
 recipe changed without rebuilding, or ``steps=`` given) is trained as before.
 
-Build them again with :mod:`mixrl.models.shipping` (deterministic: seeded, one CPU thread; on another CPU the float32 weights may
+Build them again with :mod:`mixrl.cli.ship_models` (deterministic: seeded, one CPU thread; on another CPU the float32 weights may
 differ in the last bits, so the check is the hash of the shipped files, not a rebuild)::
 
-    python -m mixrl.models.shipping            # trains the three at their recipes (or reuses the cache), writes shipped/
-    python -m mixrl.models.shipping --eval 256 # also prints held-out accuracy, float32 build vs shipped float16
+    python -m mixrl.cli.ship_models            # trains the three at their recipes (or reuses the cache), writes shipped/
+    python -m mixrl.cli.ship_models --eval 256 # also prints held-out accuracy, float32 build vs shipped float16
 
 ``tests/test_shipped_models.py`` checks the hashes, that the keys are the current recipes', and
 that the shipped models do what the tests and suites need (the tool model calls the calculator;

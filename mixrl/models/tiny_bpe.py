@@ -26,7 +26,8 @@ the chat template around the ``arith`` problem (system message :data:`SYSTEM_PRO
 covers the completion's tokens and ``<|im_end|>``. :func:`warm_start` caches it under
 ``<cache>/tiny-bpe/<key>/`` with ``mixrl_tiny_bpe.json``, copying the weights shipped in the package
 (:mod:`mixrl.models.shipped`) when they were built with this recipe; ``python -m mixrl.models.tiny_bpe --force``
-(or ``mixrl model build-tiny --bpe --force``) builds it.
+(or ``mixrl model build-tiny --bpe --force``) builds it; ``python -m mixrl.evaluation.builtin_models PATH --n 256``
+measures its held-out greedy accuracy.
 """
 
 from __future__ import annotations
@@ -39,8 +40,6 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from mixrl.models import shipped, supervised, tiny_arch, tiny_spec
 from mixrl.tasks import arith
@@ -243,21 +242,6 @@ def teacher_warm_start(cache_dir: Path | str | None = None, *, force: bool = Fal
     return warm_start(cache_dir, force=force, progress=progress, steps=steps, role="teacher", use_shipped=use_shipped, why=why)
 
 
-def heldout_accuracy(path: Path | str, n: int = 256, levels: Sequence[int] = tuple(arith.DEFAULT_LEVELS),
-                     batch_size: int = 128) -> dict[str, float]:
-    """Greedy accuracy of the model at ``path`` on ``n`` held-out problems, chat-formatted as in training."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer  # deferred: transformers, 1 s; config show/plan import this module
-
-    from mixrl.evaluation.greedy import accuracy_by_level  # deferred: only --eval needs it (it imports transformers generation)
-
-    tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path)
-    problems = [{**p, "prompt": chat_text(p["prompt"])} for p in arith.heldout_split(n, levels=list(levels))]
-    with torch.random.fork_rng(devices=[]):
-        return accuracy_by_level(model, tok, problems, arith.verify, max_new_tokens=MAX_COMPLETION_TOKENS,
-                                 batch_size=batch_size)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mixrl.models.tiny_bpe", description=__doc__.splitlines()[0])
     ap.add_argument("--force", action="store_true", help="retrain even if a cached copy exists")
@@ -265,7 +249,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=None, help="override the number of warm-start steps")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--teacher", action="store_true", help="build the BPE teacher (builtin:tiny-bpe-teacher) instead")
-    ap.add_argument("--eval", type=int, default=0, metavar="N", help="also print greedy accuracy on N held-out problems")
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     path = warm_start(args.cache_dir, force=args.force, progress=not args.no_progress, steps=args.steps,
@@ -274,9 +257,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     meta = json.loads((path / _META_FILE).read_text())
     print(f"{meta['num_parameters']:,} parameters, {meta['vocab']} tokens; warm start: {meta['warm_start']['steps']} steps, "
           f"final loss {meta['final_loss']:.3f}, {meta['train_seconds']:.1f}s", file=sys.stderr)
-    if args.eval:
-        acc = heldout_accuracy(path, args.eval)
-        print("held-out greedy accuracy: " + ", ".join(f"{k} {v:.3f}" for k, v in acc.items()), file=sys.stderr)
     return 0
 
 

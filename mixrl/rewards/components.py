@@ -3,7 +3,7 @@
 ``REWARD_MODELS`` is a :class:`mixrl.core.registry.Registry` of reward factories whose docstrings
 declare a ``Formula:`` and a ``Paper:``, so that ``docs/components.md`` and ``mixrl explain`` show
 them like every other component. :func:`register_model_reward` puts a factory both there and in the
-plain reward registry (:data:`mixrl.rewards.registry.REWARDS`) that ``reward.name`` resolves.
+reward registry (:data:`mixrl.rewards.registry.REWARDS`, every reward) that ``reward.name`` resolves.
 
 :func:`heldout_reward` is the reward that judges held-out accuracy: a model-based reward carries the
 exact verifier it is combined with (``verifier``), and accuracy is judged by that verifier, never by

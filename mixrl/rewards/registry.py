@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from mixrl.errors import ConfigError, did_you_mean
+from mixrl.registry import Registry
 from mixrl.rewards.checked import MAX_REWARD, CheckedReward, _first_line  # noqa: F401  (CheckedReward, MAX_REWARD: their home before)
 from mixrl.rewards.protocol import CONTEXT_PARAM, RewardContext
 
@@ -39,20 +40,14 @@ __all__ = ["REWARDS", "RewardFn", "register_reward", "build_reward", "reward_par
 
 RewardFn = Callable[..., list]
 
-#: name -> factory(**params) -> reward function
-REWARDS: dict[str, Callable[..., RewardFn]] = {}
+#: name -> factory(**params) -> reward function (the one registry type: a taken name is refused)
+REWARDS = Registry("reward", runtime=(CONTEXT_PARAM,))
 
 
 def register_reward(name: str) -> Callable[[Callable[..., RewardFn]], Callable[..., RewardFn]]:
-    """Decorator: register ``factory`` under ``name`` (a factory takes keyword-only params)."""
-
-    def deco(factory: Callable[..., RewardFn]) -> Callable[..., RewardFn]:
-        if name in REWARDS and REWARDS[name] is not factory:
-            raise ValueError(f"reward {name!r} is already registered")
-        REWARDS[name] = factory
-        return factory
-
-    return deco
+    """Decorator: register ``factory`` under ``name`` (a factory takes keyword-only params); a name
+    taken by another factory is refused (``ValueError``, one line)."""
+    return REWARDS.register(name)
 
 
 def reward_params(factory: Callable) -> dict[str, Any]:

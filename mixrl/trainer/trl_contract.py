@@ -6,7 +6,10 @@ objects it replaces (for a block or for good). ``tests/test_trl_contract.py`` pi
 method's signature, a field's assignment in its owner's source, a patched object's existence) and
 scans ``mixrl/`` for any private name of TRL's trainer, vLLM generation or vLLM client that is not
 listed here or in ``OVERRIDDEN``: a TRL upgrade that renames one fails there, with its name, not
-mid-training.
+mid-training. The scan (``tests/trl_scan.py``) resolves the receiver where the source says what it
+is: ``self._x`` in a class that derives from neither TRL nor transformers (nor is a mixin of such a
+class) is that class's own; ``trainer._x``, ``super()._x`` in a TRL-derived class and any receiver it
+cannot resolve count.
 
 Each entry: ``(owner, name, kind, who)``. ``owner`` is the dotted path of the class (or module)
 that defines ``name``; ``kind`` is ``"method"`` (called), ``"field"`` (read or written) or

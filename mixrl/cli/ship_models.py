@@ -1,7 +1,10 @@
 """Build the BPE built-in models' shipped weights (:mod:`mixrl.models.shipped` installs them)::
 
-    python -m mixrl.models.shipping            # trains the three at their recipes (or reuses the cache), writes shipped/
-    python -m mixrl.models.shipping --eval 256 # also prints held-out accuracy, float32 build vs shipped float16
+    python -m mixrl.cli.ship_models            # trains the three at their recipes (or reuses the cache), writes shipped/
+    python -m mixrl.cli.ship_models --eval 256 # also prints held-out accuracy, float32 build vs shipped float16
+
+A maintainer's command, not a ``mixrl`` subcommand: it builds (:mod:`mixrl.models`) and measures
+(:mod:`mixrl.evaluation.builtin_models`), so it sits above both.
 
 Deterministic: seeded, one CPU thread; on another CPU the float32 weights may differ in the last
 bits, so ``tests/test_shipped_models.py`` checks the hashes of the shipped files, not a rebuild.
@@ -22,11 +25,11 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from mixrl.evaluation.builtin_models import builtin_accuracy
 from mixrl.models import tiny_bpe, tiny_bpe_tools
 from mixrl.models.shipped import MANIFEST_FILE, NAMES, SHIPPED_DIR, WEIGHTS, manifest, sha256
-from mixrl.tasks import arith_tools
+
 
 def pack(name: str, built: Path, out: Path, *, meta_file: str) -> dict[str, Any]:
     """Write the float16 copy of the built model folder ``built`` to ``out/name``; its manifest entry."""
@@ -58,16 +61,8 @@ def _builders() -> dict[str, tuple[Any, str]]:
     }
 
 
-def _accuracy(name: str, path: Path, n: int) -> float:
-    if name == "tiny-bpe-tools":
-        tok = tiny_bpe_tools.set_templates(AutoTokenizer.from_pretrained(path))
-        model = AutoModelForCausalLM.from_pretrained(path)
-        return tiny_bpe_tools.call_accuracy(model, tok, arith_tools.heldout_split(n, levels=tiny_bpe_tools.WARM_START["levels"]))
-    return tiny_bpe.heldout_accuracy(path, n)["all"]
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mixrl.models.shipping", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m mixrl.cli.ship_models", description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=SHIPPED_DIR, help="where to write the shipped folders (default: %(default)s)")
     ap.add_argument("--only", nargs="*", choices=sorted(NAMES), default=sorted(NAMES), help="build these only")
     ap.add_argument("--eval", type=int, default=0, metavar="N",
@@ -90,8 +85,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 shutil.copytree(args.out / name, copy)
                 save_file({k: v.float() for k, v in load_file(copy / WEIGHTS).items()}, copy / WEIGHTS, metadata={"format": "pt"})
                 metric = "tool-call accuracy" if name == "tiny-bpe-tools" else "greedy accuracy, levels 1-4"
-                entry["eval"] = {"n": args.eval, "metric": metric, "build_float32": _accuracy(name, built, args.eval),
-                                 "shipped": _accuracy(name, copy, args.eval)}
+                entry["eval"] = {"n": args.eval, "metric": metric, "build_float32": builtin_accuracy(name, built, args.eval),
+                                 "shipped": builtin_accuracy(name, copy, args.eval)}
             print(f"{name}: held-out {entry['eval']}", file=sys.stderr)
         entries[name] = entry
     (args.out / MANIFEST_FILE).write_text(json.dumps(entries, indent=2, sort_keys=True) + "\n")

@@ -192,6 +192,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ generation (mixrl.trainer.trl_hooks.generation)
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        """TRL's single-turn generation inside the injections' ``after_generation`` hook."""
         return generation.single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
 
     def _tool_call_loop(self, prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields):
@@ -251,6 +252,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
         super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
+        """TRL's optimizer and scheduler, then mixrl's files of the checkpoint (its parts, counters, buffered batch)."""
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint:
             checkpoints.load(self, checkpoint)
@@ -282,6 +284,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
                              compute_entropy=compute_entropy, autocast=self.accelerator.autocast, padded=padded)
 
     def _compute_loss(self, model, inputs):
+        """The micro-batch's loss: ``mixrl.core.compute_objective`` over one forward per kind of row."""
         return loss.compute_loss(self, model, inputs)
 
     def training_step(self, model, inputs, num_items_in_batch):

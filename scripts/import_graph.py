@@ -177,16 +177,16 @@ def undeferred_imports(root: Path) -> list[str]:
 
 #: rooms inside a layer, with the modules (prefix match) they must not import, at module level or
 #: in a function: the trainer's parts and generation modules are handed what they need of TRL and
-#: of the trainer (mixrl.trainer.grpo and .assembly are the TRL glue that builds and calls them);
+#: of the trainer (mixrl.trainer.grpo, its .trl_hooks and .assembly are the TRL glue that builds and calls them);
 #: the run's state on disk (run directory, resume, checkpoint files) is read and written by the
 #: glue and the run, and knows neither TRL nor a part (a checkpoint gets parts as ``Stateful``);
 #: the vLLM plugin runs inside vLLM's own processes, which must load neither TRL nor the trainer
 ROOMS = {
-    "mixrl.trainer.parts": ("trl", "transformers", "mixrl.trainer.grpo", "mixrl.trainer.assembly", "mixrl.trainer.build",
-                            "mixrl.trainer.run"),
-    "mixrl.trainer.generation": ("trl", "transformers", "mixrl.trainer.grpo", "mixrl.trainer.assembly",
+    "mixrl.trainer.parts": ("trl", "transformers", "mixrl.trainer.grpo", "mixrl.trainer.trl_hooks", "mixrl.trainer.assembly",
+                            "mixrl.trainer.build", "mixrl.trainer.run"),
+    "mixrl.trainer.generation": ("trl", "transformers", "mixrl.trainer.grpo", "mixrl.trainer.trl_hooks", "mixrl.trainer.assembly",
                                  "mixrl.trainer.build", "mixrl.trainer.run", "mixrl.trainer.parts"),
-    "mixrl.trainer.state": ("trl", "transformers", "mixrl.trainer.grpo", "mixrl.trainer.assembly",
+    "mixrl.trainer.state": ("trl", "transformers", "mixrl.trainer.grpo", "mixrl.trainer.trl_hooks", "mixrl.trainer.assembly",
                             "mixrl.trainer.build", "mixrl.trainer.run", "mixrl.trainer.parts", "mixrl.trainer.generation"),
     "mixrl.vllm": ("trl", "mixrl.trainer"),
 }

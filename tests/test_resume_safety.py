@@ -117,7 +117,7 @@ def _record_trained_config(d: Path, step: int = 2) -> None:
     from omegaconf import OmegaConf
 
     from mixrl.trainer.state import checkpoint_state
-    from mixrl.trainer.grpo import RunProgress
+    from mixrl.trainer.trl_hooks.checkpoints import RunProgress
 
     cfg = OmegaConf.to_container(compose_config([*RUN, f"run_dir={d}"]), resolve=True)
     trainer = SimpleNamespace(mixrl_rollouts=8, mixrl_generated_tokens=80, micro_step_at_checkpoint=lambda: 4, mixrl_config=cfg)

@@ -16,6 +16,8 @@ from typing import Any
 from trl.models import unwrap_model_for_generation
 from trl.trainer.grpo_trainer import GRPOTrainer
 
+from mixrl.trainer.trl_hooks.generation import max_new_tokens
+
 
 @dataclass(frozen=True)
 class TrlHandles:
@@ -74,6 +76,6 @@ def from_trainer(trainer) -> TrlHandles:
         calculate_rewards=lambda *a: GRPOTrainer._calculate_rewards(trainer, *a),
         generate_one=lambda prompts: GRPOTrainer._generate_single_turn(trainer, prompts, None, {}, 1),
         tokenize_prompts=lambda prompts: trainer._tokenize_prompts(prompts)[0],
-        limit_new_tokens=trainer._max_new_tokens,
+        limit_new_tokens=lambda n: max_new_tokens(trainer, n),
         param_groups=lambda: trainer.optimizer.param_groups if trainer.optimizer is not None else None,
     )

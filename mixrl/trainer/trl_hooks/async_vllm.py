@@ -1,0 +1,54 @@
+"""``hardware.vllm_async=true``: TRL's vLLM client routed through the async part, and the generation
+batch scored under the weights of the version that generated it.
+
+Owns nothing: the async part (``t.parts.async_gen``, a
+:class:`~mixrl.trainer.generation.async_generation.AsyncPipeline`) owns the pipeline and the
+weight snapshots. Receives the trainer ``t`` (a :class:`~mixrl.trainer.grpo.MixrlGRPOTrainer`):
+its TRL ``vllm_generation`` (whose public ``generate`` / ``sync_weights`` it replaces, listed in
+:mod:`mixrl.trainer.trl_contract`), TRL's ``_last_loaded_step``, the step and the policy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from trl import GRPOTrainer
+
+from mixrl.trainer.generation.lagged_weights import swapped
+
+
+def wrap_vllm(t) -> None:
+    """Route TRL's vLLM calls through the async pipeline (server mode, one process)."""
+    a = t.parts.async_gen
+    t.vllm_generation.generate = lambda prompts, images, num_generations, profiler=None: a.engine_generate(
+        prompts, images, num_generations, training=t.model.training, step=t.state.global_step,
+        max_steps=t.state.max_steps)
+    t.vllm_generation.sync_weights = lambda: a.engine.sync(int(t.state.global_step), training=t.model.training)
+
+
+def generate_and_score(t, inputs) -> tuple[dict, int]:
+    """TRL's generation and scoring in async mode: push the weights first (when the step
+    changed), then score under the weights of the version that generated the batch, so that
+    ``old_per_token_logps`` (the behaviour log-probs) are that version's."""
+    a = t.parts.async_gen.engine
+    step = int(t.state.global_step)
+    if step != t._last_loaded_step:
+        t.vllm_generation.sync_weights()
+        t._last_loaded_step = step
+    expected = a.expected_version()
+    with weights_of_version(t, expected):
+        out = GRPOTrainer._generate_and_score_completions(t, inputs)
+        version = a.last_version
+        if version != expected:  # the batch in flight was for other prompts (dropped): TRL scored under other weights
+            out["old_per_token_logps"] = None
+    if out.get("old_per_token_logps") is None:
+        with weights_of_version(t, version):
+            out["old_per_token_logps"] = t.parts.forwards.behaviour_logps(t.model, out)
+    return out, version
+
+
+def weights_of_version(t, version: int):
+    """The trainable weights of policy ``version`` swapped in (nothing to do for the current step)."""
+    if version == int(t.state.global_step):
+        return contextlib.nullcontext()
+    return swapped(t._params(), t.parts.async_gen.engine.weights_of(version))

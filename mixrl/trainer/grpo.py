@@ -67,12 +67,12 @@ from trl import GRPOTrainer
 from mixrl.core import ADVANTAGES
 from mixrl.core.advantages import advantage_needs
 from mixrl.core import provenance as prov
-from mixrl.core.objective import Objective, compute_objective
+from mixrl.core.objective import compute_objective
 from mixrl.core.token_budget import padding_fraction
 from mixrl.sources.base import Rollouts
 from mixrl.sources.rows import splice_prefixes
 from mixrl.trainer import trl_handles
-from mixrl.trainer.assembly import build_parts
+from mixrl.trainer.assembly import build_parts, wrap_generation
 from mixrl.trainer.generation import engine_sync
 from mixrl.trainer.generation.lagged_weights import swapped, trainable
 from mixrl.trainer.magnitude import check_step
@@ -85,6 +85,7 @@ from mixrl.trainer.parts.sampler_rounds import Round
 from mixrl.trainer.parts.token_budget import forward_tokens
 from mixrl.trainer.parts.token_credit import token_credit_inputs
 from mixrl.trainer.parts.turn_credit import local_advantages, turn_inputs, turn_metrics
+from mixrl.trainer.parts_spec import PartsSpec
 from mixrl.trainer.tool_rows import finished_trajectories
 from mixrl.trainer.sample_log import capture_rows
 from mixrl.trainer.state import checkpoint_state
@@ -106,53 +107,17 @@ OVERRIDDEN = (
 class MixrlGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose advantage and loss come from ``mixrl.core`` registries.
 
-    Extra constructor arguments (what the config asked for; each becomes a part, or None: off):
-        objective: the :class:`mixrl.core.objective.Objective` built from ``cfg.algo``.
-        advantage: ``(name, params, include_offpolicy)`` for ``mixrl.core.ADVANTAGES``.
-        injections: ``mixrl.sources`` injections (each holding its source), called in order.
-        controller: an optional ``mixrl.core.CONTROLLERS`` instance.
-        teacher: the ``teacher`` node's teacher (:mod:`mixrl.sources.teacher`), or None.
-        staleness: ``trainer.staleness`` (0: generate with the current weights).
-        async_generation: k > 0: the vLLM server generates ahead, rows at most k versions old.
-        sampler: an optional :class:`mixrl.sampler.runtime.Sampler` (``sampler_length``: its
-            max-completion-length schedule, or None).
-        critic: ``algo.critic`` as a dict (a learned critic for ``advantage gae``), or None.
-        padding_free: ``trainer.padding_free`` (``auto`` | ``true`` | ``false``): every forward's rows
-            packed into one sequence (:mod:`mixrl.trainer.parts.packing`).
-        token_budget: ``{"budget", "packed", "scoring_batch_size"}`` (``trainer.max_tokens_per_micro_batch``), or None.
+    Its one constructor argument beyond TRL's: ``spec``, a :class:`~mixrl.trainer.parts_spec.PartsSpec`
+    (what the config asked for; each part it names is built, or None: off), kept as ``self.spec``.
     """
 
-    #: mean |Δ log p| between vLLM and the trainer above which a weight sync is broken (mixrl.trainer.generation.engine_sync)
-    vllm_sync_tolerance: float | None = engine_sync.DEFAULT_TOLERANCE
-    #: rows of each training batch kept for samples.jsonl (set by SampleLogCallback; 0: none), their texts cut to this many characters
-    mixrl_sample_rows: int = 0
-    mixrl_sample_chars: int = 1000
-    mixrl_samples: list | None = None
-    #: the run's config (set by mixrl.trainer.run), recorded in each checkpoint: a resume of an edited config.yaml is refused
-    mixrl_config: dict | None = None
     #: the parts (mixrl.trainer.parts.Parts), built once TRL's __init__ has run (mixrl.trainer.assembly.build_parts)
     parts: Any = None
 
-    def __init__(
-        self,
-        *args,
-        objective: Objective,
-        advantage: tuple[str, dict, bool],
-        injections: list | None = None,
-        controller: Any = None,
-        teacher: Any = None,
-        staleness: int = 0,
-        async_generation: int = 0,
-        sampler: Any = None,
-        sampler_length: Any = None,
-        critic: dict | None = None,
-        padding_free: str = "false",
-        token_budget: dict | None = None,
-        shaping: tuple | None = None,
-        **kwargs,
-    ):
-        self.objective = objective
-        self.advantage_name, self.advantage_params, self.advantage_include_offpolicy = advantage
+    def __init__(self, *args, spec: PartsSpec, **kwargs):
+        self.spec = spec  # read only: nothing sets the trainer's settings after construction
+        self.objective = spec.objective
+        self.advantage_name, self.advantage_params, self.advantage_include_offpolicy = spec.advantage
         # the run's counters (checkpointed as the "progress" state)
         self.mixrl_rollouts = 0  # on-policy rollouts generated for training, all processes
         self.mixrl_generated_tokens = 0  # completion tokens of those rollouts (padding excluded), all processes
@@ -166,11 +131,11 @@ class MixrlGRPOTrainer(GRPOTrainer):
         self._mixrl_tokens = [0, 0]
         self._mixrl_seconds = [0.0, 0.0]
         self._mixrl_chunk: tuple[int, int] | None = None  # (index, count) of the token-budget micro-batch in flight
+        if spec.episodes is not None:  # env=<environment>: TRL's rollout_func, the episodes handed back to _keep_episodes
+            kwargs["rollout_func"] = lambda prompts, trainer: self._keep_episodes(
+                spec.episodes(prompts, trainer, rows=self._mixrl_batch_inputs))
         super().__init__(*args, **kwargs)
-        self.parts = build_parts(trl_handles.from_trainer(self), objective=objective, advantage=advantage, injections=injections or [],
-                                 controller=controller, teacher=teacher, staleness=staleness,
-                                 async_generation=async_generation, sampler=sampler, sampler_length=sampler_length,
-                                 critic=critic, token_budget=token_budget, shaping=shaping, padding_free=padding_free)
+        self.parts = build_parts(trl_handles.from_trainer(self), spec)
         if self.parts.async_gen is not None:
             self._wrap_vllm_for_async()
         self._mixrl_turn_marks = assistant_turn_marks(self.processing_class) if self.tools else None
@@ -179,6 +144,14 @@ class MixrlGRPOTrainer(GRPOTrainer):
         for model in (self.model, self.ref_model, *(self.parts.teachers.frozen if self.parts.teachers else [])):
             if model is not None:  # decided (true: refused, auto: said) now, not at the first forward
                 self.parts.packing.reason(model)
+        self.generation_wrap = wrap_generation(self.accelerator.unwrap_model(self.model), spec.generation)  # shared-prefill; continuous: per-call cache size
+
+    def _keep_episodes(self, batch) -> dict:
+        """An environment's episodes (:class:`mixrl.trainer.env_rollout.EpisodeBatch`): their provenance kept
+        for this generation batch, their metrics logged; TRL gets its rollout dict."""
+        self._mixrl_rollouts = batch.rollouts
+        self._log("train", batch.metrics)
+        return batch.trl
 
     # ------------------------------------------------------------------ small helpers
     def _log(self, mode: str, metrics: dict) -> None:
@@ -341,7 +314,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
             self.generation_config.max_new_tokens, self.generation_kwargs = saved[0], saved[1]
 
     def _check_engine_sync(self, out: dict, mode: str) -> None:
-        metrics = engine_sync.check(out, accelerator=self.accelerator, tolerance=self.vllm_sync_tolerance,
+        metrics = engine_sync.check(out, accelerator=self.accelerator, tolerance=self.spec.sync_tolerance,
                                     step=self.state.global_step,
                                     own_logps=lambda batch: self.parts.forwards.behaviour_logps(self.model, batch))
         self._log(mode, metrics)
@@ -366,7 +339,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
         rewards = p.scoring.weighted(rpf)
         ctx = self._context()
         ctx.primary_rewards = rpf[:, 0]
-        scored_sources = out["row_source"].clone() if training and self.mixrl_sample_rows > 0 else None  # samples.jsonl: rows rewritten after scoring
+        scored_sources = out["row_source"].clone() if training and self.spec.samples is not None else None  # samples.jsonl: rows rewritten after scoring
         if training:
             ctx.batch = out  # an injection may rewrite local rows (refill a group) before advantages
             rewards = p.injections.after_rewards(ctx, inputs, rewards)
@@ -472,13 +445,13 @@ class MixrlGRPOTrainer(GRPOTrainer):
         if not training:
             return
         self._log(mode, self.parts.injections.metrics())
-        if self.mixrl_sample_rows > 0:
-            self.mixrl_samples = capture_rows(
+        if (tap := self.spec.samples) is not None:
+            tap.keep(capture_rows(
                 out, tokenizer=self.processing_class, rewards=rewards, rewards_per_func=self._mixrl_rewards_per_func,
-                reward_names=list(self.reward_func_names), start=start, n=self.mixrl_sample_rows,
-                max_chars=self.mixrl_sample_chars, n_local_scored=out["completion_ids"].shape[0],
+                reward_names=list(self.reward_func_names), start=start, n=tap.rows,
+                max_chars=tap.chars, n_local_scored=out["completion_ids"].shape[0],
                 guided=self._mixrl_rollouts.guided if self._mixrl_rollouts is not None else None, scored_sources=scored_sources,
-            )
+            ))
 
     def _log_rows_per_source(self, out: dict, mode: str) -> None:
         """``<source>/rows``: rows of each selected off-policy source in the global batch."""
@@ -625,7 +598,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
             turn_ids=inputs.get("turn_id"),  # multi-turn rows: the policy's turns (turn-level losses)
         )
         if mode == "train":
-            check_step(self, inputs, metrics)  # an advantage or loss term out of bounds stops the run (mixrl.trainer.magnitude)
+            check_step(self.spec.magnitude, inputs, metrics, step=int(self.state.global_step) + 1, learning_rate=float(self.args.learning_rate))  # out of bounds: stop (mixrl.trainer.magnitude)
             if p.controller is not None:
                 last = micro == parts - 1 if self._mixrl_chunk else self.accelerator.sync_gradients
                 p.controller.step_end(metrics, sync_gradients=last)
@@ -711,9 +684,9 @@ class RunProgress:
         t = self.trainer
         return {"rollouts": int(t.mixrl_rollouts), "generated_tokens": int(t.mixrl_generated_tokens),
                 "micro_step": int(t.micro_step_at_checkpoint()),
-                # the config this checkpoint was trained under (set by mixrl.trainer.run): a resume whose
+                # the config this checkpoint was trained under (mixrl train's spec.config): a resume whose
                 # config.yaml was edited since is refused (mixrl.trainer.state.resume.check_trained_config)
-                **({"config": t.mixrl_config} if t.mixrl_config is not None else {})}
+                **({"config": t.spec.config} if t.spec.config is not None else {})}
 
     def load_state_dict(self, state: dict) -> None:
         t = self.trainer  # the counters themselves are restored by mixrl.trainer.state.resume.load_run_state before training

@@ -100,15 +100,16 @@ def _mixrl(cfg, out_dir: Path):
     from mixrl.trainer import build
     from mixrl.trainer.callbacks import MetricsJsonlCallback
 
+    # the fake engine log-probs differ from the trainer's on purpose (a known perturbation), which the
+    # weight-sync check (mixrl.trainer.generation.engine_sync) would rightly stop as a broken sync: log only
+    cfg = OmegaConf.merge(cfg, {"hardware": {"vllm_sync_tolerance": float("inf")}})
     trainer = build.trainer_from_config(
         cfg, run_dir=out_dir, callbacks=[MetricsJsonlCallback(out_dir / "metrics.jsonl")],  # as mixrl train writes it
     )
+    assert trainer.spec.sync_tolerance == float("inf")
     # the objective mixrl builds when vLLM generates (the trainer was built with vLLM off)
     vllm_cfg = OmegaConf.merge(cfg, {"hardware": {"use_vllm": True}})
     trainer.objective = build_objective(vllm_cfg)
-    # the fake engine log-probs differ from the trainer's on purpose (a known perturbation), which the
-    # weight-sync check (mixrl.trainer.generation.engine_sync) would rightly stop as a broken sync: log only
-    trainer.vllm_sync_tolerance = float("inf")
     return trainer
 
 

@@ -257,19 +257,15 @@ def test_two_steps_of_each_preset_on_the_toy_environment(tmp_path, algo, metric)
 
 # ----------------------------------------------------------------------------- the rollout function, end to end
 class _FakeTrainer:
-    """What :func:`mixrl.trainer.env_rollout.episode_rollouts` reads of the trainer; generation is scripted."""
+    """What :func:`mixrl.trainer.env_rollout.episode_rollouts` reads of the trainer (it writes nothing
+    there: the rows' provenance and the metrics come back in its EpisodeBatch); generation is scripted."""
 
     def __init__(self, tok, prompts, num_generations):
-        from collections import defaultdict
-
         class _M:
             training = True
 
         self.processing_class, self.model, self.num_generations = tok, _M(), num_generations
-        self._mixrl_batch_inputs = [{"prompt": p} for p in prompts]
         self.chat_template_kwargs, self.eos_token_ids, self.max_completion_length = {}, [tok.eos_token_id], 96
-        self._metrics = {"train": defaultdict(list)}
-        self._mixrl_rollouts = None
 
 
 def _scripted(tok, answer):
@@ -299,19 +295,19 @@ def test_the_rollout_function_patches_and_marks_the_patched_turns(tok, monkeypat
     cfg = compose_config(["algo=uis1"])
     prompts = [tiny_bpe.chat_messages("3+5+2=")]
     trainer = _FakeTrainer(tok, prompts, 1)
-    out = episode_rollouts(cfg)(prompts, trainer)
+    out, rollouts, metrics = episode_rollouts(cfg)(prompts, trainer, rows=[{"prompt": p} for p in prompts])
     # two diverging actions, each patched (threshold 2): #### 0, expert: #### 8, +2, #### 0, expert: #### 10 (the last step: done)
     text = tok.decode(out["completion_ids"][0])
     assert text == ("#### 0<|im_end|>\n<|im_start|>user\nexpert:<|im_end|>\n<|im_start|>assistant\n#### 8<|im_end|>"
                     "\n<|im_start|>user\n+2<|im_end|>\n<|im_start|>assistant\n#### 0<|im_end|>"
                     "\n<|im_start|>user\nexpert:<|im_end|>\n<|im_start|>assistant\n#### 10<|im_end|>")
     assert out["turn_rewards"] == [pytest.approx([0.1, 0.1])] and out["turn_matched"] == [[False, False]]
-    src = trainer._mixrl_rollouts.token_source[0]
+    src = rollouts.token_source[0]
     patched = tok.decode([t for t, s in zip(out["completion_ids"][0], src) if s == P])
     own = tok.decode([t for t, s in zip(out["completion_ids"][0], src) if s == O])
     assert patched == "#### 8<|im_end|>#### 10<|im_end|>" and own == "#### 0<|im_end|>#### 0<|im_end|>"
     assert [m for m, s in zip(out["env_mask"][0], src) if s != O] == [0] * (len(src) - sum(out["env_mask"][0]))
-    assert trainer._metrics["train"]["episode/patches"] == [2.0]
+    assert metrics == {"episode/patches": 2.0}
 
 
 def test_the_rollout_function_self_rolls_caches_and_injects_a_reachable_episode(tok, monkeypatch):
@@ -331,17 +327,17 @@ def test_the_rollout_function_self_rolls_caches_and_injects_a_reachable_episode(
     rollout = episode_rollouts(compose_config(["algo=bepa"]))
     prompts = [tiny_bpe.chat_messages("3+5+2=")] * 2
     trainer = _FakeTrainer(tok, prompts, 2)
-    out = rollout(prompts, trainer)
+    out, r, metrics = rollout(prompts, trainer, rows=[{"prompt": p} for p in prompts])
     # both own episodes fail; the plan-conditioned one solves (#### 8, +2, #### 10) and replaces the group's last row
     assert out["env_return"] == pytest.approx([0.1, 2.0])
     assert tok.decode(out["completion_ids"][1]) == "#### 8<|im_end|>\n<|im_start|>user\n+2<|im_end|>\n<|im_start|>assistant\n#### 10<|im_end|>"
     assert "plan" not in tok.decode(out["prompt_ids"][1])  # trained under the plain prompt
-    r = trainer._mixrl_rollouts
+    assert metrics == {"episode/cached_tasks": 1.0, "episode/injected_rows": 1.0}
     assert r.row_source == [O, R] and r.guided == [0, 2] and set(r.token_source[1]) == {R, E}
     # the next batch: the cache feeds the failed group without a new self-roll (the plan never reaches the generator)
     monkeypatch.setattr(GRPOTrainer, "_generate_single_turn", _scripted(tok, lambda text: "#### 0" if " plan:" not in text else 1 / 0))
-    out = rollout(prompts, trainer)
-    assert out["env_return"] == pytest.approx([0.1, 2.0]) and trainer._mixrl_rollouts.row_source == [O, R]
+    out, r, _ = rollout(prompts, trainer)  # rows left out: the prompts alone
+    assert out["env_return"] == pytest.approx([0.1, 2.0]) and r.row_source == [O, R]
 
 
 def test_bepa_judges_only_whole_groups():

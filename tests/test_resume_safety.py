@@ -120,7 +120,8 @@ def _record_trained_config(d: Path, step: int = 2) -> None:
     from mixrl.trainer.trl_hooks.checkpoints import RunProgress
 
     cfg = OmegaConf.to_container(compose_config([*RUN, f"run_dir={d}"]), resolve=True)
-    trainer = SimpleNamespace(mixrl_rollouts=8, mixrl_generated_tokens=80, micro_step_at_checkpoint=lambda: 4, mixrl_config=cfg)
+    trainer = SimpleNamespace(mixrl_rollouts=8, mixrl_generated_tokens=80, micro_step_at_checkpoint=lambda: 4,
+                              spec=SimpleNamespace(config=cfg))
     checkpoint_state.save(str(d / "trainer" / f"checkpoint-{step}"), {"progress": RunProgress(trainer)}, rank=0, should_save=True)
 
 

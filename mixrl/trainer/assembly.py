@@ -2,8 +2,9 @@
 
 :func:`mixrl.trainer.build.trainer_from_config` turns the config into the objects a run is made
 of (the objective, the injections, the controller, the teacher spec, the sampler, the critic's
-config node, ``trainer.staleness``, ``hardware.vllm_async``) and hands them to
-:class:`~mixrl.trainer.grpo.MixrlGRPOTrainer`. Once TRL's ``GRPOTrainer.__init__`` has built
+config node, ``trainer.staleness``, ``hardware.vllm_async``), names them once in a
+:class:`~mixrl.trainer.parts_spec.PartsSpec` and hands it to
+:class:`~mixrl.trainer.grpo.MixrlGRPOTrainer` (``spec=``). Once TRL's ``GRPOTrainer.__init__`` has built
 the policy, the accelerator and the reward functions, the trainer calls :func:`build_parts`,
 which builds every part (:mod:`mixrl.trainer.parts`) and gives each, as keyword arguments, only
 what it needs of TRL: values, and TRL's functions as callables. This module and
@@ -23,7 +24,7 @@ Order (each step needs the ones above it):
 6. Asynchronous generation: it wraps TRL's vLLM client, already built.
 7. Token-budget micro-batches (``trainer.max_tokens_per_micro_batch``).
 
-:func:`wrap_generation` (called by ``trainer_from_config`` once the trainer exists) wraps the
+:func:`wrap_generation` (called by the trainer's ``__init__`` after :func:`build_parts`) wraps the
 policy's generation for ``trainer.generation``: shared prefill, or the continuous engine's cache
 sized per call.
 """
@@ -60,6 +61,7 @@ from mixrl.trainer.parts.sampler_rounds import SamplerRounds
 from mixrl.trainer.parts.scoring import Scoring
 from mixrl.trainer.parts.teacher import SELF, Teachers
 from mixrl.trainer.parts.token_budget import TokenBudget
+from mixrl.trainer.parts_spec import PartsSpec
 from mixrl.trainer.trl_handles import TrlHandles
 
 
@@ -80,18 +82,16 @@ def load_teacher_models(teacher, *, policy_dtype, device, temperature: float, ca
     return models
 
 
-def build_parts(h: TrlHandles, *, objective, advantage: tuple[str, dict, bool], injections: list, controller=None, teacher=None,
-                staleness: int = 0, async_generation: int = 0, sampler=None, sampler_length=None,
-                critic: dict | None = None, token_budget: dict | None = None, shaping: tuple | None = None,
-                padding_free: str = "false") -> Parts:
+def build_parts(h: TrlHandles, spec: PartsSpec) -> Parts:
     """Every part, from the handles of a trainer whose TRL ``__init__`` has run
     (:func:`mixrl.trainer.trl_handles.from_trainer`), in the order of the module docstring. No part
-    sees the trainer. The keyword arguments are what the config asked for (None / 0: off)."""
+    sees the trainer. ``spec``: what the config asked for (a field None / 0: that part is off)."""
     args, tok, device = h.args, h.tokenizer, h.device
-    _, advantage_params, include_offpolicy = advantage
+    objective, token_budget = spec.objective, spec.token_budget
+    _, advantage_params, include_offpolicy = spec.advantage
 
     # 0. padding-free rows (trainer.padding_free): every forward's, the critic's too; auto says once per model why not
-    packing = Packing(padding_free, say=lambda text: print(text) if int(os.environ.get("RANK", "0")) == 0 else None)
+    packing = Packing(spec.padding_free, say=lambda text: print(text) if int(os.environ.get("RANK", "0")) == 0 else None)
 
     # 1. forwards and scoring
     forwards = Forwards(
@@ -109,39 +109,39 @@ def build_parts(h: TrlHandles, *, objective, advantage: tuple[str, dict, bool], 
     )
 
     # 2. teachers, then TRL's LM-head tile for the policy and them
-    teachers = _teachers(h, teacher, objective, forwards) if teacher is not None else None
+    teachers = _teachers(h, spec.teacher, objective, forwards) if spec.teacher is not None else None
     fit_tile_to_vocab([h.unwrap(h.policy), *(teachers.frozen if teachers is not None else [])])
 
     # 3. the critic
     critic_part = None
-    if critic is not None:
-        critic_part = Critic.from_policy(critic, policy=h.unwrap(h.policy), device=device,
+    if spec.critic is not None:
+        critic_part = Critic.from_policy(spec.critic, policy=h.unwrap(h.policy), device=device,
                                          advantage_params=advantage_params, include_offpolicy=include_offpolicy,
                                          reward_funcs=h.reward_funcs, reward_weights=h.reward_weights,
                                          batch_size=forwards.batch_size, packing=packing)
 
     # 4. sampler, controller, lagged weights, ReMax
     sampler_part = None
-    if sampler is not None:
-        sampler_part = SamplerRounds(sampler, sampler_length, dataset=h.train_dataset,
+    if spec.sampler is not None:
+        sampler_part = SamplerRounds(spec.sampler, spec.sampler_length, dataset=h.train_dataset,
                                      num_generations=h.num_generations, pad_token_id=tok.pad_token_id,
                                      weigh=scoring.weighted)
     controller_part = None
-    if controller is not None:
+    if spec.controller is not None:
         controller_part = ControllerSteps(
-            controller, policy_tokens=next((t.tokens for t in objective.terms if t.kind == "policy"), ("on_policy",)),
+            spec.controller, policy_tokens=next((t.tokens for t in objective.terms if t.kind == "policy"), ("on_policy",)),
             reduce_sum=sum_over_processes if h.num_processes > 1 else None,  # torch.distributed all-reduce
             reduce_mean=lambda t: h.reduce(t, "mean"), gather=h.gather, device=device, param_groups=h.param_groups,
         )
-    lag = LaggedWeights(staleness) if int(staleness) > 0 else None
+    lag = LaggedWeights(spec.staleness) if int(spec.staleness) > 0 else None
     remax = None
-    if "baseline_rewards" in advantage_needs(ADVANTAGES.get(advantage[0])):
+    if "baseline_rewards" in advantage_needs(ADVANTAGES.get(spec.advantage[0])):
         remax = RemaxBaseline(eos_token_ids=h.eos_token_ids, scoring=scoring, process_index=h.process_index,
                               for_generation=h.for_generation)
 
     # 5. the injections' context
     inject = Injections(
-        list(injections or []), tokenizer=tok, process_index=h.process_index, num_processes=h.num_processes,
+        list(spec.injections), tokenizer=tok, process_index=h.process_index, num_processes=h.num_processes,
         num_generations=h.num_generations, max_completion_length=h.max_completion_length, device=device,
         tokenize_prompts=h.tokenize_prompts, gather=h.gather,
         # TRL's own generation (not mixrl's override): vLLM, sampling settings and EOS handling are the rollouts'
@@ -157,9 +157,9 @@ def build_parts(h: TrlHandles, *, objective, advantage: tuple[str, dict, bool], 
     # 6.-8. asynchronous generation (TRL's vLLM client, wrapped), token-budget micro-batches, the post-advantage shaping
     return Parts(forwards=forwards, scoring=scoring, injections=inject, packing=packing, teachers=teachers, critic=critic_part,
                  remax=remax, sampler=sampler_part, controller=controller_part, lag=lag,
-                 async_gen=_async_generation(h, int(async_generation)) if int(async_generation) else None,
+                 async_gen=_async_generation(h, int(spec.async_generation)) if int(spec.async_generation) else None,
                  budget=_token_budget(h, token_budget) if token_budget is not None else None,
-                 shaping=_shaping(h, shaping, forwards) if shaping is not None else None)
+                 shaping=_shaping(h, spec.shaping, forwards) if spec.shaping is not None else None)
 
 
 def _teachers(h: TrlHandles, teacher, objective, forwards: Forwards) -> Teachers:
@@ -218,12 +218,12 @@ def _token_budget(h: TrlHandles, token_budget: dict) -> TokenBudget:
                        reduce_max=reduce_max, scoring_batch_size=token_budget.get("scoring_batch_size"))
 
 
-def wrap_generation(trainer, generation: str) -> SharedPrefill | PagedCacheSizing | None:
+def wrap_generation(model, generation: str) -> SharedPrefill | PagedCacheSizing | None:
     """The policy's generation as ``trainer.generation`` asks beyond TRL's flags
     (:func:`mixrl.config.generation.generation_args`): ``shared-prefill`` wraps its ``generate``
     (each group's prompt prefilled once), ``continuous`` sizes the engine's paged cache per call (it
-    acts where the config sets ``num_blocks``: on CPU). None: nothing installed."""
-    model = trainer.accelerator.unwrap_model(trainer.model)
+    acts where the config sets ``num_blocks``: on CPU). ``model``: the policy without its wrappers.
+    None: nothing installed."""
     if generation == "shared-prefill":
         return SharedPrefill(model, new_cache=lambda: DynamicCache(config=model.config.get_text_config(decoder=True)))
     if generation == "continuous":

@@ -25,15 +25,17 @@ from mixrl.config.generation import resolve_generation
 from mixrl.config.geometry import Geometry, geometry
 from mixrl.config.sampler import build_sampler
 from mixrl.errors import ConfigError
-from mixrl.trainer.env_rollout import env_trainer_kwargs
+from mixrl.trainer.env_rollout import env_episodes, env_trainer_kwargs
 from mixrl.config.checks import check_train_size, check_training_data, row_texts
 from mixrl.config.builders import build_controller, build_injection, build_objective, build_source, build_teacher
 from mixrl.config.shaping import shaping_spec
 from mixrl.rewards.components import heldout_reward
 from mixrl.trainer.generation.engine_sync import default_tolerance
 from mixrl.trainer.magnitude import MagnitudeBounds
+from mixrl.trainer.parts_spec import PartsSpec
 from mixrl.trainer.policy_model import extend_tiny, load_tokenizer, resolve_model_path, tiny_missing_characters
 from mixrl.trainer.reward_funcs import build_reward_funcs
+from mixrl.trainer.sample_log import SampleTap
 from mixrl.trainer.trl_args import grpo_args, peft_config  # noqa: F401  (build.grpo_args: the bench and the tests read it through build)
 from mixrl.trainer.rows import describe_heldout, heldout_rows, load_eval_rows
 from mixrl.trainer.rows import load_train_rows  # noqa: F401  (build.load_train_rows: the tests read the rows through build)
@@ -192,7 +194,8 @@ def check_padding_free(cfg: DictConfig, model_path: str) -> None:
 
 # --------------------------------------------------------------------------- the trainer
 def trainer_from_config(cfg: DictConfig, *, inputs: RunInputs | None = None, callbacks: list | None = None,
-                        run_dir: str | Path | None = None, console: Console | None = None, **arg_overrides):
+                        run_dir: str | Path | None = None, console: Console | None = None, for_run: bool = False,
+                        **arg_overrides):
     """The ``MixrlGRPOTrainer`` of a config, as ``mixrl train`` builds it: TRL arguments
     (:func:`grpo_args`), source and injection, teacher, objective, advantage and controller all
     come from ``cfg``. ``inputs``: what :func:`prepare_inputs` loaded (``mixrl train`` prepares
@@ -200,13 +203,14 @@ def trainer_from_config(cfg: DictConfig, *, inputs: RunInputs | None = None, cal
     threads, model, rows and rewards, without the data checks that only refuse: a unit test may
     build a trainer for a config ``mixrl train`` would refuse; ``console`` shows the notes,
     silent by default). ``run_dir``: where TRL
-    writes checkpoints (default ``cfg.run_dir``); ``arg_overrides`` set extra ``GRPOConfig``
-    fields (the benchmark's ``generation_kwargs``)."""
+    writes checkpoints (default ``cfg.run_dir``); ``for_run`` (``mixrl train``): each checkpoint records
+    the config (a resume of an edited config.yaml is refused) and the trainer keeps
+    ``logger.samples_per_step`` rows of each batch for ``samples.jsonl``; ``arg_overrides`` set extra
+    ``GRPOConfig`` fields (the benchmark's ``generation_kwargs``)."""
     from transformers import PrinterCallback  # deferred: transformers is heavy; the light commands (--help, config show, plan) never load it
 
     from mixrl.trainer.update_hooks import add_update_hooks  # deferred: loaded with the trainer (SFPO's callback imports transformers)
     from mixrl.trainer.grpo import MixrlGRPOTrainer  # deferred: trainer.grpo imports trl and transformers; `mixrl plan` imports this module and must not load them
-    from mixrl.trainer.assembly import wrap_generation  # deferred: imports transformers, as trainer.grpo
 
     if inputs is None:
         inputs = prepare_inputs(cfg, console or Console(quiet=True), check=False)
@@ -234,35 +238,51 @@ def trainer_from_config(cfg: DictConfig, *, inputs: RunInputs | None = None, cal
     tools = env_tools(cfg)
     if tools:
         args.max_tool_calling_iterations = cfg.env.max_tool_calls  # TRL's tool loop: rounds per rollout (None: no limit)
+    spec = parts_spec(cfg, geom, injection=injection, teacher=teacher, sampler=sampler, sampler_length=sampler_length,
+                      model_path=model_path, for_run=for_run)
     with _colocated_engine(cfg, model_path):
         trainer = MixrlGRPOTrainer(
             model=model_path,
-            **env_trainer_kwargs(cfg, args, inputs.reward_funcs, tools),  # the task's reward, tools, or an environment's episodes
+            **env_trainer_kwargs(cfg, args, inputs.reward_funcs, tools),  # the task's reward and tools, or an environment's return
             args=args,
             train_dataset=train_ds,
             processing_class=tokenizer,
             peft_config=peft_config(cfg),
             callbacks=list(callbacks or []),
-            objective=build_objective(cfg),
-            advantage=advantage_spec(cfg),
-            shaping=shaping_spec(cfg),
-            injections=[injection],
-            controller=build_controller(cfg),
-            teacher=teacher,
-            staleness=int(cfg.trainer.get("staleness", 0) or 0),
-            async_generation=int(cfg.hardware.get("vllm_async_max_staleness", 1)) if cfg.hardware.get("vllm_async", False) else 0,
-            sampler=sampler,
-            sampler_length=sampler_length,
-            critic=OmegaConf.to_container(cfg.algo.critic, resolve=True) if cfg.algo.get("critic") is not None else None,
-            padding_free=packing_mode(cfg),
-            token_budget=token_budget_spec(cfg, geom),
+            spec=spec,
         )
-    trainer.vllm_sync_tolerance = _sync_tolerance(cfg, model_path)  # checked after every weight sync (engine_sync)
-    trainer.magnitude_bounds = MagnitudeBounds.from_config(cfg.trainer)  # checked every micro-batch (mixrl.trainer.magnitude)
     trainer.remove_callback(PrinterCallback)  # mixrl prints its own progress and summary
     add_update_hooks(trainer, cfg)  # SFPO's reposition (algo.reposition), ALP's layer noise (algo.perturbation)
-    trainer.generation_wrap = wrap_generation(trainer, resolve_generation(cfg))  # shared-prefill; continuous: per-call cache size
     return trainer
+
+
+def parts_spec(cfg: DictConfig, geom: Geometry, *, injection, teacher, sampler, sampler_length, model_path: str,
+               for_run: bool = False) -> PartsSpec:
+    """What the trainer is built with (:class:`~mixrl.trainer.parts_spec.PartsSpec`), from ``cfg`` and
+    the objects :func:`trainer_from_config` built (the injection, the teacher, the sampler); ``for_run``:
+    :func:`trainer_from_config`'s."""
+    samples = int(cfg.logger.samples_per_step) if for_run else 0
+    return PartsSpec(
+        objective=build_objective(cfg),
+        advantage=advantage_spec(cfg),
+        shaping=shaping_spec(cfg),
+        injections=(injection,),
+        controller=build_controller(cfg),
+        teacher=teacher,
+        staleness=int(cfg.trainer.get("staleness", 0) or 0),
+        async_generation=int(cfg.hardware.get("vllm_async_max_staleness", 1)) if cfg.hardware.get("vllm_async", False) else 0,
+        sampler=sampler,
+        sampler_length=sampler_length,
+        critic=OmegaConf.to_container(cfg.algo.critic, resolve=True) if cfg.algo.get("critic") is not None else None,
+        padding_free=packing_mode(cfg),
+        token_budget=token_budget_spec(cfg, geom),
+        sync_tolerance=_sync_tolerance(cfg, model_path),  # checked after every weight sync (engine_sync)
+        magnitude=MagnitudeBounds.from_config(cfg.trainer),  # checked every micro-batch (mixrl.trainer.magnitude)
+        generation=resolve_generation(cfg),  # shared-prefill; continuous: per-call cache size (assembly.wrap_generation)
+        config=OmegaConf.to_container(cfg, resolve=True) if for_run else None,
+        samples=SampleTap(samples, int(cfg.logger.samples_max_chars)) if samples > 0 else None,  # for samples.jsonl
+        episodes=env_episodes(cfg),  # an environment's episodes (mixrl.trainer.env_rollout), or None
+    )
 
 
 def env_tools(cfg: DictConfig) -> list:

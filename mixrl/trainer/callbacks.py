@@ -161,8 +161,9 @@ class RichProgressCallback(TrainerCallback):
 class SampleLogCallback(TrainerCallback):
     """What the model writes -> ``samples.jsonl`` (:mod:`mixrl.trainer.sample_log`) and the trackers.
 
-    At each logged step: the rows the trainer kept of its last generation batch
-    (``trainer.mixrl_samples``, ``per_step`` of them, :func:`~mixrl.trainer.sample_log.capture_rows`),
+    At each logged step: the rows the trainer kept of its last generation batch (taken from ``tap``,
+    the trainer's ``spec.samples``, :class:`~mixrl.trainer.sample_log.SampleTap`; None: no training rows;
+    :func:`~mixrl.trainer.sample_log.capture_rows`),
     and the examples of a held-out evaluation made since (``eval_examples()``: ``(step, examples)``
     or None, e.g. :attr:`mixrl.evaluation.periodic.PeriodicEvalCallback.last_examples`). The same
     rows go to the trackers: a ``wandb.Table`` (``samples/train``, ``samples/eval``) when W&B
@@ -171,11 +172,11 @@ class SampleLogCallback(TrainerCallback):
     ``trainer``: the trainer (the callback is built once it exists, :func:`mixrl.trainer.run_steps.attach_callbacks`).
     """
 
-    def __init__(self, run_dir: Path, *, trainer, per_step: int = 4, eval_rows: int = 16, max_chars: int = 1000,
+    def __init__(self, run_dir: Path, *, trainer, tap=None, eval_rows: int = 16, max_chars: int = 1000,
                  keep_steps: int = 200, eval_examples=None):
         self.log = SampleLog(run_dir, keep_steps=keep_steps)
         self._trainer = trainer
-        self.per_step = int(per_step)
+        self.tap = tap
         self.eval_rows = int(eval_rows)
         self.max_chars = int(max_chars)
         self.eval_examples = eval_examples
@@ -185,16 +186,10 @@ class SampleLogCallback(TrainerCallback):
     def trainer(self):
         return self._trainer
 
-    def on_train_begin(self, args, state, control, **kwargs):
-        trainer = self.trainer
-        trainer.mixrl_sample_rows = self.per_step  # the trainer keeps this many rows of each generation batch
-        trainer.mixrl_sample_chars = self.max_chars
-
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or "train_runtime" in logs:
             return
-        trainer = self.trainer
-        rows, trainer.mixrl_samples = getattr(trainer, "mixrl_samples", None), None
+        rows = self.tap.take() if self.tap is not None else None
         if not state.is_world_process_zero:
             return
         if rows:

@@ -9,12 +9,17 @@ returns the rows' ids with ``env_mask`` (0 on tokens the policy did not write), 
 as its ``tool_mask`` and mixrl as provenance ``environment`` and ``turn_id``
 (:func:`mixrl.trainer.parts.batch_fields.provenance_fields`); its extra keys (``env_return``,
 ``turn_rewards``) reach the reward functions with the rows.
+
+The episode function returns an :class:`EpisodeBatch`: TRL's dict, the rows' provenance and the
+episode metrics; the trainer (``spec.episodes``) wraps it as TRL's ``rollout_func`` and keeps the
+provenance and logs the metrics itself (``MixrlGRPOTrainer._keep_episodes``): nothing here writes
+the trainer.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
 from omegaconf import DictConfig
 
@@ -36,32 +41,46 @@ def env_return(prompts=None, completions=None, env_return=None, **kwargs) -> lis
     return [float(x) for x in env_return]
 
 
+class EpisodeBatch(NamedTuple):
+    """What the episode function hands back for one generation batch."""
+
+    trl: dict[str, Any]  # TRL's rollout dict: prompt_ids, completion_ids, logprobs, env_mask and the reward functions' extra keys
+    rollouts: Rollouts  # the rows' provenance (per-row and per-token sources, guided rows)
+    metrics: dict[str, float]  # episode/* metrics (training only)
+
+
 def env_trainer_kwargs(cfg: DictConfig, args, reward_funcs: list, tools: list) -> dict[str, Any]:
-    """The trainer's ``reward_funcs`` and ``tools`` or ``rollout_func`` for ``cfg.env``; an
-    episodic environment's return replaces the task's reward in training (``args.reward_weights``
-    reset to one weight); the held-out evaluation keeps the task's reward."""
+    """The trainer's ``reward_funcs`` and ``tools`` for ``cfg.env``; an episodic environment's
+    return replaces the task's reward in training (``args.reward_weights`` reset to one weight;
+    its episodes: :func:`env_episodes`); the held-out evaluation keeps the task's reward."""
     if not is_episodic(cfg):
         return {"reward_funcs": reward_funcs, **({"tools": tools} if tools else {})}
     args.reward_weights = [1.0]
-    return {"reward_funcs": [env_return], "rollout_func": episode_rollouts(cfg)}
+    return {"reward_funcs": [env_return]}
+
+
+def env_episodes(cfg: DictConfig):
+    """The episode function of an episodic ``env`` (:func:`episode_rollouts`), else None."""
+    return episode_rollouts(cfg) if is_episodic(cfg) else None
 
 
 def episode_rollouts(cfg: DictConfig):
-    """TRL's ``rollout_func(prompts, trainer)``: one episode per prompt (the prompts arrive
-    repeated per generation), each with a fresh environment reset with its row; in training,
-    ``algo.episode`` injects turns (``patch``) or cached reachable episodes (``reachable``), and
-    every row's provenance goes to the trainer (``trainer._mixrl_rollouts``)."""
+    """``rollout(prompts, trainer, rows=None) -> EpisodeBatch``, TRL's ``rollout_func`` once the
+    trainer wraps it: one episode per prompt (the prompts arrive repeated per generation), each with
+    a fresh environment reset with its row (``rows``: the batch's rows, default the prompts alone);
+    in training, ``algo.episode`` injects turns (``patch``) or cached reachable episodes
+    (``reachable``). Every row's provenance and the episode metrics come back with TRL's dict."""
     factory = resolve_env(str(cfg.env.name))
     max_turns = int(cfg.env.max_turns or 1)
     episode = episode_injection(cfg)
     cache = ReachableCache() if episode["name"] == "reachable" else None
     suffixes: dict[str, list[int]] = {}
 
-    def rollout(prompts: list, trainer) -> dict[str, Any]:
+    def rollout(prompts: list, trainer, rows: list | None = None) -> EpisodeBatch:
         from trl import GRPOTrainer  # deferred: trl is heavy; only episodic runs reach here
 
         tok = trainer.processing_class
-        rows = trainer._mixrl_batch_inputs or [{"prompt": p} for p in prompts]
+        rows = rows or [{"prompt": p} for p in prompts]
         training = bool(trainer.model.training)
 
         def start(indices, plan=False):
@@ -97,19 +116,20 @@ def episode_rollouts(cfg: DictConfig):
                               int(trainer.eos_token_ids[0]), int(episode.get("threshold", 2)))
         episodes = run(envs, prompt_ids, patcher)
         injected = [False] * len(episodes)
+        metrics = {}
         if training and cache is not None:
             injected = _assimilate(cache, episode, prompts, envs, episodes, int(trainer.num_generations),
                                    lambda idx: start(idx, plan=True), run)
-            trainer._metrics["train"]["episode/cached_tasks"].append(float(len(cache.entries)))
-            trainer._metrics["train"]["episode/injected_rows"].append(float(sum(injected)))
+            metrics["episode/cached_tasks"] = float(len(cache.entries))
+            metrics["episode/injected_rows"] = float(sum(injected))
         if training and patcher is not None:
-            trainer._metrics["train"]["episode/patches"].append(float(sum(patcher.used.values())))
-        trainer._mixrl_rollouts = _rollouts([e.completion_ids for e in episodes], episodes, injected)
+            metrics["episode/patches"] = float(sum(patcher.used.values()))
         lps = None if any(e.logprobs is None for e in episodes) else [e.logprobs for e in episodes]
-        return {"prompt_ids": prompt_ids, "completion_ids": [e.completion_ids for e in episodes], "logprobs": lps,
-                "env_mask": [e.env_mask for e in episodes], "env_return": [e.episode_return for e in episodes],
-                "turn_rewards": [list(e.rewards) for e in episodes],
-                "turn_matched": [[bool(m) for m in e.matched] for e in episodes]}
+        trl = {"prompt_ids": prompt_ids, "completion_ids": [e.completion_ids for e in episodes], "logprobs": lps,
+               "env_mask": [e.env_mask for e in episodes], "env_return": [e.episode_return for e in episodes],
+               "turn_rewards": [list(e.rewards) for e in episodes],
+               "turn_matched": [[bool(m) for m in e.matched] for e in episodes]}
+        return EpisodeBatch(trl, _rollouts([e.completion_ids for e in episodes], episodes, injected), metrics)
 
     return rollout
 

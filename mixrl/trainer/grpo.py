@@ -73,13 +73,13 @@ from typing import Any
 import torch
 from trl import GRPOTrainer
 
-from mixrl.core.objective import Objective
 from mixrl.sources.base import Rollouts
 from mixrl.trainer import trl_handles
-from mixrl.trainer.assembly import build_parts
+from mixrl.trainer.assembly import build_parts, wrap_generation
 from mixrl.trainer.generation import engine_sync
 from mixrl.trainer.generation.lagged_weights import trainable
 from mixrl.trainer.parts.batch_fields import assistant_turn_marks, global_counts
+from mixrl.trainer.parts_spec import PartsSpec
 from mixrl.trainer.tool_rows import finished_trajectories
 from mixrl.trainer.trl_hooks import async_vllm, checkpoints, generation, loss, scoring
 
@@ -100,53 +100,17 @@ OVERRIDDEN = (
 class MixrlGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose advantage and loss come from ``mixrl.core`` registries.
 
-    Extra constructor arguments (what the config asked for; each becomes a part, or None: off):
-        objective: the :class:`mixrl.core.objective.Objective` built from ``cfg.algo``.
-        advantage: ``(name, params, include_offpolicy)`` for ``mixrl.core.ADVANTAGES``.
-        injections: ``mixrl.sources`` injections (each holding its source), called in order.
-        controller: an optional ``mixrl.core.CONTROLLERS`` instance.
-        teacher: the ``teacher`` node's teacher (:mod:`mixrl.sources.teacher`), or None.
-        staleness: ``trainer.staleness`` (0: generate with the current weights).
-        async_generation: k > 0: the vLLM server generates ahead, rows at most k versions old.
-        sampler: an optional :class:`mixrl.sampler.runtime.Sampler` (``sampler_length``: its
-            max-completion-length schedule, or None).
-        critic: ``algo.critic`` as a dict (a learned critic for ``advantage gae``), or None.
-        padding_free: ``trainer.padding_free`` (``auto`` | ``true`` | ``false``): every forward's rows
-            packed into one sequence (:mod:`mixrl.trainer.parts.packing`).
-        token_budget: ``{"budget", "packed", "scoring_batch_size"}`` (``trainer.max_tokens_per_micro_batch``), or None.
+    Its one constructor argument beyond TRL's: ``spec``, a :class:`~mixrl.trainer.parts_spec.PartsSpec`
+    (what the config asked for; each part it names is built, or None: off), kept as ``self.spec``.
     """
 
-    #: mean |Δ log p| between vLLM and the trainer above which a weight sync is broken (mixrl.trainer.generation.engine_sync)
-    vllm_sync_tolerance: float | None = engine_sync.DEFAULT_TOLERANCE
-    #: rows of each training batch kept for samples.jsonl (set by SampleLogCallback; 0: none), their texts cut to this many characters
-    mixrl_sample_rows: int = 0
-    mixrl_sample_chars: int = 1000
-    mixrl_samples: list | None = None
-    #: the run's config (set by mixrl.trainer.run), recorded in each checkpoint: a resume of an edited config.yaml is refused
-    mixrl_config: dict | None = None
     #: the parts (mixrl.trainer.parts.Parts), built once TRL's __init__ has run (mixrl.trainer.assembly.build_parts)
     parts: Any = None
 
-    def __init__(
-        self,
-        *args,
-        objective: Objective,
-        advantage: tuple[str, dict, bool],
-        injections: list | None = None,
-        controller: Any = None,
-        teacher: Any = None,
-        staleness: int = 0,
-        async_generation: int = 0,
-        sampler: Any = None,
-        sampler_length: Any = None,
-        critic: dict | None = None,
-        padding_free: str = "false",
-        token_budget: dict | None = None,
-        shaping: tuple | None = None,
-        **kwargs,
-    ):
-        self.objective = objective
-        self.advantage_name, self.advantage_params, self.advantage_include_offpolicy = advantage
+    def __init__(self, *args, spec: PartsSpec, **kwargs):
+        self.spec = spec  # read only: nothing sets the trainer's settings after construction
+        self.objective = spec.objective
+        self.advantage_name, self.advantage_params, self.advantage_include_offpolicy = spec.advantage
         # the run's counters (checkpointed as the "progress" state)
         self.mixrl_rollouts = 0  # on-policy rollouts generated for training, all processes
         self.mixrl_generated_tokens = 0  # completion tokens of those rollouts (padding excluded), all processes
@@ -160,11 +124,11 @@ class MixrlGRPOTrainer(GRPOTrainer):
         self._mixrl_tokens = [0, 0]
         self._mixrl_seconds = [0.0, 0.0]
         self._mixrl_chunk: tuple[int, int] | None = None  # (index, count) of the token-budget micro-batch in flight
+        if spec.episodes is not None:  # env=<environment>: TRL's rollout_func, the episodes handed back to _keep_episodes
+            kwargs["rollout_func"] = lambda prompts, trainer: self._keep_episodes(
+                spec.episodes(prompts, trainer, rows=self._mixrl_batch_inputs))
         super().__init__(*args, **kwargs)
-        self.parts = build_parts(trl_handles.from_trainer(self), objective=objective, advantage=advantage, injections=injections or [],
-                                 controller=controller, teacher=teacher, staleness=staleness,
-                                 async_generation=async_generation, sampler=sampler, sampler_length=sampler_length,
-                                 critic=critic, token_budget=token_budget, shaping=shaping, padding_free=padding_free)
+        self.parts = build_parts(trl_handles.from_trainer(self), spec)
         if self.parts.async_gen is not None:
             async_vllm.wrap_vllm(self)
         self._mixrl_turn_marks = assistant_turn_marks(self.processing_class) if self.tools else None
@@ -173,6 +137,14 @@ class MixrlGRPOTrainer(GRPOTrainer):
         for model in (self.model, self.ref_model, *(self.parts.teachers.frozen if self.parts.teachers else [])):
             if model is not None:  # decided (true: refused, auto: said) now, not at the first forward
                 self.parts.packing.reason(model)
+        self.generation_wrap = wrap_generation(self.accelerator.unwrap_model(self.model), spec.generation)  # shared-prefill; continuous: per-call cache size
+
+    def _keep_episodes(self, batch) -> dict:
+        """An environment's episodes (:class:`mixrl.trainer.env_rollout.EpisodeBatch`): their provenance kept
+        for this generation batch, their metrics logged; TRL gets its rollout dict."""
+        self._mixrl_rollouts = batch.rollouts
+        self._log("train", batch.metrics)
+        return batch.trl
 
     # ------------------------------------------------------------------ small helpers
     def _log(self, mode: str, metrics: dict) -> None:

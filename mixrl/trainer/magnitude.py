@@ -21,8 +21,9 @@ The error is :class:`MagnitudeExceeded`, a :class:`~mixrl.errors.TrainingDiverge
 updated with the micro-batch that tripped it), so the run continues with
 ``mixrl train resume=RUN_DIR trainer.max_abs_advantage=...`` once the bound is raised (both keys
 are resume-safe). The trainer calls :func:`check_step` from one line of
-``MixrlGRPOTrainer._compute_loss``; the bounds are set on the trainer by
-:func:`mixrl.trainer.build.trainer_from_config` (``magnitude_bounds``; absent: the defaults).
+``MixrlGRPOTrainer._compute_loss`` with the bounds it was built with
+(:class:`~mixrl.trainer.parts_spec.PartsSpec` ``magnitude``, filled by
+:func:`mixrl.trainer.build.trainer_from_config`; left out: the defaults).
 """
 
 from __future__ import annotations
@@ -120,10 +121,9 @@ def check_losses(metrics: dict, inputs: dict, bound: float | None, step: int, le
         )
 
 
-def check_step(trainer: Any, inputs: dict, metrics: dict) -> None:
+def check_step(bounds: MagnitudeBounds, inputs: dict, metrics: dict, *, step: int, learning_rate: float | None = None) -> None:
     """The trainer's one call (``MixrlGRPOTrainer._compute_loss``, training micro-batches): the
-    micro-batch's advantages and the objective's term values against ``trainer.magnitude_bounds``."""
-    bounds = getattr(trainer, "magnitude_bounds", None) or MagnitudeBounds()
-    step = int(trainer.state.global_step) + 1
+    micro-batch's advantages and the objective's term values against ``bounds`` (the trainer's
+    ``spec.magnitude``); ``step``: the optimizer step being taken (1-based)."""
     check_advantages(inputs["advantages"], inputs, bounds.max_abs_advantage, step)
-    check_losses(metrics, inputs, bounds.max_abs_loss, step, float(trainer.args.learning_rate))
+    check_losses(metrics, inputs, bounds.max_abs_loss, step, learning_rate)

@@ -123,7 +123,7 @@ def _train(cfg, console, run_dir: Path, guard, resume_from: Path | None, before:
     """The run's steps (:mod:`mixrl.trainer.run_steps`): begin, the trainer, its callbacks, the
     evaluation before training, fit, finish."""
     run = steps.begin(cfg, console, run_dir, guard, resume_from, before, inputs)
-    run.trainer = build.trainer_from_config(cfg, inputs=inputs, run_dir=run_dir)
+    run.trainer = build.trainer_from_config(cfg, inputs=inputs, run_dir=run_dir, for_run=True)  # config in checkpoints, sample rows kept
     steps.attach_callbacks(run)
     steps.evaluate_before(run)
     steps.fit(run)

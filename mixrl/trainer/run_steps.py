@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from rich.console import Console
 import torch
 
@@ -173,7 +173,7 @@ def save_now(run: Run) -> str | None:
 # --------------------------------------------------------------------------- 3. callbacks
 def attach_callbacks(run: Run) -> None:
     """The run's callbacks, built with the trainer they read and added to it in their fixed order;
-    then the trainer's recorded config and the trackers' routing."""
+    then the trackers' routing."""
     from mixrl.trainer.callbacks import MetricsJsonlCallback, RichProgressCallback, SampleLogCallback  # deferred: trainer.callbacks imports transformers; `mixrl plan` imports this module and must not load it
     from mixrl.trainer.guards import CollapseWatch, DivergenceGuard  # deferred: as above
 
@@ -196,13 +196,12 @@ def attach_callbacks(run: Run) -> None:
                                                     trainer=trainer, stop=run.guard.stop_requested, benchmarks=inputs.benchmarks)
         callbacks.append(periodic)
     if lg.samples_per_step > 0 or lg.samples_eval > 0:  # what the model writes -> samples.jsonl, trackers
-        run.samples = SampleLogCallback(run.run_dir, trainer=trainer, per_step=lg.samples_per_step, eval_rows=lg.samples_eval,
+        run.samples = SampleLogCallback(run.run_dir, trainer=trainer, tap=trainer.spec.samples, eval_rows=lg.samples_eval,
                                         max_chars=lg.samples_max_chars, keep_steps=lg.samples_keep_steps,
                                         eval_examples=(lambda: periodic.last_examples) if periodic is not None else None)
         callbacks.append(run.samples)
     for cb in callbacks:
         trainer.add_callback(cb)
-    trainer.mixrl_config = OmegaConf.to_container(cfg, resolve=True)  # recorded in each checkpoint (the trainer's progress state)
     if lg.report_to:
         from mixrl.trainer.publish import route_to_trackers, tensorboard_dir  # deferred: trainer.publish imports transformers; `mixrl plan` imports this module and must not load it
 

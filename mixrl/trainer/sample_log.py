@@ -195,6 +195,25 @@ def _num(v) -> float | None:
     return None if v != v or v in (float("inf"), float("-inf")) else round(v, 6)
 
 
+class SampleTap:
+    """The hand-off of sample rows from the trainer to :class:`~mixrl.trainer.callbacks.SampleLogCallback`:
+    the trainer (``spec.samples``) keeps ``rows`` rows of each training batch, texts cut to ``chars``
+    characters (:meth:`keep`, the last batch's replacing the one before), the callback takes them at each
+    logged step (:meth:`take`). Per process, not checkpointed."""
+
+    def __init__(self, rows: int, chars: int = 1000):
+        self.rows, self.chars = int(rows), int(chars)
+        self._kept: list[dict] | None = None
+
+    def keep(self, rows: list[dict] | None) -> None:
+        self._kept = rows
+
+    def take(self) -> list[dict] | None:
+        """The rows kept since the last call (None: none)."""
+        rows, self._kept = self._kept, None
+        return rows
+
+
 class SampleLog:
     """``RUN_DIR/samples.jsonl``, holding the rows of at most ``keep_steps`` (split, step) pairs."""
 

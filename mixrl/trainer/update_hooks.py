@@ -6,11 +6,12 @@ ALP's layerwise perturbation of the loss forward (:mod:`mixrl.trainer.perturbati
 
 from __future__ import annotations
 
-from mixrl.trainer.perturbation import add_perturbation
+from mixrl.trainer.perturbation import LayerPerturbation, add_perturbation
 from mixrl.trainer.reposition import add_reposition
 
 
-def add_update_hooks(trainer, cfg) -> None:
-    """Add to ``trainer`` the update hooks ``cfg.algo`` asks for."""
+def add_update_hooks(trainer, cfg) -> LayerPerturbation | None:
+    """Add to ``trainer`` the update hooks ``cfg.algo`` asks for (a callback, hooks on the model; no
+    attribute is set on the trainer). Returns ALP's perturbation (None: off), for inspection."""
     add_reposition(trainer, cfg)
-    trainer.mixrl_perturbation = add_perturbation(trainer, cfg)  # kept for inspection; the hooks live on the model
+    return add_perturbation(trainer, cfg)  # the hooks live on the model

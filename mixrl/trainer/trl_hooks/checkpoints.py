@@ -31,9 +31,9 @@ class RunProgress:
         t = self.trainer
         return {"rollouts": int(t.mixrl_rollouts), "generated_tokens": int(t.mixrl_generated_tokens),
                 "micro_step": int(t.micro_step_at_checkpoint()),
-                # the config this checkpoint was trained under (set by mixrl.trainer.run): a resume whose
+                # the config this checkpoint was trained under (mixrl train's spec.config): a resume whose
                 # config.yaml was edited since is refused (mixrl.trainer.state.resume.check_trained_config)
-                **({"config": t.mixrl_config} if t.mixrl_config is not None else {})}
+                **({"config": t.spec.config} if t.spec.config is not None else {})}
 
     def load_state_dict(self, state: dict) -> None:
         t = self.trainer  # the counters themselves are restored by mixrl.trainer.state.resume.load_run_state before training

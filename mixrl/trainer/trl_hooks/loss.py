@@ -75,7 +75,8 @@ def compute_loss(t, model, inputs) -> torch.Tensor:
         turn_ids=inputs.get("turn_id"),  # multi-turn rows: the policy's turns (turn-level losses)
     )
     if mode == "train":
-        check_step(t, inputs, metrics)  # an advantage or loss term out of bounds stops the run (mixrl.trainer.magnitude)
+        check_step(t.spec.magnitude, inputs, metrics, step=int(t.state.global_step) + 1,
+                   learning_rate=float(t.args.learning_rate))  # out of bounds: stop (mixrl.trainer.magnitude)
         if p.controller is not None:
             last = micro == parts - 1 if t._mixrl_chunk else t.accelerator.sync_gradients
             p.controller.step_end(metrics, sync_gradients=last)

@@ -34,7 +34,7 @@ def stage_provenance(t, out: dict, version: int | None, training: bool, mode: st
         out["policy_version"] = torch.full_like(out["row_source"], int(version))
     t._log(mode, engine_mismatch_metrics(out, t.objective, mode))
     if training and t.use_vllm:  # vLLM sampled this batch with the weights old_per_token_logps were computed under
-        t._log(mode, engine_sync.check(out, accelerator=t.accelerator, tolerance=t.vllm_sync_tolerance,
+        t._log(mode, engine_sync.check(out, accelerator=t.accelerator, tolerance=t.spec.sync_tolerance,
                                        step=t.state.global_step,
                                        own_logps=lambda batch: t.parts.forwards.behaviour_logps(t.model, batch)))
 
@@ -48,7 +48,7 @@ def stage_reward(t, out: dict, inputs, training: bool, mode: str):
     rewards = p.scoring.weighted(rpf)
     ctx = t._context()
     ctx.primary_rewards = rpf[:, 0]
-    scored_sources = out["row_source"].clone() if training and t.mixrl_sample_rows > 0 else None  # samples.jsonl: rows rewritten after scoring
+    scored_sources = out["row_source"].clone() if training and t.spec.samples is not None else None  # samples.jsonl: rows rewritten after scoring
     if training:
         ctx.batch = out  # an injection may rewrite local rows (refill a group) before advantages
         rewards = p.injections.after_rewards(ctx, inputs, rewards)
@@ -164,13 +164,13 @@ def stage_log(t, out: dict, rewards, start: int, scored_sources, training: bool,
     if not training:
         return
     t._log(mode, t.parts.injections.metrics())
-    if t.mixrl_sample_rows > 0:
-        t.mixrl_samples = capture_rows(
+    if (tap := t.spec.samples) is not None:
+        tap.keep(capture_rows(
             out, tokenizer=t.processing_class, rewards=rewards, rewards_per_func=t._mixrl_rewards_per_func,
-            reward_names=list(t.reward_func_names), start=start, n=t.mixrl_sample_rows,
-            max_chars=t.mixrl_sample_chars, n_local_scored=out["completion_ids"].shape[0],
+            reward_names=list(t.reward_func_names), start=start, n=tap.rows,
+            max_chars=tap.chars, n_local_scored=out["completion_ids"].shape[0],
             guided=t._mixrl_rollouts.guided if t._mixrl_rollouts is not None else None, scored_sources=scored_sources,
-        )
+        ))
 
 
 def rows_per_source(out: dict, objective, *, reduce_sum) -> dict:

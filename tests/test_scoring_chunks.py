@@ -144,6 +144,20 @@ def test_collective_keeps_the_fixed_row_count_and_sizes(model):
     assert chunks.groups(att, C, 3, packed=False)[0] == [2, 7, 5]
 
 
+def test_no_rows_go_to_the_forward_once(model):
+    ids, att, C = _rows([3], [2])
+    chunks, calls = ScoringChunks(10, collective=False), []
+
+    def forward(m, i, a, w, batch_size=None, compute_entropy=False):  # the trainer's: re-enters the part
+        calls.append(i.shape)
+        assert not chunks.takes()
+        return i.new_zeros(i.shape[0], w, dtype=torch.float32), None, None
+
+    with torch.no_grad():
+        lp, _, _ = chunks.logps(forward, model, ids[:0], att[:0], C)
+    assert lp.shape == (0, C) and calls == [(0, ids.size(1))] and chunks.takes()
+
+
 def test_takes_only_no_grad_text_forwards_outside_its_own_chunks():
     chunks = ScoringChunks(100, collective=False)
     assert not chunks.takes()  # a training forward (grad on)

@@ -81,12 +81,12 @@ class ScoringChunks:
         them; ``forward`` is that function (called once per chunk, with the chunk's rows)."""
         C = int(logits_to_keep)
         n, width = input_ids.size(0), input_ids.size(1) - C
-        if n == 0:
-            return forward(model, input_ids, attention_mask, C, batch_size=batch_size, compute_entropy=compute_entropy)
         lengths = completion_lengths(attention_mask[:, width:])
         logps = entropies = None
         self._inside = True
         try:
+            if n == 0:  # no rows: the forward as it was asked for (re-entered without chunks)
+                return forward(model, input_ids, attention_mask, C, batch_size=batch_size, compute_entropy=compute_entropy)
             for rows in self.groups(attention_mask, C, batch_size, packed=bool(self.packed(model))):
                 index = torch.as_tensor(rows, dtype=torch.long, device=input_ids.device)
                 w = max(int(lengths[index].max()), 1)

@@ -8,11 +8,11 @@ two calls of the trainer's per-token log-probs (``_get_per_token_logps_and_entro
 ``torch.no_grad``, the old policy's and the reference model's, over the step's rows. Each mode is
 timed on the same batch, the modes interleaved ``--repeats`` times (median):
 
-* ``rows``: ``trainer.micro_batch_size`` rows per forward, every forward padded to the batch's
-  widest completion (before issue 51; ``trainer.parts.score_chunks`` set to None);
+* ``rows``: ``trainer.micro_batch_size`` rows per forward (null: the whole batch in one), every
+  forward padded to the batch's widest completion (before issue 51; ``trainer.parts.score_chunks`` None);
 * ``chunks``: token-budget chunks (:mod:`mixrl.trainer.parts.scoring_chunks`), the budget
   ``trainer.max_tokens_per_micro_batch`` (default: the fixed micro-batch's tokens at full width,
-  as ``bench.throughput --lengths variable`` sizes it);
+  as ``bench.throughput --lengths variable`` sizes it), at most ``rows`` rows per chunk;
 
 each with padded rows (``trainer.padding_free=false``) and packed ones (``true``). The batch: 16
 prompts x 8 (``trainer.prompts_per_step`` x ``algo.num_generations``), prompts of random tokens
@@ -101,7 +101,7 @@ def measure(opts) -> dict:
         torch.set_num_threads(opts.threads)
     model = str(widened(BUILTIN_MODEL, opts.context)) if opts.context else opts.model
     cfg = compose("grpo", [*run_overrides(opts.set, model), "algo.kl.coef=0.04", "trainer.num_iterations=2"], 1)
-    rows = int(cfg.trainer.micro_batch_size)
+    rows = int(cfg.trainer.micro_batch_size or int(cfg.trainer.prompts_per_step) * int(cfg.algo.num_generations))
     C = int(cfg.trainer.max_completion_length)
     with tempfile.TemporaryDirectory() as tmp:
         trainer = build_mixrl_trainer(cfg, Path(tmp), [])

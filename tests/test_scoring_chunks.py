@@ -206,7 +206,7 @@ def _scored(overrides: list[str], out_dir: Path):
         trl.GRPOTrainer._generate_single_turn = original
 
 
-@pytest.mark.parametrize("padding_free", ["false", "true"])
+@pytest.mark.parametrize("padding_free", ["false", pytest.param("true", marks=pytest.mark.slow)])  # ~10 s each
 def test_reference_and_old_log_probs_under_a_budget_equal_the_fixed_rows(tmp_path, padding_free):
     over = [*BASE, f"trainer.padding_free={padding_free}"]
     fixed, none = _scored(over, tmp_path / "fixed")

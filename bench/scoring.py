@@ -111,30 +111,32 @@ def measure(opts) -> dict:
     trainer.model.eval()
     seconds = {m: [] for m in MODES}
     values = {}
-    for m in MODES:  # warm-up, the values, the memory
+    modes = [m for m in MODES if m in opts.modes.split(",")]
+    for m in sorted(modes, key=lambda m: m != "rows-padded"):  # warm-up, the values (rows-padded: the reference)
         _set_mode(trainer, m, budget)
         values[m] = _calls(trainer, ids, att, C, rows)
     rss = {}
-    for m in MODES:
+    for m in modes:
         _set_mode(trainer, m, budget)
         reset_rss_peak()
         base = rss_hwm_mb()
         _calls(trainer, ids, att, C, rows)
         rss[m] = rss_hwm_mb() - base
     alloc = {}
-    for m in MODES:
+    for m in modes:
         _set_mode(trainer, m, budget)
         alloc[m] = _allocator_peak(lambda: _calls(trainer, ids, att, C, rows)) / 2**20
     for _ in range(opts.repeats):
-        for m in MODES:
+        for m in modes:
             _set_mode(trainer, m, budget)
             t = time.perf_counter()
             _calls(trainer, ids, att, C, rows)
             seconds[m].append(time.perf_counter() - t)
-    diff = {m: max(float((a - b).abs().max()) for a, b in zip(values[m], values["rows-padded"])) for m in MODES}
+    ref = "rows-padded" if "rows-padded" in values else modes[0]
+    diff = {m: max(float((a - b).abs().max()) for a, b in zip(values[m], values[ref])) for m in modes}
     real = int(att.sum())
     return {"rows": ids.size(0), "width": ids.size(1), "real_tokens": real, "fixed_rows": rows, "budget": budget,
-            "seconds": seconds, "alloc_mb": alloc, "rss_mb": rss, "max_diff": diff,
+            "modes": modes, "reference": ref, "seconds": seconds, "alloc_mb": alloc, "rss_mb": rss, "max_diff": diff,
             "completion_lengths": att[:, -C:].sum(-1).tolist()}
 
 
@@ -149,14 +151,16 @@ def markdown(r: dict, argv: list[str]) -> str:
         f"- two no-grad calls per batch (old policy, reference model), as TRL runs them at `algo.kl.coef > 0`, "
         f"`trainer.num_iterations > 1`; fixed rows: {r['fixed_rows']} per forward; token budget {r['budget']}",
         "",
-        "| mode | seconds (median) | runs | allocator peak MB | RSS peak above start MB | max abs diff vs rows-padded |",
+        f"| mode | seconds (median) | runs | allocator peak MB | RSS peak above start MB | max abs diff vs {r['reference']} |",
         "|---|---|---|---|---|---|",
     ]
-    for m in MODES:
+    for m in r["modes"]:
         s = r["seconds"][m]
         lines.append(f"| {m} | {statistics.median(s):.3f} | {', '.join(f'{x:.3f}' for x in s)} | "
                      f"{r['alloc_mb'][m]:.1f} | {r['rss_mb'][m]:.1f} | {r['max_diff'][m]:.2e} |")
     for kind in ("padded", "packed"):
+        if f"rows-{kind}" not in r["modes"] or f"chunks-{kind}" not in r["modes"]:
+            continue
         a, b = statistics.median(r["seconds"][f"rows-{kind}"]), statistics.median(r["seconds"][f"chunks-{kind}"])
         lines.append(f"\n{kind}: chunks / rows time {b / a:.3f}; allocator peak "
                      f"{r['alloc_mb'][f'chunks-{kind}'] / max(r['alloc_mb'][f'rows-{kind}'], 1e-9):.3f}")
@@ -178,6 +182,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--token-budget", type=int, default=None,
                    help="tokens per chunk (default: micro_batch_size rows x the padded width)")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {','.join(MODES)}")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default="", help="Markdown report path (default: none)")
     opts = p.parse_args(argv)

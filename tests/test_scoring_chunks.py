@@ -128,6 +128,19 @@ def test_packed_chunks_equal_the_fixed_row_forward(model):
     assert sum(tokens for _, tokens in calls) == int(att.sum())
 
 
+def test_packed_rows_under_a_row_cap_go_to_balanced_chunks():
+    """Rows (own lengths 10 9 8 7 6 5 4 3, longest first) capped at 2 per chunk, a budget that would
+    hold them all: 4 chunks dealt back and forth, 2 rows each, tokens balanced (13 13 13 13)."""
+    prompts, completions = [1] * 8, [9, 8, 7, 6, 5, 4, 3, 2]
+    _, att, C = _rows(prompts, completions)
+    groups = ScoringChunks(1000, collective=False).groups(att, C, 2, packed=True)
+    assert groups == [[0, 7], [1, 6], [2, 5], [3, 4]]
+    # collective: the fixed-row count, balanced likewise
+    assert ScoringChunks(1, collective=True).groups(att, C, 2, packed=True) == groups
+    # a budget tighter than the balanced chunks: more of them
+    assert len(ScoringChunks(8, collective=False).groups(att, C, 2, packed=True)) > 4
+
+
 def test_collective_keeps_the_fixed_row_count_and_sizes(model):
     """Under sharding every process must run as many forwards as the others: ceil(B / rows),
     as the fixed-row path, whatever the budget; the rows go longest first, each chunk trimmed."""

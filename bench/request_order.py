@@ -32,6 +32,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.report import write_text
+from bench.variants import build_mixrl_trainer, compose, run_overrides
+from mixrl.config.rehearsal import BUILTIN_MODEL, widened
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -61,7 +65,7 @@ def decode_forwards(lengths: list[int], slots: int) -> int:
 
 def continuous(model, prompts, lengths, order, generation_config, cb_config) -> float:
     """Seconds of one continuous-batching call with the requests added in ``order``."""
-    from transformers.generation.continuous_batching.utils import WorkloadHints
+    from transformers.generation.continuous_batching.utils import WorkloadHints  # deferred: transformers loads only when something is measured
 
     hints = WorkloadHints(max_prompt_length=max(map(len, prompts)), max_generated_length=max(lengths),
                           num_requests=len(prompts))
@@ -80,10 +84,10 @@ def continuous(model, prompts, lengths, order, generation_config, cb_config) -> 
 
 
 def padded(model, prompts, lengths, order, generation_config, pad_id: int) -> float:
-    import torch
+    import torch  # deferred: torch loads only when something is measured (`--help` stays light)
 
-    from bench.row_stops import RowLengths
-    from transformers import StoppingCriteriaList
+    from bench.row_stops import RowLengths  # deferred: imports torch and transformers
+    from transformers import StoppingCriteriaList  # deferred: transformers loads only when something is measured
 
     P = max(map(len, prompts))
     ids = torch.full((len(order), P), pad_id, dtype=torch.long)
@@ -100,12 +104,9 @@ def padded(model, prompts, lengths, order, generation_config, pad_id: int) -> fl
 
 
 def main(argv: list[str] | None = None) -> dict:
-    import torch
+    import torch  # deferred: torch loads only when something is measured (`--help` stays light)
 
-    from bench.report import write_text
-    from bench.variants import build_mixrl_trainer, compose, run_overrides
-    from bench.varlen import LengthDraw
-    from mixrl.config.rehearsal import BUILTIN_MODEL, widened
+    from bench.varlen import LengthDraw  # deferred: imports torch
 
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(prog="python -m bench.request_order", description=__doc__.split("\n")[0])

@@ -29,9 +29,16 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench.memory import _profiled_peak
+from bench.probes import reset_rss_peak, rss_hwm_mb
+from bench.report import write_text
+from bench.variants import build_mixrl_trainer, compose, run_overrides
+from mixrl.config.rehearsal import BUILTIN_MODEL, widened
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -42,9 +49,9 @@ MODES = ("rows-padded", "chunks-padded", "rows-packed", "chunks-packed")
 
 def batch(cfg, *, median: float, sigma: float, prompt_min: int, prompt_max: int, vocab: int, seed: int = 0):
     """``(input_ids, attention_mask, logits_to_keep)`` in TRL's layout (prompts left-padded, completions right-padded)."""
-    import torch
+    import torch  # deferred: torch loads only when something is measured (`--help` stays light)
 
-    from bench.varlen import LengthDraw
+    from bench.varlen import LengthDraw  # deferred: imports torch
 
     groups, k = int(cfg.trainer.prompts_per_step), int(cfg.algo.num_generations)
     C = int(cfg.trainer.max_completion_length)
@@ -62,7 +69,7 @@ def batch(cfg, *, median: float, sigma: float, prompt_min: int, prompt_max: int,
 
 def _calls(trainer, ids, att, C, rows: int):
     """TRL's two scoring calls of a generation batch: the old policy's and the reference model's log-probs."""
-    import torch
+    import torch  # deferred: torch loads only when something is measured (`--help` stays light)
 
     with torch.no_grad():
         old, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, att, C, batch_size=rows)
@@ -71,8 +78,8 @@ def _calls(trainer, ids, att, C, rows: int):
 
 
 def _set_mode(trainer, mode: str, budget: int) -> None:
-    from mixrl.trainer.parts.packing import Packing
-    from mixrl.trainer.parts.scoring_chunks import ScoringChunks
+    from mixrl.trainer.parts.packing import Packing  # deferred: imports torch
+    from mixrl.trainer.parts.scoring_chunks import ScoringChunks  # deferred: imports torch
 
     packing = Packing("true" if mode.endswith("packed") else "false", say=lambda text: None)
     trainer.parts.packing = packing
@@ -81,9 +88,8 @@ def _set_mode(trainer, mode: str, budget: int) -> None:
 
 
 def _allocator_peak(fn) -> int:
-    import torch
+    import torch  # deferred: torch loads only when something is measured (`--help` stays light)
 
-    from bench.memory import _profiled_peak
 
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
@@ -91,11 +97,8 @@ def _allocator_peak(fn) -> int:
 
 
 def measure(opts) -> dict:
-    import torch
+    import torch  # deferred: torch loads only when something is measured (`--help` stays light)
 
-    from bench.probes import reset_rss_peak, rss_hwm_mb
-    from bench.variants import build_mixrl_trainer, compose, run_overrides
-    from mixrl.config.rehearsal import BUILTIN_MODEL, widened
 
     if opts.threads:
         torch.set_num_threads(opts.threads)
@@ -168,7 +171,6 @@ def markdown(r: dict, argv: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    import sys
 
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(prog="python -m bench.scoring", description=__doc__.split("\n")[0])
@@ -190,7 +192,6 @@ def main(argv: list[str] | None = None) -> dict:
     text = markdown(r, argv)
     print(text)
     if opts.out:
-        from bench.report import write_text
 
         write_text(opts.out, text)
     return r

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 VARIANTS = ("trl", "grpo", "chord", "floor", "prefix", "hint", "replay", "teacher",
             "grpo-budget", "grpo-pf", "grpo-pf-budget", "chord-budget", "chord-pf", "chord-pf-budget",
-            "trl-cb", "grpo-cb", "grpo-pf-budget-cb", "grpo-sp", "grpo-pf-budget-sp")
+            "trl-cb", "grpo-cb", "grpo-pf-budget-cb", "grpo-sp", "grpo-pf-budget-sp", "grpo-budget-fs", "grpo-pf-budget-fs")
 DEFAULT_VARIANTS = ("trl", "grpo", "chord", "floor")
 #: the default of --lengths variable (bench.varlen): every batching of grpo and chord beside TRL and the floor
 VARLEN_VARIANTS = ("trl", "grpo", "grpo-budget", "grpo-pf", "grpo-pf-budget", "chord", "chord-budget", "chord-pf",
@@ -53,6 +53,9 @@ DESCRIPTIONS = {
     # the same, generated padded with each group's prompt prefilled once (trainer.generation=shared-prefill)
     "grpo-sp": "mixrl algo=grpo, padded rows, trainer.generation=shared-prefill",
     "grpo-pf-budget-sp": "mixrl algo=grpo, padding-free rows in token-budget micro-batches, trainer.generation=shared-prefill",
+    # the same, the no-grad scoring forwards in fixed row chunks as before issue 51 (trainer.parts.score_chunks off)
+    "grpo-budget-fs": "mixrl algo=grpo, padded rows in token-budget micro-batches, scoring forwards in fixed rows",
+    "grpo-pf-budget-fs": "mixrl algo=grpo, padding-free rows in token-budget micro-batches, scoring forwards in fixed rows",
 }
 
 
@@ -252,4 +255,8 @@ def build_variant(name: str, cfg, timer: StepTimer, *, steps: int, device: str, 
     trainer._generate_single_turn = timer.generation(trainer._generate_single_turn)
     if not is_trl:
         timer.trainer = trainer  # its batch/padding_fraction per step
+    from bench.varlen import FIXED_SCORING  # deferred: imports torch
+
+    if name.endswith(FIXED_SCORING):  # bench.varlen's -fs: the scoring forwards in fixed row chunks (before issue 51)
+        trainer.parts.score_chunks = None
     return trainer

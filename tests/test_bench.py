@@ -162,6 +162,8 @@ def test_varlen_variants_name_their_batching():
     # -sp: padded generation, each group's prompt prefilled once
     assert base_and_overrides("grpo-pf-budget-sp", 9) == (
         "grpo", ["trainer.padding_free=true", "trainer.max_tokens_per_micro_batch=9", "trainer.generation=shared-prefill"])
+    # -fs: the same config; the trainer's scoring forwards in fixed row chunks (bench.variants.build_variant)
+    assert base_and_overrides("grpo-budget-fs", 9) == base_and_overrides("grpo-budget", 9)
 
 
 def test_row_stops_end_each_row_at_its_length(tiny_model_path):

@@ -167,6 +167,7 @@ def test_the_trainer_has_one_base_trls_and_replaces_only_the_listed_hooks():
 
 def _instances() -> dict:
     """One of every part, built from small stand-ins (no model, no TRL)."""
+    from mixrl.trainer.parts.scoring_chunks import ScoringChunks
     from mixrl.trainer.parts.token_budget import TokenBudget
     from mixrl.trainer.generation.async_generation import AsyncGeneration, AsyncPipeline
     from mixrl.trainer.generation.lagged_weights import LaggedWeights
@@ -213,6 +214,7 @@ def _instances() -> dict:
         "async_gen": AsyncPipeline(AsyncGeneration(generate=None, push=None, snapshot=None, max_staleness=1),
                                    tokenize_prompts=None),
         "budget": TokenBudget(64),
+        "score_chunks": ScoringChunks(64, collective=False),
         "shaping": AdvantageShaping("sign_weight", {}, offpolicy=False, forwards=forwards, gather=lambda t: t),
     }
 

@@ -22,7 +22,8 @@ Order (each step needs the ones above it):
 4. The sampler, the controller, the lagged weights, ReMax's baseline.
 5. The injections' context: it offers the teachers, the sampler and the scoring to injections.
 6. Asynchronous generation: it wraps TRL's vLLM client, already built.
-7. Token-budget micro-batches (``trainer.max_tokens_per_micro_batch``).
+7. Token-budget micro-batches (``trainer.max_tokens_per_micro_batch``), for the no-grad scoring
+   forwards too (``ScoringChunks``).
 
 :func:`wrap_generation` (called by the trainer's ``__init__`` after :func:`build_parts`) wraps the
 policy's generation for ``trainer.generation``: shared prefill, or the continuous engine's cache
@@ -56,6 +57,7 @@ from mixrl.trainer.parts.critic import Critic
 from mixrl.trainer.parts.forwards import Forwards
 from mixrl.trainer.parts.injection_context import Injections
 from mixrl.trainer.parts.packing import Packing
+from mixrl.trainer.parts.scoring_chunks import ScoringChunks
 from mixrl.trainer.parts.remax_baseline import RemaxBaseline
 from mixrl.trainer.parts.sampler_rounds import SamplerRounds
 from mixrl.trainer.parts.scoring import Scoring
@@ -159,6 +161,8 @@ def build_parts(h: TrlHandles, spec: PartsSpec) -> Parts:
                  remax=remax, sampler=sampler_part, controller=controller_part, lag=lag,
                  async_gen=_async_generation(h, int(spec.async_generation)) if int(spec.async_generation) else None,
                  budget=_token_budget(h, token_budget) if token_budget is not None else None,
+                 score_chunks=ScoringChunks(int(token_budget["budget"]), collective=h.sharded, packed=packing.applies)
+                 if token_budget is not None else None,
                  shaping=_shaping(h, spec.shaping, forwards) if spec.shaping is not None else None)
 
 

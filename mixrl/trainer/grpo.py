@@ -246,6 +246,10 @@ class MixrlGRPOTrainer(GRPOTrainer):
                           pixel_attention_mask=pixel_attention_mask, spatial_shapes=spatial_shapes, num_tiles=num_tiles,
                           image_sizes=image_sizes, token_type_ids=token_type_ids, mm_token_type_ids=mm_token_type_ids,
                           image_position_ids=image_position_ids)
+        chunks = self.parts.score_chunks if self.parts is not None else None  # no-grad scoring: token-budget chunks
+        if chunks is not None and chunks.takes(aux_loss=compute_aux_loss, multimodal=multimodal):
+            return chunks.logps(self._get_per_token_logps_and_entropies, model, input_ids, attention_mask, logits_to_keep,
+                                batch_size=batch_size, compute_entropy=compute_entropy)
         padded = lambda ids, att: GRPOTrainer._get_per_token_logps_and_entropies(  # noqa: E731
             self, model, ids, att, logits_to_keep, batch_size, compute_entropy, compute_aux_loss, **multimodal)
         packing = self.parts.packing if self.parts is not None else None  # None: inside TRL's __init__, before the parts

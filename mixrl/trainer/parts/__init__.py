@@ -25,6 +25,7 @@ from mixrl.trainer.parts.packing import Packing
 from mixrl.trainer.parts.remax_baseline import RemaxBaseline
 from mixrl.trainer.parts.sampler_rounds import SamplerRounds
 from mixrl.trainer.parts.scoring import Scoring
+from mixrl.trainer.parts.scoring_chunks import ScoringChunks
 from mixrl.trainer.parts.teacher import Teachers
 from mixrl.trainer.parts.token_budget import TokenBudget
 
@@ -45,6 +46,7 @@ class Parts:
     lag: LaggedWeights | None = None  # the weights of k steps ago for generation (trainer.staleness)
     async_gen: AsyncPipeline | None = None  # generation ahead on a vLLM server (hardware.vllm_async)
     budget: TokenBudget | None = None  # token-budget micro-batches (trainer.max_tokens_per_micro_batch)
+    score_chunks: ScoringChunks | None = None  # the no-grad scoring forwards in token-budget chunks (the same budget)
     shaping: AdvantageShaping | None = None  # the post-advantage stage (algo.shaping)
 
     def on(self) -> dict[str, Any]:

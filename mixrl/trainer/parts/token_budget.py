@@ -10,8 +10,9 @@ completion. The trainer runs forward and backward per micro-batch and ONE optimi
 generation batch, as with a fixed row count; every aggregation divides by the step's global counts,
 so the step's gradient is the fixed-micro-batch step's (tested within 1e-6 in float64).
 
-No-grad scoring forwards (TRL's old and reference log-probs) keep ``trainer.micro_batch_size`` rows
-per forward (null: the whole step), through :meth:`TokenBudget.scoring_rows`.
+No-grad scoring forwards (TRL's old and reference log-probs, teachers, behaviour log-probs) run in
+token-budget chunks of the same budget (:mod:`mixrl.trainer.parts.scoring_chunks`), each of at most
+``trainer.micro_batch_size`` rows when it is set (TRL's row count, through :meth:`TokenBudget.scoring_rows`).
 
 Also here, for every run: :func:`forward_tokens`, the real and total tokens of the loss forwards
 as :meth:`mixrl.trainer.parts.forwards.Forwards.by_row_kind` runs them (``batch/padding_fraction``).

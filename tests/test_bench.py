@@ -162,6 +162,10 @@ def test_varlen_variants_name_their_batching():
     # -sp: padded generation, each group's prompt prefilled once
     assert base_and_overrides("grpo-pf-budget-sp", 9) == (
         "grpo", ["trainer.padding_free=true", "trainer.max_tokens_per_micro_batch=9", "trainer.generation=shared-prefill"])
+    # -compact: padded generation, the finished rows no longer computed
+    assert base_and_overrides("grpo-compact", 9) == ("grpo", ["trainer.padding_free=false", "trainer.generation=compact"])
+    assert base_and_overrides("grpo-pf-budget-compact", 9) == (
+        "grpo", ["trainer.padding_free=true", "trainer.max_tokens_per_micro_batch=9", "trainer.generation=compact"])
 
 
 def test_row_stops_end_each_row_at_its_length(tiny_model_path):
@@ -244,7 +248,7 @@ def test_vllm_steps_out_follows_the_same_rule(tmp_path, monkeypatch):
     (["--steps", "0"], "--steps >= 1"),
     (["--set", "trainer.nope=1"], "unknown key 'trainer.nope'"),  # found when the config is composed, before any model loads
     (["--only", "trl,trl-cb"], "trl-cb (continuous batching) need --lengths variable"),
-    (["--only", "trl,grpo-sp"], "grpo-sp (shared prefill) need --lengths variable"),
+    (["--only", "trl,grpo-sp"], "grpo-sp (shared prefill, compact) need --lengths variable"),
 ])
 def test_bad_options_exit_2_with_one_line_and_create_nothing(args, words, tmp_path):
     (tmp_path / "a-file").write_text("x")

@@ -6,6 +6,9 @@
   keys and values computed on the distinct prompts, then expanded to every row;
   :mod:`mixrl.trainer.generation.shared_prefill`): the same rows, decoding steps and random
   stream as ``padded``, (G - 1) / G of the prefill saved.
+* ``compact``: ``padded``, each decoding step computed only on the rows not yet done (a done row
+  leaves the KV cache; :mod:`mixrl.trainer.generation.compact`): the same rows, sampling calls and
+  random stream as ``padded``, the decoding work of the finished rows saved.
 * ``continuous``: transformers' continuous-batching engine (``generate_batch``, TRL's
   ``use_transformers_continuous_batching``): a row leaves the batch when it ends and the
   prompt blocks of a group are shared (prefix caching). Greedy completions are the same as
@@ -27,7 +30,7 @@ from omegaconf import DictConfig
 
 from mixrl.errors import ConfigError
 
-GENERATION = ("auto", "padded", "shared-prefill", "continuous", "vllm")
+GENERATION = ("auto", "padded", "shared-prefill", "compact", "continuous", "vllm")
 #: tokens per KV-cache page of the continuous engine on CPU (transformers' default, 256, wastes most of a
 #: page on short completions and makes the cache, and the attention-mask buffer sized from it, large)
 CPU_PAGE_SIZE = 16
@@ -46,7 +49,7 @@ ASSUMED_PROMPT_TOKENS = 512
 
 
 def resolve_generation(cfg: DictConfig) -> str:
-    """The engine a run generates with: ``padded``, ``shared-prefill``, ``continuous`` or ``vllm`` (``auto`` resolved)."""
+    """The engine a run generates with: ``padded``, ``shared-prefill``, ``compact``, ``continuous`` or ``vllm`` (``auto`` resolved)."""
     value = str(cfg.trainer.get("generation", "auto")).strip().lower()
     if value == "auto":
         return "vllm" if bool(cfg.hardware.use_vllm) else "padded"
@@ -64,7 +67,7 @@ def check_generation(cfg: DictConfig) -> None:
     if value == "vllm" and not use_vllm:
         raise ConfigError("trainer.generation=vllm needs hardware.use_vllm=true (and the vllm extra: pip install 'mixrl[vllm]'); "
                           "set hardware.use_vllm=true, or trainer.generation=padded")
-    if value in ("padded", "shared-prefill", "continuous") and use_vllm:
+    if value in ("padded", "shared-prefill", "compact", "continuous") and use_vllm:
         raise ConfigError(f"trainer.generation={value} contradicts hardware.use_vllm=true (vLLM generates); "
                           "set trainer.generation=vllm (or auto), or hardware.use_vllm=false")
     hw = cfg.hardware

@@ -19,7 +19,7 @@ def _cfg(extra: list[str], run_dir: Path | None = None):
 
 
 @pytest.mark.parametrize("extra, words", [
-    (["trainer.generation=paged"], "trainer.generation=paged is not one of auto, padded, shared-prefill, continuous, vllm"),
+    (["trainer.generation=paged"], "trainer.generation=paged is not one of auto, padded, shared-prefill, compact, continuous, vllm"),
     (["trainer.generation=vllm"], "trainer.generation=vllm needs hardware.use_vllm=true"),
 ])
 def test_bad_generation_is_one_line(extra, words):
@@ -33,9 +33,10 @@ def test_padded_with_vllm_contradicts():
 
     cfg = _cfg([])
     cfg.hardware.use_vllm = True
-    cfg.trainer.generation = "continuous"
-    with pytest.raises(ConfigError, match="contradicts hardware.use_vllm=true"):
-        check_generation(cfg)
+    for engine in ("continuous", "compact"):
+        cfg.trainer.generation = engine
+        with pytest.raises(ConfigError, match=f"trainer.generation={engine} contradicts hardware.use_vllm=true"):
+            check_generation(cfg)
     cfg.trainer.generation = "auto"
     check_generation(cfg)  # auto follows hardware.use_vllm
 

@@ -60,7 +60,7 @@ def test_auto_resolves_and_sets_trl_flag(tmp_path):
     from mixrl.trainer.build import grpo_args
 
     padded, cont = _cfg([]), _cfg(["trainer.generation=continuous", "data.max_prompt_tokens=40"])
-    assert resolve_generation(padded) == "padded" and resolve_generation(cont) == "continuous"
+    assert resolve_generation(padded) == "compact" and resolve_generation(cont) == "continuous"  # auto: compact (padded generate)
     args = grpo_args(padded, tmp_path, geometry(padded))
     assert args.use_transformers_continuous_batching is False
     args = grpo_args(cont, tmp_path, geometry(cont))

@@ -14,10 +14,12 @@
   prompt blocks of a group are shared (prefix caching). Greedy completions are the same as
   ``padded``'s; sampled ones follow the same distribution but not the same random stream.
 * ``vllm``: vLLM (``hardware.use_vllm=true``, its extra installed; ``hardware.vllm_mode``).
-* ``auto`` (default): ``vllm`` when ``hardware.use_vllm=true``, else ``padded``. ``continuous``
-  is faster on long-tailed lengths (bench ``--lengths variable``, its ``-cb`` variants) and exact
-  for greedy decoding, but its sampled completions come from another random stream than
-  ``padded``'s, so it is not the default: a seeded run keeps its trajectory (and the trainer pins).
+* ``auto`` (default): ``vllm`` when ``hardware.use_vllm=true``, else ``compact``: the same
+  completions and random stream as ``padded`` (up to last-bit differences of the smaller decoding
+  batch), faster on long-tailed lengths (bench ``--lengths variable``, its ``-compact`` variants).
+  ``continuous`` is exact for greedy decoding but its sampled completions come from another random
+  stream than ``padded``'s, so it is not the default: a seeded run keeps its trajectory (and the
+  trainer pins).
 
 Light: no torch, no transformers (``mixrl plan`` and ``config show`` read it).
 """
@@ -52,7 +54,7 @@ def resolve_generation(cfg: DictConfig) -> str:
     """The engine a run generates with: ``padded``, ``shared-prefill``, ``compact``, ``continuous`` or ``vllm`` (``auto`` resolved)."""
     value = str(cfg.trainer.get("generation", "auto")).strip().lower()
     if value == "auto":
-        return "vllm" if bool(cfg.hardware.use_vllm) else "padded"
+        return "vllm" if bool(cfg.hardware.use_vllm) else "compact"
     return value
 
 
@@ -62,7 +64,7 @@ def check_generation(cfg: DictConfig) -> None:
     value = str(raw).strip().lower()
     if value not in GENERATION:
         raise ConfigError(f"trainer.generation={raw} is not one of {', '.join(GENERATION)}; "
-                          "set trainer.generation=auto (vLLM when hardware.use_vllm=true, else padded)")
+                          "set trainer.generation=auto (vLLM when hardware.use_vllm=true, else compact)")
     use_vllm = bool(cfg.hardware.use_vllm)
     if value == "vllm" and not use_vllm:
         raise ConfigError("trainer.generation=vllm needs hardware.use_vllm=true (and the vllm extra: pip install 'mixrl[vllm]'); "

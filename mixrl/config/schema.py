@@ -54,7 +54,7 @@ class TrainerConfig:
     # rows of a forward packed into one sequence without padding (mixrl.trainer.parts.packing): auto (where the model
     # can take packed rows, else padded, said once) | true (refused for a model that cannot) | false (padded, as TRL)
     padding_free: str = "auto"
-    # the engine generating rollouts (mixrl.config.generation): auto (vllm when hardware.use_vllm, else padded) | padded
+    # the engine generating rollouts (mixrl.config.generation): auto (vllm when hardware.use_vllm, else compact) | padded
     # (transformers' generate, rows padded to one width, as TRL) | shared-prefill (padded, each group's prompt prefilled
     # once for its rows) | compact (padded, finished rows no longer computed) | continuous (transformers' continuous
     # batching) | vllm

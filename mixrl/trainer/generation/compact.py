@@ -1,4 +1,5 @@
-"""``trainer.generation=compact``: padded generation that stops computing the rows that are done.
+"""``trainer.generation=compact`` (what ``auto`` picks without vLLM): padded generation that stops
+computing the rows that are done.
 
 Padded generation (transformers' ``generate``, TRL's default) decodes every row of the batch until
 the longest is done: a row that emitted eos (or that a stopping criterion ended) is computed on,

@@ -126,8 +126,9 @@ def ratios(rep: dict) -> dict:
                                      "train": paired_ratio(x, t, "train_seconds"),
                                      "vs_trl_cb": paired_ratio(x, tcb) if tcb and name != "trl-cb" else None,
                                      "rollout_share": rollout_share(x), "trl_rollout_share": rollout_share(t)}
-    for name in ("grpo-sp", "grpo-pf-budget-sp"):  # shared prefill against padded TRL and the same variant's plain prefill
-        x, plain = res.get(name), res.get(name[: -len("-sp")])
+    for name in ("grpo-sp", "grpo-pf-budget-sp", "grpo-compact", "grpo-pf-budget-compact"):
+        # shared prefill / compact generation against padded TRL and the same variant's plain padded generation
+        x, plain = res.get(name), res.get(name.rsplit("-", 1)[0])
         if x and t:
             out[f"{name}_vs_trl"] = {"step": paired_ratio(x, t), "rollout": paired_ratio(x, t, "rollout_seconds"),
                                      "train": paired_ratio(x, t, "train_seconds"),
@@ -212,12 +213,13 @@ def ratio_lines(rep: dict) -> list[tuple[str, dict, str]]:
             lines.append((f"(9) {'plain TRL' if name == 'trl-cb' else 'mixrl'} {name} / plain TRL (padded generation)", d,
                           f"{vs}rollout share of the step {fmt(d['rollout_share'], '.2f')} (plain TRL: "
                           f"{fmt(d['trl_rollout_share'], '.2f')})"))
-    for name in ("grpo-sp", "grpo-pf-budget-sp"):
+    for name in ("grpo-sp", "grpo-pf-budget-sp", "grpo-compact", "grpo-pf-budget-compact"):
         if f"{name}_vs_trl" in r:
             d = r[f"{name}_vs_trl"]
             vs = f"; step / TRL with continuous batching: {_r(d.get('vs_trl_cb'))}" if d.get("vs_trl_cb") else ""
-            lines.append((f"(10) mixrl {name} / plain TRL", d,
-                          f"step / {name[: -len('-sp')]} (prefill per row): {_r(d.get('vs_plain'))}, generation "
+            plain = "prefill per row" if name.endswith("-sp") else "every row decoded to the end"
+            lines.append((f"({10 if name.endswith('-sp') else 11}) mixrl {name} / plain TRL", d,
+                          f"step / {name.rsplit('-', 1)[0]} ({plain}): {_r(d.get('vs_plain'))}, generation "
                           f"{_r(d.get('generate_vs_plain'))}{vs}"))
     return lines
 
@@ -333,6 +335,10 @@ def markdown(rep: dict, profile_path: str | None, md_dir: str | Path | None = No
            "(`trainer.generation=shared-prefill`, `mixrl/trainer/generation/shared_prefill.py`): the same rows, decoding "
            "steps and random stream as padded generation."]
           if any(n.endswith("-sp") for n in rep["results"]) else []),
+        *(["- `*-compact`: the same variant generated padded with the finished rows no longer computed "
+           "(`trainer.generation=compact`, `mixrl/trainer/generation/compact.py`): the same rows, sampling calls and "
+           "random stream as padded generation, each decoding step run on the rows not yet done."]
+          if any(n.endswith("-compact") for n in rep["results"]) else []),
         "- Every variant is timed by the same hooks: a `TrainerCallback` (`on_step_begin` → `on_step_end`, CUDA "
         "synchronised) for the trainers, the same `begin`/`end` calls in the floor's loop.",
     ]

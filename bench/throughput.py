@@ -134,9 +134,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     cb = [v for v in (x.strip() for x in opts.only.split(",")) if v.endswith("-cb")]
     if cb and opts.lengths != "variable":
         p.error(f"{', '.join(cb)} (continuous batching) need --lengths variable: its engine stops each row at its drawn length")
-    sp = [v for v in (x.strip() for x in opts.only.split(",")) if v.endswith("-sp")]
+    sp = [v for v in (x.strip() for x in opts.only.split(",")) if v.endswith(("-sp", "-compact"))]
     if sp and opts.lengths != "variable":
-        p.error(f"{', '.join(sp)} (shared prefill) need --lengths variable, the run that applies a variant's engine suffix")
+        p.error(f"{', '.join(sp)} (shared prefill, compact) need --lengths variable, the run that applies a variant's engine suffix")
     if not any(x.strip() for x in opts.only.split(",")):
         p.error(f"--only names no variant; choose from {', '.join(VARIANTS)}")
     if opts.context is not None and (opts.model is not None or opts.context < 128):

@@ -19,7 +19,7 @@ def _cfg(extra: list[str], run_dir: Path | None = None):
 
 
 @pytest.mark.parametrize("extra, words", [
-    (["trainer.generation=paged"], "trainer.generation=paged is not one of auto, padded, shared-prefill, continuous, vllm"),
+    (["trainer.generation=paged"], "trainer.generation=paged is not one of auto, padded, shared-prefill, compact, continuous, vllm"),
     (["trainer.generation=vllm"], "trainer.generation=vllm needs hardware.use_vllm=true"),
 ])
 def test_bad_generation_is_one_line(extra, words):
@@ -33,9 +33,10 @@ def test_padded_with_vllm_contradicts():
 
     cfg = _cfg([])
     cfg.hardware.use_vllm = True
-    cfg.trainer.generation = "continuous"
-    with pytest.raises(ConfigError, match="contradicts hardware.use_vllm=true"):
-        check_generation(cfg)
+    for engine in ("continuous", "compact"):
+        cfg.trainer.generation = engine
+        with pytest.raises(ConfigError, match=f"trainer.generation={engine} contradicts hardware.use_vllm=true"):
+            check_generation(cfg)
     cfg.trainer.generation = "auto"
     check_generation(cfg)  # auto follows hardware.use_vllm
 
@@ -59,7 +60,7 @@ def test_auto_resolves_and_sets_trl_flag(tmp_path):
     from mixrl.trainer.build import grpo_args
 
     padded, cont = _cfg([]), _cfg(["trainer.generation=continuous", "data.max_prompt_tokens=40"])
-    assert resolve_generation(padded) == "padded" and resolve_generation(cont) == "continuous"
+    assert resolve_generation(padded) == "compact" and resolve_generation(cont) == "continuous"  # auto: compact (padded generate)
     args = grpo_args(padded, tmp_path, geometry(padded))
     assert args.use_transformers_continuous_batching is False
     args = grpo_args(cont, tmp_path, geometry(cont))

@@ -254,6 +254,8 @@ PINNED_TOUCHED: dict[str, tuple[tuple[str, object], ...]] = {
         ("self", REQUIRED), ("prompts", REQUIRED), ("images", REQUIRED), ("num_generations", REQUIRED), ("profiler", None)),
     "trl.generation.vllm_generation.VLLMGeneration.sync_weights": (("self", REQUIRED),),
     "transformers.integrations.TensorBoardCallback._init_summary_writer": (("self", REQUIRED), ("args", REQUIRED)),
+    "transformers.GenerationMixin._get_stopping_criteria": (
+        ("self", REQUIRED), ("generation_config", REQUIRED), ("stopping_criteria", REQUIRED), ("tokenizer", None)),
 }
 
 def _owner(path: str):

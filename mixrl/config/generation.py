@@ -6,15 +6,20 @@
   keys and values computed on the distinct prompts, then expanded to every row;
   :mod:`mixrl.trainer.generation.shared_prefill`): the same rows, decoding steps and random
   stream as ``padded``, (G - 1) / G of the prefill saved.
+* ``compact``: ``padded``, each decoding step computed only on the rows not yet done (a done row
+  leaves the KV cache; :mod:`mixrl.trainer.generation.compact`): the same rows, sampling calls and
+  random stream as ``padded``, the decoding work of the finished rows saved.
 * ``continuous``: transformers' continuous-batching engine (``generate_batch``, TRL's
   ``use_transformers_continuous_batching``): a row leaves the batch when it ends and the
   prompt blocks of a group are shared (prefix caching). Greedy completions are the same as
   ``padded``'s; sampled ones follow the same distribution but not the same random stream.
 * ``vllm``: vLLM (``hardware.use_vllm=true``, its extra installed; ``hardware.vllm_mode``).
-* ``auto`` (default): ``vllm`` when ``hardware.use_vllm=true``, else ``padded``. ``continuous``
-  is faster on long-tailed lengths (bench ``--lengths variable``, its ``-cb`` variants) and exact
-  for greedy decoding, but its sampled completions come from another random stream than
-  ``padded``'s, so it is not the default: a seeded run keeps its trajectory (and the trainer pins).
+* ``auto`` (default): ``vllm`` when ``hardware.use_vllm=true``, else ``compact``: the same
+  completions and random stream as ``padded`` (up to last-bit differences of the smaller decoding
+  batch), faster on long-tailed lengths (bench ``--lengths variable``, its ``-compact`` variants).
+  ``continuous`` is exact for greedy decoding but its sampled completions come from another random
+  stream than ``padded``'s, so it is not the default: a seeded run keeps its trajectory (and the
+  trainer pins).
 
 Light: no torch, no transformers (``mixrl plan`` and ``config show`` read it).
 """
@@ -27,7 +32,7 @@ from omegaconf import DictConfig
 
 from mixrl.errors import ConfigError
 
-GENERATION = ("auto", "padded", "shared-prefill", "continuous", "vllm")
+GENERATION = ("auto", "padded", "shared-prefill", "compact", "continuous", "vllm")
 #: tokens per KV-cache page of the continuous engine on CPU (transformers' default, 256, wastes most of a
 #: page on short completions and makes the cache, and the attention-mask buffer sized from it, large)
 CPU_PAGE_SIZE = 16
@@ -46,10 +51,10 @@ ASSUMED_PROMPT_TOKENS = 512
 
 
 def resolve_generation(cfg: DictConfig) -> str:
-    """The engine a run generates with: ``padded``, ``shared-prefill``, ``continuous`` or ``vllm`` (``auto`` resolved)."""
+    """The engine a run generates with: ``padded``, ``shared-prefill``, ``compact``, ``continuous`` or ``vllm`` (``auto`` resolved)."""
     value = str(cfg.trainer.get("generation", "auto")).strip().lower()
     if value == "auto":
-        return "vllm" if bool(cfg.hardware.use_vllm) else "padded"
+        return "vllm" if bool(cfg.hardware.use_vllm) else "compact"
     return value
 
 
@@ -59,12 +64,12 @@ def check_generation(cfg: DictConfig) -> None:
     value = str(raw).strip().lower()
     if value not in GENERATION:
         raise ConfigError(f"trainer.generation={raw} is not one of {', '.join(GENERATION)}; "
-                          "set trainer.generation=auto (vLLM when hardware.use_vllm=true, else padded)")
+                          "set trainer.generation=auto (vLLM when hardware.use_vllm=true, else compact)")
     use_vllm = bool(cfg.hardware.use_vllm)
     if value == "vllm" and not use_vllm:
         raise ConfigError("trainer.generation=vllm needs hardware.use_vllm=true (and the vllm extra: pip install 'mixrl[vllm]'); "
                           "set hardware.use_vllm=true, or trainer.generation=padded")
-    if value in ("padded", "shared-prefill", "continuous") and use_vllm:
+    if value in ("padded", "shared-prefill", "compact", "continuous") and use_vllm:
         raise ConfigError(f"trainer.generation={value} contradicts hardware.use_vllm=true (vLLM generates); "
                           "set trainer.generation=vllm (or auto), or hardware.use_vllm=false")
     hw = cfg.hardware

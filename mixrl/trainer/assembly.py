@@ -46,6 +46,7 @@ from mixrl.core.controllers import sum_over_processes
 from mixrl.core import ADVANTAGES
 from mixrl.core.terms import term_needs
 from mixrl.trainer.generation.async_generation import AsyncGeneration, AsyncPipeline
+from mixrl.trainer.generation.compact import CompactGeneration
 from mixrl.trainer.generation.lagged_weights import LaggedWeights, cpu_copy, trainable
 from mixrl.trainer.generation.paged_cache import PagedCacheSizing
 from mixrl.trainer.generation.shared_prefill import SharedPrefill
@@ -222,14 +223,16 @@ def _token_budget(h: TrlHandles, token_budget: dict) -> TokenBudget:
                        reduce_max=reduce_max, scoring_batch_size=token_budget.get("scoring_batch_size"))
 
 
-def wrap_generation(model, generation: str) -> SharedPrefill | PagedCacheSizing | None:
+def wrap_generation(model, generation: str) -> SharedPrefill | CompactGeneration | PagedCacheSizing | None:
     """The policy's generation as ``trainer.generation`` asks beyond TRL's flags
     (:func:`mixrl.config.generation.generation_args`): ``shared-prefill`` wraps its ``generate``
-    (each group's prompt prefilled once), ``continuous`` sizes the engine's paged cache per call (it
-    acts where the config sets ``num_blocks``: on CPU). ``model``: the policy without its wrappers.
-    None: nothing installed."""
+    (each group's prompt prefilled once), ``compact`` too (finished rows no longer computed),
+    ``continuous`` sizes the engine's paged cache per call (it acts where the config sets
+    ``num_blocks``: on CPU). ``model``: the policy without its wrappers. None: nothing installed."""
     if generation == "shared-prefill":
         return SharedPrefill(model, new_cache=lambda: DynamicCache(config=model.config.get_text_config(decoder=True)))
+    if generation == "compact":
+        return CompactGeneration(model)
     if generation == "continuous":
         return PagedCacheSizing(model)
     return None

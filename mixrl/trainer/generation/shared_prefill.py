@@ -60,6 +60,36 @@ def positions(attention_mask: torch.Tensor) -> torch.Tensor:
     return pos.masked_fill(attention_mask == 0, 0)
 
 
+def reproducible(model, kwargs: dict) -> bool:
+    """Whether a wrapper of ``generate`` that rebuilds its decoding reproduces this call exactly:
+    keyword inputs ``input_ids`` and ``attention_mask`` (2-D, same shape) and only :data:`PASSED`
+    keywords, a decoder-only model with transformers' default dynamic cache, no cache given or
+    configured, no beam search, one sequence per prompt, no assisted decoding."""
+    ids, mask = kwargs.get("input_ids"), kwargs.get("attention_mask")
+    if not (isinstance(ids, torch.Tensor) and isinstance(mask, torch.Tensor) and ids.dim() == mask.dim() == 2):
+        return False
+    if ids.shape != mask.shape or ids.shape[1] < 1 or not set(kwargs) <= PASSED:
+        return False
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "is_encoder_decoder", False):
+        return False
+    supports = getattr(model, "_supports_default_dynamic_cache", None)
+    if supports is None or not supports():
+        return False
+    gen = kwargs.get("generation_config") or getattr(model, "generation_config", None)
+    model_gen = getattr(model, "generation_config", None)
+    for g in (gen, model_gen):
+        if g is None:
+            continue
+        if getattr(g, "cache_implementation", None) is not None or getattr(g, "use_cache", True) is False:
+            return False
+    if gen is None or int(getattr(gen, "num_beams", 1) or 1) != 1 or int(getattr(gen, "num_return_sequences", 1) or 1) != 1:
+        return False
+    if getattr(gen, "prompt_lookup_num_tokens", None) or getattr(gen, "assistant_early_exit", None):
+        return False
+    return kwargs.get("use_cache", True) is not False
+
+
 class SharedPrefill:
     """Wraps ``model.generate`` (an instance attribute, so the class and other models are
     untouched); ``new_cache()`` returns an empty cache of the kind ``generate`` would build
@@ -88,29 +118,8 @@ class SharedPrefill:
         return self._generate(**kwargs, past_key_values=cache)
 
     def _shareable(self, kwargs: dict) -> bool:
-        ids, mask = kwargs.get("input_ids"), kwargs.get("attention_mask")
-        if not (isinstance(ids, torch.Tensor) and isinstance(mask, torch.Tensor) and ids.dim() == mask.dim() == 2):
-            return False
-        if ids.shape != mask.shape or ids.shape[1] < 2 or not set(kwargs) <= PASSED:
-            return False
-        config = getattr(self.model, "config", None)
-        if config is None or getattr(config, "is_encoder_decoder", False):
-            return False
-        supports = getattr(self.model, "_supports_default_dynamic_cache", None)
-        if supports is None or not supports():
-            return False
-        gen = kwargs.get("generation_config") or getattr(self.model, "generation_config", None)
-        model_gen = getattr(self.model, "generation_config", None)
-        for g in (gen, model_gen):
-            if g is None:
-                continue
-            if getattr(g, "cache_implementation", None) is not None or getattr(g, "use_cache", True) is False:
-                return False
-        if gen is None or int(getattr(gen, "num_beams", 1) or 1) != 1 or int(getattr(gen, "num_return_sequences", 1) or 1) != 1:
-            return False
-        if getattr(gen, "prompt_lookup_num_tokens", None) or getattr(gen, "assistant_early_exit", None):
-            return False
-        return kwargs.get("use_cache", True) is not False
+        ids = kwargs.get("input_ids")
+        return reproducible(self.model, kwargs) and ids.shape[1] >= 2
 
     @torch.no_grad()
     def _prefill(self, ids: torch.Tensor, mask: torch.Tensor):

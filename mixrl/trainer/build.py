@@ -72,33 +72,35 @@ class RunInputs:
     source: object = None  # the off-policy source, prepared on train_ds (see prepare_sources)
     source_rows: object = None  # the training rows after the source's prepare: what the run trains on
     benchmarks: list = field(default_factory=list)  # trainer.eval_benchmarks, loaded (mixrl.benchmarks.live.LiveBenchmark)
+    teacher: object = None  # the teacher node's teacher, built, resolved and checked against the tokenizer (or None)
+    injection: object = None  # the algo's injection, built with the source (see prepare_sources)
+    sampler: tuple = (None, None)  # (sampler, its max-completion-length schedule), built on source_rows
 
 
 def prepare_sources(cfg: DictConfig, train_ds, *, teacher=None):
-    """``(source, rows)``: the off-policy source built and prepared on the training rows (its
-    file read, its pairs or pool built), with the rows it leaves to train on. The injection is
-    built with it (its constructor tells the source what it reads), the teacher's and the
-    sampler's data checks run on those rows (``sampler.arms_column``, ``teacher.source.privileged``),
-    and the sampler is built and dropped. :func:`prepare_inputs` calls it, so everything the
-    data can refuse is refused before the run directory exists; the trainer trains with the
-    returned source (:func:`trainer_from_config`)."""
+    """``(source, rows, injection, sampler)``: the off-policy source built and prepared on the
+    training rows (its file read, its pairs or pool built), with the rows it leaves to train on;
+    the injection, built with it (its constructor tells the source what it reads); the sampler
+    ``(sampler, max-completion-length schedule)`` built on those rows, after the teacher's data
+    check (``sampler.arms_column``, ``teacher.source.privileged``). :func:`prepare_inputs` calls
+    it, so everything the data can refuse is refused before the run directory exists; the trainer
+    is built with these objects (:func:`trainer_from_config`): each is built once."""
     source = build_source(cfg)
-    build_injection(cfg, source=source, geometry=geometry(cfg))  # sets what the source must read (e.g. expert rows per prompt)
+    injection = build_injection(cfg, source=source, geometry=geometry(cfg))  # sets what the source must read (e.g. expert rows per prompt)
     rows = source.prepare(train_ds, cfg.data)
     if teacher is not None:
         rows = teacher.prepare(rows, cfg.data)
-    build_sampler(cfg, rows)
-    return source, rows
+    return source, rows, injection, build_sampler(cfg, rows)
 
 
-def source_texts(cfg: DictConfig, source, *, teacher=None) -> dict[str, list[str]]:
+def source_texts(cfg: DictConfig, source, injection, *, teacher=None) -> dict[str, list[str]]:
     """The text the run tokenizes beyond the training rows, by where it comes from (the source's
     file, the injection's and the teacher's templates): checked for characters like the rows,
     and learned by the tiny model (:func:`prepare_inputs`)."""
     name = str(cfg.offpolicy.source.name)
     dataset = cfg.offpolicy.source.get("dataset")
     out = {f"offpolicy.source.dataset={dataset}" if dataset else f"the {name} source's text": list(source.texts()),
-           "algo.inject.template": list(build_injection(cfg, geometry=geometry(cfg)).texts())}
+           "algo.inject.template": list(injection.texts())}
     if teacher is not None:
         out["teacher.source.template"] = list(teacher.texts())
     return {k: v for k, v in out.items() if v}
@@ -126,8 +128,8 @@ def prepare_inputs(cfg: DictConfig, console: Console, *, check: bool = True) -> 
     train_ds, eval_rows, heldout = heldout_rows(cfg)
     reward_funcs, reward_weights = build_reward_funcs(cfg, model_path=model_path, tokenizer=tokenizer)  # a judge on the policy's model is asked during the data check below
     teacher = build_teacher(cfg)
-    source, source_rows = prepare_sources(cfg, train_ds, teacher=teacher)  # its file, pairs, sampler columns: refused here
-    extra = {"the held-out rows": row_texts(eval_rows), **source_texts(cfg, source, teacher=teacher)}
+    source, source_rows, injection, sampler = prepare_sources(cfg, train_ds, teacher=teacher)  # its file, pairs, sampler columns: refused here
+    extra = {"the held-out rows": row_texts(eval_rows), **source_texts(cfg, source, injection, teacher=teacher)}
     new_chars = tiny_missing_characters(cfg, model_path, tokenizer, row_texts(train_ds) + [t for v in extra.values() for t in v])
     if new_chars:  # the tiny model learns the data's characters: check with its extended tokenizer
         from mixrl.models.tiny_vocab import extend_tokenizer  # deferred: tiny_vocab imports transformers; `mixrl plan` imports this module and must not load it
@@ -140,10 +142,10 @@ def prepare_inputs(cfg: DictConfig, console: Console, *, check: bool = True) -> 
             fn.check_at_start(tokenizer)
     if check:
         check_padding_free(cfg, model_path)  # trainer.padding_free=true with a model that cannot take packed rows
-    if check and teacher is not None:  # a missing teacher folder or another vocabulary fails here, not after the run directory exists
+    if teacher is not None:  # a missing teacher folder or another vocabulary fails here, not after the run directory exists
         teacher.check_builtin_teacher(tokenizer)  # before building it
         teacher.resolve(progress=bool(cfg.logger.progress), why=f"the teacher of algo={cfg.algo.name}")
-        teacher.check_tokenizer(tokenizer)  # unchecked: the assembly checks the teacher as it builds it
+        teacher.check_tokenizer(tokenizer)  # built once: trainer_from_config takes this teacher from the inputs
     if int(os.environ.get("RANK", "0")) == 0:
         console.print(describe_heldout(heldout), soft_wrap=True, highlight=False)
         for note in source.notes:
@@ -160,7 +162,7 @@ def prepare_inputs(cfg: DictConfig, console: Console, *, check: bool = True) -> 
         benchmarks = prepare(cfg, tokenizer, heldout_reward(reward_funcs[0]), eval_rows=load_eval_rows)
     return RunInputs(model_path, tokenizer, train_ds, eval_rows, heldout, reward_funcs, reward_weights,
                      time.perf_counter() - t0, time.process_time() - cpu0, source=source, source_rows=source_rows,
-                     benchmarks=benchmarks)
+                     benchmarks=benchmarks, teacher=teacher, injection=injection, sampler=sampler)
 
 
 def packing_mode(cfg: DictConfig) -> str:
@@ -220,21 +222,10 @@ def trainer_from_config(cfg: DictConfig, *, inputs: RunInputs | None = None, cal
     args.reward_weights = inputs.reward_weights
     for key, value in arg_overrides.items():
         setattr(args, key, value)
-    if inputs.source is not None:  # prepared (and checked) by prepare_inputs
-        source, train_ds = inputs.source, inputs.source_rows
-    else:
-        source, train_ds = build_source(cfg), None
-    injection = build_injection(cfg, source=source, geometry=geom)
-    if train_ds is None:
-        train_ds = source.prepare(inputs.train_ds, cfg.data)
-    teacher = build_teacher(cfg)
-    if teacher is not None:  # built (builtin:tiny-teacher), tokenizers compared, before the policy loads
-        teacher.check_builtin_teacher(tokenizer)  # before building it
-        teacher.resolve(progress=bool(cfg.logger.progress), why=f"the teacher of algo={cfg.algo.name}")
-        teacher.check_tokenizer(tokenizer)
-        train_ds = teacher.prepare(train_ds, cfg.data)
-
-    sampler, sampler_length = build_sampler(cfg, train_ds)
+    # built once, by prepare_inputs: the source and its rows, the injection, the teacher (resolved and
+    # checked before the policy loads), the sampler
+    train_ds, injection, teacher = inputs.source_rows, inputs.injection, inputs.teacher
+    sampler, sampler_length = inputs.sampler
     tools = env_tools(cfg)
     if tools:
         args.max_tool_calling_iterations = cfg.env.max_tool_calls  # TRL's tool loop: rounds per rollout (None: no limit)

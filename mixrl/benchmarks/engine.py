@@ -10,8 +10,9 @@ TRL pushes the training weights to the engine lazily, at the first generation of
 step (``GRPOTrainer._generate``: ``vllm_generation.sync_weights()`` when ``state.global_step !=
 _last_loaded_step``). The periodic evaluation runs at a step's end, after the optimizer step and
 before the next generation, so the engine still holds the previous step's weights:
-:meth:`EngineGenerator.sync` pushes them first, with TRL's own call, and records the step in
-``_last_loaded_step`` so that the next rollout generation does not push them again.
+:meth:`EngineGenerator.sync` pushes them first, through the trainer's own
+``push_engine_weights`` (TRL's call, and the step recorded in ``_last_loaded_step`` so that the
+next rollout generation does not push them again).
 
 Sampled protocols seed each (problem, sample) pair (``SamplingParams.seed``, from the evaluation's
 seed and the pair's index), so a sample does not depend on which process draws it nor on the
@@ -64,13 +65,7 @@ class EngineGenerator:
     def sync(self) -> bool:
         """Push the training weights to the engine unless this optimizer step's are there already
         (TRL's ``sync_weights`` and its ``_last_loaded_step`` tag); True when it pushed."""
-        t = self.trainer
-        step = int(t.state.global_step)
-        if getattr(t, "_last_loaded_step", None) == step and not getattr(self.vg, "_llm_weights_sleeping", False):
-            return False
-        self.vg.sync_weights()
-        t._last_loaded_step = step
-        return True
+        return self.trainer.push_engine_weights()
 
     def generate(self, tokenizer, prompts: list, pairs: list[int], *, temperature: float, top_p: float | None,
                  max_new_tokens: int, seed: int) -> list[str]:

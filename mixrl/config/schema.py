@@ -48,7 +48,8 @@ class TrainerConfig:
     prompts_per_step: int = 16
     micro_batch_size: Optional[int] = None  # rows per forward/backward per process; null: the whole step at once
     # tokens per forward/backward per process (verl's ppo_max_token_len_per_gpu): the step's rows grouped by this budget,
-    # longest first (mixrl.trainer.parts.token_budget); micro_batch_size then only sizes no-grad scoring forwards; null: rows
+    # longest first (mixrl.trainer.parts.token_budget); the no-grad scoring forwards take the same budget
+    # (mixrl.trainer.parts.scoring_chunks), micro_batch_size then only caps their rows; null: rows
     max_tokens_per_micro_batch: Optional[int] = None
     num_iterations: int = 1  # optimisation passes over each generation batch (PPO epochs)
     # rows of a forward packed into one sequence without padding (mixrl.trainer.parts.packing): auto (where the model

@@ -229,6 +229,18 @@ class MixrlGRPOTrainer(GRPOTrainer):
         if checkpoint:
             checkpoints.load(self, checkpoint)
 
+    def restore_counters(self, state: dict | None) -> None:
+        """The run's counters as a checkpoint's progress state recorded them (``mixrl train resume=``,
+        before training; None: a checkpoint without them, the counters stay)."""
+        if state is not None:
+            self.mixrl_rollouts = int(state.get("rollouts", 0))
+            self.mixrl_generated_tokens = int(state.get("generated_tokens", 0))
+
+    def push_engine_weights(self) -> bool:
+        """The training weights pushed to the colocated vLLM engine unless this step's are there
+        (the benchmarks' evaluation on the engine; :func:`~mixrl.trainer.trl_hooks.async_vllm.push_engine_weights`)."""
+        return async_vllm.push_engine_weights(self)
+
     def micro_step_at_checkpoint(self) -> int:
         """TRL's micro-batch counter ``_step`` as of the end of optimizer step ``global_step`` (what a
         run resumed from a checkpoint of this step must continue from; :func:`~mixrl.trainer.trl_hooks.checkpoints.micro_step_at_checkpoint`)."""

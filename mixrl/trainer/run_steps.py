@@ -39,7 +39,7 @@ from mixrl.rewards.deadline import RewardInterrupted, RewardTooSlow
 from mixrl.trainer.build import RunInputs
 from mixrl.trainer.magnitude import MagnitudeExceeded
 from mixrl.trainer.sample_log import SAMPLES_FILE
-from mixrl.trainer.state.resume import load_run_state
+from mixrl.trainer.state.resume import read_run_state
 from mixrl.trainer.state.rundir import EVAL_BEFORE, MERGED_DIR, checkpoint_step, last_checkpoint, last_checkpoint_note, truncate_jsonl
 
 #: written under RUN_DIR/launch/ by a launched run's first process on each machine when a preemption
@@ -230,7 +230,7 @@ def evaluate_before(run: Run) -> None:
     if guard.signum is not None:
         raise RunInterrupted(f"{guard.name} before the first training step; nothing to resume; run the command again")
     if run.resume_from is not None:
-        load_run_state(run.trainer, run.resume_from)
+        run.trainer.restore_counters(read_run_state(run.resume_from))
 
 
 # --------------------------------------------------------------------------- 5. fit

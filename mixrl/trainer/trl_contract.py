@@ -41,7 +41,7 @@ TOUCHED: tuple[tuple[str, str, str, str], ...] = (
     (GRPO, "_step", "field", "grpo and trl_hooks: TRL's micro-step counter (injections' draws, num_iterations passes, the budget step; restored on resume)"),
     (GRPO, "_buffered_inputs", "field", "trl_hooks.checkpoints.BufferedBatch: the generation batch a checkpoint between two generations carries"),
     (GRPO, "_current_train_step_time", "field", "trl_hooks.loss.budget_step: TRL's step time, kept as GRPOTrainer.training_step keeps it"),
-    (GRPO, "_last_loaded_step", "field", "trl_hooks.async_vllm (async mode) and benchmarks/engine.py: the step whose weights vLLM holds"),
+    (GRPO, "_last_loaded_step", "field", "trl_hooks.async_vllm (async mode; push_engine_weights for benchmarks/engine.py): the step whose weights vLLM holds"),
     (GRPO, "_dist", "field", "trl_handles: is_fsdp / is_zero3 decide whether every process joins every policy forward"),
     (VG, "_llm_weights_sleeping", "field", "benchmarks/engine.py: the engine put to sleep after a benchmark, as TRL leaves it"),
     (CLIENT, "_updating_weights", "field", "vllm_file_transfer: inside TRL's weight_update bracket or not"),

@@ -247,10 +247,7 @@ def check_trained_config(cfg: DictConfig, checkpoint: str | Path) -> None:
         )
 
 
-def load_run_state(trainer, checkpoint: str | Path) -> None:
-    """Restore the counters of :data:`RUN_STATE_FILE` (a checkpoint without it keeps them)."""
+def read_run_state(checkpoint: str | Path) -> dict | None:
+    """The counters of :data:`RUN_STATE_FILE` (None: a checkpoint without it; the trainer keeps its own)."""
     path = Path(checkpoint) / RUN_STATE_FILE
-    if path.is_file():
-        state = json.loads(path.read_text())
-        trainer.mixrl_rollouts = int(state.get("rollouts", 0))
-        trainer.mixrl_generated_tokens = int(state.get("generated_tokens", 0))
+    return json.loads(path.read_text()) if path.is_file() else None

@@ -47,6 +47,18 @@ def generate_and_score(t, inputs) -> tuple[dict, int]:
     return out, version
 
 
+def push_engine_weights(t) -> bool:
+    """The training weights pushed to the colocated vLLM engine unless this optimizer step's are
+    there already (TRL's ``sync_weights`` and its ``_last_loaded_step`` tag, which TRL's next
+    rollout generation reads: it does not push them again); True when pushed."""
+    step = int(t.state.global_step)
+    if getattr(t, "_last_loaded_step", None) == step and not getattr(t.vllm_generation, "_llm_weights_sleeping", False):
+        return False
+    t.vllm_generation.sync_weights()
+    t._last_loaded_step = step
+    return True
+
+
 def weights_of_version(t, version: int):
     """The trainable weights of policy ``version`` swapped in (nothing to do for the current step)."""
     if version == int(t.state.global_step):

@@ -36,7 +36,7 @@ class RunProgress:
                 **({"config": t.spec.config} if t.spec.config is not None else {})}
 
     def load_state_dict(self, state: dict) -> None:
-        t = self.trainer  # the counters themselves are restored by mixrl.trainer.state.resume.load_run_state before training
+        t = self.trainer  # the counters themselves are restored before training (MixrlGRPOTrainer.restore_counters)
         t._step = int(state.get("micro_step", int(t.state.global_step) * int(t.args.gradient_accumulation_steps)))
 
 

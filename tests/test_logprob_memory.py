@@ -67,7 +67,7 @@ def _policy_path(model, ids, att, keep):
 
     add_fused_lm_head(model, temperature=TEMPERATURE, outputs=("log_probs", "entropy"))  # as GRPOTrainer.__init__
     stub = SimpleNamespace(accelerator=SimpleNamespace(autocast=contextlib.nullcontext, is_main_process=True),
-                           parts=SimpleNamespace(packing=Packing(_MODE[0])))  # the packing part
+                           parts=SimpleNamespace(packing=Packing(_MODE[0]), score_chunks=None))  # the packing part; no token budget
     logps, ent, _ = MixrlGRPOTrainer._get_per_token_logps_and_entropies(stub, model, ids, att, keep, compute_entropy=True)
     return logps, ent
 

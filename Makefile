@@ -32,7 +32,7 @@ demo: install
 # under 10 minutes on 2 cores; `make test-slow` runs them (CI: right after `make test`)
 TEST_WORKERS ?= 2
 test: install
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder -m "not slow and not rehearse"
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder -m "not slow and not rehearse" --durations=15
 
 test-fast: test
 

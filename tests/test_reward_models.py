@@ -335,17 +335,17 @@ def test_ppo_trains_on_process_rewards_from_a_step_judge(tiny_model_path, stand_
 def test_capo_trains_on_process_rewards_per_token_without_a_critic(tiny_model_path, stand_in, tmp_path, monkeypatch):
     """algo.advantage.name=capo: the step rewards reach the policy per token (no critic): the advantages of
     a row differ between its tokens, and the run trains."""
-    import mixrl.trainer.grpo as grpo_mod
+    import mixrl.trainer.trl_hooks.scoring as scoring_mod  # the reward stage calls it (TRL's hooks' work)
 
     seen = []
-    real = grpo_mod.token_credit_inputs
+    real = scoring_mod.token_credit_inputs
 
     def spy(out, funcs, weights, acc):
         got = real(out, funcs, weights, acc)
         seen.append(got)
         return got
 
-    monkeypatch.setattr(grpo_mod, "token_credit_inputs", spy)
+    monkeypatch.setattr(scoring_mod, "token_credit_inputs", spy)
     url, _ = stand_in
     run = tmp_path / "run"
     _train([*FAST, f"model.path={tiny_model_path}", "algo.advantage.name=capo", "reward=process", "reward.params.separator=' '",

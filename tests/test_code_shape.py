@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from synthetic_package import write_package
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
@@ -18,14 +20,6 @@ import code_shape  # noqa: E402
 LONG_MODULES_ALLOWED: set[str] = set()
 #: functions allowed over the limit ("path:line name"): none.
 LONG_FUNCTIONS_ALLOWED: set[str] = set()
-
-
-def _write(root: Path, files: dict[str, str]) -> Path:
-    for rel, text in files.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return root
 
 
 def test_no_module_over_400_lines_and_no_function_over_80():
@@ -48,7 +42,7 @@ def test_the_allow_list_names_only_what_is_still_long():
 
 def test_the_shape_check_finds_a_long_module_and_a_long_function(tmp_path):
     body = "".join(f"    x{i} = {i}\n" for i in range(80))
-    pkg = _write(tmp_path / "toy", {
+    pkg = write_package(tmp_path / "toy", {
         "__init__.py": "",
         "short.py": "def f():\n" + "".join(f"    x{i} = {i}\n" for i in range(79)),  # 80 lines: allowed
         "long.py": "class C:\n    def method(self):\n" + "".join(f"        y{i} = {i}\n" for i in range(80))
@@ -61,7 +55,7 @@ def test_the_shape_check_finds_a_long_module_and_a_long_function(tmp_path):
 
 
 def test_lambdas_and_nested_functions_handed_on_are_counted(tmp_path):
-    pkg = _write(tmp_path / "toy", {
+    pkg = write_package(tmp_path / "toy", {
         "__init__.py": "", "trainer/__init__.py": "",
         "trainer/assembly.py": ("def build(trainer):\n    def reduce(x):\n        return x\n"
                                 "    a = Part(fn=lambda: trainer.step, other=1)\n    b = Other(reduce, named)\n"
@@ -79,7 +73,7 @@ def test_the_cfg_path_follows_the_config_through_resolved_calls(tmp_path):
     package functions (imported names, ``module.f``, ``Class(...)``, ``self.m``), each reached function
     analysed once per set of cfg parameters; a parameter that received the config carries it on
     under its own name; calls passing no cfg, library calls and calls on unknown objects are not followed."""
-    pkg = _write(tmp_path / "toy", {
+    pkg = write_package(tmp_path / "toy", {
         "__init__.py": "", "trainer/__init__.py": "",
         "trainer/run.py": ("from toy.trainer import build\nfrom toy.trainer.build import prepare\n\n\n"
                            "def train_stages(cfg, stages):\n    for name, scfg in stages:\n        train(scfg)\n"

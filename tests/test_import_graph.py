@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from synthetic_package import write_package
+
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -16,16 +18,8 @@ sys.path.insert(0, str(REPO / "scripts"))
 import import_graph  # noqa: E402
 
 
-def _write(root: Path, files: dict[str, str]) -> Path:
-    for rel, text in files.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return root
-
-
 def test_a_synthetic_package(tmp_path):
-    pkg = _write(tmp_path / "toy", {
+    pkg = write_package(tmp_path / "toy", {
         "__init__.py": "",
         "core/__init__.py": "",
         "core/math.py": "import os\n",
@@ -52,12 +46,12 @@ def test_a_synthetic_package(tmp_path):
 
 
 def test_a_self_import_and_a_three_module_cycle(tmp_path):
-    pkg = _write(tmp_path / "loop", {
+    pkg = write_package(tmp_path / "loop", {
         "__init__.py": "", "x.py": "import loop.x\nimport loop.y\n", "y.py": "from loop import z\n",
         "z.py": "from . import x\n",
     })
     assert import_graph.analyse(pkg)["cycles"] == [["loop.x", "loop.y", "loop.z"]]
-    pkg = _write(tmp_path / "selfish", {"__init__.py": "", "s.py": "import selfish.s\n"})
+    pkg = write_package(tmp_path / "selfish", {"__init__.py": "", "s.py": "import selfish.s\n"})
     assert import_graph.analyse(pkg)["cycles"] == [["selfish.s"]]
 
 
@@ -111,7 +105,7 @@ def test_the_stricter_reading_finds_folders_that_import_each_other(tmp_path):
     through one deferred import, ``evaluation`` through two module-level ones: the deferred direction is
     the one counted; a tie of module-level imports counts both directions; folders on different layers
     (``data`` -> ``config``) are the loose reading's business, and one direction alone is no pair."""
-    pkg = _write(tmp_path / "toy", {
+    pkg = write_package(tmp_path / "toy", {
         "__init__.py": "", "models/__init__.py": "", "evaluation/__init__.py": "", "tasks/__init__.py": "",
         "models/m.py": "def f():\n    from toy.evaluation import e  # deferred: test\n    return e\n",
         "models/n.py": "",
@@ -155,7 +149,7 @@ def test_the_deferral_check_finds_an_unexplained_import(tmp_path):
     its line is listed (a reason on the line above or on a neighbouring import does not count),
     module-level imports (also in ``try``/``if`` blocks and class bodies) are not, and a reason on
     any line of a parenthesised import counts."""
-    pkg = _write(tmp_path / "toy", {
+    pkg = write_package(tmp_path / "toy", {
         "__init__.py": "import json\ntry:\n    import numpy\nexcept ImportError:\n    numpy = None\n",
         "a.py": ("class C:\n    import os\n\n\n"
                  "def f():\n    x = 1\n    import json\n    return json, x\n\n\n"
@@ -182,7 +176,7 @@ def test_the_trainers_rooms_keep_to_themselves():
 
 
 def test_the_room_check_finds_a_forbidden_import(tmp_path):
-    pkg = _write(tmp_path / "toy", {
+    pkg = write_package(tmp_path / "toy", {
         "__init__.py": "", "glue.py": "", "parts/__init__.py": "",
         "parts/a.py": "import trl.trainer\nfrom toy import glue\nimport torch\n",
         "parts/b.py": "def f():\n    from ..glue import x  # deferred: test\n    return x\n",

@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from fused_rows import fused_pin_model, trl_rows
+
 from mixrl.core.token_budget import completion_lengths
 from mixrl.trainer.parts.packing import Packing
 from mixrl.trainer.parts.scoring_chunks import ScoringChunks
@@ -33,24 +35,10 @@ COMPLETIONS = [9, 0, 30, 1, 6, 12, 2, 25]  # an empty completion, two long rows 
 
 @pytest.fixture(scope="module")
 def model():
-    from transformers import AutoModelForCausalLM
-    from trl.trainer.utils import add_fused_lm_head
-
-    m = AutoModelForCausalLM.from_pretrained(str(PIN_MODEL), dtype=torch.float32)
-    add_fused_lm_head(m, outputs=("log_probs", "entropy"))
-    return m
+    return fused_pin_model()
 
 
-def _rows(prompt_lens, completion_lens, seed=0):
-    """TRL's layout: prompts left-padded to the longest, completions right-padded (pad 0)."""
-    g = torch.Generator().manual_seed(seed)
-    P, C = max(prompt_lens), max(max(completion_lens), 1)
-    ids = torch.zeros(len(prompt_lens), P + C, dtype=torch.long)
-    att = torch.zeros_like(ids)
-    for i, (p, c) in enumerate(zip(prompt_lens, completion_lens)):
-        ids[i, P - p: P + c] = torch.randint(3, 18, (p + c,), generator=g)
-        att[i, P - p: P + c] = 1
-    return ids, att, C
+_rows = trl_rows  # TRL's layout (tests/fused_rows.py)
 
 
 def _fixed(seen: list | None = None):

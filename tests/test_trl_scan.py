@@ -7,21 +7,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from synthetic_package import write_package
+
 from trl_scan import private_use_sites, private_uses  # tests/trl_scan.py (tests/ is on sys.path under pytest)
 
 PRIVATE = {"_save", "_metrics", "_step"}
 
 
-def _write(root: Path, files: dict[str, str]) -> Path:
-    for rel, text in files.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return root
-
-
 def test_an_unrelated_classs_own_private_is_not_flagged(tmp_path):
-    pkg = _write(tmp_path / "toy", {
+    pkg = write_package(tmp_path / "toy", {
         "__init__.py": "",
         "sources/seppo.py": ("import torch\n\n\nclass Base:\n    pass\n\n\n"
                              "class Sampler(Base, torch.nn.Module):\n    def _save(self, x):\n        return x\n\n"
@@ -32,7 +26,7 @@ def test_an_unrelated_classs_own_private_is_not_flagged(tmp_path):
 
 
 def test_trl_privates_are_still_flagged_through_every_receiver_that_may_be_trls(tmp_path):
-    pkg = _write(tmp_path / "toy", {
+    pkg = write_package(tmp_path / "toy", {
         "__init__.py": "",
         "trainer/__init__.py": "",
         "trainer/mixin.py": "class SaveMixin:\n    def keep(self):\n        return self._save()\n",

@@ -209,7 +209,7 @@ def run_case(algo: str, micro: int, k: int | None, model: str, out: Path, budget
                     ref_logp=None if ref is None else ref[sl],
                     entropies=None if ent is None else ent[sl],
                     step=trainer.state.global_step,
-                    normalisers=trainer._mixrl_normalisers,
+                    normalisers=trainer.batch_in_flight.normalisers,
                 )
             total += float(row_loss)
             rows[int(inputs["test_gid"][i])]["contribution"] = float(row_loss) / world
@@ -229,7 +229,7 @@ def run_case(algo: str, micro: int, k: int | None, model: str, out: Path, budget
         "experts": experts,
         "micro_batches": micro_batches,
         "grad_norm": float(grad.norm()),
-        "normalisers": trainer._mixrl_normalisers,
+        "normalisers": trainer.batch_in_flight.normalisers,
     }
     gathered = [meta]
     if world > 1:

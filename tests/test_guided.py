@@ -313,7 +313,7 @@ def test_prefixed_rows_gradient_and_old_logps(tiny_model_path, tmp_path, algo, p
         direct = _direct_logps(trainer.model, prompts[i], comps[i])
         old = out["old_per_token_logps"][i, n_prefix : len(comps[i])]
         assert torch.allclose(old, direct[n_prefix:], atol=1e-5), (old, direct[n_prefix:])
-    assert trainer._mixrl_normalisers is not None
+    assert trainer.batch_in_flight.normalisers is not None
     captured = _leaf_logps(trainer)
     loss = trainer._compute_loss(trainer.model, out)
     loss.backward()
@@ -323,7 +323,7 @@ def test_prefixed_rows_gradient_and_old_logps(tiny_model_path, tmp_path, algo, p
     on = mask & (ts == prov.ON_POLICY)
     A = out["advantages"].unsqueeze(1).expand_as(g)
     key = "on_policy+prefix" if algo == "prefix_rft" else "on_policy"
-    N = trainer._mixrl_normalisers[key][0]
+    N = trainer.batch_in_flight.normalisers[key][0]
     if prefix_grad == "zero":
         assert bool(prefix.any()) and torch.equal(g[prefix], torch.zeros_like(g[prefix]))
     else:  # l = -A log p on every prefix token, normalised over rollout + prefix tokens
@@ -371,7 +371,7 @@ def test_hinted_rows_ratio_prompt_and_budget(tiny_model_path, tmp_path, monkeypa
         tok(text=f"{a} #### {a}", add_special_tokens=False)["input_ids"] + [0]
         for a in (sum(int(d) for d in r["prompt"].rstrip("=").split("+")) + 1 for r in inputs)])
     assert trainer.mixrl_generated_tokens == expected_tokens
-    rewards = trainer._mixrl_rewards_per_func[:, 0]
+    rewards = trainer.batch_in_flight.rewards_per_func[:, 0]
     assert rewards.tolist() == [1.0, 0.0] * (n // 2)  # the hinted regeneration, scored
     for i, row in enumerate(inputs):
         sol = list(tok(text=row["expert"][0], add_special_tokens=False)["input_ids"])
@@ -395,7 +395,7 @@ def test_hinted_rows_ratio_prompt_and_budget(tiny_model_path, tmp_path, monkeypa
     mask = out["completion_mask"].bool()
     A = out["advantages"].unsqueeze(1).expand_as(g)
     key = "on_policy+hinted" if train_under == "unhinted" else "on_policy"
-    N = trainer._mixrl_normalisers[key][0]
+    N = trainer.batch_in_flight.normalisers[key][0]
     if train_under == "unhinted":
         # PPO-clip on r = pi_theta(y|x) / pi_old(y|x,h) (eps = 0.2): gradient -A r / N where the
         # unclipped branch is the minimum, 0 where the clipped one is

@@ -41,7 +41,7 @@ def test_dynamic_sampling_trains_informative_groups_and_reports_what_it_paid(fas
 
     def spy(self, *args, **kwargs):
         out, rows = original(self, *args, **kwargs)
-        rewards = self._mixrl_rewards_per_func[:, 0].view(-1, self.num_generations)
+        rewards = self.batch_in_flight.rewards_per_func[:, 0].view(-1, self.num_generations)
         trained_groups.append((rewards.max(1).values - rewards.min(1).values).tolist())
         return out, rows
 

@@ -73,11 +73,11 @@ from typing import Any
 import torch
 from trl import GRPOTrainer
 
-from mixrl.sources.base import Rollouts
 from mixrl.trainer import trl_handles
 from mixrl.trainer.assembly import build_parts, wrap_generation
 from mixrl.trainer.generation import engine_sync
 from mixrl.trainer.generation.lagged_weights import trainable
+from mixrl.trainer.in_flight import BatchInFlight, StepTally
 from mixrl.trainer.parts.batch_fields import assistant_turn_marks, global_counts
 from mixrl.trainer.parts_spec import PartsSpec
 from mixrl.trainer.tool_rows import finished_trajectories
@@ -114,19 +114,12 @@ class MixrlGRPOTrainer(GRPOTrainer):
         # the run's counters (checkpointed as the "progress" state)
         self.mixrl_rollouts = 0  # on-policy rollouts generated for training, all processes
         self.mixrl_generated_tokens = 0  # completion tokens of those rollouts (padding excluded), all processes
-        self._mixrl_step_begin: tuple[int, int] = (-1, 0)  # (global_step, TRL's _step) when the running optimizer step began
-        # the generation batch in flight (set and read inside one _generate_and_score_completions)
-        self._mixrl_batch_inputs: list[dict] | None = None
-        self._mixrl_rollouts: Rollouts | None = None
-        self._mixrl_rewards_per_func: torch.Tensor | None = None
-        self._mixrl_normalisers: dict[str, tuple[float, float, float]] | None = None
-        # the running optimizer step's loss forwards: (real tokens, forward tokens), seconds in training_step, in generation
-        self._mixrl_tokens = [0, 0]
-        self._mixrl_seconds = [0.0, 0.0]
-        self._mixrl_chunk: tuple[int, int] | None = None  # (index, count) of the token-budget micro-batch in flight
+        # what one TRL hook hands the next (mixrl.trainer.in_flight): the generation batch being built, the optimizer step's tallies
+        self.batch_in_flight = BatchInFlight()
+        self.step_tally = StepTally()
         if spec.episodes is not None:  # env=<environment>: TRL's rollout_func, the episodes handed back to _keep_episodes
             kwargs["rollout_func"] = lambda prompts, trainer: self._keep_episodes(
-                spec.episodes(prompts, trainer, rows=self._mixrl_batch_inputs))
+                spec.episodes(prompts, trainer, rows=self.batch_in_flight.rows))
         super().__init__(*args, **kwargs)
         self.parts = build_parts(trl_handles.from_trainer(self), spec)
         if self.parts.async_gen is not None:
@@ -142,7 +135,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
     def _keep_episodes(self, batch) -> dict:
         """An environment's episodes (:class:`mixrl.trainer.env_rollout.EpisodeBatch`): their provenance kept
         for this generation batch, their metrics logged; TRL gets its rollout dict."""
-        self._mixrl_rollouts = batch.rollouts
+        self.batch_in_flight.rollouts = batch.rollouts
         self._log("train", batch.metrics)
         return batch.trl
 
@@ -170,7 +163,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
     def _tool_call_loop(self, prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields):
         """env=tools: rows an injection wrote (finished expert trajectories) skip TRL's tool loop
         (mixrl.trainer.tool_rows)."""
-        rollouts = getattr(self, "_mixrl_rollouts", None)
+        rollouts = self.batch_in_flight.rollouts
         finished_trajectories(completions, completion_ids, None if rollouts is None else rollouts.row_source,
                               lambda ids: self.processing_class.decode(ids, skip_special_tokens=True))
         return super()._tool_call_loop(prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields)
@@ -189,7 +182,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ rewards
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        self._mixrl_rewards_per_func = rewards_per_func  # gathered over processes: [N_global, F]
+        self.batch_in_flight.rewards_per_func = rewards_per_func  # gathered over processes: [N_global, F]
         return rewards_per_func
 
     # ------------------------------------------------------------------ batch (mixrl.trainer.trl_hooks.scoring)
@@ -209,10 +202,10 @@ class MixrlGRPOTrainer(GRPOTrainer):
         out = scoring.stage_accounting(self, out, inputs, rewards, sources, ctx, training, mode)
         self._log(mode, scoring.stage_teacher(self.parts.teachers, self.model, out, inputs))
         scoring.stage_log(self, out, rewards, start, scored_sources, training, mode)
-        self._mixrl_normalisers = global_counts(out, self.objective, num_processes=self.accelerator.num_processes,
+        self.batch_in_flight.normalisers = global_counts(out, self.objective, num_processes=self.accelerator.num_processes,
                                                 reduce_sum=lambda t: self.accelerator.reduce(t, reduction="sum"))
         if training:
-            self._mixrl_seconds[1] += time.perf_counter() - began
+            self.step_tally.seconds[1] += time.perf_counter() - began
         return out
 
     # ------------------------------------------------------------------ checkpoints (mixrl.trainer.trl_hooks.checkpoints)
@@ -244,7 +237,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
     def micro_step_at_checkpoint(self) -> int:
         """TRL's micro-batch counter ``_step`` as of the end of optimizer step ``global_step`` (what a
         run resumed from a checkpoint of this step must continue from; :func:`~mixrl.trainer.trl_hooks.checkpoints.micro_step_at_checkpoint`)."""
-        return checkpoints.micro_step_at_checkpoint(self._mixrl_step_begin, self.state.global_step, self._step)
+        return checkpoints.micro_step_at_checkpoint(self.step_tally.begin, self.state.global_step, self._step)
 
     # ------------------------------------------------------------------ loss (mixrl.trainer.trl_hooks.loss)
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
@@ -284,7 +277,7 @@ class MixrlGRPOTrainer(GRPOTrainer):
             step_loss = super().training_step(model, inputs, num_items_in_batch)
         else:
             step_loss = loss.budget_step(self, model, inputs)
-        self._mixrl_seconds[0] += time.perf_counter() - began
+        self.step_tally.seconds[0] += time.perf_counter() - began
         if self._step % self.current_gradient_accumulation_steps == 0:
             loss.log_step_tokens(self)
         return step_loss

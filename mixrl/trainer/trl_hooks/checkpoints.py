@@ -52,7 +52,7 @@ class BufferedBatch:
         generate_every = t.args.steps_per_generation * t.num_iterations
         if t.micro_step_at_checkpoint() % generate_every and t._buffered_inputs is not None:
             return {"buffered_inputs": t._buffered_inputs,
-                    "normalisers": {k: list(v) for k, v in (t._mixrl_normalisers or {}).items()}}
+                    "normalisers": {k: list(v) for k, v in (t.batch_in_flight.normalisers or {}).items()}}
         return {}
 
     def load_state_dict(self, state: dict) -> None:
@@ -60,7 +60,7 @@ class BufferedBatch:
         device = t.accelerator.device
         t._buffered_inputs = [{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in b.items()}
                               for b in state["buffered_inputs"]]
-        t._mixrl_normalisers = {k: tuple(v) for k, v in state["normalisers"].items()}
+        t.batch_in_flight.normalisers = {k: tuple(v) for k, v in state["normalisers"].items()}
 
 
 def checkpointed(t) -> dict:

@@ -5,8 +5,8 @@ Owns nothing: the parts it calls own their state (the sampler, the injections, t
 weights, the async pipeline). Receives the trainer ``t`` (a
 :class:`~mixrl.trainer.grpo.MixrlGRPOTrainer`): its parts, the step, the policy, TRL's own
 ``_generate_and_score_completions`` / ``_generate_single_turn`` (called past mixrl's overrides)
-and generation settings, and the batch in flight (``_mixrl_batch_inputs``, ``_mixrl_rollouts``,
-``_mixrl_rewards_per_func``), which it writes for the later stages (:mod:`mixrl.trainer.trl_hooks.scoring`).
+and generation settings, and the batch in flight (``t.batch_in_flight``: its rows, rollouts and
+reward matrix), which it writes for the later stages (:mod:`mixrl.trainer.trl_hooks.scoring`).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ def stage_gen(t, inputs, training: bool, mode: str):
         inputs, prompt_indices = p.sampler.pick(inputs)
     if training and p.injections:
         inputs = p.injections.before_generation(t._context(), inputs)
-    t._mixrl_rollouts = None
-    t._mixrl_batch_inputs = inputs
+    t.batch_in_flight.rollouts = None
+    t.batch_in_flight.rows = inputs
     lagged = training and p.lag is not None
     lag = 0
     try:
@@ -49,7 +49,7 @@ def stage_gen(t, inputs, training: bool, mode: str):
                     out["old_per_token_logps"] = p.forwards.behaviour_logps(t.model, out)
             version = int(t.state.global_step) - lag if lagged else None
     finally:
-        t._mixrl_batch_inputs = None
+        t.batch_in_flight.rows = None
     if lagged:
         t._metrics[mode]["staleness"].append(float(lag))
     return out, inputs, version
@@ -61,10 +61,10 @@ def sampler_rounds(t, inputs, indices):
     p = t.parts
 
     def one_round(rows):
-        t._mixrl_batch_inputs = rows
-        t._mixrl_rollouts = None  # a new round's first turn (TRL's tool loop skips injections after it)
+        t.batch_in_flight.rows = rows
+        t.batch_in_flight.rollouts = None  # a new round's first turn (TRL's tool loop skips injections after it)
         out = GRPOTrainer._generate_and_score_completions(t, rows)
-        return Round(out, t._mixrl_rollouts, t._mixrl_rewards_per_func, rows)
+        return Round(out, t.batch_in_flight.rollouts, t.batch_in_flight.rewards_per_func, rows)
 
     prepare = (lambda rows: p.injections.before_generation(t._context(), rows)) if p.injections else (lambda rows: rows)
     length = p.sampler.length_at(t.state.global_step, t.max_completion_length) if hasattr(t, "generation_config") else None
@@ -72,7 +72,7 @@ def sampler_rounds(t, inputs, indices):
         t._metrics["train"]["sampler/max_completion_length"].append(float(length))
     with max_new_tokens(t, length):
         r = p.sampler.generate(inputs, indices, step=int(t.state.global_step), generate=one_round, prepare=prepare)
-    t._mixrl_rollouts, t._mixrl_rewards_per_func = r.rollouts, r.rewards_per_func
+    t.batch_in_flight.rollouts, t.batch_in_flight.rewards_per_func = r.rollouts, r.rewards_per_func
     t.mixrl_rollouts += r.extra_rollouts  # the dropped rollouts were paid for too
     t.mixrl_generated_tokens += r.extra_tokens
     t._log("train", r.metrics)
@@ -101,12 +101,12 @@ def single_turn(t, prompt_ids, images, multimodal_fields, num_generations, has_t
     def trl_generate(ids, n):
         return GRPOTrainer._generate_single_turn(t, ids, images, multimodal_fields, n, has_tool_images)
 
-    if t._mixrl_rollouts is not None and t.tools:  # TRL's tool loop: a later turn of rows already generated
+    if t.batch_in_flight.rollouts is not None and t.tools:  # TRL's tool loop: a later turn of rows already generated
         return trl_generate(prompt_ids, num_generations)
     inj = t.parts.injections
-    injecting = bool(inj) and t.model.training and t._mixrl_batch_inputs is not None
+    injecting = bool(inj) and t.model.training and t.batch_in_flight.rows is not None
     ctx = t._context() if injecting else None
-    prefixes = inj.generation_prefixes(ctx, t._mixrl_batch_inputs, len(prompt_ids)) if injecting else None
+    prefixes = inj.generation_prefixes(ctx, t.batch_in_flight.rows, len(prompt_ids)) if injecting else None
     token_source = None
     if injecting and inj.skips_generation:
         # every completion will be a source's: do not spend time generating rollouts
@@ -127,8 +127,8 @@ def single_turn(t, prompt_ids, images, multimodal_fields, num_generations, has_t
         guided=[1 if p else 0 for p in prefixes] if prefixes is not None else [], prompt_ids=prompt_ids,
     )
     if injecting:
-        rollouts = inj.after_generation(ctx, t._mixrl_batch_inputs, rollouts)
+        rollouts = inj.after_generation(ctx, t.batch_in_flight.rows, rollouts)
         if rollouts.prompt_ids is not prompt_ids:  # a row trained under another prompt (plain hinted training)
             prompt_ids[:] = rollouts.prompt_ids  # TRL builds the batch's prompts from this very list
-    t._mixrl_rollouts = rollouts
+    t.batch_in_flight.rollouts = rollouts
     return rollouts.completion_ids, rollouts.logprobs

@@ -3,7 +3,7 @@
 Owns nothing: it reads and writes the trainer handed in (``t``, a
 :class:`~mixrl.trainer.grpo.MixrlGRPOTrainer`): its parts (forwards, packing, controller,
 injections, critic, budget), its objective, the generation batch's normalisers, the running
-optimizer step's token and second counters (``_mixrl_tokens``, ``_mixrl_seconds``), and TRL's
+optimizer step's token and second counters (``t.step_tally``), and TRL's
 micro-step counter ``_step``, step time and ``_metrics`` (listed in :mod:`mixrl.trainer.trl_contract`).
 Called by the trainer's ``_compute_loss`` and ``training_step``.
 """
@@ -31,8 +31,8 @@ def _before_objective(t, model, inputs, logps, micro: int, parts: int) -> None:
     """Training: the step's token counts, the controller's step start, the injections' ``after_forward``."""
     p = t.parts
     real, total = forward_tokens(inputs, collective=p.forwards.collective, packed=p.packing.applies(model))
-    t._mixrl_tokens[0] += real
-    t._mixrl_tokens[1] += total
+    t.step_tally.tokens[0] += real
+    t.step_tally.tokens[1] += total
     if p.controller is not None:
         p.controller.step_start(logps, inputs, micro_step=micro, accumulation=parts)
     if p.injections and first_pass(t):
@@ -47,11 +47,11 @@ def compute_loss(t, model, inputs) -> torch.Tensor:
     first. The terms' metrics go to TRL's ``_metrics`` (``loss/*`` scaled to the whole step)."""
     mode = "train" if t.model.training else "eval"
     p = t.parts
-    if mode == "train" and t._mixrl_step_begin[0] != t.state.global_step:
-        t._mixrl_step_begin = (int(t.state.global_step), int(t._step))
+    if mode == "train" and t.step_tally.begin[0] != t.state.global_step:
+        t.step_tally.begin = (int(t.state.global_step), int(t._step))
     logps, entropies = p.forwards.by_row_kind(model, inputs)
     # the micro-batch's place in its optimizer step: TRL's micro-step, or the token-budget micro-batch in flight
-    micro, parts = t._mixrl_chunk or (t._step, t.current_gradient_accumulation_steps)
+    micro, parts = t.step_tally.chunk or (t._step, t.current_gradient_accumulation_steps)
     if mode == "train":
         _before_objective(t, model, inputs, logps, micro, parts)
     knobs = p.controller.knobs() if (p.controller is not None and mode == "train") else None
@@ -69,7 +69,7 @@ def compute_loss(t, model, inputs) -> torch.Tensor:
         engine_logp=inputs.get("sampling_per_token_logps"),  # what vLLM reported when it sampled each token
         entropies=entropies,
         step=t.state.global_step,
-        normalisers=t._mixrl_normalisers if mode == "train" else None,
+        normalisers=t.batch_in_flight.normalisers if mode == "train" else None,
         knobs=knobs,
         row_fields={k: v for k, v in inputs.items() if k.startswith(("pair_", "calib_"))} or None,  # pair links, CalibRL's baseline
         turn_ids=inputs.get("turn_id"),  # multi-turn rows: the policy's turns (turn-level losses)
@@ -78,7 +78,7 @@ def compute_loss(t, model, inputs) -> torch.Tensor:
         check_step(t.spec.magnitude, inputs, metrics, step=int(t.state.global_step) + 1,
                    learning_rate=float(t.args.learning_rate))  # out of bounds: stop (mixrl.trainer.magnitude)
         if p.controller is not None:
-            last = micro == parts - 1 if t._mixrl_chunk else t.accelerator.sync_gradients
+            last = micro == parts - 1 if t.step_tally.chunk else t.accelerator.sync_gradients
             p.controller.step_end(metrics, sync_gradients=last)
         if p.critic is not None:
             t._log(mode, p.critic.train_step(inputs))
@@ -105,7 +105,7 @@ def budget_step(t, model, inputs) -> torch.Tensor:
     total = None
     try:
         for i, chunk in enumerate(chunks):
-            t._mixrl_chunk = (i, len(chunks))
+            t.step_tally.chunk = (i, len(chunks))
             sync = i == len(chunks) - 1
             with contextlib.nullcontext() if sync else t.accelerator.no_sync(model):
                 with t.compute_loss_context_manager():
@@ -113,7 +113,7 @@ def budget_step(t, model, inputs) -> torch.Tensor:
                 t.accelerator.backward(loss)
             total = loss.detach() if total is None else total + loss.detach()
     finally:
-        t._mixrl_chunk = None
+        t.step_tally.chunk = None
     t._step += 1  # TRL's micro-step counter and step time, as GRPOTrainer.training_step keeps them
     t._current_train_step_time += time.perf_counter() - began
     if t._step % t.current_gradient_accumulation_steps == 0:
@@ -126,11 +126,11 @@ def log_step_tokens(t) -> None:
     """``batch/padding_fraction`` (padding over all tokens of the step's loss forwards, all
     processes) and ``batch/trained_tokens_per_second`` (their real tokens, all processes, over
     the seconds this process spent in the step's training outside generation and scoring)."""
-    counts = torch.tensor(t._mixrl_tokens, dtype=torch.long, device=t.accelerator.device)
+    counts = torch.tensor(t.step_tally.tokens, dtype=torch.long, device=t.accelerator.device)
     real, total = (int(x) for x in t.accelerator.reduce(counts, reduction="sum"))
-    seconds = t._mixrl_seconds[0] - t._mixrl_seconds[1]
+    seconds = t.step_tally.seconds[0] - t.step_tally.seconds[1]
     t._metrics["train"]["batch/padding_fraction"].append(padding_fraction(real, total))
     if seconds > 0:
         t._metrics["train"]["batch/trained_tokens_per_second"].append(real / seconds)
-    t._mixrl_tokens = [0, 0]
-    t._mixrl_seconds = [0.0, 0.0]
+    t.step_tally.tokens = [0, 0]
+    t.step_tally.seconds = [0.0, 0.0]

@@ -5,7 +5,7 @@ Owns nothing: each stage writes the batch's fields (the table in
 trainer ``t`` (a :class:`~mixrl.trainer.grpo.MixrlGRPOTrainer`): its accelerator, objective,
 advantage, reward functions, tokenizer, parts, the run's counters (``mixrl_rollouts``,
 ``mixrl_generated_tokens``) and the batch in flight that the gen stage
-(:mod:`mixrl.trainer.trl_hooks.generation`) recorded (``_mixrl_rollouts``, ``_mixrl_rewards_per_func``).
+(:mod:`mixrl.trainer.trl_hooks.generation`) recorded (``t.batch_in_flight``: rollouts, reward matrix).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from mixrl.trainer.sample_log import capture_rows
 def stage_provenance(t, out: dict, version: int | None, training: bool, mode: str) -> None:
     """provenance: ``row_source``, ``token_source``, ``behaviour_logp``, ``policy_version``;
     ``engine/*`` metrics, and the weight-sync check when vLLM sampled a training batch."""
-    out.update(provenance_fields(out, t._mixrl_rollouts, t._mixrl_turn_marks))
+    out.update(provenance_fields(out, t.batch_in_flight.rollouts, t._mixrl_turn_marks))
     out.pop("tool_mask", None)  # read into token_source (provenance environment); rows appended later have no entry
     if version is not None:  # the policy version that sampled each row (-1 for rows no policy sampled)
         out["policy_version"] = torch.full_like(out["row_source"], int(version))
@@ -44,7 +44,7 @@ def stage_reward(t, out: dict, inputs, training: bool, mode: str):
     reshaping. Returns the rewards [N_global], the injections' context, and the rows'
     sources as scored (for samples.jsonl)."""
     p = t.parts
-    rpf = t._mixrl_rewards_per_func
+    rpf = t.batch_in_flight.rewards_per_func
     rewards = p.scoring.weighted(rpf)
     ctx = t._context()
     ctx.primary_rewards = rpf[:, 0]
@@ -95,7 +95,7 @@ def stage_adv(t, out: dict, inputs, rewards: torch.Tensor, training: bool, mode:
     advantages = torch.nan_to_num(advantages, nan=0.0)
     if training and p.shaping is not None:  # algo.shaping: the advantages re-weighted (mixrl.trainer.parts.advantage_shaping)
         advantages, metrics = p.shaping.shape(t.model, out, advantages=advantages, rewards=rewards, group_ids=group_ids, sources=sources,
-                                              include=include, rewards_per_func=t._mixrl_rewards_per_func, rows=inputs,
+                                              include=include, rewards_per_func=t.batch_in_flight.rewards_per_func, rows=inputs,
                                               knobs=p.controller.knobs() if p.controller is not None else None)
         t._log(mode, metrics)
     if "turn_rewards" in runtime:
@@ -121,14 +121,14 @@ def stage_accounting(t, out: dict, inputs, rewards, sources, ctx, training: bool
     """The policy's own accuracy and reward, the rollout counters, then (training) the
     injections' ``after_advantages``. ``sources``: the global rows' ``row_source``."""
     device = t.accelerator.device
-    primary = t._mixrl_rewards_per_func[:, 0]
+    primary = t.batch_in_flight.rewards_per_func[:, 0]
     on = sources == prov.ON_POLICY
-    guided = guided_rows(t._mixrl_rollouts, out["completion_ids"].shape[0], device, t.accelerator.gather)
+    guided = guided_rows(t.batch_in_flight.rollouts, out["completion_ids"].shape[0], device, t.accelerator.gather)
     free = on & (guided == 0)  # rollouts continued from a prefix or generated with a hint are not the policy's own accuracy
     nan = float("nan")  # TRL's logger drops NaN: no on-policy rows (SFT) logs no accuracy
     correct = t.parts.scoring.correct(primary, inputs, out["completion_ids"], out["completion_mask"], gather=t.accelerator.gather)
     t._metrics[mode]["accuracy"].append(float(correct[free].float().mean()) if correct is not None and free.any() else nan)
-    scored = free & ~torch.isnan(t._mixrl_rewards_per_func).all(dim=1)  # a row no reward function scored has no reward
+    scored = free & ~torch.isnan(t.batch_in_flight.rewards_per_func).all(dim=1)  # a row no reward function scored has no reward
     t._metrics[mode]["reward_on_policy"].append(float(rewards[scored].mean()) if scored.any() else nan)
     if not training:
         return out
@@ -138,7 +138,7 @@ def stage_accounting(t, out: dict, inputs, rewards, sources, ctx, training: bool
     sampled = behaviour_known(out["token_source"]) & out["completion_mask"].bool()  # not prefix tokens
     gen = (sampled.float().sum(dim=1) * local_on.float()).sum()
     t.mixrl_generated_tokens += int(t.accelerator.reduce(gen, reduction="sum"))
-    discarded = (t._mixrl_rollouts.discarded_tokens if t._mixrl_rollouts is not None else [])
+    discarded = (t.batch_in_flight.rollouts.discarded_tokens if t.batch_in_flight.rollouts is not None else [])
     if inj.may_generate_more:  # a collective: every process or none
         d = t.accelerator.reduce(torch.tensor([len(discarded), sum(discarded)], device=device, dtype=torch.float32), reduction="sum")
         t.mixrl_rollouts += int(d[0])
@@ -166,10 +166,10 @@ def stage_log(t, out: dict, rewards, start: int, scored_sources, training: bool,
     t._log(mode, t.parts.injections.metrics())
     if (tap := t.spec.samples) is not None:
         tap.keep(capture_rows(
-            out, tokenizer=t.processing_class, rewards=rewards, rewards_per_func=t._mixrl_rewards_per_func,
+            out, tokenizer=t.processing_class, rewards=rewards, rewards_per_func=t.batch_in_flight.rewards_per_func,
             reward_names=list(t.reward_func_names), start=start, n=tap.rows,
             max_chars=tap.chars, n_local_scored=out["completion_ids"].shape[0],
-            guided=t._mixrl_rollouts.guided if t._mixrl_rollouts is not None else None, scored_sources=scored_sources,
+            guided=t.batch_in_flight.rollouts.guided if t.batch_in_flight.rollouts is not None else None, scored_sources=scored_sources,
         ))
 
 

@@ -25,7 +25,7 @@ from mixrl.config.generation import resolve_generation
 from mixrl.config.geometry import Geometry, geometry
 from mixrl.config.sampler import build_sampler
 from mixrl.errors import ConfigError
-from mixrl.trainer.env_rollout import env_episodes, env_trainer_kwargs
+from mixrl.trainer.env_rollout import env_episodes, env_rewards
 from mixrl.config.checks import check_train_size, check_training_data, row_texts
 from mixrl.config.builders import build_controller, build_injection, build_objective, build_source, build_teacher
 from mixrl.config.shaping import shaping_spec
@@ -218,23 +218,22 @@ def trainer_from_config(cfg: DictConfig, *, inputs: RunInputs | None = None, cal
         inputs = prepare_inputs(cfg, console or Console(quiet=True), check=False)
     model_path, tokenizer = inputs.model_path, inputs.tokenizer
     geom = geometry(cfg)
-    args = grpo_args(cfg, Path(run_dir or cfg.run_dir), geom)
-    args.reward_weights = inputs.reward_weights
-    for key, value in arg_overrides.items():
-        setattr(args, key, value)
+    tools = env_tools(cfg)
+    reward_funcs, reward_weights = env_rewards(cfg, inputs.reward_funcs, inputs.reward_weights)  # the task's, or an environment's return
+    args = grpo_args(cfg, Path(run_dir or cfg.run_dir), geom, reward_weights=reward_weights,
+                     # TRL's tool loop: rounds per rollout (None: no limit)
+                     **({"max_tool_calling_iterations": cfg.env.max_tool_calls} if tools else {}), **arg_overrides)
     # built once, by prepare_inputs: the source and its rows, the injection, the teacher (resolved and
     # checked before the policy loads), the sampler
     train_ds, injection, teacher = inputs.source_rows, inputs.injection, inputs.teacher
     sampler, sampler_length = inputs.sampler
-    tools = env_tools(cfg)
-    if tools:
-        args.max_tool_calling_iterations = cfg.env.max_tool_calls  # TRL's tool loop: rounds per rollout (None: no limit)
     spec = parts_spec(cfg, geom, injection=injection, teacher=teacher, sampler=sampler, sampler_length=sampler_length,
                       model_path=model_path, for_run=for_run)
     with _colocated_engine(cfg, model_path):
         trainer = MixrlGRPOTrainer(
             model=model_path,
-            **env_trainer_kwargs(cfg, args, inputs.reward_funcs, tools),  # the task's reward and tools, or an environment's return
+            reward_funcs=reward_funcs,
+            **({"tools": tools} if tools else {}),
             args=args,
             train_dataset=train_ds,
             processing_class=tokenizer,

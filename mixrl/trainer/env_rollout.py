@@ -49,14 +49,13 @@ class EpisodeBatch(NamedTuple):
     metrics: dict[str, float]  # episode/* metrics (training only)
 
 
-def env_trainer_kwargs(cfg: DictConfig, args, reward_funcs: list, tools: list) -> dict[str, Any]:
-    """The trainer's ``reward_funcs`` and ``tools`` for ``cfg.env``; an episodic environment's
-    return replaces the task's reward in training (``args.reward_weights`` reset to one weight;
-    its episodes: :func:`env_episodes`); the held-out evaluation keeps the task's reward."""
+def env_rewards(cfg: DictConfig, reward_funcs: list, reward_weights: list | None) -> tuple[list, list | None]:
+    """The trainer's reward functions and weights for ``cfg.env``: the task's, or an episodic
+    environment's return in their place in training (one function, weight 1; its episodes:
+    :func:`env_episodes`); the held-out evaluation keeps the task's reward."""
     if not is_episodic(cfg):
-        return {"reward_funcs": reward_funcs, **({"tools": tools} if tools else {})}
-    args.reward_weights = [1.0]
-    return {"reward_funcs": [env_return]}
+        return reward_funcs, reward_weights
+    return [env_return], [1.0]
 
 
 def env_episodes(cfg: DictConfig):

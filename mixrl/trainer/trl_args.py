@@ -16,15 +16,22 @@ from mixrl.core.terms import term_needs
 from mixrl.trainer import fsdp
 
 
-def grpo_args(cfg: DictConfig, run_dir: Path, geom: Geometry | None = None):
+def grpo_args(cfg: DictConfig, run_dir: Path, geom: Geometry | None = None, **fields):
+    """The run's ``GRPOConfig``, built once and complete: the config's fields (:func:`_config_fields`)
+    and ``fields``, what the trainer's build decides beside the config (the reward weights, the tool
+    loop's rounds, a benchmark's ``generation_kwargs``), which take precedence. Nothing writes it after."""
     from trl import GRPOConfig  # deferred: trl imports transformers; the light commands (--help, config show, plan) never load it
 
-    geom = geom or geometry(cfg)
+    return GRPOConfig(**{**_config_fields(cfg, run_dir, geom or geometry(cfg)), **fields})
+
+
+def _config_fields(cfg: DictConfig, run_dir: Path, geom: Geometry) -> dict:
+    """``GRPOConfig``'s fields from the config."""
     t, hw = cfg.trainer, cfg.hardware
     cpu = hw.device == "cpu"
     dtype = None if cfg.model.dtype == "auto" else cfg.model.dtype
     budget = t.get("max_tokens_per_micro_batch")
-    return GRPOConfig(
+    return dict(
         output_dir=str(run_dir / "trainer"),
         seed=int(cfg.seed),
         max_steps=int(t.max_steps),

@@ -56,8 +56,6 @@ TOUCHED: tuple[tuple[str, str, str, str], ...] = (
     (GRPO, "generation_config", "patched", "trl_hooks.generation.max_new_tokens: the sampler's length curriculum, for a block"),
     (GRPO, "generation_kwargs", "patched", "trl_hooks.generation.max_new_tokens: as above"),
     (ARGS, "per_device_train_batch_size", "patched", "parts.token_budget.scoring_rows: the no-grad forwards' rows under a budget, for a block"),
-    (ARGS, "reward_weights", "patched", "build.trainer_from_config, env_rollout: the reward weights, before the trainer is built"),
-    (ARGS, "max_tool_calling_iterations", "patched", "build.trainer_from_config: env.max_tool_calls, before the trainer is built"),
     # transformers' generation (not TRL's): replaced on the policy instance for one generate call
     ("transformers.GenerationMixin", "_get_stopping_criteria", "patched",
      "generation.compact: the criteria generate builds, observed (which rows are done, as generate's unfinished_sequences)"),

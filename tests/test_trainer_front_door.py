@@ -119,3 +119,51 @@ def test_sample_rows_pass_from_the_trainer_to_the_callback_once():
     tap.keep([{"a": 1}])
     tap.keep([{"b": 2}])  # a later batch before the log replaces the earlier one
     assert tap.take() == [{"b": 2}] and tap.take() is None
+
+
+def args_writes(root: Path) -> set[tuple[str, int]]:
+    """``(module, line)`` of every ``args.x = ...`` / ``+=`` / ``setattr(args, ...)`` under ``root/mixrl``, where
+    ``args`` is a name or an attribute named ``args`` (``self.args``, ``t.args``): TRL's ``GRPOConfig`` written
+    after its construction."""
+    found = set()
+    for path in sorted((root / "mixrl").rglob("*.py")):
+        rel = str(path.relative_to(root))
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr" and node.args:
+                targets = [ast.Attribute(value=node.args[0], attr="?")]
+            for target in targets:
+                for t in target.elts if isinstance(target, ast.Tuple) else [target]:
+                    holder = t.value if isinstance(t, ast.Attribute) else None
+                    if (isinstance(holder, ast.Name) and holder.id == "args") or (isinstance(holder, ast.Attribute) and holder.attr == "args"):
+                        found.add((rel, node.lineno))
+    return found
+
+
+def test_the_scan_finds_a_grpo_config_write(tmp_path):
+    (tmp_path / "mixrl").mkdir()
+    (tmp_path / "mixrl" / "x.py").write_text(
+        "def f(args, t, self, other):\n    args.a = 1\n    t.args.b += 1\n    setattr(self.args, 'c', 3)\n"
+        "    other.d = 4\n    args = 5\n    self.argsx.e = 6\n")
+    assert args_writes(tmp_path) == {("mixrl/x.py", n) for n in (2, 3, 4)}
+
+
+def test_the_grpo_config_is_built_once_and_never_written():
+    """``grpo_args`` builds the ``GRPOConfig`` complete: what the build decides beside the config (the reward
+    weights, the tool loop's rounds, a benchmark's generation kwargs) arrives at construction, and no module
+    writes a field of it afterwards (the token budget's scoring rows swap one for a block, through
+    ``parts.token_budget._swapped``, listed in the TRL contract)."""
+    from mixrl.config.compose import compose_config
+    from mixrl.trainer.env_rollout import env_return, env_rewards
+    from mixrl.trainer.trl_args import grpo_args
+
+    assert args_writes(REPO) == set()
+    cfg = compose_config(["algo=grpo"])
+    args = grpo_args(cfg, Path("/tmp/unused-run"), reward_weights=[0.25, 0.75], max_tool_calling_iterations=3,
+                     generation_kwargs={"do_sample": False})
+    assert (args.reward_weights, args.max_tool_calling_iterations, args.generation_kwargs) == ([0.25, 0.75], 3, {"do_sample": False})
+    assert grpo_args(cfg, Path("/tmp/unused-run")).reward_weights is None  # TRL's default: every function weight 1
+    funcs = [object()]
+    assert env_rewards(cfg, funcs, [0.5]) == (funcs, [0.5])  # env=single: the task's reward functions and weights
+    episodic = compose_config(["algo=uis1"])
+    assert env_rewards(episodic, funcs, [0.5]) == ([env_return], [1.0])  # an environment's return, weight 1

@@ -241,6 +241,11 @@ class MixrlGRPOTrainer(GRPOTrainer):
         (the benchmarks' evaluation on the engine; :func:`~mixrl.trainer.trl_hooks.async_vllm.push_engine_weights`)."""
         return async_vllm.push_engine_weights(self)
 
+    def generate_on_engine(self, requests: list, params: list) -> list:
+        """vLLM's outputs for ``requests`` on the colocated engine, woken and put back to sleep as TRL does
+        (the benchmarks' evaluation; :func:`~mixrl.trainer.trl_hooks.async_vllm.generate_on_engine`)."""
+        return async_vllm.generate_on_engine(self, requests, params)
+
     def micro_step_at_checkpoint(self) -> int:
         """TRL's micro-batch counter ``_step`` as of the end of optimizer step ``global_step`` (what a
         run resumed from a checkpoint of this step must continue from; :func:`~mixrl.trainer.trl_hooks.checkpoints.micro_step_at_checkpoint`)."""

@@ -23,7 +23,7 @@ for the server variants (each trainer pushes its initial weights at its first st
 bench.throughput's (:class:`bench.timer.StepTimer`): ``on_step_begin`` -> ``on_step_end``; *rollout* = TRL's
 ``_generate_and_score_completions`` (generation, or waiting for the batch in flight, + scoring).
 TRL's variants get the CPU plumbing mixrl's get (the engine in the trainer's dtype, weight sync
-to the server through a file: mixrl.vllm_cpu, mixrl.vllm_file_transfer). Sequential runs on a
+to the server through a file: mixrl.trainer.trl_vllm, mixrl.vllm_file_transfer). Sequential runs on a
 shared machine are noisier than bench.throughput's interleaved ones: read the min/min column too.
 The report, ``bench-vllm.md``, goes to a new ``runs/bench/vllm-<UTC time>/`` unless ``--out DIR``
 names another folder (``--out docs/results`` for the committed one).

@@ -19,13 +19,17 @@ backend that server mode on CPU needs (:mod:`mixrl.vllm_file_transfer`). The pri
 CPU (no prepacked oneDNN weights), which only CPU runs pay. Nothing changes on GPUs.
 ``MIXRL_VLLM_CPU_PACKED_WEIGHTS=1`` turns the plugin off (vLLM's packed, non-reloadable weights).
 
+The trainer's side, which replaces TRL's objects (the colocated engine built in the trainer's
+dtype, eagerly; TRL's server client syncing weights through files), is
+:mod:`mixrl.trainer.trl_vllm`: only the trainer's package touches TRL, and this module, run in
+vLLM's processes, imports neither TRL nor the trainer.
+
 mixrl also checks after every sync that the engine's log-probs agree with the trainer's
 (mixrl.trainer.generation.engine_sync), so a build where this patch no longer takes fails loudly.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import argparse
 import json
@@ -80,32 +84,6 @@ def engine_dtype(model_dtype: str, model_path: str) -> str:
 
     dtype = getattr(AutoConfig.from_pretrained(model_path), "dtype", None)
     return str(dtype).removeprefix("torch.") if dtype is not None else "float32"
-
-
-@contextlib.contextmanager
-def colocated_engine_dtype(dtype: str):
-    """While TRL builds its colocated ``vllm.LLM`` (inside ``GRPOTrainer.__init__``), give it
-    ``dtype``: TRL 1.16 passes none, and vLLM's ``auto`` downcasts float32 checkpoints to
-    bfloat16, which on CPU (where the trainer runs float32) makes the engine sample from a
-    perturbed policy. It also runs the engine eagerly (``enforce_eager``, as the CPU server of
-    :func:`serve_command` and the CPU benchmark engine do): TRL asks for none, and vLLM's CPU
-    build would otherwise spend about half a minute compiling the model graph (``torch.compile``
-    with inductor) at every engine start, more than a CPU run's few steps gain from it.
-    Restores TRL's module afterwards."""
-    from trl.generation import vllm_generation  # deferred: trl imports transformers; the light commands (--help, config show, plan) never load it
-
-    original = vllm_generation.LLM
-
-    def llm(*args, **kwargs):
-        kwargs.setdefault("dtype", dtype)
-        kwargs.setdefault("enforce_eager", True)
-        return original(*args, **kwargs)
-
-    vllm_generation.LLM = llm
-    try:
-        yield
-    finally:
-        vllm_generation.LLM = original
 
 
 # --------------------------------------------------------------------------- the server, on CPU

@@ -11,11 +11,15 @@ This module is the CPU replacement, on the same server endpoints and the same cl
   mixrl's vLLM plugin (:func:`mixrl.vllm_cpu.register`, run in every vLLM process): each
   ``/update_weights`` request names a safetensors file, which every worker reads and loads with
   the model's own ``load_weights`` (the same in-place load as TRL's colocate mode);
-* trainer side, :func:`install_client` patches ``VLLMClient.init_communicator`` and
+* trainer side, :func:`mixrl.trainer.trl_vllm.install_client` (in the trainer's package, the one
+  place that touches TRL's internals) patches ``VLLMClient.init_communicator`` and
   ``update_named_params`` so that, for a CPU trainer only, the weights are written to a
   safetensors file in a private temporary directory (``/dev/shm`` when there is one) and the
   server is asked to load it; the file is removed once the server answered. Any other device
   keeps TRL's NCCL path untouched.
+
+This module holds the server side only and imports neither TRL nor the trainer: vLLM's factory
+imports it by its path (``mixrl.vllm_file_transfer``) inside vLLM's own processes.
 
 The server must see the trainer's files: same machine (``hardware.vllm_server_host=127.0.0.1``),
 or a shared filesystem given by ``MIXRL_VLLM_TRANSFER_DIR``. Start it with
@@ -25,21 +29,9 @@ adds it on CPU).
 
 from __future__ import annotations
 
-import atexit
-import os
-import shutil
-import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
-
-import torch
-
-from mixrl.errors import ConfigError
 
 BACKEND = "mixrl_file"
-#: set on the patched client methods
-PATCHED = "_mixrl_file_transfer"
 
 
 # --------------------------------------------------------------------------- server side (vLLM workers)
@@ -97,57 +89,3 @@ def __getattr__(name: str):  # vLLM's factory imports the class by name, lazily,
     if name == "FileWeightTransferEngine":
         return _engine_classes()
     raise AttributeError(name)
-
-
-# --------------------------------------------------------------------------- trainer side (TRL's client)
-def transfer_dir() -> Path:
-    """Where the trainer writes the weight files: ``MIXRL_VLLM_TRANSFER_DIR``, else /dev/shm (memory), else /tmp."""
-    base = os.environ.get("MIXRL_VLLM_TRANSFER_DIR") or ("/dev/shm" if os.path.isdir("/dev/shm") else None)
-    return Path(tempfile.mkdtemp(prefix="mixrl-vllm-weights-", dir=base))
-
-
-def install_client() -> None:
-    """Patch TRL's ``VLLMClient`` so that a CPU trainer syncs weights through files (idempotent)."""
-    from trl.generation.vllm_client import VLLMClient  # deferred: trl imports transformers; the light commands (--help, config show, plan) never load it
-
-    if getattr(VLLMClient.init_communicator, PATCHED, False):
-        return
-    nccl_init, nccl_update = VLLMClient.init_communicator, VLLMClient.update_named_params
-
-    def init_communicator(self, device=0):
-        if isinstance(device, int) or torch.device(device).type != "cpu":
-            return nccl_init(self, device)
-        config = self.get_server_info().get("weight_transfer_config") or {}
-        if config.get("backend") != BACKEND:
-            raise ConfigError(
-                f"the vLLM server at {self.base_url} has weight-transfer backend {config.get('backend')!r}, but a CPU trainer "
-                f"syncs weights through files: start it with --weight-transfer-config '{{\"backend\": \"{BACKEND}\"}}' "
-                "(python -m mixrl.vllm_cpu does)"
-            )
-        self._post(f"{self.base_url}/init_weight_transfer_engine", json={"init_info": {}})
-        self._mixrl_dir = transfer_dir()
-        atexit.register(shutil.rmtree, self._mixrl_dir, True)  # the (empty) folder goes with the trainer
-        self.communicator = None
-
-    def update_named_params(self, metadata, named_params):
-        folder = getattr(self, "_mixrl_dir", None)
-        if folder is None:
-            return nccl_update(self, metadata, named_params)
-        from safetensors.torch import save_file  # deferred: safetensors is needed only when weights are read or written
-
-        path = folder / "update.safetensors"
-        save_file({name: t.detach().to("cpu").contiguous() for name, t in named_params}, str(path))
-        try:
-            if not self._updating_weights:
-                self._start_weight_update()
-            with ThreadPoolExecutor(max_workers=1) as pool:  # the same request TRL makes, here naming the file
-                pool.submit(self._post, f"{self.base_url}/update_weights", json={"update_info": {"path": str(path)}}).result()
-            if not self._updating_weights:
-                self._finish_weight_update()
-        finally:
-            path.unlink(missing_ok=True)
-
-    for fn in (init_communicator, update_named_params):
-        setattr(fn, PATCHED, True)
-    VLLMClient.init_communicator = init_communicator
-    VLLMClient.update_named_params = update_named_params

@@ -51,7 +51,8 @@ layer  modules
        fields, and is called by the trainer, so it sits below ``config``; ``mixrl eval``'s glue,
        which needs the trainer's assembly, is ``trainer.saved_eval``)
 2      ``config`` (compose and validate)
-3      ``trainer``; ``vllm_cpu``, ``vllm_file_transfer`` (the trainer's vLLM plumbing);
+3      ``trainer``; ``vllm_cpu``, ``vllm_file_transfer`` (vLLM's side of generation on its CPU build:
+       the plugin, the CPU server, the file weight-transfer backend; TRL's side is ``trainer.trl_vllm``);
        ``explain`` (reads a composed config and renders its objective: a consumer of config
        and core, beside the trainer); ``benchmarks`` (the papers' benchmarks as config, their
        scoring and metrics, the trainer's periodic benchmark evaluation: the trainer's assembly
@@ -180,7 +181,8 @@ def undeferred_imports(root: Path) -> list[str]:
 #: of the trainer (mixrl.trainer.grpo, its .trl_hooks and .assembly are the TRL glue that builds and calls them);
 #: the run's state on disk (run directory, resume, checkpoint files) is read and written by the
 #: glue and the run, and knows neither TRL nor a part (a checkpoint gets parts as ``Stateful``);
-#: the vLLM plugin runs inside vLLM's own processes, which must load neither TRL nor the trainer
+#: the vLLM plugin and the file weight-transfer backend run inside vLLM's own processes, which must
+#: load neither TRL nor the trainer (what touches TRL's vLLM objects is mixrl.trainer.trl_vllm)
 ROOMS = {
     "mixrl.trainer.parts": ("trl", "transformers", "mixrl.trainer.grpo", "mixrl.trainer.trl_hooks", "mixrl.trainer.assembly",
                             "mixrl.trainer.build", "mixrl.trainer.run"),
@@ -188,7 +190,8 @@ ROOMS = {
                                  "mixrl.trainer.build", "mixrl.trainer.run", "mixrl.trainer.parts"),
     "mixrl.trainer.state": ("trl", "transformers", "mixrl.trainer.grpo", "mixrl.trainer.trl_hooks", "mixrl.trainer.assembly",
                             "mixrl.trainer.build", "mixrl.trainer.run", "mixrl.trainer.parts", "mixrl.trainer.generation"),
-    "mixrl.vllm": ("trl", "mixrl.trainer"),
+    "mixrl.vllm_cpu": ("trl", "mixrl.trainer"),
+    "mixrl.vllm_file_transfer": ("trl", "mixrl.trainer"),
 }
 
 

@@ -303,24 +303,93 @@ def test_touched_still_exists(owner, name, kind):
             f"{owner} no longer sets {name} (TRL upgrade?); mixrl reads or writes it: see mixrl/trainer/trl_contract.py")
 
 
-def test_every_trl_private_mixrl_touches_is_listed():
-    """Every private name of TRL's trainer, vLLM generation and vLLM client that ``mixrl/`` reads,
-    writes or calls on an object that may be TRL's is in OVERRIDDEN or TOUCHED (``tests/trl_scan.py``
-    resolves the receiver: ``self._x`` in a class that derives from neither TRL nor transformers, such
-    as AsyncGeneration's own ``_generate``, is that class's own)."""
+def _trl_private() -> set[str]:
+    """Every private name of TRL's trainer, vLLM generation and vLLM client (their classes' own, and the
+    ``self._x`` fields their sources assign)."""
     import re
-
-    from trl_scan import private_uses
 
     from trl import GRPOTrainer
     from trl.generation.vllm_client import VLLMClient
     from trl.generation.vllm_generation import VLLMGeneration
 
-    from mixrl.trainer.trl_contract import names
-
     trl_private = set()
     for owner in (GRPOTrainer, VLLMGeneration, VLLMClient):
         trl_private |= {k for c in owner.__mro__ if c is not object for k in vars(c) if k.startswith("_") and not k.startswith("__")}
         trl_private |= set(re.findall(r"self\.(_[a-z][a-z0-9_]*)\s*(?::[^=\n]*)?=[^=]", _sources(owner)))
-    unlisted = private_uses(ROOT / "mixrl", trl_private, set(_overridden()) | names())
+    return trl_private
+
+
+def test_every_trl_private_mixrl_touches_is_listed():
+    """Every private name of TRL's trainer, vLLM generation and vLLM client that ``mixrl/`` reads,
+    writes or calls on an object that may be TRL's is in OVERRIDDEN or TOUCHED (``tests/trl_scan.py``
+    resolves the receiver: ``self._x`` in a class that derives from neither TRL nor transformers, such
+    as AsyncGeneration's own ``_generate``, is that class's own)."""
+    from trl_scan import private_uses
+
+    from mixrl.trainer.trl_contract import names
+
+    unlisted = private_uses(ROOT / "mixrl", _trl_private(), set(_overridden()) | names())
     assert not unlisted, f"mixrl touches TRL privates not listed in mixrl/trainer/trl_contract.py TOUCHED: {unlisted}"
+
+
+def _patched_owners() -> dict[str, set[str]]:
+    """``{name: owners}`` of every public TRL attribute TOUCHED lists as patched."""
+    owners: dict[str, set[str]] = {}
+    for owner, name, kind, _ in _touched():
+        if kind == "patched":
+            owners.setdefault(name, set()).add(owner)
+    return owners
+
+
+def _outside_the_trainer(pkg: Path) -> list[tuple[str, str]]:
+    """The TRL internals ``pkg`` touches outside ``pkg/trainer/``: each use of a TRL private (listed in
+    TOUCHED or not) and each assignment to a patched TRL attribute, on a receiver that may be TRL's."""
+    from trl_scan import assignment_sites, private_use_sites
+
+    sites = private_use_sites(pkg, _trl_private()) + assignment_sites(pkg, _patched_owners())
+    return sorted(s for s in sites if not s[1].startswith(f"{pkg.name}/trainer/"))
+
+
+def test_only_the_trainer_touches_trl_internals():
+    """The room rule: only ``mixrl/trainer/`` touches TRL internals (a private method or field, a TRL
+    object patched). Code elsewhere asks the trainer (the benchmarks' engine: ``push_engine_weights``,
+    ``generate_on_engine``) or lives in the trainer's package (``mixrl.trainer.trl_vllm``: TRL's vLLM
+    objects made to work with vLLM's CPU build)."""
+    outside = _outside_the_trainer(ROOT / "mixrl")
+    assert not outside, (
+        f"only mixrl/trainer/ may touch TRL internals; found outside it: {outside}. Move the code into "
+        "mixrl/trainer/ (a method of MixrlGRPOTrainer delegating to mixrl/trainer/trl_hooks/, or a trainer module)")
+
+
+def test_the_room_rule_catches_trl_touched_outside_the_trainer(tmp_path):
+    """On a synthetic package: a TRL private read, written or called, and a patched TRL attribute assigned
+    (directly or through ``setattr``) outside ``trainer/`` are found, with their line; the same inside
+    ``trainer/``, a callback's own ``generate`` and a freshly built model's ``generation_config`` are not."""
+    from synthetic_package import write_package
+
+    patch_client = ("from trl.generation.vllm_client import VLLMClient\n\n\ndef install():\n"
+                    "    def init(self, device=0):\n        self._post('u')\n\n    VLLMClient.init_communicator = init\n")
+    pkg = write_package(tmp_path / "toy", {
+        "__init__.py": "",
+        "trainer/__init__.py": "",
+        "trainer/patch.py": patch_client,  # inside the trainer: allowed
+        "trainer/build.py": "def build(args, w):\n    args.reward_weights = w\n",
+        "transfer.py": patch_client,
+        "cpu.py": ("from trl.generation import vllm_generation\n\n\ndef dtype(llm):\n"
+                   "    vllm_generation.LLM = llm\n    setattr(vllm_generation, 'LLM', llm)\n"),
+        "engine.py": ("class EngineGenerator:\n    def __init__(self, trainer):\n        self.vg = trainer.vllm_generation\n\n"
+                      "    def generate(self):\n        self.vg._llm_weights_sleeping = True\n"),
+        "args.py": "def weights(args, w):\n    setattr(args, 'reward_weights', w)\n",
+        "callback.py": ("from transformers import TrainerCallback\n\n\nclass Eval(TrainerCallback):\n"
+                        "    def __init__(self, generate):\n        self.generate = generate\n"),
+        "tiny.py": ("def build(config, g):\n    from transformers import Qwen2ForCausalLM\n\n"
+                    "    model = Qwen2ForCausalLM(config)\n    model.generation_config = g\n    return model\n"),
+    })
+    assert _outside_the_trainer(pkg) == [
+        ("LLM", "toy/cpu.py:5"),
+        ("LLM", "toy/cpu.py:6"),
+        ("_llm_weights_sleeping", "toy/engine.py:6"),
+        ("_post", "toy/transfer.py:6"),
+        ("init_communicator", "toy/transfer.py:8"),
+        ("reward_weights", "toy/args.py:2"),
+    ]

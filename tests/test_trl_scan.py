@@ -50,3 +50,39 @@ def test_trl_privates_are_still_flagged_through_every_receiver_that_may_be_trls(
     assert private_uses(pkg, PRIVATE) == {"_metrics": "toy/trainer/grpo.py:12", "_save": "toy/trainer/mixin.py:3",
                                           "_step": "toy/trainer/grpo.py:7"}
     assert private_uses(pkg, PRIVATE, listed={"_save", "_metrics"}) == {"_step": "toy/trainer/grpo.py:7"}
+
+
+def test_assignments_to_patched_trl_attributes_are_resolved_by_their_owner(tmp_path):
+    """``assignment_sites``: an assignment (or ``del``, ``setattr``, ``patch.object``) counts when its
+    receiver may be the attribute's owner: the owner's class or module itself, ``self`` in a class deriving
+    from the owner or mixed into one, any receiver the source does not pin down; not ``self`` in a class
+    deriving from another TRL / transformers class, nor a local name only ever built as a class that is
+    no owner."""
+    from trl_scan import assignment_sites
+
+    owners = {"generation_config": {"trl.GRPOTrainer"}, "generate": {"trl.generation.vllm_generation.VLLMGeneration"},
+              "LLM": {"trl.generation.vllm_generation"}}
+    pkg = write_package(tmp_path / "toy", {
+        "__init__.py": "",
+        "mixin.py": "class Curriculum:\n    def set(self, g):\n        self.generation_config = g\n",
+        "grpo.py": ("from trl import GRPOTrainer\nfrom toy.mixin import Curriculum\n\n\n"
+                    "class Trainer(Curriculum, GRPOTrainer):\n    def set(self, g):\n        self.generation_config, x = g, 1\n"),
+        "callback.py": ("import transformers\n\n\nclass Eval(transformers.TrainerCallback):\n"
+                        "    def __init__(self, generate, g):\n        self.generate = generate\n        self.generation_config = g\n"),
+        "patch.py": ("from unittest import mock\nfrom trl.generation import vllm_generation\n\n\n"
+                     "def f(t, llm, g):\n    del vllm_generation.LLM\n    t.vllm_generation.generate = g\n"
+                     "    with mock.patch.object(vllm_generation, 'LLM', llm):\n        pass\n"),
+        "model.py": ("from trl import GRPOTrainer\nfrom transformers import Qwen2ForCausalLM\n\n\n"
+                     "def built(c, g):\n    model = Qwen2ForCausalLM(c)\n    model.generation_config = g\n"
+                     "    trainer = GRPOTrainer(c)\n    trainer.generation_config = g\n"
+                     "    other = Qwen2ForCausalLM(c) if c else g\n    other.generation_config = g\n"),
+    })
+    assert assignment_sites(pkg, owners) == [
+        ("LLM", "toy/patch.py:6"),  # the owner module itself
+        ("LLM", "toy/patch.py:8"),  # patch.object with the name written out
+        ("generate", "toy/patch.py:7"),  # a receiver the source does not pin down
+        ("generation_config", "toy/grpo.py:7"),  # self in a GRPOTrainer subclass (in a tuple)
+        ("generation_config", "toy/mixin.py:3"),  # self in a mixin of one
+        ("generation_config", "toy/model.py:11"),  # a local not only built as one class
+        ("generation_config", "toy/model.py:9"),  # a local built as the owner
+    ]

@@ -447,7 +447,7 @@ def test_cpu_trainer_syncs_a_server_through_a_file(monkeypatch, tmp_path):
     from safetensors.torch import load_file
     from trl.generation.vllm_client import VLLMClient
 
-    from mixrl import vllm_file_transfer as ft
+    from mixrl.trainer import trl_vllm as ft
 
     for name in ("init_communicator", "update_named_params"):  # restored after the test
         monkeypatch.setattr(VLLMClient, name, getattr(VLLMClient, name))
@@ -495,7 +495,7 @@ def test_the_colocated_cpu_engine_gets_the_trainers_dtype_and_runs_eagerly(monke
     wins, and TRL's module is restored afterwards."""
     from trl.generation import vllm_generation
 
-    from mixrl.vllm_cpu import colocated_engine_dtype
+    from mixrl.trainer.trl_vllm import colocated_engine_dtype
 
     calls = []
     monkeypatch.setattr(vllm_generation, "LLM", lambda *a, **k: calls.append(k), raising=False)

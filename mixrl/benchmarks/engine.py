@@ -12,7 +12,10 @@ _last_loaded_step``). The periodic evaluation runs at a step's end, after the op
 before the next generation, so the engine still holds the previous step's weights:
 :meth:`EngineGenerator.sync` pushes them first, through the trainer's own
 ``push_engine_weights`` (TRL's call, and the step recorded in ``_last_loaded_step`` so that the
-next rollout generation does not push them again).
+next rollout generation does not push them again). It then generates through the trainer's
+``generate_on_engine``, which wakes an engine TRL put to sleep (``vllm_enable_sleep_mode``) and puts it
+back to sleep afterwards, as TRL leaves it (:mod:`mixrl.trainer.trl_hooks.async_vllm`): this module
+reads only TRL's public ``vllm_generation`` and writes none of TRL's fields.
 
 Sampled protocols seed each (problem, sample) pair (``SamplingParams.seed``, from the evaluation's
 seed and the pair's index), so a sample does not depend on which process draws it nor on the
@@ -90,13 +93,6 @@ class EngineGenerator:
                                  top_p=float(top_p) if sample and top_p is not None else 1.0,
                                  max_tokens=max(1, min(int(max_new_tokens), context - len(x))), seed=pair_seed(seed, j))
                   for x, j in zip(ids, pairs)]
-        sleep = bool(getattr(self.vg, "enable_sleep_mode", False))
-        if sleep:
-            llm.wake_up(tags=["kv_cache"])
-        try:
-            outs = llm.generate([{"prompt_token_ids": x} for x in ids], params, use_tqdm=False)
-        finally:
-            if sleep:  # as TRL leaves it after a generation: level 2 drops the weights, pushed again before the next
-                llm.sleep(level=2)
-                self.vg._llm_weights_sleeping = True
+        # the trainer wakes a sleeping engine and puts it back to sleep as TRL leaves it after a generation
+        outs = self.trainer.generate_on_engine([{"prompt_token_ids": x} for x in ids], params)
         return [tokenizer.decode(o.outputs[0].token_ids, skip_special_tokens=True) for o in outs]

@@ -39,8 +39,8 @@ from mixrl.trainer.sample_log import SampleTap
 from mixrl.trainer.trl_args import grpo_args, peft_config  # noqa: F401  (build.grpo_args: the bench and the tests read it through build)
 from mixrl.trainer.rows import describe_heldout, heldout_rows, load_eval_rows
 from mixrl.trainer.rows import load_train_rows  # noqa: F401  (build.load_train_rows: the tests read the rows through build)
-from mixrl.vllm_cpu import colocated_engine_dtype, engine_dtype
-from mixrl.vllm_file_transfer import install_client
+from mixrl.trainer.trl_vllm import colocated_engine_dtype, install_client
+from mixrl.vllm_cpu import engine_dtype
 
 
 # --------------------------------------------------------------------------- objective
@@ -313,8 +313,8 @@ def _cpu_colocated(cfg: DictConfig) -> bool:
 
 
 def _colocated_engine(cfg: DictConfig, model_path: str):
-    """On CPU, TRL's colocated vLLM engine in the trainer's dtype (mixrl.vllm_cpu), and TRL's
-    server client syncing weights through files (mixrl.vllm_file_transfer); else nothing."""
+    """On CPU, TRL's colocated vLLM engine in the trainer's dtype, and TRL's server client syncing
+    weights through files (mixrl.trainer.trl_vllm); else nothing."""
     hw = cfg.hardware
     if hw.use_vllm and hw.device == "cpu" and hw.vllm_mode == "server":
         install_client()

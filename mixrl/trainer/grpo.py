@@ -1,4 +1,4 @@
-"""``MixrlGRPOTrainer``: the one place that touches TRL internals.
+"""``MixrlGRPOTrainer``: TRL's ``GRPOTrainer``, subclassed once (only ``mixrl/trainer/`` touches TRL internals).
 
 TRL's ``GRPOTrainer`` generates a group of completions per prompt, scores them, and
 optimises a loss. mixrl keeps its generation, scoring, buffering and logging, and
@@ -233,6 +233,11 @@ class MixrlGRPOTrainer(GRPOTrainer):
         """The training weights pushed to the colocated vLLM engine unless this step's are there
         (the benchmarks' evaluation on the engine; :func:`~mixrl.trainer.trl_hooks.async_vllm.push_engine_weights`)."""
         return async_vllm.push_engine_weights(self)
+
+    def generate_on_engine(self, requests: list, params: list) -> list:
+        """vLLM's outputs for ``requests`` on the colocated engine, woken and put back to sleep as TRL does
+        (the benchmarks' evaluation; :func:`~mixrl.trainer.trl_hooks.async_vllm.generate_on_engine`)."""
+        return async_vllm.generate_on_engine(self, requests, params)
 
     def micro_step_at_checkpoint(self) -> int:
         """TRL's micro-batch counter ``_step`` as of the end of optimizer step ``global_step`` (what a

@@ -1,11 +1,15 @@
 """``hardware.vllm_async=true``: TRL's vLLM client routed through the async part, and the generation
-batch scored under the weights of the version that generated it.
+batch scored under the weights of the version that generated it. Also the colocated engine lent to
+the periodic benchmark evaluation (:mod:`mixrl.benchmarks.engine`, through the trainer's
+``push_engine_weights`` / ``generate_on_engine``): the step's weights pushed, and a generation
+that leaves TRL's sleep-mode bookkeeping as TRL's own does.
 
 Owns nothing: the async part (``t.parts.async_gen``, a
 :class:`~mixrl.trainer.generation.async_generation.AsyncPipeline`) owns the pipeline and the
 weight snapshots. Receives the trainer ``t`` (a :class:`~mixrl.trainer.grpo.MixrlGRPOTrainer`):
 its TRL ``vllm_generation`` (whose public ``generate`` / ``sync_weights`` it replaces, listed in
-:mod:`mixrl.trainer.trl_contract`), TRL's ``_last_loaded_step``, the step and the policy.
+:mod:`mixrl.trainer.trl_contract`, and whose ``_llm_weights_sleeping`` it sets), TRL's
+``_last_loaded_step``, the step and the policy.
 """
 
 from __future__ import annotations
@@ -57,6 +61,24 @@ def push_engine_weights(t) -> bool:
     t.vllm_generation.sync_weights()
     t._last_loaded_step = step
     return True
+
+
+def generate_on_engine(t, requests: list, params: list) -> list:
+    """vLLM's outputs for ``requests`` (with their ``SamplingParams``) on the colocated engine. With
+    TRL's sleep mode the engine's KV cache is woken first, and the engine is put back to sleep after
+    as TRL leaves it after a generation: level 2 drops the weights, so TRL's ``_llm_weights_sleeping``
+    is set (the weights are pushed again before the next generation)."""
+    vg = t.vllm_generation
+    llm = vg.llm
+    sleep = bool(getattr(vg, "enable_sleep_mode", False))
+    if sleep:
+        llm.wake_up(tags=["kv_cache"])
+    try:
+        return llm.generate(requests, params, use_tqdm=False)
+    finally:
+        if sleep:
+            llm.sleep(level=2)
+            vg._llm_weights_sleeping = True
 
 
 def weights_of_version(t, version: int):

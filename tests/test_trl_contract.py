@@ -373,13 +373,13 @@ def test_the_room_rule_catches_trl_touched_outside_the_trainer(tmp_path):
         "__init__.py": "",
         "trainer/__init__.py": "",
         "trainer/patch.py": patch_client,  # inside the trainer: allowed
-        "trainer/build.py": "def build(args, w):\n    args.reward_weights = w\n",
+        "trainer/build.py": "def build(args, w):\n    args.per_device_train_batch_size = w\n",
         "transfer.py": patch_client,
         "cpu.py": ("from trl.generation import vllm_generation\n\n\ndef dtype(llm):\n"
                    "    vllm_generation.LLM = llm\n    setattr(vllm_generation, 'LLM', llm)\n"),
         "engine.py": ("class EngineGenerator:\n    def __init__(self, trainer):\n        self.vg = trainer.vllm_generation\n\n"
                       "    def generate(self):\n        self.vg._llm_weights_sleeping = True\n"),
-        "args.py": "def weights(args, w):\n    setattr(args, 'reward_weights', w)\n",
+        "args.py": "def weights(args, w):\n    setattr(args, 'per_device_train_batch_size', w)\n",
         "callback.py": ("from transformers import TrainerCallback\n\n\nclass Eval(TrainerCallback):\n"
                         "    def __init__(self, generate):\n        self.generate = generate\n"),
         "tiny.py": ("def build(config, g):\n    from transformers import Qwen2ForCausalLM\n\n"
@@ -391,5 +391,5 @@ def test_the_room_rule_catches_trl_touched_outside_the_trainer(tmp_path):
         ("_llm_weights_sleeping", "toy/engine.py:6"),
         ("_post", "toy/transfer.py:6"),
         ("init_communicator", "toy/transfer.py:8"),
-        ("reward_weights", "toy/args.py:2"),
+        ("per_device_train_batch_size", "toy/args.py:2"),
     ]

@@ -146,6 +146,33 @@ def test_truncate_jsonl_drops_rows_after_the_checkpoint_and_a_torn_line(tmp_path
     p.write_text('{"step": 1}\n{"step": 2}\n{"step": 3}\n{"step": 4, "lo')
     assert truncate_jsonl(p, 2) == 2
     assert p.read_text() == '{"step": 1}\n{"step": 2}\n'
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["m.jsonl"]  # replaced in one rename: no temporary file left
+
+
+def test_only_rank_0_cuts_the_logs_back_on_resume(tmp_path, monkeypatch):
+    """Every process of a multi-process run resumes through ``run_steps.begin``; only world process zero
+    (the logs' one writer) cuts metrics.jsonl, eval.jsonl and samples.jsonl back to the checkpoint's step.
+    (Two processes cutting one log back raced: a two-node requeued job once kept only its own new rows.)"""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from mixrl.evaluation.periodic import EVAL_FILE
+    from mixrl.trainer import run_steps
+    from mixrl.trainer.sample_log import SAMPLES_FILE
+
+    rows = '{"step": 1}\n{"step": 2}\n{"step": 3}\n'
+    inputs = SimpleNamespace(seconds=0.0, cpu_seconds=0.0)
+    for rank, kept in (("1", rows), ("0", '{"step": 1}\n{"step": 2}\n')):
+        run_dir = tmp_path / f"rank{rank}"
+        run_dir.mkdir()
+        for name in ("metrics.jsonl", EVAL_FILE, SAMPLES_FILE):
+            (run_dir / name).write_text(rows)
+        monkeypatch.setenv("RANK", rank)
+        run = run_steps.begin(None, Console(quiet=True), run_dir, None, run_dir / "checkpoint-2", {}, inputs)
+        assert run.start_step == 2
+        assert {name: (run_dir / name).read_text() for name in ("metrics.jsonl", EVAL_FILE, SAMPLES_FILE)} == dict.fromkeys(
+            ("metrics.jsonl", EVAL_FILE, SAMPLES_FILE), kept), rank
 
 
 def test_last_checkpoint_ignores_incomplete_folders(tmp_path):

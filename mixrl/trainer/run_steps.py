@@ -149,11 +149,11 @@ def begin(cfg, console: Console, run_dir: Path, guard, resume_from: Path | None,
               t0=time.perf_counter() - inputs.seconds, cpu0=time.process_time() - inputs.cpu_seconds)
     if resume_from is not None:
         run.start_step = checkpoint_step(resume_from)
-        truncate_jsonl(run_dir / "metrics.jsonl", run.start_step)
-        from mixrl.evaluation.periodic import EVAL_FILE  # deferred: evaluation.periodic imports transformers; `mixrl plan` imports this module and must not load it
+        if int(os.environ.get("RANK", "0")) == 0:  # the logs' one writer (world process zero) cuts them back, alone
+            from mixrl.evaluation.periodic import EVAL_FILE  # deferred: evaluation.periodic imports transformers; `mixrl plan` imports this module and must not load it
 
-        truncate_jsonl(run_dir / EVAL_FILE, run.start_step)
-        truncate_jsonl(run_dir / SAMPLES_FILE, run.start_step)
+            for name in ("metrics.jsonl", EVAL_FILE, SAMPLES_FILE):
+                truncate_jsonl(run_dir / name, run.start_step)
         if before is None and (run_dir / EVAL_BEFORE).is_file():
             run.before = json.loads((run_dir / EVAL_BEFORE).read_text())
         console.print(f"resuming {run_dir} from step {run.start_step} ({resume_from.name})")

@@ -308,10 +308,15 @@ def unreadable_checkpoint_file(ckpt: Path) -> tuple[str, str] | None:
 
 def truncate_jsonl(path: str | Path, last_step: int) -> int:
     """Drop rows with ``step > last_step`` and unreadable lines (a torn last line, bytes that are
-    not UTF-8, JSON that is not a row with an integer ``step``); returns rows kept."""
+    not UTF-8, JSON that is not a row with an integer ``step``); returns rows kept. The kept rows
+    replace the file in one rename, so a reader sees the old file or the new one, never a file
+    emptied half-way (two processes that cut the same log back once raced there: one read the
+    other's emptied file and wrote it back empty)."""
     path = Path(path)
     if not path.is_file():
         return 0
     kept = [row for row in read_jsonl(path, step_row).rows if row["step"] <= last_step]  # unreadable lines (one cut by the kill) go
-    path.write_text("".join(json.dumps(row) + "\n" for row in kept))
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text("".join(json.dumps(row) + "\n" for row in kept))
+    os.replace(tmp, path)
     return len(kept)

@@ -35,6 +35,20 @@ def _holder(node: ast.AST) -> str | None:
     return node.id if isinstance(node, ast.Name) else None
 
 
+def attribute_writes(path: Path):
+    """``(holder, attribute, line)`` of every ``holder.attr = ...`` / ``+=`` / annotated assignment (tuple targets
+    unpacked) and ``setattr(holder, "attr", ...)`` (``"?"`` when the name is not a literal) in one module."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        for target in targets:
+            for t in target.elts if isinstance(target, ast.Tuple) else [target]:
+                if isinstance(t, ast.Attribute):
+                    yield t.value, t.attr, node.lineno
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr" and node.args:
+            name = node.args[1].value if len(node.args) > 1 and isinstance(node.args[1], ast.Constant) else "?"
+            yield node.args[0], name, node.lineno
+
+
 def trainer_writes(root: Path) -> set[tuple[str, str]]:
     """``(module, attribute)`` of every ``<trainer>.attr = ...`` / ``+=`` / ``setattr(<trainer>, "attr", ...)``
     under ``root/mixrl`` outside the trainer's own code (``trainer/grpo.py`` and its hooks, ``trainer/trl_hooks/``)."""
@@ -43,16 +57,7 @@ def trainer_writes(root: Path) -> set[tuple[str, str]]:
         rel = str(path.relative_to(root))
         if rel == "mixrl/trainer/grpo.py" or rel.startswith("mixrl/trainer/trl_hooks/"):
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
-            for target in targets:
-                for t in target.elts if isinstance(target, ast.Tuple) else [target]:
-                    if isinstance(t, ast.Attribute) and _holder(t.value) in TRAINER_NAMES:
-                        found.add((rel, t.attr))
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr"
-                    and node.args and _holder(node.args[0]) in TRAINER_NAMES):
-                name = node.args[1].value if isinstance(node.args[1], ast.Constant) else "?"
-                found.add((rel, name))
+        found |= {(rel, attr) for holder, attr, _ in attribute_writes(path) if _holder(holder) in TRAINER_NAMES}
     return found
 
 
@@ -122,21 +127,13 @@ def test_sample_rows_pass_from_the_trainer_to_the_callback_once():
 
 
 def args_writes(root: Path) -> set[tuple[str, int]]:
-    """``(module, line)`` of every ``args.x = ...`` / ``+=`` / ``setattr(args, ...)`` under ``root/mixrl``, where
-    ``args`` is a name or an attribute named ``args`` (``self.args``, ``t.args``): TRL's ``GRPOConfig`` written
-    after its construction."""
+    """``(module, line)`` of every write of an attribute (:func:`attribute_writes`) of ``args`` or of an attribute
+    named ``args`` (``self.args``, ``t.args``) under ``root/mixrl``: TRL's ``GRPOConfig`` written after its construction."""
     found = set()
     for path in sorted((root / "mixrl").rglob("*.py")):
         rel = str(path.relative_to(root))
-        for node in ast.walk(ast.parse(path.read_text())):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr" and node.args:
-                targets = [ast.Attribute(value=node.args[0], attr="?")]
-            for target in targets:
-                for t in target.elts if isinstance(target, ast.Tuple) else [target]:
-                    holder = t.value if isinstance(t, ast.Attribute) else None
-                    if (isinstance(holder, ast.Name) and holder.id == "args") or (isinstance(holder, ast.Attribute) and holder.attr == "args"):
-                        found.add((rel, node.lineno))
+        found |= {(rel, line) for holder, _, line in attribute_writes(path)
+                  if (isinstance(holder, ast.Name) and holder.id == "args") or (isinstance(holder, ast.Attribute) and holder.attr == "args")}
     return found
 
 

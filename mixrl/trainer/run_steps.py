@@ -40,7 +40,7 @@ from mixrl.trainer.build import RunInputs
 from mixrl.trainer.magnitude import MagnitudeExceeded
 from mixrl.trainer.sample_log import SAMPLES_FILE
 from mixrl.trainer.state.resume import read_run_state
-from mixrl.trainer.state.rundir import EVAL_BEFORE, MERGED_DIR, checkpoint_step, last_checkpoint, last_checkpoint_note, truncate_jsonl
+from mixrl.trainer.state.rundir import EVAL_BEFORE, MERGED_DIR, checkpoint_step, cut_logs_back, last_checkpoint, last_checkpoint_note
 
 #: written under RUN_DIR/launch/ by a launched run's first process on each machine when a preemption
 #: signal stopped it after a checkpoint: that machine's launcher then exits with PREEMPTED_EXIT too
@@ -149,11 +149,9 @@ def begin(cfg, console: Console, run_dir: Path, guard, resume_from: Path | None,
               t0=time.perf_counter() - inputs.seconds, cpu0=time.process_time() - inputs.cpu_seconds)
     if resume_from is not None:
         run.start_step = checkpoint_step(resume_from)
-        if int(os.environ.get("RANK", "0")) == 0:  # the logs' one writer (world process zero) cuts them back, alone
-            from mixrl.evaluation.periodic import EVAL_FILE  # deferred: evaluation.periodic imports transformers; `mixrl plan` imports this module and must not load it
+        from mixrl.evaluation.periodic import EVAL_FILE  # deferred: evaluation.periodic imports transformers; `mixrl plan` imports this module and must not load it
 
-            for name in ("metrics.jsonl", EVAL_FILE, SAMPLES_FILE):
-                truncate_jsonl(run_dir / name, run.start_step)
+        cut_logs_back(run_dir, run.start_step, ("metrics.jsonl", EVAL_FILE, SAMPLES_FILE))  # by rank 0 alone
         if before is None and (run_dir / EVAL_BEFORE).is_file():
             run.before = json.loads((run_dir / EVAL_BEFORE).read_text())
         console.print(f"resuming {run_dir} from step {run.start_step} ({resume_from.name})")

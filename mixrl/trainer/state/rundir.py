@@ -306,6 +306,16 @@ def unreadable_checkpoint_file(ckpt: Path) -> tuple[str, str] | None:
     return unreadable_file(ckpt)
 
 
+def cut_logs_back(run_dir: str | Path, last_step: int, names: tuple[str, ...]) -> None:
+    """On resume, the run's JSON-lines logs ``names`` cut back to ``last_step`` (:func:`truncate_jsonl`)
+    by rank 0 alone, their one writer: every process of a launched run resumes, and two processes
+    cutting one log back raced (one wrote back the other's half-emptied file)."""
+    if _rank() != 0:
+        return
+    for name in names:
+        truncate_jsonl(Path(run_dir) / name, last_step)
+
+
 def truncate_jsonl(path: str | Path, last_step: int) -> int:
     """Drop rows with ``step > last_step`` and unreadable lines (a torn last line, bytes that are
     not UTF-8, JSON that is not a row with an integer ``step``); returns rows kept. The kept rows
